@@ -1,0 +1,186 @@
+"""Direct logit attribution: a decoder's logit written as an exact sum of what each part wrote.
+
+The final residual state is ``resid = embed (+ pos) + sum_l attn_write[l] + mlp_write[l]``. With the
+final norm's per-token scale ``s`` taken from the trace, the norm is affine, so the logit of token
+``t`` (minus foil ``f``) at one position is
+
+    logit = sum_c  u . (w * s * center(c))  +  u . b_norm  +  b_U[t] - b_U[f],   u = W_U[:, t] - W_U[:, f]
+
+Each attention write splits further into its heads and its output bias (for Gemma's sandwich norms the
+post-attention norm is affine too, given its traced scale). The parts sum to the model's logit up to
+float error; ``completeness_error`` reports how far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, NotApplicableError
+from ..models.load import LoadedModel, resolve_token, token_str
+from ..models.trace import Trace, trace
+from ..results import Result
+
+
+@dataclass(repr=False)
+class ComponentAttribution(Result):
+    """Components of one logit. ``values (component,)``; ``names``, ``layers``, ``heads`` per component
+    (``layer``/``head`` are -1 where they do not apply)."""
+
+    model: str
+    tokens: list[str]
+    position: int
+    target: str
+    target_id: int
+    foil: str | None
+    foil_id: int | None
+    names: list[str]
+    layers: list[int]
+    heads: list[int]
+    values: Tensor
+    logit: float
+    completeness_error: float
+    by_head: bool = False
+
+    @property
+    def total(self) -> float:
+        return float(self.values.sum())
+
+    def to_records(self) -> list[dict]:
+        return [
+            {"name": n, "layer": None if l < 0 else l, "head": None if h < 0 else h, "value": float(v)}
+            for n, l, h, v in zip(self.names, self.layers, self.heads, self.values.tolist())
+        ]
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "tokens": self.tokens, "position": self.position, "target": self.target,
+            "target_id": self.target_id, "foil": self.foil, "foil_id": self.foil_id,
+            "components": self.to_records(), "logit": self.logit, "sum": self.total,
+            "completeness_error": self.completeness_error,
+        }
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.to_records())
+
+    def top(self, k: int = 10) -> list[dict]:
+        recs = self.to_records()
+        return sorted(recs, key=lambda r: -abs(r["value"]))[:k]
+
+    def plot(self, ax=None, top: int | None = None):
+        from ..viz.plots import plot_components
+
+        return plot_components(self, ax=ax, top=top)
+
+    def __repr__(self) -> str:
+        what = repr(self.target) + (f" - {self.foil!r}" if self.foil is not None else "")
+        return (f"ComponentAttribution({what} at position {self.position}, {len(self.names)} components, "
+                f"logit={self.logit:.4f}, completeness_error={self.completeness_error:.1e})")
+
+
+def _check_decoder(lm: LoadedModel) -> None:
+    A = lm.anatomy
+    if A.is_encoder or A.final_norm is None or A.unembed is None:
+        raise NotApplicableError(
+            f"direct logit attribution does not apply to {lm.name} ({A.family}, Post-LN encoder): every block "
+            "ends in a LayerNorm of the whole residual stream, so the output is not a sum of what the blocks "
+            "wrote. Use a decoder model (e.g. smollm2) for this view."
+        )
+
+
+@torch.no_grad()
+def direct_logit_attribution(
+    lm: LoadedModel,
+    text: str,
+    target: str | int,
+    foil: str | int | None = None,
+    *,
+    by_head: bool = False,
+    position: int = -1,
+    tr: Trace | None = None,
+) -> ComponentAttribution:
+    """Decompose the logit of ``target`` (minus ``foil``) at ``position`` (default: the last token).
+
+    ``target``/``foil`` are a token's text (``" Paris"``), ``"#ID"`` or an int id.
+    """
+    _check_decoder(lm)
+    A = lm.anatomy
+    t_id = resolve_token(lm, target)
+    f_id = resolve_token(lm, foil) if foil is not None else None
+    tr = tr if tr is not None else trace(lm, text)
+    n = len(tr.tokens)
+    if not -n <= position < n:
+        raise InputError(f"position {position} is outside the text's {n} tokens")
+    p = position % n
+
+    W_U = A.unembed.W_U
+    u = W_U[:, t_id] - (W_U[:, f_id] if f_id is not None else 0)
+    norm = A.final_norm
+    s = norm.scale(tr.final_in[p])
+
+    def project(x: Tensor) -> Tensor:
+        """(..., d_model) -> (...): each part's contribution through the (affine, traced) final norm."""
+        return norm.linear(x, s) @ u
+
+    names: list[str] = []
+    layers: list[int] = []
+    heads: list[int] = []
+    parts: list[Tensor] = []
+
+    def add(name, layer, head, vec):
+        names.append(name)
+        layers.append(layer)
+        heads.append(head)
+        parts.append(vec)
+
+    if A.embed.norm is None:
+        emb = A.embed.parts(tr.input_ids[p : p + 1].to(tr.positions.device), tr.positions[p : p + 1])
+        for k, v in emb.items():
+            add({"tok": "embed", "pos": "pos_embed", "type": "type_embed"}[k], -1, -1, v[0])
+    else:
+        add("embed", -1, -1, tr.embed[p])
+
+    for i, layer in enumerate(A.layers):
+        if by_head:
+            attn = layer.attn
+            probs = tr.attn_probs[i][:, p : p + 1]  # (head, 1, src)
+            head_out = attn.head_outputs(probs, tr.attn_in[i])[:, 0]  # (head, d_model)
+            bias = attn.b_O if attn.b_O is not None else torch.zeros_like(head_out[0])
+            post = layer.ln_attn_out
+            if post is not None:  # sandwich: the post-attention norm is affine given its traced scale
+                s_post = post.scale(tr.attn_out[i][p])
+                head_out = post.linear(head_out, s_post)
+                bias = post.linear(bias, s_post) + (post.bias if post.bias is not None else 0)
+            for h in range(attn.n_heads):
+                add(f"L{i}.H{h}", i, h, head_out[h])
+            add(f"L{i}.attn_bias", i, -1, bias)
+        else:
+            add(f"L{i}.attn", i, -1, tr.attn_write[i][p])
+        add(f"L{i}.mlp", i, -1, tr.mlp_write[i][p])
+
+    values = project(torch.stack(parts))
+    const = float(norm.bias @ u) if norm.bias is not None else 0.0
+    b_U = A.unembed.b_U
+    if b_U is not None:
+        const += float(b_U[t_id] - (b_U[f_id] if f_id is not None else 0))
+    if norm.bias is not None or b_U is not None:
+        names.append("bias")
+        layers.append(-1)
+        heads.append(-1)
+        values = torch.cat([values, values.new_tensor([const])])
+
+    logits = tr.logits[p]
+    cap = A.unembed.softcap
+    if cap is not None:  # decompose the logit before soft-capping
+        logits = torch.atanh((logits / cap).clamp(-1 + 1e-7, 1 - 1e-7)) * cap
+    logit = float(logits[t_id] - (logits[f_id] if f_id is not None else 0))
+    return ComponentAttribution(
+        model=lm.name, tokens=tr.tokens, position=p, target=token_str(lm, t_id), target_id=t_id,
+        foil=None if f_id is None else token_str(lm, f_id), foil_id=f_id, names=names, layers=layers, heads=heads,
+        values=values.float().cpu(), logit=logit, completeness_error=abs(float(values.double().sum()) - logit),
+        by_head=by_head,
+    )

@@ -1,0 +1,21 @@
+"""The ``lenscope`` command line (typer). One module per command group."""
+
+from __future__ import annotations
+
+import typer
+
+from . import components, models
+
+app = typer.Typer(
+    name="lenscope",
+    help="See how a transformer language model builds its prediction.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+models.register(app)
+components.register(app)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,57 @@
+"""``lenscope components``: direct logit attribution from the command line."""
+
+from __future__ import annotations
+
+import typer
+
+from .common import MODEL_HELP, handle_errors, load_model, print_json
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("components")
+    @handle_errors
+    def components_cmd(
+        text: str = typer.Argument(..., help="The text; the logit at its last token is decomposed."),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        target: str = typer.Option(..., "--target", "-t", help="Target token: its text (e.g. ' Paris') or #ID."),
+        foil: str = typer.Option(None, "--foil", "-f", help="Foil token: decompose target minus foil."),
+        by_head: bool = typer.Option(False, "--by-head", help="Split each attention layer into its heads."),
+        position: int = typer.Option(-1, "--position", help="Token position to explain (default: last)."),
+        top: int = typer.Option(None, "--top", help="Show only the largest components in the table/plot."),
+        png: str = typer.Option(None, "--png", help="Save a bar plot to this PNG file."),
+        save: str = typer.Option(None, "--save", help="Save the result (.safetensors) to reload later."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ):
+        """Write the logit of TARGET (minus FOIL) as an exact sum over embeddings, layers and heads."""
+        from ..attribution.dla import direct_logit_attribution
+
+        lm = load_model(model)
+        res = direct_logit_attribution(lm, text, target, foil, by_head=by_head, position=position)
+        if png:
+            from ..viz.plots import save_figure
+
+            save_figure(res.plot(top=top), png)
+        if save:
+            res.save(save)
+        if as_json:
+            print_json(res.to_dict())
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        con = Console()
+        what = repr(res.target) + (f" − {res.foil!r}" if res.foil is not None else "")
+        recs = res.to_records() if top is None else res.top(top)
+        scale = max(abs(r["value"]) for r in recs) or 1.0
+        table = Table(title=f"{lm.name}: direct logit attribution of {what} after {''.join(res.tokens)!r}")
+        table.add_column("component")
+        table.add_column("value", justify="right")
+        table.add_column("")
+        for r in recs:
+            bar = "█" * int(round(12 * abs(r["value"]) / scale))
+            color = "green" if r["value"] >= 0 else "red"
+            table.add_row(r["name"], f"{r['value']:+.3f}", f"[{color}]{bar}[/{color}]")
+        con.print(table)
+        con.print(f"sum {res.total:+.4f}  model logit {res.logit:+.4f}  completeness error {res.completeness_error:.1e}")
+        if png:
+            con.print(f"plot saved to {png}")

@@ -1,0 +1,70 @@
+"""``lenscope models`` and ``lenscope verify``."""
+
+from __future__ import annotations
+
+import typer
+
+from .common import MODEL_HELP, handle_errors, load_model, print_json
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("models")
+    @handle_errors
+    def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
+        """List the model names lenscope knows and whether each is installed."""
+        from ..models.families import tiny_names
+        from ..models.load import EMBEDDED, installed
+
+        rows = [{"name": m.name, "kind": "embedded", "installed": installed(m.name), "description": m.description,
+                 "install": m.install} for m in EMBEDDED.values()]
+        for name, fam in sorted(tiny_names().items()):
+            rows.append({"name": f"tiny:{name}", "kind": "tiny", "installed": True,
+                         "description": f"small random {name} ({fam.name} family) for tests and demos", "install": ""})
+        if as_json:
+            print_json(rows)
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="lenscope models")
+        for col in ("name", "installed", "description"):
+            table.add_column(col)
+        for r in rows:
+            inst = "yes" if r["installed"] else f"no — {r['install']}"
+            table.add_row(r["name"], inst, r["description"])
+        Console().print(table)
+
+    @app.command("verify")
+    @handle_errors
+    def verify_cmd(
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        text: str = typer.Option(None, "--text", help="Text to run (default: a built-in sentence)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ):
+        """Recompute every sub-layer with lenscope's own math and compare with the real model (exit 1 if not ok)."""
+        from ..models.verify import DEFAULT_TEXT, verify
+
+        lm = load_model(model)
+        rep = verify(lm, text if text is not None else DEFAULT_TEXT)
+        if as_json:
+            print_json(rep.to_dict())
+        else:
+            from rich.console import Console
+            from rich.table import Table
+
+            con = Console()
+            df = rep.to_frame()
+            table = Table(title=f"verify {rep.model} ({rep.family}, {rep.n_layers} layers, {rep.n_tokens} tokens): "
+                                f"relative errors")
+            table.add_column("layer")
+            for c in df.columns:
+                table.add_column(c, justify="right")
+            for i, row in df.iterrows():
+                table.add_row(str(i), *[("" if v != v else f"{v:.1e}") for v in row.tolist()])
+            con.print(table)
+            logit = "n/a (no LM head)" if rep.max_abs_logit_error is None else f"{rep.max_abs_logit_error:.2e}"
+            con.print(f"max |logit error| {logit} (tol {rep.logit_tol:g}); max residual error / RMS "
+                      f"{rep.max_rel_resid_error:.2e}, max sub-layer error {rep.max_rel_sublayer_error:.2e} "
+                      f"(tol {rep.resid_tol:g}) -> {'[green]OK[/green]' if rep.ok else '[red]MISMATCH[/red]'}")
+        if not rep.ok:
+            raise typer.Exit(1)

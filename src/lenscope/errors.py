@@ -1,0 +1,25 @@
+"""Errors raised by lenscope. Every message says what was wrong and what to do about it."""
+
+
+class LenscopeError(Exception):
+    """Base class of every error lenscope raises on purpose."""
+
+
+class UnknownModelError(LenscopeError):
+    """The model name is neither a known name, a ``tiny:<family>`` name, nor an existing path."""
+
+
+class UnsupportedModelError(LenscopeError):
+    """The model loads, but its architecture (or a variant of it) is not supported."""
+
+
+class MissingDependencyError(LenscopeError):
+    """A package that holds a model's weights (or a needed library) is not installed."""
+
+
+class InputError(LenscopeError):
+    """The text, token or option given by the user cannot be used."""
+
+
+class NotApplicableError(LenscopeError):
+    """The method does not apply to this kind of model (e.g. a decoder-only view on an encoder)."""

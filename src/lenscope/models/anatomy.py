@@ -1,0 +1,484 @@
+"""The Anatomy: a model's weights in one canonical, family-independent form, plus lenscope's own math.
+
+Every method in lenscope reads an :class:`Anatomy` (what the weights are) and a
+:class:`~lenscope.models.trace.Trace` (what one forward pass computed). Family modules under
+``models/families`` are the only code that knows how a transformers model stores its weights; they
+fill these dataclasses and nothing downstream asks which family it is looking at.
+
+Conventions: weights act on row vectors (``x @ W``); shapes are written with named axes.
+Tensors are views of the real model's parameters where possible (detached, no copies).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import torch
+from torch import Tensor
+
+from ..errors import UnsupportedModelError
+
+# ----------------------------------------------------------------------------------------------
+# activations
+
+
+def _gelu_tanh(x: Tensor) -> Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "gelu": lambda x: torch.nn.functional.gelu(x),
+    "gelu_tanh": _gelu_tanh,
+    "relu": torch.relu,
+    "silu": torch.nn.functional.silu,
+}
+
+# transformers' names for the same functions
+ACTIVATION_ALIASES = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+    "bloom_gelu": "gelu_tanh",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+
+
+def activation_name(hf_name: str) -> str:
+    """Canonical activation name for a transformers ``hidden_act`` string."""
+    try:
+        return ACTIVATION_ALIASES[hf_name]
+    except KeyError:
+        raise UnsupportedModelError(
+            f"activation {hf_name!r} is not supported; supported: {sorted(ACTIVATION_ALIASES)}"
+        ) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# parts
+
+
+@dataclass(repr=False)
+class Norm:
+    """LayerNorm or RMSNorm over the last axis.
+
+    ``weight`` is the effective multiplier (Gemma's ``1 + w`` is folded in). ``scale(x)`` is the
+    per-token factor ``1/sqrt(var + eps)`` (LayerNorm, variance of the centred vector) or
+    ``1/sqrt(mean(x^2) + eps)`` (RMSNorm). Given that scale, the norm is affine in ``x``:
+    ``linear(x, s) + bias``; decompositions use this with the scale taken from the trace.
+    """
+
+    kind: Literal["layernorm", "rmsnorm"]
+    weight: Tensor | None  # (d,)
+    bias: Tensor | None  # (d,)
+    eps: float
+
+    def center(self, x: Tensor) -> Tensor:
+        return x - x.mean(-1, keepdim=True) if self.kind == "layernorm" else x
+
+    def scale(self, x: Tensor) -> Tensor:
+        """Per-token scale, shape ``x.shape[:-1]``."""
+        x = x.float()
+        if self.kind == "layernorm":
+            var = x.var(-1, unbiased=False)
+        else:
+            var = x.pow(2).mean(-1)
+        return torch.rsqrt(var + self.eps)
+
+    def linear(self, x: Tensor, scale: Tensor) -> Tensor:
+        """The norm without its bias, with a given per-token ``scale`` (linear in ``x``)."""
+        y = self.center(x) * scale.unsqueeze(-1)
+        return y * self.weight if self.weight is not None else y
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = self.linear(x, self.scale(x))
+        return y + self.bias if self.bias is not None else y
+
+    def __repr__(self) -> str:
+        d = None if self.weight is None else self.weight.shape[0]
+        return f"Norm({self.kind}, d={d}, bias={self.bias is not None}, eps={self.eps:g})"
+
+
+@dataclass(repr=False)
+class Rotary:
+    """Rotary position embedding (rotate-half convention) on the first ``dim`` features of a head."""
+
+    inv_freq: Tensor  # (dim/2,)
+    dim: int
+    attention_scaling: float = 1.0
+
+    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        freqs = positions.double()[:, None] * self.inv_freq.double()[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self.attention_scaling).float(), (emb.sin() * self.attention_scaling).float()
+
+    def apply(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x: (head, pos, d_head) -> same, rotated."""
+        cos, sin = self.cos_sin(positions)
+        xr, xp = x[..., : self.dim], x[..., self.dim :]
+        half = self.dim // 2
+        rot = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+        return torch.cat([xr * cos + rot * sin, xp], dim=-1)
+
+    def __repr__(self) -> str:
+        return f"Rotary(dim={self.dim}, scaling={self.attention_scaling:g})"
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """ALiBi head slopes (Press et al. 2022), for any number of heads."""
+    closest = 2 ** math.floor(math.log2(n_heads))
+    base = 2.0 ** (-(2.0 ** -(math.log2(closest) - 3)))
+    slopes = [base ** (i + 1) for i in range(closest)]
+    if closest != n_heads:
+        extra = 2.0 ** (-(2.0 ** -(math.log2(2 * closest) - 3)))
+        slopes += [extra ** (2 * i + 1) for i in range(n_heads - closest)]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+@dataclass(repr=False)
+class Attention:
+    """Multi-head attention with per-head weights.
+
+    Shapes: ``W_Q (head, d_model, d_head)``, ``W_K, W_V (kv_head, d_model, d_head)``,
+    ``W_O (head, d_head, d_model)``; biases ``b_Q (head, d_head)``, ``b_K, b_V (kv_head, d_head)``,
+    ``b_O (d_model,)``. Query head ``h`` reads key/value head ``h // (head / kv_head)``.
+    """
+
+    W_Q: Tensor
+    W_K: Tensor
+    W_V: Tensor
+    W_O: Tensor
+    b_Q: Tensor | None
+    b_K: Tensor | None
+    b_V: Tensor | None
+    b_O: Tensor | None
+    scale: float
+    causal: bool = True
+    rotary: Rotary | None = None
+    q_norm: Norm | None = None
+    k_norm: Norm | None = None
+    alibi: Tensor | None = None  # (head,) slopes
+    softcap: float | None = None
+    window: int | None = None  # sliding window: query i sees keys j with i - j < window
+
+    @property
+    def n_heads(self) -> int:
+        return self.W_Q.shape[0]
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.W_K.shape[0]
+
+    @property
+    def d_head(self) -> int:
+        return self.W_Q.shape[2]
+
+    def _per_kv(self, t: Tensor) -> Tensor:
+        """(kv_head, ...) -> (head, ...) by repeating each kv head for its query group."""
+        g = self.n_heads // self.n_kv_heads
+        return t if g == 1 else t.repeat_interleave(g, dim=0)
+
+    def queries_keys(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """x (pos, d_model) -> q (head, pos, d_head), k (head, pos, d_head) after norms and rotary."""
+        q = torch.einsum("pd,hde->hpe", x, self.W_Q)
+        k = torch.einsum("pd,hde->hpe", x, self.W_K)
+        if self.b_Q is not None:
+            q = q + self.b_Q[:, None, :]
+        if self.b_K is not None:
+            k = k + self.b_K[:, None, :]
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        if self.rotary is not None:
+            q = self.rotary.apply(q, positions)
+            k = self.rotary.apply(k, positions)
+        return q, self._per_kv(k)
+
+    def values(self, x: Tensor) -> Tensor:
+        """x (pos, d_model) -> v (head, pos, d_head) (kv heads repeated per query head)."""
+        v = torch.einsum("pd,hde->hpe", x, self.W_V)
+        if self.b_V is not None:
+            v = v + self.b_V[:, None, :]
+        return self._per_kv(v)
+
+    def mask(self, n_q: int, n_k: int, device=None) -> Tensor:
+        """Boolean (q, k) mask of the keys each query may attend to."""
+        qi = torch.arange(n_q, device=device)[:, None]
+        kj = torch.arange(n_k, device=device)[None, :]
+        allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+        if self.causal:
+            allowed &= kj <= qi
+        if self.window is not None:
+            allowed &= (qi - kj) < self.window
+            if not self.causal:
+                allowed &= (kj - qi) < self.window
+        return allowed
+
+    def pattern(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Attention probabilities (head, pos, src) of the input ``x`` (pos, d_model)."""
+        q, k = self.queries_keys(x, positions)
+        scores = torch.einsum("hqe,hke->hqk", q, k) * self.scale
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        if self.alibi is not None:
+            rel = (positions[None, :] - positions[:, None]).to(scores.dtype)  # key - query
+            scores = scores + self.alibi.to(scores.dtype)[:, None, None] * rel
+        allowed = self.mask(x.shape[0], x.shape[0], x.device)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        return torch.softmax(scores.float(), dim=-1).to(x.dtype)
+
+    def head_outputs(self, probs: Tensor, x: Tensor) -> Tensor:
+        """What each head writes, (head, pos, d_model), without ``b_O``."""
+        z = torch.einsum("hqk,hke->hqe", probs, self.values(x))
+        return torch.einsum("hqe,hed->hqd", z, self.W_O)
+
+    def __call__(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """x (pos, d_model) -> (output (pos, d_model), probs (head, pos, src))."""
+        probs = self.pattern(x, positions)
+        z = torch.einsum("hqk,hke->qhe", probs, self.values(x))
+        out = z.reshape(z.shape[0], -1) @ self.W_O.reshape(-1, self.W_O.shape[-1])
+        if self.b_O is not None:
+            out = out + self.b_O
+        return out, probs
+
+    def __repr__(self) -> str:
+        parts = [f"heads={self.n_heads}", f"kv_heads={self.n_kv_heads}", f"d_head={self.d_head}"]
+        parts.append("causal" if self.causal else "bidirectional")
+        if self.rotary is not None:
+            parts.append(repr(self.rotary))
+        if self.alibi is not None:
+            parts.append("alibi")
+        if self.q_norm is not None:
+            parts.append("qk_norm")
+        if self.softcap is not None:
+            parts.append(f"softcap={self.softcap:g}")
+        if self.window is not None:
+            parts.append(f"window={self.window}")
+        return "Attention(" + ", ".join(parts) + ")"
+
+
+@dataclass(repr=False)
+class MLP:
+    """Feed-forward block: ``act(x W_in + b_in) W_out + b_out``, or gated:
+    ``(act(x W_gate + b_gate) * (x W_in + b_in)) W_out + b_out``.
+
+    Shapes: ``W_in, W_gate (d_model, d_mlp)``, ``W_out (d_mlp, d_model)``.
+    """
+
+    W_in: Tensor
+    b_in: Tensor | None
+    W_out: Tensor
+    b_out: Tensor | None
+    act: str
+    W_gate: Tensor | None = None
+    b_gate: Tensor | None = None
+
+    @property
+    def gated(self) -> bool:
+        return self.W_gate is not None
+
+    @property
+    def d_mlp(self) -> int:
+        return self.W_in.shape[1]
+
+    def pre(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(pre-activation of the activated branch, linear branch or None), each (pos, d_mlp)."""
+        lin = x @ self.W_in
+        if self.b_in is not None:
+            lin = lin + self.b_in
+        if not self.gated:
+            return lin, None
+        gate = x @ self.W_gate
+        if self.b_gate is not None:
+            gate = gate + self.b_gate
+        return gate, lin
+
+    def hidden(self, x: Tensor) -> Tensor:
+        pre, up = self.pre(x)
+        h = ACTIVATIONS[self.act](pre)
+        return h * up if up is not None else h
+
+    def __call__(self, x: Tensor) -> Tensor:
+        out = self.hidden(x) @ self.W_out
+        return out + self.b_out if self.b_out is not None else out
+
+    def __repr__(self) -> str:
+        return f"MLP(d_mlp={self.d_mlp}, act={self.act}, gated={self.gated}, bias={self.b_in is not None})"
+
+
+Placement = Literal["pre", "post", "sandwich", "parallel"]
+
+
+@dataclass(repr=False)
+class Layer:
+    """One transformer block.
+
+    - ``pre``: ``mid = h + attn(ln_attn(h))``; ``out = mid + mlp(ln_mlp(mid))``
+    - ``sandwich``: as ``pre`` with ``ln_attn_out`` / ``ln_mlp_out`` applied to what each sub-layer writes
+    - ``parallel``: ``out = h + attn(ln_attn(h)) + mlp(ln_mlp(h))``
+    - ``post``: ``mid = ln_attn(h + attn(h))``; ``out = ln_mlp(mid + mlp(mid))``
+    """
+
+    placement: Placement
+    attn: Attention
+    mlp: MLP
+    ln_attn: Norm | None
+    ln_mlp: Norm | None
+    ln_attn_out: Norm | None = None
+    ln_mlp_out: Norm | None = None
+
+    def norms(self) -> dict[str, Norm]:
+        """The block's norms by slot name."""
+        slots = {
+            "ln_attn": self.ln_attn,
+            "ln_mlp": self.ln_mlp,
+            "ln_attn_out": self.ln_attn_out,
+            "ln_mlp_out": self.ln_mlp_out,
+        }
+        return {k: v for k, v in slots.items() if v is not None}
+
+    def forward(self, h: Tensor, positions: Tensor) -> dict[str, Tensor]:
+        """Recompute the block from its input ``h`` (pos, d_model) with lenscope's own math.
+
+        Returns every intermediate: ``attn_in, attn_out, attn_write, attn_probs, resid_mid,
+        mlp_in, mlp_out, mlp_write, resid_post``.
+        """
+        r: dict[str, Tensor] = {}
+        if self.placement == "post":
+            r["attn_in"] = h
+        else:
+            r["attn_in"] = self.ln_attn(h)
+        r["attn_out"], r["attn_probs"] = self.attn(r["attn_in"], positions)
+        r["attn_write"] = self.ln_attn_out(r["attn_out"]) if self.ln_attn_out is not None else r["attn_out"]
+        if self.placement == "post":
+            r["resid_mid"] = self.ln_attn(h + r["attn_write"])
+            r["mlp_in"] = r["resid_mid"]
+        elif self.placement == "parallel":
+            r["resid_mid"] = h + r["attn_write"]
+            r["mlp_in"] = self.ln_mlp(h)
+        else:
+            r["resid_mid"] = h + r["attn_write"]
+            r["mlp_in"] = self.ln_mlp(r["resid_mid"])
+        r["mlp_out"] = self.mlp(r["mlp_in"])
+        r["mlp_write"] = self.ln_mlp_out(r["mlp_out"]) if self.ln_mlp_out is not None else r["mlp_out"]
+        if self.placement == "post":
+            r["resid_post"] = self.ln_mlp(r["resid_mid"] + r["mlp_write"])
+        else:
+            r["resid_post"] = r["resid_mid"] + r["mlp_write"]
+        return r
+
+    def __repr__(self) -> str:
+        return f"Layer({self.placement}, {self.attn!r}, {self.mlp!r})"
+
+
+@dataclass(repr=False)
+class Embedding:
+    """Token embedding (times ``scale``), learned positions at ``position + pos_offset``, a constant
+    token-type row, then an optional norm. Shapes: ``W_E (vocab, d_model)``, ``W_pos (n_pos, d_model)``."""
+
+    W_E: Tensor
+    scale: float = 1.0
+    W_pos: Tensor | None = None
+    pos_offset: int = 0
+    type_row: Tensor | None = None  # (d_model,)
+    norm: Norm | None = None
+
+    def parts(self, ids: Tensor, positions: Tensor) -> dict[str, Tensor]:
+        """The additive parts before the norm: ``tok``, ``pos``, ``type`` (each (pos, d_model))."""
+        out = {"tok": self.W_E[ids] * self.scale}
+        if self.W_pos is not None:
+            out["pos"] = self.W_pos[positions + self.pos_offset]
+        if self.type_row is not None:
+            out["type"] = self.type_row.expand_as(out["tok"])
+        return out
+
+    def __call__(self, ids: Tensor, positions: Tensor) -> Tensor:
+        x = sum(self.parts(ids, positions).values())
+        return self.norm(x) if self.norm is not None else x
+
+
+@dataclass(repr=False)
+class Unembed:
+    """Logits = ``transform(x) @ W_U + b_U`` (then optional soft-capping).
+
+    ``transform`` is the masked-LM head's dense + activation + norm of encoders, None for decoders.
+    Shapes: ``W_U (d_model, vocab)``, ``b_U (vocab,)``.
+    """
+
+    W_U: Tensor
+    b_U: Tensor | None = None
+    softcap: float | None = None
+    transform_W: Tensor | None = None  # (d_model, d_model)
+    transform_b: Tensor | None = None
+    transform_act: str | None = None
+    transform_norm: Norm | None = None
+
+    def transform(self, x: Tensor) -> Tensor:
+        if self.transform_W is None:
+            return x
+        y = x @ self.transform_W + self.transform_b
+        y = ACTIVATIONS[self.transform_act](y)
+        return self.transform_norm(y)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        logits = self.transform(x) @ self.W_U
+        if self.b_U is not None:
+            logits = logits + self.b_U
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+@dataclass(repr=False)
+class Anatomy:
+    """A whole model in canonical form: ``embed`` -> ``layers`` -> ``final_norm`` -> ``unembed``."""
+
+    family: str
+    model_type: str
+    d_model: int
+    n_ctx: int
+    vocab_size: int
+    embed: Embedding
+    layers: list[Layer]
+    final_norm: Norm | None
+    unembed: Unembed | None
+    causal: bool = True
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def is_encoder(self) -> bool:
+        return not self.causal
+
+    @property
+    def placement(self) -> str:
+        return self.layers[0].placement
+
+    def logits(self, resid: Tensor) -> Tensor:
+        """Logits of final-layer residual states ``resid`` (..., d_model)."""
+        if self.unembed is None:
+            raise UnsupportedModelError("this model has no language-model head (no unembedding)")
+        x = self.final_norm(resid) if self.final_norm is not None else resid
+        return self.unembed(x)
+
+    def __repr__(self) -> str:
+        lines = [
+            f"Anatomy(family={self.family!r}, model_type={self.model_type!r}, layers={self.n_layers}, "
+            f"d_model={self.d_model}, vocab={self.vocab_size}, n_ctx={self.n_ctx}, "
+            f"{'causal' if self.causal else 'bidirectional'})",
+            f"  embed: scale={self.embed.scale:g}, learned_pos={self.embed.W_pos is not None}, "
+            f"norm={self.embed.norm!r}",
+            f"  layer 0: {self.layers[0]!r}",
+            f"  final_norm: {self.final_norm!r}",
+            f"  unembed: {'none' if self.unembed is None else 'W_U ' + str(tuple(self.unembed.W_U.shape))}",
+        ]
+        return "\n".join(lines)

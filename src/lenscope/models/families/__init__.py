@@ -1,0 +1,175 @@
+"""The one place where model families are known.
+
+Each module in this package defines ``FAMILY``: a :class:`Family` that reads a transformers model
+into an :class:`~lenscope.models.anatomy.Anatomy`, tells the tracer which modules to hook, and
+builds the small random configs used by ``tiny:<name>`` models. Adding a family is adding a module
+here (it is discovered automatically) plus its test.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from ...errors import UnsupportedModelError
+from ..anatomy import Anatomy, Norm, Rotary
+
+
+@dataclass
+class LayerHooks:
+    """Modules of one block whose inputs/outputs the tracer captures.
+
+    - ``block``: input = residual before the block, output = residual after it
+    - ``attn``: the attention module; its output's second element = probabilities (head, q, k)
+    - ``attn_out``: output = what attention computed (after the output projection, with its bias)
+    - ``mlp_out``: output = what the MLP computed (after the down projection, with its bias)
+    - ``act``: input = pre-activation of the (activated branch of the) MLP
+    - ``up``: output = the linear branch of a gated MLP
+    - ``norms``: slot name (as in :meth:`Layer.norms`) -> norm module (input and output captured)
+    """
+
+    block: nn.Module
+    attn: nn.Module
+    attn_out: nn.Module
+    mlp_out: nn.Module
+    act: nn.Module
+    norms: dict[str, nn.Module]
+    up: nn.Module | None = None
+
+
+@dataclass
+class ModelHooks:
+    layers: list[LayerHooks]
+    final_norm: nn.Module | None
+
+
+@dataclass
+class Family:
+    """What lenscope knows about one architecture family."""
+
+    name: str
+    model_types: tuple[str, ...]
+    read: Callable[[nn.Module], Anatomy]
+    hooks: Callable[[nn.Module], ModelHooks]
+    tiny: dict[str, Callable[[dict], object]] = field(default_factory=dict)
+    encoder: bool = False
+    notes: str = ""
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers shared by family modules
+
+
+def t(p: Tensor | None) -> Tensor | None:
+    """Detached parameter (no copy)."""
+    return None if p is None else p.detach()
+
+
+def linear_in_out(lin: nn.Module) -> Tensor:
+    """An ``nn.Linear``'s weight as (in, out), for ``x @ W``."""
+    return lin.weight.detach().T
+
+
+def split_heads_in(W: Tensor, n_heads: int) -> Tensor:
+    """(d_model, n_heads * d_head) -> (n_heads, d_model, d_head)."""
+    d_model = W.shape[0]
+    return W.reshape(d_model, n_heads, -1).permute(1, 0, 2)
+
+
+def split_heads_out(W: Tensor, n_heads: int) -> Tensor:
+    """(n_heads * d_head, d_model) -> (n_heads, d_head, d_model)."""
+    return W.reshape(n_heads, -1, W.shape[-1])
+
+
+def split_bias(b: Tensor | None, n_heads: int) -> Tensor | None:
+    return None if b is None else b.detach().reshape(n_heads, -1)
+
+
+def layer_norm(mod: nn.Module) -> Norm:
+    """A ``torch.nn.LayerNorm`` (or an equivalent with ``weight``, ``bias``, ``eps``)."""
+    eps = getattr(mod, "eps", None)
+    if eps is None:
+        eps = getattr(mod, "variance_epsilon")
+    return Norm("layernorm", t(getattr(mod, "weight", None)), t(getattr(mod, "bias", None)), float(eps))
+
+
+def rms_norm(mod: nn.Module, *, offset: float = 0.0) -> Norm:
+    """An RMSNorm; ``offset=1`` for Gemma's ``(1 + weight)`` convention."""
+    eps = getattr(mod, "variance_epsilon", None)
+    if eps is None:
+        eps = getattr(mod, "eps")
+    w = mod.weight.detach()
+    if offset:
+        w = w.float() + offset
+    return Norm("rmsnorm", w, None, float(eps))
+
+
+def rotary(rot_module: nn.Module, prefix: str = "") -> Rotary:
+    """Rotary settings from a transformers rotary-embedding module (``inv_freq`` and scaling)."""
+    inv_freq = getattr(rot_module, f"{prefix}inv_freq").detach().float()
+    scaling = getattr(rot_module, f"{prefix}attention_scaling", 1.0)
+    return Rotary(inv_freq=inv_freq, dim=2 * inv_freq.shape[0], attention_scaling=float(scaling))
+
+
+def require(cond: bool, what: str) -> None:
+    if not cond:
+        raise UnsupportedModelError(what)
+
+
+# ----------------------------------------------------------------------------------------------
+# registry
+
+
+def _discover() -> dict[str, Family]:
+    out: dict[str, Family] = {}
+    for info in pkgutil.iter_modules(__path__):
+        mod = importlib.import_module(f"{__name__}.{info.name}")
+        fam = getattr(mod, "FAMILY", None)
+        if isinstance(fam, Family):
+            out[fam.name] = fam
+    return out
+
+
+_FAMILIES: dict[str, Family] | None = None
+
+
+def families() -> dict[str, Family]:
+    """All families by name."""
+    global _FAMILIES
+    if _FAMILIES is None:
+        _FAMILIES = _discover()
+    return _FAMILIES
+
+
+def tiny_names() -> dict[str, Family]:
+    """``tiny:<name>`` names -> family."""
+    return {name: fam for fam in families().values() for name in fam.tiny}
+
+
+def family_for(model_or_config) -> Family:
+    """The family of a transformers model or config (by ``config.model_type``)."""
+    cfg = getattr(model_or_config, "config", model_or_config)
+    mt = getattr(cfg, "model_type", None)
+    for fam in families().values():
+        if mt in fam.model_types:
+            return fam
+    known = sorted(m for f in families().values() for m in f.model_types)
+    raise UnsupportedModelError(
+        f"model type {mt!r} is not supported; supported model types: {', '.join(known)}"
+    )
+
+
+@torch.no_grad()
+def randomize_(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Give a freshly initialised tiny model non-trivial norms and biases (so tests can catch a
+    mishandled weight or bias), deterministically."""
+    g = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        if p.ndim == 1:
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+    return model

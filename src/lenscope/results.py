@@ -1,0 +1,48 @@
+"""Saving and loading results: one ``.safetensors`` file whose header metadata holds the non-tensor
+fields as JSON. Loading never unpickles anything."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+
+from .errors import InputError
+
+
+class Result:
+    """Mixin for dataclass results: ``save(path)`` / ``Cls.load(path)``."""
+
+    def save(self, path: str | Path) -> Path:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        tensors, meta = {}, {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                tensors[f.name] = v.detach().cpu().contiguous()
+            else:
+                meta[f.name] = v
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(path), metadata={"lenscope_type": type(self).__name__, "fields": json.dumps(meta)})
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path):
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.exists():
+            raise InputError(f"no such file: {path}")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as e:  # safetensors raises several kinds for a corrupt header
+            raise InputError(f"{path} is not a lenscope result file ({e})") from None
+        if meta.get("lenscope_type") != cls.__name__:
+            raise InputError(f"{path} holds a {meta.get('lenscope_type')!r}, not a {cls.__name__}")
+        return cls(**tensors, **json.loads(meta["fields"]))

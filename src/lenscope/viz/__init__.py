@@ -1,0 +1,1 @@
+"""Plots (matplotlib, headless) and, later, the HTML report."""
