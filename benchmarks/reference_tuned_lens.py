@@ -96,7 +96,7 @@ def load_model_and_tokenizer():
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
     config.rope_theta = ROPE_THETA  # set explicitly: never trust a silent default
     model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=name, config=config, torch_dtype=torch.float32
+        folder, gguf_file=name, config=config, dtype=torch.float32
     )
     model.eval()
     model.requires_grad_(False)

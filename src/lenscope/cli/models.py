@@ -53,14 +53,14 @@ def register(app: typer.Typer) -> None:
             from rich.table import Table
 
             con = Console()
-            df = rep.to_frame()
-            table = Table(title=f"verify {rep.model} ({rep.family}, {rep.n_layers} layers, {rep.n_tokens} tokens): "
-                                f"relative errors")
-            table.add_column("layer")
-            for c in df.columns:
-                table.add_column(c, justify="right")
-            for i, row in df.iterrows():
-                table.add_row(str(i), *[("" if v != v else f"{v:.1e}") for v in row.tolist()])
+            table = Table(title=f"verify {rep.model}: {rep.family}, {rep.n_layers} layers, {rep.n_tokens} tokens")
+            for col in ("layer", "norms", "attn probs", "attn out", "mlp", "block"):
+                table.add_column(col, justify="right")
+            for r in rep.layers:
+                norms = max(v for k, v in r.items() if k.startswith("ln_"))
+                mlp = max(v for k, v in r.items() if k.startswith("mlp_"))
+                block = max(v for k, v in r.items() if k.startswith("resid_"))
+                table.add_row(str(r["layer"]), *(f"{v:.1e}" for v in (norms, r["attn_probs"], r["attn_out"], mlp, block)))
             con.print(table)
             logit = "n/a (no LM head)" if rep.max_abs_logit_error is None else f"{rep.max_abs_logit_error:.2e}"
             con.print(f"max |logit error| {logit} (tol {rep.logit_tol:g}); max residual error / RMS "

@@ -164,7 +164,7 @@ class Attention:
     k_norm: Norm | None = None
     alibi: Tensor | None = None  # (head,) slopes
     softcap: float | None = None
-    window: int | None = None  # sliding window: query i sees keys j with i - j < window
+    window: int | None = None  # causal: query i sees keys j with i - j < window; bidirectional: |i - j| <= window
 
     @property
     def n_heads(self) -> int:
@@ -215,9 +215,10 @@ class Attention:
         if self.causal:
             allowed &= kj <= qi
         if self.window is not None:
-            allowed &= (qi - kj) < self.window
-            if not self.causal:
-                allowed &= (kj - qi) < self.window
+            if self.causal:
+                allowed &= (qi - kj) < self.window
+            else:  # transformers' bidirectional window is inclusive: |i - j| <= window
+                allowed &= (qi - kj).abs() <= self.window
         return allowed
 
     def pattern(self, x: Tensor, positions: Tensor) -> Tensor:

@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,20 @@ def _gemma_folder() -> Path:
 # building models
 
 
+@contextmanager
+def _quiet_transformers():
+    """Hide transformers' per-tensor progress bar while loading already-converted weights."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def _from_folder(folder: Path, dtype: torch.dtype):
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
@@ -204,7 +219,8 @@ def _from_folder(folder: Path, dtype: torch.dtype):
         auto = AutoModelForMaskedLM if any("MaskedLM" in a for a in archs) else AutoModel
     else:
         auto = AutoModelForCausalLM
-    model = auto.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
+    with _quiet_transformers():
+        model = auto.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
     tok = AutoTokenizer.from_pretrained(folder)
     return model, tok
 

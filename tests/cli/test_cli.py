@@ -1,0 +1,69 @@
+"""The command line: JSON fields, exit codes, one-line errors."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lenscope.cli import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_models_json():
+    r = run("models", "--json")
+    assert r.exit_code == 0
+    rows = json.loads(r.stdout)
+    names = {row["name"] for row in rows}
+    assert {"smollm2", "gemma3-270m", "minilm", "tiny:gpt2", "tiny:bert", "tiny:gemma3"} <= names
+    assert all(isinstance(row["installed"], bool) for row in rows)
+
+
+def test_verify_json_fields():
+    r = run("verify", "--model", "tiny:bloom", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    for k in ("model", "family", "n_layers", "max_abs_logit_error", "max_rel_resid_error", "ok"):
+        assert k in d
+    assert d["ok"] is True and d["family"] == "bloom" and d["n_layers"] == 2
+
+
+def test_components_json_fields_and_token_ids():
+    r = run("components", "The capital of France is", "--model", "tiny:llama", "--target", " capital", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    for k in ("tokens", "target", "foil", "components", "logit", "completeness_error"):
+        assert k in d
+    assert d["completeness_error"] < 1e-4
+    assert {"name", "layer", "head", "value"} <= set(d["components"][0])
+    tid = d["target_id"]
+    r2 = run("components", "The capital of France is", "--model", "tiny:llama", "--target", f"#{tid}", "--json")
+    assert json.loads(r2.stdout)["logit"] == pytest.approx(d["logit"])
+
+
+def test_components_by_head_foil_png_and_table(tmp_path):
+    png = tmp_path / "dla.png"
+    r = run("components", "The capital of France is", "--model", "tiny:gpt2", "--target", " capital",
+            "--foil", " of", "--by-head", "--png", str(png))
+    assert r.exit_code == 0, r.output
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert "L1.H3" in r.stdout and "completeness error" in r.stdout
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["components", "", "--model", "tiny:gpt2", "--target", " capital"], "empty"),
+    (["components", "The capital", "--model", "tiny:gpt2", "--target", " Paris"], "splits into"),
+    (["components", "word " * 300, "--model", "tiny:gpt2", "--target", " capital"], "context"),
+    (["components", "The capital", "--model", "nope", "--target", " capital"], "unknown model"),
+    (["verify", "--model", "tiny:nope"], "unknown tiny family"),
+    (["components", "The capital", "--model", "tiny:bert", "--target", " capital"], "does not apply"),
+])
+def test_bad_input_exit_2_one_line(args, msg):
+    r = run(*args)
+    assert r.exit_code == 2
+    err = r.stderr.strip()
+    assert err.startswith("error:") and msg in err and len(err.splitlines()) == 1

@@ -1,0 +1,22 @@
+"""The README's Python example runs as written (on the embedded default model)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+@pytest.mark.slow
+def test_readme_python_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocks = python_blocks(ROOT / "README.md")
+    assert blocks
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {})
+    assert (tmp_path / "out" / "paris.safetensors").exists()
