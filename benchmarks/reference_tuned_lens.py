@@ -220,6 +220,8 @@ def main(argv=None) -> None:
     parser.add_argument("--text", type=Path, default=DEFAULT_TEXT)
     parser.add_argument("--seed", type=int, default=42, help="data shuffling seed")
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--save-ids", type=Path, default=None,
+                        help="write the train/eval token ids (safetensors) so lenscope trains on the same data")
     parser.add_argument("--out", type=Path, default=None,
                         help="save the trained lens here (TunedLens.save)")
     args = parser.parse_args(argv)
@@ -248,6 +250,13 @@ def main(argv=None) -> None:
               f"eval: {len(eval_data)} x {seq_len} tokens; "
               f"first train ids {train_data[0]['input_ids'][:4].tolist()}, "
               f"second {train_data[1]['input_ids'][:4].tolist() if len(train_data) > 1 else []}")
+
+        if args.save_ids is not None:
+            from safetensors.torch import save_file
+
+            save_file({"train": torch.stack([r["input_ids"] for r in train_data]).to(torch.int64).contiguous(),
+                       "eval": torch.stack([r["input_ids"] for r in eval_data]).to(torch.int64).contiguous()},
+                      str(args.save_ids))
 
         with tempfile.TemporaryDirectory() as tmp:
             trainer = TimedTrain(

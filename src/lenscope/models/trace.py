@@ -197,3 +197,59 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor) -> Trace:
         logits=None if logits is None else logits.detach()[0],
         placement=placement,
     )
+
+
+@torch.no_grad()
+def residual_states(lm: LoadedModel, ids: Tensor, *, mid: bool = False) -> dict[str, Tensor]:
+    """Lean batched capture for lenses: ``ids (batch, pos)`` ->
+
+    - ``states (layer + 1, batch, pos, d_model)``: the residual entering each block, then the last state
+    - ``mid (layer, batch, pos, d_model)`` (when ``mid=True``): the residual after each block's attention
+    - ``logits (batch, pos, vocab)``: the model's output
+    """
+    model, _, anatomy = lm
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    if ids.dim() == 1:
+        ids = ids[None]
+    hooks = family_for(model).hooks(model)
+    store: dict = {}
+    handles = []
+    placement = anatomy.placement
+    shape = ids.shape
+
+    def keep(key, x):
+        store[key] = x.detach().reshape(*shape, x.shape[-1])
+
+    try:
+        for i, lh in enumerate(hooks.layers):
+            handles.append(lh.block.register_forward_pre_hook(
+                lambda m, a, k, i=i: keep(("pre", i), a[0] if a else k["hidden_states"]), with_kwargs=True))
+            if mid and placement in ("pre", "sandwich"):
+                handles.append(lh.norms["ln_mlp"].register_forward_pre_hook(lambda m, a, i=i: keep(("mid", i), a[0])))
+            elif mid and placement == "post":
+                handles.append(lh.norms["ln_attn"].register_forward_hook(lambda m, a, o, i=i: keep(("mid", i), _first(o))))
+            elif mid:  # parallel: what attention wrote, added to the block input below
+                handles.append(lh.attn_out.register_forward_hook(lambda m, a, o, i=i: keep(("attn", i), _first(o))))
+        last = hooks.layers[-1].block
+        handles.append(last.register_forward_hook(lambda m, a, o: keep(("last", 0), _first(o))))
+        if hooks.final_norm is not None:
+            handles.append(hooks.final_norm.register_forward_pre_hook(lambda m, a: keep(("final", 0), a[0])))
+        device = next(model.parameters()).device
+        kwargs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
+        if anatomy.causal:
+            kwargs["use_cache"] = False
+        out = model(**kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    L = anatomy.n_layers
+    final = store.get(("final", 0), store[("last", 0)])
+    res = {"states": torch.stack([store[("pre", i)] for i in range(L)] + [final])}
+    if mid:
+        if placement == "parallel":
+            res["mid"] = torch.stack([store[("pre", i)] + store[("attn", i)] for i in range(L)])
+        else:
+            res["mid"] = torch.stack([store[("mid", i)] for i in range(L)])
+    logits = getattr(out, "logits", None)
+    res["logits"] = None if logits is None else logits.detach()
+    return res

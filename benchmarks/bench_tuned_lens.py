@@ -1,0 +1,82 @@
+"""lenscope side of the tuned-lens benchmark (see benchmarks/README.md).
+
+Trains a tuned lens with lenscope on the same token ids the reference run used (``--ids``, written by
+``reference_tuned_lens.py --save-ids``) or on wiki.test.raw directly, times the training alone, and
+evaluates KL(final || lens) per layer on held-out ids over all positions, in float32 (the library's
+``eval_loop`` definition), for the tuned and the logit lens. Prints one JSON line.
+
+    .venv/bin/python benchmarks/bench_tuned_lens.py --ids /tmp/ids.safetensors --tokens 16384
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import lenscope
+from lenscope.lenses import LogitLens, TrainSettings, read_text, split_text, token_sequences, train_tuned_lens
+from lenscope.lenses.evaluate import lens_metrics
+from lenscope.models.trace import residual_states
+
+DEFAULT_TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
+
+
+def kl_per_layer(lm, lens, seqs: torch.Tensor, batch: int = 4) -> list[float]:
+    total = torch.zeros(lm.anatomy.n_layers + 1, dtype=torch.float64)
+    count = 0
+    for i in range(0, seqs.shape[0], batch):
+        cap = residual_states(lm, seqs[i : i + batch])
+        kl, _, _, _ = lens_metrics(lm, lens, cap["states"].flatten(1, 2), cap["logits"].flatten(0, 1), None)
+        total += kl
+        count += cap["logits"].shape[0] * cap["logits"].shape[1]
+    return (total[:-1] / count).tolist()  # the lens layers (the output state is 0 for every lens)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--ids", type=Path, default=None, help="safetensors with 'train' and 'eval' (n, seq_len) ids")
+    ap.add_argument("--text", type=Path, default=DEFAULT_TEXT)
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--eval-tokens", type=int, default=32 * 256)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--optimizer", default="adam")
+    ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+
+    lm = lenscope.load(args.model)
+    if args.ids is not None:
+        from safetensors.torch import load_file
+
+        ids = load_file(str(args.ids))
+        train, evals = ids["train"], ids["eval"]
+    else:
+        text = read_text(args.text)
+        train = token_sequences(lm, split_text(text, "train"), args.seq_len)
+        evals = token_sequences(lm, split_text(text, "eval"), args.seq_len, max_tokens=args.eval_tokens)
+    train = train[: -(-args.tokens // train.shape[1])]
+    evals = evals[: args.eval_tokens // evals.shape[1]]
+    settings = TrainSettings(tokens=args.tokens, seq_len=train.shape[1], batch_size=args.batch_size,
+                             optimizer=args.optimizer, lr=args.lr)
+    t0 = time.perf_counter()
+    lens = train_tuned_lens(lm, train, settings, out=args.out, progress=False)
+    seconds = time.perf_counter() - t0
+    tuned = kl_per_layer(lm, lens, evals)
+    logit = kl_per_layer(lm, LogitLens(lm.anatomy), evals)
+    print(json.dumps({
+        "impl": "lenscope", "train_tokens": lens.training_info["tokens_seen"], "train_seconds": round(seconds, 3),
+        "tokens_per_s": round(lens.training_info["tokens_seen"] / seconds, 2),
+        "mean_kl_tuned": sum(tuned) / len(tuned), "mean_kl_logit": sum(logit) / len(logit),
+        "kl_per_layer_tuned": tuned, "kl_per_layer_logit": logit, "steps": lens.training_info["steps"],
+        "optimizer": args.optimizer, "eval_tokens": int(evals.numel()),
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""Per-layer evaluation of a lens on held-out text, and prediction depth."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..models.load import LoadedModel
+from ..models.trace import residual_states
+from ..results import Result
+from .lenses import Lens, decode
+
+
+@dataclass(repr=False)
+class LensEvaluation(Result):
+    """Per-state metrics, each ``(state,)`` for states ``0..n_layers`` (the last is the model's output):
+
+    - ``kl``: KL(final || lens) in nats, mean over tokens
+    - ``ce``: cross-entropy of the lens against the next token (encoders: the token itself), nats
+    - ``entropy``: entropy of the lens distribution, nats
+    - ``top1``: fraction of tokens whose lens top-1 equals the final top-1
+    - ``depth_hist``: how many tokens have prediction depth 0..n_layers (the first state from which the
+      lens's top-1 equals the final top-1 and stays equal)
+    """
+
+    model: str
+    lens: str
+    n_tokens: int
+    kl: Tensor
+    ce: Tensor
+    entropy: Tensor
+    top1: Tensor
+    depth_hist: Tensor
+
+    @property
+    def n_layers(self) -> int:
+        return self.kl.shape[0] - 1
+
+    @property
+    def mean_kl(self) -> float:
+        """Mean KL over the states a lens translates (all but the output state)."""
+        return float(self.kl[:-1].mean())
+
+    @property
+    def perplexity(self) -> Tensor:
+        return self.ce.exp()
+
+    @property
+    def mean_depth(self) -> float:
+        d = torch.arange(self.depth_hist.shape[0], dtype=torch.float64)
+        return float((d * self.depth_hist).sum() / self.depth_hist.sum())
+
+    def layers(self) -> list[dict]:
+        return [
+            {"layer": i, "kl": float(self.kl[i]), "ce": float(self.ce[i]), "perplexity": float(self.ce[i].exp()),
+             "entropy": float(self.entropy[i]), "top1_agreement": float(self.top1[i])}
+            for i in range(self.kl.shape[0])
+        ]
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "lens": self.lens, "n_tokens": self.n_tokens, "mean_kl": self.mean_kl,
+                "mean_prediction_depth": self.mean_depth, "layers": self.layers()}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict())
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.layers()).set_index("layer")
+
+    def plot(self, other: "LensEvaluation | None" = None, ax=None):
+        from ..viz.lens_plots import plot_lens_evaluation
+
+        return plot_lens_evaluation(self, other, ax=ax)
+
+    def __repr__(self) -> str:
+        return (f"LensEvaluation({self.lens!r} on {self.model!r}, {self.n_tokens} tokens, "
+                f"mean_kl={self.mean_kl:.3f}, mean_depth={self.mean_depth:.2f})")
+
+
+def lens_metrics(lm: LoadedModel, lens: Lens, states: Tensor, final_logits: Tensor, targets: Tensor | None):
+    """Metrics for ``states (state, tokens, d_model)`` against ``final_logits (tokens, vocab)``, in float32.
+
+    Returns per-state sums over tokens of kl, ce, entropy (each (state,)), and ``agree (state, tokens)``.
+    """
+    n, N = states.shape[:2]
+    V = final_logits.shape[-1]
+    kl, ce, ent = (torch.zeros(n, dtype=torch.float64) for _ in range(3))
+    agree = torch.zeros(n, N, dtype=torch.bool)
+    step = max(1, int(2.5e8 // (V * 4)))  # tokens per chunk: ~250 MB per (tokens, vocab) tensor
+    with torch.no_grad():
+        for t0 in range(0, N, step):
+            ts = slice(t0, min(N, t0 + step))
+            logp = torch.log_softmax(final_logits[ts].float(), -1)
+            p = logp.exp()
+            final_top = logp.argmax(-1)
+            for i in range(n):
+                logq = torch.log_softmax(decode(lm.anatomy, lens.transform(states[i, ts], i)).float(), -1)
+                kl[i] += (p * (logp - logq)).sum(-1).double().sum()
+                ent[i] += -(logq.exp() * logq).sum(-1).double().sum()
+                if targets is not None:
+                    ce[i] += -logq.gather(-1, targets[ts, None]).double().sum()
+                agree[i, ts] = logq.argmax(-1) == final_top
+    return kl, ce, ent, agree
+
+
+def prediction_depth(agree: Tensor) -> Tensor:
+    """``agree (state, tokens)`` -> depth per token: the first state from which all later states agree."""
+    stays = agree.flip(0).cumprod(0).flip(0)  # 1 where this and every later state agree
+    return agree.shape[0] - stays.sum(0)
+
+
+@torch.no_grad()
+def evaluate_lens(lm: LoadedModel, lens: Lens, sequences: Tensor, *, batch_size: int = 4, progress: bool = True,
+                  name: str | None = None) -> LensEvaluation:
+    """Evaluate ``lens`` on token ``sequences (n_seq, seq_len)``: per-state KL, CE, entropy, top-1 agreement."""
+    from tqdm.auto import tqdm
+
+    A = lm.anatomy
+    n = A.n_layers + 1
+    tot = {k: torch.zeros(n, dtype=torch.float64) for k in ("kl", "ce", "entropy", "top1")}
+    depth_hist = torch.zeros(n + 1, dtype=torch.float64)
+    count = ce_count = 0
+    batches = range(0, sequences.shape[0], batch_size)
+    for start in tqdm(batches, desc=f"evaluating {lens.kind} lens", unit="batch", disable=not progress):
+        batch = sequences[start : start + batch_size]
+        cap = residual_states(lm, batch)
+        states = cap["states"]
+        if A.causal:  # predict the next token: drop the last position
+            states, final = states[:, :, :-1], cap["logits"][:, :-1]
+            targets = batch[:, 1:]
+        else:
+            final, targets = cap["logits"], batch
+        states = states.flatten(1, 2)
+        kl, ce, ent, agree = lens_metrics(lm, lens, states, final.flatten(0, 1), targets.flatten())
+        tot["kl"] += kl
+        tot["ce"] += ce
+        tot["entropy"] += ent
+        tot["top1"] += agree.double().sum(1)
+        depth_hist += torch.bincount(prediction_depth(agree.int()), minlength=n + 1).double()
+        count += states.shape[1]
+        ce_count += targets.numel()
+    return LensEvaluation(
+        model=lm.name, lens=name or lens.kind, n_tokens=count, kl=(tot["kl"] / count).float(),
+        ce=(tot["ce"] / ce_count).float(), entropy=(tot["entropy"] / count).float(),
+        top1=(tot["top1"] / count).float(), depth_hist=depth_hist.float(),
+    )

@@ -1,0 +1,268 @@
+"""Training a tuned lens: minimise KL(final || lens) over the tokens of a text corpus, model frozen.
+
+Where the time goes: the model's forward pass is cheap next to decoding every layer's state through the
+unembedding (``state x tokens x d_model x vocab`` multiply-adds, forwards and backwards). So:
+
+- one frozen forward pass per batch yields every layer's state (hooks, no gradients);
+- all translators run as one batched matmul;
+- ``-sum_v p log q = lse(z) - p . z`` and ``p . z = x . (p W_U^T)``: the final distribution is folded into
+  one ``(tokens, d_model)`` matrix per batch, so only the log-partition function needs the full vocabulary;
+- the unembedding matmuls of training run in bfloat16 (AMX/AVX-512 on CPUs that have them), the loss
+  and everything else in float32; evaluation is float32 throughout.
+
+The recipe otherwise follows Belrose et al. (2023): identity initialisation, KL objective averaged over
+layers and tokens, linear warm-up then linear decay. The default optimizer is Adam (our measurements in
+``docs/lenses.md`` show it converges faster than SGD-Nesterov on the small budgets a CPU affords);
+``optimizer="sgd"`` gives the paper's Nesterov SGD.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, UnsupportedModelError
+from ..models.load import LoadedModel
+from ..models.trace import residual_states
+from .lenses import TunedLens, decode, fingerprint
+
+
+@dataclass
+class TrainSettings:
+    """Settings of :func:`train_tuned_lens` (all visible in the lens file's ``training`` record)."""
+
+    tokens: int = 32_768  # token budget (sequences x seq_len, rounded up to whole batches)
+    seq_len: int = 256
+    batch_size: int = 4  # sequences per optimizer step
+    optimizer: str = "adam"  # "adam" or "sgd" (Nesterov momentum, as in the paper)
+    lr: float | None = None  # default: 2e-3 for adam, 1.0 for sgd
+    momentum: float = 0.9
+    weight_decay: float = 1e-3
+    warmup_fraction: float = 0.1
+    seed: int = 0
+    bf16: bool = True
+    checkpoint_every: int = 0  # steps; 0 = no checkpoints
+
+    def base_lr(self) -> float:
+        if self.lr is not None:
+            return self.lr
+        return {"adam": 2e-3, "sgd": 1.0}[self.optimizer]
+
+    def check(self) -> None:
+        if self.optimizer not in ("adam", "sgd"):
+            raise InputError(f"optimizer must be 'adam' or 'sgd', not {self.optimizer!r}")
+        if self.tokens < 1 or self.seq_len < 2 or self.batch_size < 1:
+            raise InputError("tokens, seq_len (>= 2) and batch_size must be positive")
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    seconds: float = 0.0
+    history: list = field(default_factory=list)  # [step, mean KL, seconds]
+
+
+def _optimizer(lens: TunedLens, s: TrainSettings):
+    params = [lens.A, lens.b]
+    if s.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=s.base_lr(), momentum=s.momentum, nesterov=True, weight_decay=s.weight_decay)
+    return torch.optim.AdamW(params, lr=s.base_lr(), weight_decay=s.weight_decay)
+
+
+def _lr_at(step: int, n_steps: int, s: TrainSettings) -> float:
+    warm = max(1, int(round(s.warmup_fraction * n_steps)))
+    if step < warm:
+        return s.base_lr() * (step + 1) / warm
+    return s.base_lr() * max(0.0, (n_steps - step) / max(1, n_steps - warm))
+
+
+def kl_to_final_terms(lm: LoadedModel, final_logits: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-batch constants of the KL for final logits ``(tokens, vocab)``.
+
+    With lens logits ``z = x W_U + b_U``: ``KL(p || softmax z) = c - x . pbar + lse(z)`` where
+    ``c = sum p log p - p . b_U`` (tokens,) and ``pbar = p W_U^T`` (tokens, d_model).
+    """
+    U = lm.anatomy.unembed
+    logp = torch.log_softmax(final_logits.float(), dim=-1)
+    p = logp.exp()
+    c = (p * logp).sum(-1)
+    if U.b_U is not None:
+        c = c - p @ U.b_U.float()
+    return c, p @ U.W_U.T.float()
+
+
+def lens_kl_loss(lm: LoadedModel, lens: TunedLens, states: Tensor, c: Tensor, pbar: Tensor, bf16: bool = True,
+                 first_state: int = 0) -> Tensor:
+    """Sum over states and tokens of KL(final || lens) for ``states (state, tokens, d_model)`` that start
+    at state ``first_state``; ``c, pbar`` from :func:`kl_to_final_terms` for the same tokens."""
+    A = lm.anatomy
+    n = states.shape[0]
+    x = states + torch.bmm(states, lens.A[first_state : first_state + n]) + lens.b[first_state : first_state + n, None]
+    if A.final_norm is not None:
+        x = A.final_norm(x)
+    x = A.unembed.transform(x)
+    W_U = A.unembed.W_U
+    z = (x.to(torch.bfloat16) @ W_U.to(torch.bfloat16)).float() if bf16 else x @ W_U
+    if A.unembed.b_U is not None:
+        z = z + A.unembed.b_U
+    kl = c - (x * pbar).sum(-1) + torch.logsumexp(z, dim=-1)
+    return kl.sum()
+
+
+def chunks(n_states: int, n_tokens: int, vocab: int, budget_bytes: float = 1.5e9):
+    """(state slice, token slice) pairs whose ``(states, tokens, vocab)`` logits fit the memory budget."""
+    per_row = vocab * 16  # bytes per (state, token) row: bf16 + fp32 logits, softmax and gradient buffers
+    rows = max(1, int(budget_bytes // per_row))
+    tok = min(n_tokens, rows)
+    st = max(1, min(n_states, rows // tok))
+    for s0 in range(0, n_states, st):
+        for t0 in range(0, n_tokens, tok):
+            yield slice(s0, min(n_states, s0 + st)), slice(t0, min(n_tokens, t0 + tok))
+
+
+def kl_backward(lm: LoadedModel, lens: TunedLens, states: Tensor, final_logits: Tensor, bf16: bool = True) -> float:
+    """Accumulate the gradient of the mean KL over ``states (state, tokens, d)``; returns the mean KL.
+
+    Works chunk by chunk (states and tokens are independent), so memory stays bounded for any vocabulary.
+    """
+    c, pbar = kl_to_final_terms(lm, final_logits)
+    n_states, n_tokens = states.shape[:2]
+    scale = 1.0 / (n_states * n_tokens)
+    total = 0.0
+    for ss, ts in chunks(n_states, n_tokens, lm.anatomy.vocab_size):
+        loss = lens_kl_loss(lm, lens, states[ss, ts], c[ts], pbar[ts], bf16=bf16, first_state=ss.start) * scale
+        loss.backward()
+        total += loss.item()
+    return total
+
+
+def _flatten_optimizer(opt) -> tuple[dict, dict]:
+    sd = opt.state_dict()
+    tensors, meta = {}, {"param_groups": sd["param_groups"], "state_keys": {}}
+    for pid, st in sd["state"].items():
+        meta["state_keys"][str(pid)] = list(st)
+        for k, v in st.items():
+            tensors[f"opt.{pid}.{k}"] = v if isinstance(v, Tensor) else torch.tensor(v)
+    return tensors, meta
+
+
+def _unflatten_optimizer(opt, tensors: dict, meta: dict) -> None:
+    state = {int(pid): {k: tensors[f"opt.{pid}.{k}"] for k in keys} for pid, keys in meta["state_keys"].items()}
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def save_checkpoint(path: Path, lens: TunedLens, opt, state: TrainState, settings: TrainSettings, fp: str) -> None:
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    tensors, meta = _flatten_optimizer(opt)
+    tensors.update({"A": lens.A.detach().contiguous(), "b": lens.b.detach().contiguous()})
+    tmp = path / "checkpoint.safetensors.tmp"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    tmp.replace(path / "checkpoint.safetensors")
+    (path / "checkpoint.json").write_text(json.dumps(
+        {"state": asdict(state), "settings": asdict(settings), "fingerprint": fp, "optimizer": meta}))
+
+
+def load_checkpoint(path: Path, lens: TunedLens, opt, settings: TrainSettings, fp: str) -> TrainState:
+    from safetensors.torch import load_file
+
+    try:
+        info = json.loads((path / "checkpoint.json").read_text())
+        tensors = load_file(str(path / "checkpoint.safetensors"))
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot resume: no readable checkpoint in {path} ({e})") from None
+    if info["fingerprint"] != fp:
+        raise InputError(f"cannot resume: the checkpoint in {path} was made for another model")
+    if info["settings"] != asdict(settings):
+        diff = {k: (v, asdict(settings)[k]) for k, v in info["settings"].items() if asdict(settings).get(k) != v}
+        raise InputError(f"cannot resume: settings differ from the checkpoint's (checkpoint, now): {diff}")
+    with torch.no_grad():
+        lens.A.copy_(tensors["A"])
+        lens.b.copy_(tensors["b"])
+    _unflatten_optimizer(opt, tensors, info["optimizer"])
+    return TrainState(**info["state"])
+
+
+def train_tuned_lens(
+    lm: LoadedModel,
+    sequences: Tensor,
+    settings: TrainSettings | None = None,
+    *,
+    out: str | Path | None = None,
+    resume: bool = False,
+    progress: bool = True,
+    max_steps: int | None = None,
+) -> TunedLens:
+    """Train a :class:`TunedLens` on token ``sequences (n_seq, seq_len)`` within ``settings.tokens``.
+
+    With ``out``, checkpoints go to ``out/checkpoint*`` every ``settings.checkpoint_every`` steps and the
+    finished lens to ``out``; ``resume=True`` continues from the checkpoint to the same result as an
+    uninterrupted run. ``max_steps`` stops early (after a checkpoint), to simulate an interruption.
+    """
+    from tqdm.auto import tqdm
+
+    s = settings or TrainSettings()
+    s.check()
+    A = lm.anatomy
+    if A.unembed is None:
+        decode(A, torch.zeros(1, A.d_model))  # raises the clear error
+    if A.unembed.softcap is not None:
+        raise UnsupportedModelError("tuned-lens training does not support final-logit soft-capping yet")
+    sequences = torch.as_tensor(sequences, dtype=torch.long)
+    if sequences.dim() != 2 or sequences.shape[0] == 0:
+        raise InputError("sequences must be a non-empty (n_seq, seq_len) tensor of token ids")
+    n_seq, S = sequences.shape
+    per_step = s.batch_size * S
+    n_steps = max(1, math.ceil(s.tokens / per_step))
+    g = torch.Generator().manual_seed(s.seed)
+    order = torch.cat([torch.randperm(n_seq, generator=g) for _ in range(math.ceil(n_steps * s.batch_size / n_seq))])
+
+    fp = fingerprint(A)
+    lens = TunedLens(A, model_name=lm.name)
+    opt = _optimizer(lens, s)
+    state = TrainState()
+    out = Path(out) if out is not None else None
+    if resume:
+        if out is None:
+            raise InputError("resume needs the output directory of the interrupted run")
+        state = load_checkpoint(out, lens, opt, s, fp)
+
+    bar = tqdm(total=n_steps, initial=state.step, desc=f"tuned lens {lm.name}", unit="step", disable=not progress)
+    stop_at = n_steps if max_steps is None else min(n_steps, state.step + max_steps)
+    while state.step < stop_at:
+        t0 = time.perf_counter()
+        k = state.step
+        batch = sequences[order[k * s.batch_size : (k + 1) * s.batch_size]]
+        cap = residual_states(lm, batch)
+        states = cap["states"][: A.n_layers].flatten(1, 2)  # (state, tokens, d): the output state needs no lens
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(k, n_steps, s)
+        opt.zero_grad(set_to_none=True)
+        loss = kl_backward(lm, lens, states, cap["logits"].flatten(0, 1), bf16=s.bf16)
+        opt.step()
+        state.step += 1
+        state.seconds += time.perf_counter() - t0
+        state.history.append([state.step, loss, round(state.seconds, 3)])
+        bar.update(1)
+        bar.set_postfix(kl=f"{loss:.3f}", tok_s=f"{state.step * per_step / state.seconds:.0f}")
+        if out is not None and s.checkpoint_every and (state.step % s.checkpoint_every == 0 or state.step == stop_at):
+            save_checkpoint(out, lens, opt, state, s, fp)
+    bar.close()
+    lens.training_info = {
+        "settings": asdict(s), "steps": state.step, "n_steps": n_steps, "tokens_seen": state.step * per_step,
+        "seconds": round(state.seconds, 2), "tokens_per_s": round(state.step * per_step / max(state.seconds, 1e-9), 2),
+        "history": state.history, "complete": state.step >= n_steps,
+    }
+    if out is not None and state.step >= n_steps:
+        lens.save(out)
+    return lens
+
+
+__all__ = ["TrainSettings", "kl_backward", "train_tuned_lens"]
