@@ -97,21 +97,51 @@ def kl_to_final_terms(lm: LoadedModel, final_logits: Tensor) -> tuple[Tensor, Te
     return c, p @ U.W_U.T.float()
 
 
-def lens_kl_loss(lm: LoadedModel, lens: TunedLens, states: Tensor, c: Tensor, pbar: Tensor, bf16: bool = True,
+class _LogPartition(torch.autograd.Function):
+    """``lse(x @ W + b)`` per row with ``W`` in bfloat16, fast on CPUs.
+
+    One fused softmax pass gives the probabilities ``q`` (kept in bfloat16 for the backward, where the
+    gradient is ``q W^T``); the log-partition comes from the most probable token, ``lse = z_j - log q_j``,
+    which needs no second exponential pass. Gradients flow to ``x`` only (the unembedding is frozen).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, W: Tensor, b: Tensor | None) -> Tensor:
+        z = x.to(W.dtype) @ W
+        if b is not None:
+            z += b.to(z.dtype)
+        q = torch.softmax(z, dim=-1)
+        q_max, j = q.max(dim=-1)
+        lse = z.gather(-1, j[:, None]).squeeze(-1).float() - q_max.float().log()
+        ctx.save_for_backward(q, W)
+        return lse
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        q, W = ctx.saved_tensors
+        return (q @ W.T).float() * g[:, None], None, None
+
+
+def lens_kl_loss(lm: LoadedModel, lens: TunedLens, states: Tensor, c: Tensor, pbar: Tensor, W: Tensor,
                  first_state: int = 0) -> Tensor:
     """Sum over states and tokens of KL(final || lens) for ``states (state, tokens, d_model)`` that start
-    at state ``first_state``; ``c, pbar`` from :func:`kl_to_final_terms` for the same tokens."""
+    at state ``first_state``; ``c, pbar`` from :func:`kl_to_final_terms` for the same tokens; ``W`` the
+    unembedding in the dtype to multiply in (bfloat16 for speed, float32 for exactness)."""
     A = lm.anatomy
     n = states.shape[0]
     x = states + torch.bmm(states, lens.A[first_state : first_state + n]) + lens.b[first_state : first_state + n, None]
     if A.final_norm is not None:
         x = A.final_norm(x)
     x = A.unembed.transform(x)
-    W_U = A.unembed.W_U
-    z = (x.to(torch.bfloat16) @ W_U.to(torch.bfloat16)).float() if bf16 else x @ W_U
-    if A.unembed.b_U is not None:
-        z = z + A.unembed.b_U
-    kl = c - (x * pbar).sum(-1) + torch.logsumexp(z, dim=-1)
+    d = x.shape[-1]
+    if W.dtype == torch.float32:
+        z = x @ W
+        if A.unembed.b_U is not None:
+            z = z + A.unembed.b_U
+        lse = torch.logsumexp(z, dim=-1)
+    else:
+        lse = _LogPartition.apply(x.reshape(-1, d), W, A.unembed.b_U).reshape(x.shape[:-1])
+    kl = c - (x * pbar).sum(-1) + lse
     return kl.sum()
 
 
@@ -126,17 +156,33 @@ def chunks(n_states: int, n_tokens: int, vocab: int, budget_bytes: float = 1.5e9
             yield slice(s0, min(n_states, s0 + st)), slice(t0, min(n_tokens, t0 + tok))
 
 
+_W_CACHE: dict = {}
+
+
+def _unembed_weight(lm: LoadedModel, bf16: bool) -> Tensor:
+    """The unembedding as a contiguous matrix in the training dtype, converted once per model."""
+    W_U = lm.anatomy.unembed.W_U
+    if not bf16:
+        return W_U
+    key = (id(lm.anatomy), W_U.data_ptr())
+    if key not in _W_CACHE:
+        _W_CACHE.clear()
+        _W_CACHE[key] = W_U.to(torch.bfloat16).contiguous()
+    return _W_CACHE[key]
+
+
 def kl_backward(lm: LoadedModel, lens: TunedLens, states: Tensor, final_logits: Tensor, bf16: bool = True) -> float:
     """Accumulate the gradient of the mean KL over ``states (state, tokens, d)``; returns the mean KL.
 
     Works chunk by chunk (states and tokens are independent), so memory stays bounded for any vocabulary.
     """
     c, pbar = kl_to_final_terms(lm, final_logits)
+    W = _unembed_weight(lm, bf16)
     n_states, n_tokens = states.shape[:2]
     scale = 1.0 / (n_states * n_tokens)
     total = 0.0
     for ss, ts in chunks(n_states, n_tokens, lm.anatomy.vocab_size):
-        loss = lens_kl_loss(lm, lens, states[ss, ts], c[ts], pbar[ts], bf16=bf16, first_state=ss.start) * scale
+        loss = lens_kl_loss(lm, lens, states[ss, ts], c[ts], pbar[ts], W, first_state=ss.start) * scale
         loss.backward()
         total += loss.item()
     return total
