@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import components, models
+from . import components, lens, models
 
 app = typer.Typer(
     name="lenscope",
@@ -15,6 +15,7 @@ app = typer.Typer(
 )
 models.register(app)
 components.register(app)
+lens.register(app)
 
 
 def main() -> None:

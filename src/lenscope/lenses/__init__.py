@@ -1,9 +1,10 @@
 """Logit lens and tuned lens: training, evaluation, trajectories, lens files."""
 
 from .data import read_text, split_text, token_sequences
-from .evaluate import LensEvaluation, evaluate_lens
+from .evaluate import LensEvaluation, evaluate_lens, evaluate_lenses
 from .lenses import Lens, LogitLens, TunedLens, decode, fingerprint
 from .train import TrainSettings, train_tuned_lens
+from .trajectory import PredictionTrajectory, prediction_trajectory
 
-__all__ = ["Lens", "LensEvaluation", "LogitLens", "TrainSettings", "TunedLens", "decode", "evaluate_lens",
-           "fingerprint", "read_text", "split_text", "token_sequences", "train_tuned_lens"]
+__all__ = ["Lens", "LensEvaluation", "LogitLens", "TrainSettings", "TunedLens", "decode", "evaluate_lens", "evaluate_lenses",
+           "fingerprint", "PredictionTrajectory", "prediction_trajectory", "read_text", "split_text", "token_sequences", "train_tuned_lens"]

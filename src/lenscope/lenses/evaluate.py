@@ -118,15 +118,24 @@ def prediction_depth(agree: Tensor) -> Tensor:
 def evaluate_lens(lm: LoadedModel, lens: Lens, sequences: Tensor, *, batch_size: int = 4, progress: bool = True,
                   name: str | None = None) -> LensEvaluation:
     """Evaluate ``lens`` on token ``sequences (n_seq, seq_len)``: per-state KL, CE, entropy, top-1 agreement."""
+    return evaluate_lenses(lm, {name or lens.kind: lens}, sequences, batch_size=batch_size, progress=progress)[
+        name or lens.kind]
+
+
+@torch.no_grad()
+def evaluate_lenses(lm: LoadedModel, lenses: dict[str, Lens], sequences: Tensor, *, batch_size: int = 4,
+                    progress: bool = True) -> dict[str, LensEvaluation]:
+    """Evaluate several lenses on the same sequences, sharing each batch's forward pass."""
     from tqdm.auto import tqdm
 
     A = lm.anatomy
     n = A.n_layers + 1
-    tot = {k: torch.zeros(n, dtype=torch.float64) for k in ("kl", "ce", "entropy", "top1")}
-    depth_hist = torch.zeros(n + 1, dtype=torch.float64)
+    sequences = torch.as_tensor(sequences, dtype=torch.long)
+    tot = {name: {k: torch.zeros(n, dtype=torch.float64) for k in ("kl", "ce", "entropy", "top1")} for name in lenses}
+    hist = {name: torch.zeros(n + 1, dtype=torch.float64) for name in lenses}
     count = ce_count = 0
     batches = range(0, sequences.shape[0], batch_size)
-    for start in tqdm(batches, desc=f"evaluating {lens.kind} lens", unit="batch", disable=not progress):
+    for start in tqdm(batches, desc="evaluating " + ", ".join(lenses), unit="batch", disable=not progress):
         batch = sequences[start : start + batch_size]
         cap = residual_states(lm, batch)
         states = cap["states"]
@@ -136,16 +145,19 @@ def evaluate_lens(lm: LoadedModel, lens: Lens, sequences: Tensor, *, batch_size:
         else:
             final, targets = cap["logits"], batch
         states = states.flatten(1, 2)
-        kl, ce, ent, agree = lens_metrics(lm, lens, states, final.flatten(0, 1), targets.flatten())
-        tot["kl"] += kl
-        tot["ce"] += ce
-        tot["entropy"] += ent
-        tot["top1"] += agree.double().sum(1)
-        depth_hist += torch.bincount(prediction_depth(agree.int()), minlength=n + 1).double()
+        for name, lens in lenses.items():
+            kl, ce, ent, agree = lens_metrics(lm, lens, states, final.flatten(0, 1), targets.flatten())
+            t = tot[name]
+            t["kl"] += kl
+            t["ce"] += ce
+            t["entropy"] += ent
+            t["top1"] += agree.double().sum(1)
+            hist[name] += torch.bincount(prediction_depth(agree.int()), minlength=n + 1).double()
         count += states.shape[1]
         ce_count += targets.numel()
-    return LensEvaluation(
-        model=lm.name, lens=name or lens.kind, n_tokens=count, kl=(tot["kl"] / count).float(),
-        ce=(tot["ce"] / ce_count).float(), entropy=(tot["entropy"] / count).float(),
-        top1=(tot["top1"] / count).float(), depth_hist=depth_hist.float(),
-    )
+    return {
+        name: LensEvaluation(
+            model=lm.name, lens=name, n_tokens=count, kl=(t["kl"] / count).float(), ce=(t["ce"] / ce_count).float(),
+            entropy=(t["entropy"] / count).float(), top1=(t["top1"] / count).float(), depth_hist=hist[name].float())
+        for name, t in tot.items()
+    }

@@ -1,1 +1,1 @@
-"""Plots (matplotlib, headless) and, later, the HTML report."""
+"""Plots (matplotlib, headless) and self-contained HTML pages."""

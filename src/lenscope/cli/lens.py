@@ -1,0 +1,160 @@
+"""``lenscope lens train | eval | show``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..errors import InputError
+from .common import MODEL_HELP, handle_errors, load_model, print_json
+
+lens_app = typer.Typer(help="Logit lens and tuned lens: train, evaluate, show prediction trajectories.",
+                       no_args_is_help=True)
+
+
+def get_lens(lm, spec: str | None):
+    """``logit``/None -> LogitLens; a directory -> the TunedLens saved there (checked against the model)."""
+    from ..lenses import LogitLens, TunedLens
+
+    if spec is None or spec == "logit":
+        return LogitLens(lm.anatomy, model_name=lm.name)
+    return TunedLens.load(spec, lm)
+
+
+def _sequences(lm, data: str, part: str, seq_len: int, tokens: int | None):
+    from ..lenses import read_text, split_text, token_sequences
+
+    return token_sequences(lm, split_text(read_text(data), part), seq_len, max_tokens=tokens)
+
+
+@lens_app.command("train")
+@handle_errors
+def train_cmd(
+    data: str = typer.Option(..., "--data", help="Plain text file (e.g. ../shared/data/wikitext2/wiki.test.raw)."),
+    out: str = typer.Option(..., "--out", help="Directory for the lens (config.json + params.safetensors) and checkpoints."),
+    model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+    tokens: int = typer.Option(32768, "--tokens", help="Training token budget."),
+    seq_len: int = typer.Option(256, "--seq-len", help="Tokens per sequence."),
+    batch_size: int = typer.Option(4, "--batch-size", help="Sequences per optimizer step."),
+    part: str = typer.Option("train", "--part", help="Which part of the file: train (first 80%), eval (last 20%), all."),
+    optimizer: str = typer.Option("adam", "--optimizer", help="adam (default) or sgd (Nesterov, as in the paper)."),
+    lr: float = typer.Option(None, "--lr", help="Peak learning rate (default 2e-3 adam, 1.0 sgd)."),
+    checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Save a checkpoint every N steps (0: never)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its checkpoint in --out."),
+    seed: int = typer.Option(0, "--seed"),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+):
+    """Train a tuned lens on a text file (KL to the model's final distribution, model frozen)."""
+    from ..lenses import TrainSettings, train_tuned_lens
+
+    lm = load_model(model)
+    seqs = _sequences(lm, data, part, seq_len, None)
+    settings = TrainSettings(tokens=tokens, seq_len=seq_len, batch_size=batch_size, optimizer=optimizer, lr=lr,
+                             checkpoint_every=checkpoint_every, seed=seed)
+    lens = train_tuned_lens(lm, seqs, settings, out=out, resume=resume)
+    info = lens.training_info
+    summary = {"out": str(Path(out)), "model": lm.name, "steps": info["steps"], "tokens_seen": info["tokens_seen"],
+               "seconds": info["seconds"], "tokens_per_s": info["tokens_per_s"],
+               "final_train_kl": info["history"][-1][1] if info["history"] else None}
+    if as_json:
+        print_json(summary)
+    else:
+        typer.echo(f"tuned lens saved to {out}: {info['steps']} steps, {info['tokens_seen']} tokens, "
+                   f"{info['seconds']:.0f} s ({info['tokens_per_s']:.0f} tokens/s), "
+                   f"last training KL {summary['final_train_kl']:.3f} nats")
+
+
+@lens_app.command("eval")
+@handle_errors
+def eval_cmd(
+    data: str = typer.Option(..., "--data", help="Plain text file."),
+    model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+    lens: str = typer.Option("logit", "--lens", help="'logit' or a tuned-lens directory."),
+    tokens: int = typer.Option(8192, "--tokens", help="Evaluation token budget."),
+    seq_len: int = typer.Option(256, "--seq-len"),
+    part: str = typer.Option("eval", "--part", help="eval (last 20% of the file, default), train or all."),
+    png: str = typer.Option(None, "--png", help="Save a per-layer KL plot."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+):
+    """Per-layer KL to the final distribution, cross-entropy, entropy and top-1 agreement on held-out text."""
+    from ..lenses import evaluate_lens
+
+    lm = load_model(model)
+    the_lens = get_lens(lm, lens)
+    seqs = _sequences(lm, data, part, seq_len, tokens)
+    ev = evaluate_lens(lm, the_lens, seqs, name=lens)
+    if png:
+        from ..viz.plots import save_figure
+
+        save_figure(ev.plot(), png)
+    if as_json:
+        print_json(ev.to_dict())
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{lens} lens on {lm.name}: {ev.n_tokens} tokens (nats)")
+    for col in ("layer", "KL", "CE", "entropy", "top-1 agree"):
+        table.add_column(col, justify="right")
+    for r in ev.layers():
+        table.add_row(str(r["layer"]), f"{r['kl']:.3f}", f"{r['ce']:.3f}", f"{r['entropy']:.3f}",
+                      f"{r['top1_agreement']:.2%}")
+    con = Console()
+    con.print(table)
+    con.print(f"mean KL over layers {ev.mean_kl:.3f} nats; mean prediction depth {ev.mean_depth:.2f}")
+
+
+@lens_app.command("show")
+@handle_errors
+def show_cmd(
+    text: str = typer.Argument(..., help="Text whose prediction trajectory to show."),
+    model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+    lens: str = typer.Option(None, "--lens", help="A tuned-lens directory (shown beside the logit lens)."),
+    html: str = typer.Option(None, "--html", help="Write an interactive HTML page."),
+    png: str = typer.Option(None, "--png", help="Write a static heat map."),
+    value: str = typer.Option("entropy", "--value", help="Colour by entropy, kl or prob."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Prediction trajectory: the lens's top token, probability, entropy and KL per layer and position."""
+    from ..lenses import LogitLens
+    from ..lenses.trajectory import prediction_trajectory
+
+    if value not in ("entropy", "kl", "prob"):
+        raise InputError(f"--value must be entropy, kl or prob, not {value!r}")
+    lm = load_model(model)
+    trajs = []
+    if lens is not None:
+        trajs.append(prediction_trajectory(lm, text, get_lens(lm, lens)))
+    trajs.append(prediction_trajectory(lm, text, LogitLens(lm.anatomy, model_name=lm.name)))
+    if html:
+        from ..viz.html import trajectory_html
+
+        trajectory_html(trajs, html)
+    if png:
+        from ..viz.lens_plots import plot_trajectories
+        from ..viz.plots import save_figure
+
+        save_figure(plot_trajectories(trajs, value=value), png)
+    if as_json:
+        print_json([t.to_dict() for t in trajs])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    for t in trajs:
+        table = Table(title=f"{t.lens} lens on {lm.name}: top token per layer (rows) and position (columns)")
+        table.add_column("layer")
+        for tok in t.tokens:
+            table.add_column(repr(tok)[1:-1][:10])
+        for i in reversed(range(len(t.state_labels))):
+            table.add_row(t.state_labels[i], *[repr(s)[1:-1][:10] for s in t.top_tokens[i]])
+        con.print(table)
+    for p in (html, png):
+        if p:
+            con.print(f"written: {p}")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(lens_app, name="lens")
