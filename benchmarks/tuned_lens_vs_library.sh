@@ -6,11 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tokens="${1:-16384}"; eval_tokens="${2:-8192}"
-tmp="$(mktemp -d)"
-.venv-tunedlens/bin/python benchmarks/reference_tuned_lens.py --tokens "$tokens" --eval-tokens "$eval_tokens" \
+tmp="${BENCH_DIR:-$(mktemp -d)}"; mkdir -p "$tmp"
+.venv-tunedlens/bin/python benchmarks/reference_tuned_lens.py --tokens "$tokens" --eval-tokens "$eval_tokens" --out "$tmp/ref-lens" \
   --save-ids "$tmp/ids.safetensors" > "$tmp/ref.json"
 .venv/bin/python benchmarks/bench_tuned_lens.py --ids "$tmp/ids.safetensors" --tokens "$tokens" \
-  --eval-tokens "$eval_tokens" > "$tmp/ours.json"
+  --eval-tokens "$eval_tokens" --out "$tmp/ours-lens" > "$tmp/ours.json"
 .venv/bin/python - "$tmp/ref.json" "$tmp/ours.json" <<'PY'
 import json, sys
 ref, ours = (json.loads(open(p).read().strip().splitlines()[-1]) for p in sys.argv[1:3])

@@ -100,8 +100,9 @@ def test_chunks_cover_the_grid_once(n_states, n_tokens, vocab, budget):
     assert bool((seen == 1).all())
 
 
-def test_training_beats_the_logit_lens_on_held_out_text():
-    lm = get_model("tiny:gpt2")
+@pytest.mark.parametrize("family", ["gpt2", "gemma3"])
+def test_training_beats_the_logit_lens_on_held_out_text(family):
+    lm = get_model(f"tiny:{family}")
     train = token_sequences(lm, split_text(TEXT * 4, "train"), 32)
     held = token_sequences(lm, split_text(TEXT * 4, "eval"), 32)
     lens = train_tuned_lens(lm, train, TrainSettings(tokens=4096, seq_len=32, batch_size=4, lr=1e-2), progress=False)

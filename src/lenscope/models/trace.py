@@ -80,6 +80,15 @@ class Trace:
         return f"Trace(pos={len(self.tokens)}, layers={self.n_layers}, placement={self.placement!r})"
 
 
+def _run(lm: LoadedModel, ids: Tensor):
+    """The real model's forward pass on ``ids (batch, pos)`` (no padding, no cache)."""
+    device = next(lm.model.parameters()).device
+    kwargs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
+    if lm.anatomy.causal:
+        kwargs["use_cache"] = False
+    return lm.model(**kwargs)
+
+
 def _first(x):
     return x[0] if isinstance(x, (tuple, list)) else x
 
@@ -146,11 +155,7 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor) -> Trace:
                 handles.append(mod.register_forward_hook(on_norm((slot, i))))
         if hooks.final_norm is not None:
             handles.append(hooks.final_norm.register_forward_hook(on_norm(("final", 0))))
-        device = next(model.parameters()).device
-        kwargs = {"input_ids": ids[None].to(device), "attention_mask": torch.ones_like(ids)[None].to(device)}
-        if anatomy.causal:
-            kwargs["use_cache"] = False
-        out = model(**kwargs)
+        out = _run(lm, ids[None])
     finally:
         for h in handles:
             h.remove()
@@ -178,7 +183,7 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor) -> Trace:
     return Trace(
         input_ids=ids.cpu(),
         tokens=tok.batch_decode([[int(i)] for i in ids]),
-        positions=torch.arange(ids.numel(), device=device),
+        positions=torch.arange(ids.numel(), device=next(model.parameters()).device),
         embed=resid_pre[0],
         resid_pre=resid_pre,
         resid_mid=resid_mid,
@@ -234,11 +239,7 @@ def residual_states(lm: LoadedModel, ids: Tensor, *, mid: bool = False) -> dict[
         handles.append(last.register_forward_hook(lambda m, a, o: keep(("last", 0), _first(o))))
         if hooks.final_norm is not None:
             handles.append(hooks.final_norm.register_forward_pre_hook(lambda m, a: keep(("final", 0), a[0])))
-        device = next(model.parameters()).device
-        kwargs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
-        if anatomy.causal:
-            kwargs["use_cache"] = False
-        out = model(**kwargs)
+        out = _run(lm, ids)
     finally:
         for h in handles:
             h.remove()
