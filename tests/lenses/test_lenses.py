@@ -156,22 +156,23 @@ def test_lens_files_round_trip_and_refuse_the_wrong_model(tmp_path):
         TunedLens.load(tmp_path / "missing", lm)
 
 
-def test_reads_tuned_lens_library_files(tmp_path):
+@pytest.mark.parametrize("prefix", ["", "layer_translators."])
+def test_reads_tuned_lens_library_files(tmp_path, prefix):
     lm = get_model("tiny:gpt2")
     L, d = lm.anatomy.n_layers, lm.anatomy.d_model
     g = torch.Generator().manual_seed(1)
     sd = {}
     for i in range(L):
-        sd[f"layer_translators.{i}.weight"] = torch.randn(d, d, generator=g)
-        sd[f"layer_translators.{i}.bias"] = torch.randn(d, generator=g)
+        sd[f"{prefix}{i}.weight"] = torch.randn(d, d, generator=g)
+        sd[f"{prefix}{i}.bias"] = torch.randn(d, generator=g)
     torch.save(sd, tmp_path / "params.pt")
     (tmp_path / "config.json").write_text(json.dumps(
         {"base_model_name_or_path": "gpt2", "d_model": d, "num_hidden_layers": L, "bias": True,
-         "lens_type": "linear_tensor"}))
+         "lens_type": "linear_tuned_lens"}))
     lens = TunedLens.load(tmp_path, lm)
     h = torch.randn(3, d)
     # the library's translator: h + Linear(h) = h + h W^T + b
-    expected = h + h @ sd["layer_translators.1.weight"].T + sd["layer_translators.1.bias"]
+    expected = h + h @ sd[f"{prefix}1.weight"].T + sd[f"{prefix}1.bias"]
     assert torch.allclose(lens.transform(h, 1), expected, atol=1e-5)
     # a pickle with code in it is refused (weights_only)
     import pickle
@@ -180,7 +181,7 @@ def test_reads_tuned_lens_library_files(tmp_path):
         def __reduce__(self):
             return (print, ("should not run",))
 
-    (tmp_path / "params.pt").write_bytes(pickle.dumps({"layer_translators.0.weight": Evil()}))
+    (tmp_path / "params.pt").write_bytes(pickle.dumps({f"{prefix}0.weight": Evil()}))
     with pytest.raises(lenscope.InputError, match="cannot read"):
         TunedLens.load(tmp_path, lm)
 

@@ -63,7 +63,7 @@ def _assign(lens: TunedLens, A, b, directory: Path) -> None:
 
 
 def _load_tuned_lens_library(directory: Path, cfg: dict, lm: LoadedModel) -> TunedLens:
-    """tuned-lens 0.2 stores ``layer_translators.{i}.weight/bias`` of ``nn.Linear(d, d)`` applied as
+    """tuned-lens 0.2 stores ``{i}.weight/bias`` of ``nn.Linear(d, d)`` translators applied as
     ``h + W h + b`` for hidden states 0..n_layers-1."""
     A = lm.anatomy
     d, L = cfg.get("d_model"), cfg.get("num_hidden_layers")
@@ -76,14 +76,16 @@ def _load_tuned_lens_library(directory: Path, cfg: dict, lm: LoadedModel) -> Tun
         sd = torch.load(directory / "params.pt", map_location="cpu", weights_only=True)
     except Exception as e:
         raise InputError(f"cannot read {directory / 'params.pt'} as a tensor file ({e})") from None
+    # tuned-lens 0.2 saves the translators' ModuleList ("0.weight", ...); accept the prefixed form too
+    prefix = "layer_translators." if "layer_translators.0.weight" in sd else ""
     try:
-        W = torch.stack([sd[f"layer_translators.{i}.weight"].T for i in range(L)]).float()
+        W = torch.stack([sd[f"{prefix}{i}.weight"].T for i in range(L)]).float()
         if cfg.get("bias", True):
-            b = torch.stack([sd[f"layer_translators.{i}.bias"] for i in range(L)]).float()
+            b = torch.stack([sd[f"{prefix}{i}.bias"] for i in range(L)]).float()
         else:
             b = torch.zeros(L, d)
     except KeyError as e:
-        raise InputError(f"{directory / 'params.pt'} lacks {e}; not a tuned-lens 'linear_tensor' lens") from None
+        raise InputError(f"{directory / 'params.pt'} lacks {e}; not a tuned-lens lens") from None
     lens = TunedLens(A, model_name=str(cfg.get("base_model_name_or_path", lm.name)),
                      training={"source": "tuned-lens library", "config": cfg})
     _assign(lens, W, b, directory)
