@@ -43,7 +43,8 @@ def register(app: typer.Typer) -> None:
         what = repr(res.target) + (f" − {res.foil!r}" if res.foil is not None else "")
         recs = res.to_records() if top is None else res.top(top)
         scale = max(abs(r["value"]) for r in recs) or 1.0
-        table = Table(title=f"{lm.name}: direct logit attribution of {what} after {''.join(res.tokens)!r}")
+        con.print(f"{lm.name}: direct logit attribution of {what} after {''.join(res.tokens)!r}")
+        table = Table()
         table.add_column("component")
         table.add_column("value", justify="right")
         table.add_column("")

@@ -45,6 +45,10 @@ def plot_components(result, ax=None, top: int | None = None):
     ctx = "".join(result.tokens[max(0, result.position - 8) : result.position + 1])
     ax.set_title(f"Direct logit attribution of {what}\n…{ctx!r}  (logit {result.logit:.2f})", fontsize=9)
     ax.set_xlabel("contribution to the logit")
+    from matplotlib.patches import Patch
+
+    kinds = sorted({_kind(n) for n in names}, key=list(KIND_COLORS).index)
+    ax.legend(handles=[Patch(color=KIND_COLORS[k], label=k) for k in kinds], fontsize=7, loc="best")
     fig.tight_layout()
     return fig
 
