@@ -48,6 +48,9 @@ def main() -> None:
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--lr", type=float, default=None)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--keep-best", action="store_true",
+                    help="hold out validation sequences and keep each layer's best translator (off: the library "
+                         "trains on exactly these ids, so lenscope does too)")
     args = ap.parse_args()
 
     lm = lenscope.load(args.model)
@@ -63,7 +66,7 @@ def main() -> None:
     train = train[: -(-args.tokens // train.shape[1])]
     evals = evals[: args.eval_tokens // evals.shape[1]]
     settings = TrainSettings(tokens=args.tokens, seq_len=train.shape[1], batch_size=args.batch_size,
-                             optimizer=args.optimizer, lr=args.lr)
+                             optimizer=args.optimizer, lr=args.lr, keep_best=args.keep_best)
     t0 = time.perf_counter()
     lens = train_tuned_lens(lm, train, settings, out=args.out, progress=False)
     seconds = time.perf_counter() - t0

@@ -115,18 +115,41 @@ def test_training_beats_the_logit_lens_on_held_out_text(family):
     assert info["steps"] == 32 and info["complete"] and info["history"][-1][1] < info["history"][0][1]
 
 
+def test_keep_best_never_ends_worse_than_the_identity_on_validation():
+    """A learning rate far too high wrecks some translators; per-state selection must fall back to the best
+    validation point (the identity at worst), and the recorded validation KLs must be the lens's real ones."""
+    from lenscope.lenses.train import _BestPerState
+
+    lm = get_model("tiny:gpt2")
+    train = token_sequences(lm, TEXT * 2, 32)
+    s = TrainSettings(tokens=1024, seq_len=32, batch_size=2, lr=0.5, validation_tokens=96, validate_every=4)
+    last = train_tuned_lens(lm, train, TrainSettings(**{**s.__dict__, "keep_best": False}), progress=False)
+    best = train_tuned_lens(lm, train, s, progress=False)
+    sel = best.training_info["selection"]
+    ident = torch.tensor(sel["validation_kl_identity"])
+    val = _BestPerState(lm, best, train[-3:], bf16=True, backoff=s.backoff)
+    assert torch.allclose(val.state_kl(best), torch.tensor(sel["validation_kl"]), atol=1e-3)
+    assert bool((torch.tensor(sel["validation_kl"]) <= ident + 1e-6).all())
+    assert bool((val.state_kl(last) > ident).any())  # without selection, this lr does make some state worse
+    assert min(sel["step_size_factor"]) < 1.0  # ... and with it, those states backed off
+    for i, step in enumerate(sel["selected_step"]):
+        if step == 0:
+            assert not best.A[i].any() and not best.b[i].any()
+
+
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_resume_gives_the_same_result(tmp_path, optimizer):
     lm = get_model("tiny:llama")
     seqs = sequences(lm, seq_len=32)
     s = TrainSettings(tokens=8 * 2 * 32, seq_len=32, batch_size=2, checkpoint_every=3, optimizer=optimizer,
-                      lr=1e-2 if optimizer == "adam" else 0.5)
+                      lr=1e-2 if optimizer == "adam" else 0.5, validation_tokens=64, validate_every=2)
     straight = train_tuned_lens(lm, seqs, s, progress=False)
     part = train_tuned_lens(lm, seqs, s, out=tmp_path, progress=False, max_steps=5)  # "interrupted"
     assert part.training_info["steps"] == 5 and not (tmp_path / "config.json").exists()
     resumed = train_tuned_lens(lm, seqs, s, out=tmp_path, resume=True, progress=False)
     assert resumed.training_info["steps"] == 8
     assert torch.allclose(resumed.A, straight.A, atol=1e-6) and torch.allclose(resumed.b, straight.b, atol=1e-6)
+    assert resumed.training_info["selection"] == straight.training_info["selection"]
     assert not torch.equal(straight.A, torch.zeros_like(straight.A))
     assert (tmp_path / "config.json").exists()
     with pytest.raises(lenscope.InputError, match="settings differ"):

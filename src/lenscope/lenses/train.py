@@ -13,7 +13,9 @@ unembedding (``state x tokens x d_model x vocab`` multiply-adds, forwards and ba
 The recipe otherwise follows Belrose et al. (2023): identity initialisation, KL objective averaged over
 layers and tokens, linear warm-up then linear decay. The default optimizer is Adam (our measurements in
 ``docs/lenses.md`` show it converges faster than SGD-Nesterov on the small budgets a CPU affords);
-``optimizer="sgd"`` gives the paper's Nesterov SGD.
+``optimizer="sgd"`` gives the paper's Nesterov SGD. Beyond the paper, ``keep_best`` judges every state's
+translator on a few held-out sequences about twelve times per run: a state that got worse goes back to
+its best translator (the identity included) with a smaller step size (see :class:`_BestPerState`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,10 @@ class TrainSettings:
     seed: int = 0
     bf16: bool = True
     checkpoint_every: int = 0  # steps; 0 = no checkpoints
+    keep_best: bool = True  # per state, keep the translator with the lowest validation KL (identity included)
+    backoff: float = 0.3  # keep_best: a state worse than its best goes back to it, its step size times this
+    validation_tokens: int = 512  # held out of the training sequences for keep_best
+    validate_every: int = 0  # steps between validations; 0 = about 12 per run
 
     def base_lr(self) -> float:
         if self.lr is not None:
@@ -57,6 +63,10 @@ class TrainSettings:
     def check(self) -> None:
         if self.optimizer not in ("adam", "sgd"):
             raise InputError(f"optimizer must be 'adam' or 'sgd', not {self.optimizer!r}")
+        if not 0.0 < self.backoff <= 1.0:
+            raise InputError(f"backoff must be in (0, 1], not {self.backoff}")
+        if self.validation_tokens < 0 or self.validate_every < 0:
+            raise InputError("validation_tokens and validate_every must be >= 0")
         if self.tokens < 1 or self.seq_len < 2 or self.batch_size < 1:
             raise InputError("tokens, seq_len (>= 2) and batch_size must be positive")
 
@@ -188,6 +198,80 @@ def kl_backward(lm: LoadedModel, lens: TunedLens, states: Tensor, final_logits: 
     return total
 
 
+class _BestPerState:
+    """Per-state model selection with step-size back-off, on sequences held out of the training text.
+
+    The objective is a sum of independent per-state terms, so each state can be judged on its own. At every
+    validation point a state whose KL improved keeps its new translator; a state that got worse goes back
+    to its best translator (the identity, at step 0, counts), its momentum is cleared and its step size is
+    multiplied by ``backoff``. Near-identity late translators, which one learning rate for all layers makes
+    worse on some models (gemma3-270m), so find their own smaller step instead of ending wherever the last
+    step left them; the early layers keep the full rate.
+    """
+
+    def __init__(self, lm: LoadedModel, lens: TunedLens, val: Tensor, bf16: bool, backoff: float):
+        A = lm.anatomy
+        self.lm, self.W, self.backoff = lm, _unembed_weight(lm, bf16), backoff
+        cap = residual_states(lm, val)
+        self.states = cap["states"][: A.n_layers].flatten(1, 2)
+        self.c, self.pbar = kl_to_final_terms(lm, cap["logits"].flatten(0, 1))
+        self.A, self.b = lens.A.detach().clone(), lens.b.detach().clone()
+        self.kl = torch.full((A.n_layers,), float("inf"))
+        self.step = torch.zeros(A.n_layers, dtype=torch.long)
+        self.identity_kl = torch.full((A.n_layers,), float("nan"))
+        self.lr_scale = torch.ones(A.n_layers)
+
+    def state_kl(self, lens) -> Tensor:
+        n_states, n_tokens = self.states.shape[:2]
+        kl = torch.zeros(n_states)
+        with torch.no_grad():
+            for ss, ts in chunks(n_states, n_tokens, self.lm.anatomy.vocab_size):
+                for i in range(ss.start, ss.stop):
+                    kl[i] += lens_kl_loss(self.lm, lens, self.states[i : i + 1, ts], self.c[ts], self.pbar[ts], self.W,
+                                          first_state=i).item()
+        return kl / n_tokens
+
+    def update(self, lens: TunedLens, opt, step: int) -> None:
+        kl = self.state_kl(lens)
+        if step == 0:
+            self.identity_kl = kl.clone()
+        better = kl < self.kl
+        self.kl = torch.where(better, kl, self.kl)
+        self.step[better] = step
+        with torch.no_grad():
+            self.A[better] = lens.A.detach()[better]
+            self.b[better] = lens.b.detach()[better]
+            worse = ~better
+            if step > 0 and bool(worse.any()):
+                lens.A[worse] = self.A[worse]
+                lens.b[worse] = self.b[worse]
+                self.lr_scale[worse] *= self.backoff
+                for p in (lens.A, lens.b):
+                    for key in ("exp_avg", "momentum_buffer"):
+                        buf = opt.state.get(p, {}).get(key)
+                        if buf is not None:
+                            buf[worse] = 0.0
+
+    def step_scaled(self, opt, lens: TunedLens) -> None:
+        """``opt.step()`` with each state's change multiplied by its step-size factor."""
+        if bool((self.lr_scale == 1.0).all()):
+            opt.step()
+            return
+        before = lens.A.detach().clone(), lens.b.detach().clone()
+        opt.step()
+        with torch.no_grad():
+            lens.A.sub_(before[0]).mul_(self.lr_scale[:, None, None]).add_(before[0])
+            lens.b.sub_(before[1]).mul_(self.lr_scale[:, None]).add_(before[1])
+
+    def tensors(self) -> dict:
+        return {"best.A": self.A, "best.b": self.b, "best.kl": self.kl, "best.step": self.step,
+                "best.identity_kl": self.identity_kl, "best.lr_scale": self.lr_scale}
+
+    def load(self, t: dict) -> None:
+        self.A, self.b, self.kl, self.step = t["best.A"], t["best.b"], t["best.kl"], t["best.step"]
+        self.identity_kl, self.lr_scale = t["best.identity_kl"], t["best.lr_scale"]
+
+
 def _flatten_optimizer(opt) -> tuple[dict, dict]:
     sd = opt.state_dict()
     tensors, meta = {}, {"param_groups": sd["param_groups"], "state_keys": {}}
@@ -203,12 +287,15 @@ def _unflatten_optimizer(opt, tensors: dict, meta: dict) -> None:
     opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
 
 
-def save_checkpoint(path: Path, lens: TunedLens, opt, state: TrainState, settings: TrainSettings, fp: str) -> None:
+def save_checkpoint(path: Path, lens: TunedLens, opt, state: TrainState, settings: TrainSettings, fp: str,
+                    best: "_BestPerState | None" = None) -> None:
     from safetensors.torch import save_file
 
     path.mkdir(parents=True, exist_ok=True)
     tensors, meta = _flatten_optimizer(opt)
     tensors.update({"A": lens.A.detach().contiguous(), "b": lens.b.detach().contiguous()})
+    if best is not None:
+        tensors.update(best.tensors())
     tmp = path / "checkpoint.safetensors.tmp"
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
     tmp.replace(path / "checkpoint.safetensors")
@@ -216,7 +303,8 @@ def save_checkpoint(path: Path, lens: TunedLens, opt, state: TrainState, setting
         {"state": asdict(state), "settings": asdict(settings), "fingerprint": fp, "optimizer": meta}))
 
 
-def load_checkpoint(path: Path, lens: TunedLens, opt, settings: TrainSettings, fp: str) -> TrainState:
+def load_checkpoint(path: Path, lens: TunedLens, opt, settings: TrainSettings, fp: str,
+                    best: "_BestPerState | None" = None) -> TrainState:
     from safetensors.torch import load_file
 
     try:
@@ -233,6 +321,8 @@ def load_checkpoint(path: Path, lens: TunedLens, opt, settings: TrainSettings, f
         lens.A.copy_(tensors["A"])
         lens.b.copy_(tensors["b"])
     _unflatten_optimizer(opt, tensors, info["optimizer"])
+    if best is not None:
+        best.load(tensors)
     return TrainState(**info["state"])
 
 
@@ -265,6 +355,12 @@ def train_tuned_lens(
     if sequences.dim() != 2 or sequences.shape[0] == 0:
         raise InputError("sequences must be a non-empty (n_seq, seq_len) tensor of token ids")
     n_seq, S = sequences.shape
+    best_val = None
+    if s.keep_best and s.validation_tokens > 0:
+        n_val = min(math.ceil(s.validation_tokens / S), n_seq // 5)  # never more than a fifth of the text
+        if n_val > 0:
+            sequences, best_val = sequences[:-n_val], sequences[-n_val:]
+            n_seq = sequences.shape[0]
     per_step = s.batch_size * S
     n_steps = max(1, math.ceil(s.tokens / per_step))
     g = torch.Generator().manual_seed(s.seed)
@@ -274,11 +370,17 @@ def train_tuned_lens(
     lens = TunedLens(A, model_name=lm.name)
     opt = _optimizer(lens, s)
     state = TrainState()
+    best = _BestPerState(lm, lens, best_val, s.bf16, s.backoff) if best_val is not None else None
+    every = s.validate_every or max(1, round(n_steps / 12))
     out = Path(out) if out is not None else None
     if resume:
         if out is None:
             raise InputError("resume needs the output directory of the interrupted run")
-        state = load_checkpoint(out, lens, opt, s, fp)
+        state = load_checkpoint(out, lens, opt, s, fp, best)
+    elif best is not None:
+        t0 = time.perf_counter()
+        best.update(lens, opt, 0)
+        state.seconds += time.perf_counter() - t0
 
     bar = tqdm(total=n_steps, initial=state.step, desc=f"tuned lens {lm.name}", unit="step", disable=not progress)
     stop_at = n_steps if max_steps is None else min(n_steps, state.step + max_steps)
@@ -292,19 +394,33 @@ def train_tuned_lens(
             group["lr"] = _lr_at(k, n_steps, s)
         opt.zero_grad(set_to_none=True)
         loss = kl_backward(lm, lens, states, cap["logits"].flatten(0, 1), bf16=s.bf16)
-        opt.step()
+        if best is not None:
+            best.step_scaled(opt, lens)
+        else:
+            opt.step()
         state.step += 1
+        if best is not None and (state.step % every == 0 or state.step == n_steps):
+            best.update(lens, opt, state.step)
         state.seconds += time.perf_counter() - t0
         state.history.append([state.step, loss, round(state.seconds, 3)])
         bar.update(1)
         bar.set_postfix(kl=f"{loss:.3f}", tok_s=f"{state.step * per_step / state.seconds:.0f}")
         if out is not None and s.checkpoint_every and (state.step % s.checkpoint_every == 0 or state.step == stop_at):
-            save_checkpoint(out, lens, opt, state, s, fp)
+            save_checkpoint(out, lens, opt, state, s, fp, best)
     bar.close()
+    selection = {}
+    if best is not None and state.step >= n_steps:
+        with torch.no_grad():
+            lens.A.copy_(best.A)
+            lens.b.copy_(best.b)
+        selection = {"validation_tokens": int(best.states.shape[1]), "validate_every": every,
+                     "selected_step": best.step.tolist(), "validation_kl": [round(x, 4) for x in best.kl.tolist()],
+                     "validation_kl_identity": [round(x, 4) for x in best.identity_kl.tolist()],
+                     "step_size_factor": [round(x, 6) for x in best.lr_scale.tolist()]}
     lens.training_info = {
         "settings": asdict(s), "steps": state.step, "n_steps": n_steps, "tokens_seen": state.step * per_step,
         "seconds": round(state.seconds, 2), "tokens_per_s": round(state.step * per_step / max(state.seconds, 1e-9), 2),
-        "history": state.history, "complete": state.step >= n_steps,
+        "history": state.history, "complete": state.step >= n_steps, **({"selection": selection} if selection else {}),
     }
     if out is not None and state.step >= n_steps:
         lens.save(out)
