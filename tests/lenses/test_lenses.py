@@ -1,6 +1,7 @@
 """Logit and tuned lens: decoding, the KL objective, training, resuming, files, evaluation."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -230,6 +231,10 @@ def test_evaluation_metrics_by_hand():
     assert ev.depth_hist.sum() == ev.n_tokens
     d = ev.to_dict()
     assert {"layer", "kl", "ce", "entropy", "top1_agreement"} <= set(d["layers"][0]) and "mean_kl" in d
+    ev.ce[0] = 500.0  # gemma3-270m's logit lens at layer 0: perplexity overflows, and JSON has no infinity
+    strict = json.loads(ev.to_json(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert strict["layers"][0]["perplexity"] is None
+    assert strict["layers"][1]["perplexity"] == pytest.approx(math.exp(float(ev.ce[1])), rel=1e-5)
 
 
 def test_encoder_sequences_keep_special_tokens_and_minilm_cannot_be_decoded():

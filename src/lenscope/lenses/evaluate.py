@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +13,11 @@ from ..models.load import LoadedModel
 from ..models.trace import residual_states
 from ..results import Result
 from .lenses import Lens, decode
+
+
+def _finite(x: float) -> float | None:
+    """JSON has no infinity: a perplexity that overflows float32 (CE above ~88 nats) is reported as None."""
+    return x if math.isfinite(x) else None
 
 
 @dataclass(repr=False)
@@ -55,7 +61,7 @@ class LensEvaluation(Result):
 
     def layers(self) -> list[dict]:
         return [
-            {"layer": i, "kl": float(self.kl[i]), "ce": float(self.ce[i]), "perplexity": float(self.ce[i].exp()),
+            {"layer": i, "kl": float(self.kl[i]), "ce": float(self.ce[i]), "perplexity": _finite(float(self.ce[i].exp())),
              "entropy": float(self.entropy[i]), "top1_agreement": float(self.top1[i])}
             for i in range(self.kl.shape[0])
         ]
