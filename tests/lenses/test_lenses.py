@@ -138,6 +138,27 @@ def test_keep_best_never_ends_worse_than_the_identity_on_validation():
             assert not best.A[i].any() and not best.b[i].any()
 
 
+@pytest.mark.parametrize("patience", [1, 2])
+def test_a_state_that_gets_worse_goes_back_and_then_backs_off(patience):
+    from lenscope.lenses.train import _BestPerState
+
+    lm = get_model("tiny:llama")
+    lens = TunedLens(lm.anatomy)
+    opt = torch.optim.AdamW([lens.A, lens.b])
+    sel = _BestPerState(lm, lens, sequences(lm)[:2], bf16=False, backoff=0.5, patience=patience)
+    sel.update(lens, opt, 0)
+    assert torch.equal(sel.kl, sel.identity_kl) and bool((sel.kl > 0).all())
+    g = torch.Generator().manual_seed(0)
+    for check in (1, 2):
+        with torch.no_grad():  # wreck state 0's translator, nudge nothing else
+            lens.A[0] = torch.randn(lens.A.shape[1:], generator=g) * 5
+        sel.update(lens, opt, check)
+        assert not lens.A[0].any()  # went back to its best: the identity
+        expected = 0.5 ** (check // patience)
+        assert float(sel.lr_scale[0]) == expected
+    assert int(sel.step[0]) == 0
+
+
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_resume_gives_the_same_result(tmp_path, optimizer):
     lm = get_model("tiny:llama")

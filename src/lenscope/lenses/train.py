@@ -52,6 +52,7 @@ class TrainSettings:
     checkpoint_every: int = 0  # steps; 0 = no checkpoints
     keep_best: bool = True  # per state, keep the translator with the lowest validation KL (identity included)
     backoff: float = 0.3  # keep_best: a state worse than its best goes back to it, its step size times this
+    patience: int = 1  # keep_best: failed checks in a row before the step size shrinks (it always goes back)
     validation_tokens: int = 512  # held out of the training sequences for keep_best
     validate_every: int = 0  # steps between validations; 0 = about 12 per run
 
@@ -63,6 +64,8 @@ class TrainSettings:
     def check(self) -> None:
         if self.optimizer not in ("adam", "sgd"):
             raise InputError(f"optimizer must be 'adam' or 'sgd', not {self.optimizer!r}")
+        if self.patience < 1:
+            raise InputError(f"patience must be >= 1, not {self.patience}")
         if not 0.0 < self.backoff <= 1.0:
             raise InputError(f"backoff must be in (0, 1], not {self.backoff}")
         if self.validation_tokens < 0 or self.validate_every < 0:
@@ -209,9 +212,10 @@ class _BestPerState:
     step left them; the early layers keep the full rate.
     """
 
-    def __init__(self, lm: LoadedModel, lens: TunedLens, val: Tensor, bf16: bool, backoff: float):
+    def __init__(self, lm: LoadedModel, lens: TunedLens, val: Tensor, bf16: bool, backoff: float, patience: int = 1):
         A = lm.anatomy
-        self.lm, self.W, self.backoff = lm, _unembed_weight(lm, bf16), backoff
+        self.lm, self.W, self.backoff, self.patience = lm, _unembed_weight(lm, bf16), backoff, patience
+        self.fails = torch.zeros(A.n_layers, dtype=torch.long)
         cap = residual_states(lm, val)
         self.states = cap["states"][: A.n_layers].flatten(1, 2)
         self.c, self.pbar = kl_to_final_terms(lm, cap["logits"].flatten(0, 1))
@@ -238,6 +242,7 @@ class _BestPerState:
         better = kl < self.kl
         self.kl = torch.where(better, kl, self.kl)
         self.step[better] = step
+        self.fails[better] = 0
         with torch.no_grad():
             self.A[better] = lens.A.detach()[better]
             self.b[better] = lens.b.detach()[better]
@@ -245,7 +250,10 @@ class _BestPerState:
             if step > 0 and bool(worse.any()):
                 lens.A[worse] = self.A[worse]
                 lens.b[worse] = self.b[worse]
-                self.lr_scale[worse] *= self.backoff
+                self.fails[worse] += 1
+                shrink = worse & (self.fails >= self.patience)
+                self.lr_scale[shrink] *= self.backoff
+                self.fails[shrink] = 0
                 for p in (lens.A, lens.b):
                     for key in ("exp_avg", "momentum_buffer"):
                         buf = opt.state.get(p, {}).get(key)
@@ -265,11 +273,11 @@ class _BestPerState:
 
     def tensors(self) -> dict:
         return {"best.A": self.A, "best.b": self.b, "best.kl": self.kl, "best.step": self.step,
-                "best.identity_kl": self.identity_kl, "best.lr_scale": self.lr_scale}
+                "best.identity_kl": self.identity_kl, "best.lr_scale": self.lr_scale, "best.fails": self.fails}
 
     def load(self, t: dict) -> None:
         self.A, self.b, self.kl, self.step = t["best.A"], t["best.b"], t["best.kl"], t["best.step"]
-        self.identity_kl, self.lr_scale = t["best.identity_kl"], t["best.lr_scale"]
+        self.identity_kl, self.lr_scale, self.fails = t["best.identity_kl"], t["best.lr_scale"], t["best.fails"]
 
 
 def _flatten_optimizer(opt) -> tuple[dict, dict]:
@@ -370,7 +378,7 @@ def train_tuned_lens(
     lens = TunedLens(A, model_name=lm.name)
     opt = _optimizer(lens, s)
     state = TrainState()
-    best = _BestPerState(lm, lens, best_val, s.bf16, s.backoff) if best_val is not None else None
+    best = _BestPerState(lm, lens, best_val, s.bf16, s.backoff, s.patience) if best_val is not None else None
     every = s.validate_every or max(1, round(n_steps / 12))
     out = Path(out) if out is not None else None
     if resume:
