@@ -73,7 +73,7 @@ def train_cmd(
         sel = info.get("selection")
         if sel:
             backed = [i for i, f in enumerate(sel["step_size_factor"]) if f < 1.0]
-            typer.echo(f"validation KL per layer (identity -> kept): " + ", ".join(
+            typer.echo("validation KL per layer (identity -> kept): " + ", ".join(
                 f"{i}: {a:.2f}->{b:.2f}" for i, (a, b) in enumerate(zip(sel["validation_kl_identity"], sel["validation_kl"]))))
             typer.echo(f"layers that backed off to a smaller step: {backed or 'none'}")
 

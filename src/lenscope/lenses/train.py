@@ -137,8 +137,14 @@ class _LogPartition(torch.autograd.Function):
 
 def lens_kl_loss(lm: LoadedModel, lens: TunedLens, states: Tensor, c: Tensor, pbar: Tensor, W: Tensor,
                  first_state: int = 0) -> Tensor:
-    """Sum over states and tokens of KL(final || lens) for ``states (state, tokens, d_model)`` that start
-    at state ``first_state``; ``c, pbar`` from :func:`kl_to_final_terms` for the same tokens; ``W`` the
+    """Sum over states and tokens of :func:`lens_kl`."""
+    return lens_kl(lm, lens, states, c, pbar, W, first_state).sum()
+
+
+def lens_kl(lm: LoadedModel, lens: TunedLens, states: Tensor, c: Tensor, pbar: Tensor, W: Tensor,
+            first_state: int = 0) -> Tensor:
+    """KL(final || lens) per state and token, ``(state, tokens)``, for ``states (state, tokens, d_model)`` that
+    start at state ``first_state``; ``c, pbar`` from :func:`kl_to_final_terms` for the same tokens; ``W`` the
     unembedding in the dtype to multiply in (bfloat16 for speed, float32 for exactness)."""
     A = lm.anatomy
     n = states.shape[0]
@@ -154,8 +160,7 @@ def lens_kl_loss(lm: LoadedModel, lens: TunedLens, states: Tensor, c: Tensor, pb
         lse = torch.logsumexp(z, dim=-1)
     else:
         lse = _LogPartition.apply(x.reshape(-1, d), W, A.unembed.b_U).reshape(x.shape[:-1])
-    kl = c - (x * pbar).sum(-1) + lse
-    return kl.sum()
+    return c - (x * pbar).sum(-1) + lse
 
 
 def chunks(n_states: int, n_tokens: int, vocab: int, budget_bytes: float = 1.5e9):
@@ -230,9 +235,8 @@ class _BestPerState:
         kl = torch.zeros(n_states)
         with torch.no_grad():
             for ss, ts in chunks(n_states, n_tokens, self.lm.anatomy.vocab_size):
-                for i in range(ss.start, ss.stop):
-                    kl[i] += lens_kl_loss(self.lm, lens, self.states[i : i + 1, ts], self.c[ts], self.pbar[ts], self.W,
-                                          first_state=i).item()
+                kl[ss] += lens_kl(self.lm, lens, self.states[ss, ts], self.c[ts], self.pbar[ts], self.W,
+                                  first_state=ss.start).sum(1)
         return kl / n_tokens
 
     def update(self, lens: TunedLens, opt, step: int) -> None:
