@@ -49,3 +49,30 @@ def gemma3():
 @pytest.fixture(scope="session")
 def minilm():
     return get_model("minilm")
+
+
+def tiny_with_layers(family: str, n_layers: int):
+    """A ``tiny:<family>`` model with ``n_layers`` blocks (same seed and recipe as ``lenscope.load``)."""
+    key = (family, n_layers)
+    if key not in _cache:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+        from lenscope.models.families import randomize_
+        from lenscope.models.load import LoadedModel
+        from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
+
+        fam = tiny_names()[family]
+        cfg = fam.tiny[family](tiny_special_ids())
+        cfg.num_hidden_layers = n_layers
+        if getattr(cfg, "layer_types", None) is not None:
+            cfg.layer_types = cfg.layer_types[:n_layers]
+        torch.manual_seed(0)
+        auto = AutoModelForMaskedLM if fam.encoder else AutoModelForCausalLM
+        model = auto.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
+        randomize_(model, seed=0)
+        model.eval()
+        model.requires_grad_(False)
+        _cache[key] = LoadedModel(model=model, tokenizer=tiny_tokenizer(encoder=fam.encoder),
+                                  anatomy=fam.read(model), name=f"tiny:{family}")
+    return _cache[key]

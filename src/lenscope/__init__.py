@@ -4,9 +4,10 @@
     lm = lenscope.load("smollm2")            # model, tokenizer and Anatomy
     report = lenscope.verify(lm)              # our math vs the real model
     dla = lenscope.direct_logit_attribution(lm, "The capital of France is", " Paris")
+    ex = lenscope.explain(lm, "The keys to the cabinet", " are", foil=" is", method="alti-logit")
 """
 
-from .attribution.dla import ComponentAttribution, direct_logit_attribution
+from .attribution import ComponentAttribution, Explanation, direct_logit_attribution, explain, explain_all
 from .errors import (InputError, LenscopeError, MissingDependencyError, NotApplicableError, UnknownModelError,
                      UnsupportedModelError)
 from .models.anatomy import Anatomy
@@ -17,7 +18,7 @@ from .models.verify import VerifyReport, verify
 __version__ = "0.1.0"
 
 __all__ = [
-    "Anatomy", "ComponentAttribution", "InputError", "LenscopeError", "LoadedModel", "MissingDependencyError",
+    "Anatomy", "ComponentAttribution", "Explanation", "InputError", "LenscopeError", "LoadedModel", "MissingDependencyError",
     "NotApplicableError", "Trace", "UnknownModelError", "UnsupportedModelError", "VerifyReport", "available_names",
-    "direct_logit_attribution", "load", "trace", "verify",
+    "direct_logit_attribution", "explain", "explain_all", "load", "trace", "verify",
 ]

@@ -23,3 +23,7 @@ class InputError(LenscopeError):
 
 class NotApplicableError(LenscopeError):
     """The method does not apply to this kind of model (e.g. a decoder-only view on an encoder)."""
+
+
+class InvariantError(LenscopeError):
+    """A decomposition does not add up to what the model computed; the method refuses to return numbers."""

@@ -63,6 +63,26 @@ def activation_name(hf_name: str) -> str:
 # parts
 
 
+def astype(obj, dtype: torch.dtype):
+    """A copy of an anatomy part (a dataclass, recursively) with every floating tensor in ``dtype``; the object
+    itself when nothing changes. Used to run lenscope's own math in float64 where a method needs it."""
+    import dataclasses
+
+    if isinstance(obj, Tensor):
+        return obj.to(dtype) if obj.is_floating_point() else obj
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(astype(o, dtype) for o in obj)
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return obj
+    changes = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        nv = astype(v, dtype)
+        if nv is not v:
+            changes[f.name] = nv
+    return dataclasses.replace(obj, **changes) if changes else obj
+
+
 @dataclass(repr=False)
 class Norm:
     """LayerNorm or RMSNorm over the last axis.
@@ -82,8 +102,8 @@ class Norm:
         return x - x.mean(-1, keepdim=True) if self.kind == "layernorm" else x
 
     def scale(self, x: Tensor) -> Tensor:
-        """Per-token scale, shape ``x.shape[:-1]``."""
-        x = x.float()
+        """Per-token scale, shape ``x.shape[:-1]`` (float32, or float64 for a float64 input)."""
+        x = x if x.dtype == torch.float64 else x.float()
         if self.kind == "layernorm":
             var = x.var(-1, unbiased=False)
         else:
@@ -95,9 +115,23 @@ class Norm:
         y = self.center(x) * scale.unsqueeze(-1)
         return y * self.weight if self.weight is not None else y
 
+    def pullback(self, u: Tensor, scale: Tensor) -> Tensor:
+        """The transpose of :meth:`linear`: ``linear(x, scale) . u == x . pullback(u, scale)`` for every ``x``.
+
+        ``u (..., d)``, ``scale (...)``. Centring and the element-wise weight are symmetric maps, so this is
+        ``scale * center(weight * u)``. Decompositions use it to carry a read-out direction (e.g. an
+        unembedding row) back through a norm before expanding over source tokens.
+        """
+        w = u * self.weight if self.weight is not None else u
+        return self.center(w) * scale.unsqueeze(-1)
+
     def __call__(self, x: Tensor) -> Tensor:
         y = self.linear(x, self.scale(x))
         return y + self.bias if self.bias is not None else y
+
+    def to(self, dtype: torch.dtype) -> "Norm":
+        """The same norm with its parameters in ``dtype``."""
+        return astype(self, dtype)
 
     def __repr__(self) -> str:
         d = None if self.weight is None else self.weight.shape[0]
@@ -356,13 +390,24 @@ class Layer:
         else:
             r["attn_in"] = self.ln_attn(h)
         r["attn_out"], r["attn_probs"] = self.attn(r["attn_in"], positions)
-        r["attn_write"] = self.ln_attn_out(r["attn_out"]) if self.ln_attn_out is not None else r["attn_out"]
+        r.update(self.after_attention(h, r["attn_out"]))
+        return r
+
+    def after_attention(self, h: Tensor, attn_out: Tensor, mlp_in: Tensor | None = None) -> dict[str, Tensor]:
+        """The rest of the block once attention has computed ``attn_out`` (..., pos, d_model) from the block
+        input ``h``: ``attn_write, resid_mid, mlp_in, mlp_out, mlp_write, resid_post``.
+
+        ``h`` and ``attn_out`` may carry leading batch axes (e.g. one altered attention output per row, as in
+        value zeroing). ``mlp_in`` overrides what a parallel block's MLP reads (it reads ``ln_mlp(h)``).
+        """
+        r: dict[str, Tensor] = {}
+        r["attn_write"] = self.ln_attn_out(attn_out) if self.ln_attn_out is not None else attn_out
         if self.placement == "post":
             r["resid_mid"] = self.ln_attn(h + r["attn_write"])
             r["mlp_in"] = r["resid_mid"]
         elif self.placement == "parallel":
             r["resid_mid"] = h + r["attn_write"]
-            r["mlp_in"] = self.ln_mlp(h)
+            r["mlp_in"] = self.ln_mlp(h) if mlp_in is None else mlp_in
         else:
             r["resid_mid"] = h + r["attn_write"]
             r["mlp_in"] = self.ln_mlp(r["resid_mid"])

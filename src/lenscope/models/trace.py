@@ -254,3 +254,27 @@ def residual_states(lm: LoadedModel, ids: Tensor, *, mid: bool = False) -> dict[
     logits = getattr(out, "logits", None)
     res["logits"] = None if logits is None else logits.detach()
     return res
+
+
+def prefix_trace(tr: Trace, n: int) -> Trace:
+    """The trace of the first ``n`` tokens, cut from ``tr``. Exact for causal models only (a position never
+    sees later ones), where it lets a method that explains position ``n - 1`` skip the rest of the text."""
+    if n >= len(tr.tokens):
+        return tr
+
+    def cut(x, axes):
+        if x is None:
+            return None
+        for ax in axes:
+            x = x.narrow(ax, 0, n)
+        return x
+
+    return Trace(
+        input_ids=tr.input_ids[:n], tokens=tr.tokens[:n], positions=tr.positions[:n], embed=tr.embed[:n],
+        resid_pre=cut(tr.resid_pre, [1]), resid_mid=cut(tr.resid_mid, [1]), resid_post=cut(tr.resid_post, [1]),
+        attn_out=cut(tr.attn_out, [1]), attn_write=cut(tr.attn_write, [1]), mlp_out=cut(tr.mlp_out, [1]),
+        mlp_write=cut(tr.mlp_write, [1]), attn_probs=cut(tr.attn_probs, [2, 3]), mlp_pre=cut(tr.mlp_pre, [1]),
+        mlp_up=cut(tr.mlp_up, [1]), norm_in={k: cut(v, [1]) for k, v in tr.norm_in.items()},
+        norm_out={k: cut(v, [1]) for k, v in tr.norm_out.items()}, final_in=cut(tr.final_in, [0]),
+        final_out=cut(tr.final_out, [0]), logits=cut(tr.logits, [0]), placement=tr.placement, extras=tr.extras,
+    )

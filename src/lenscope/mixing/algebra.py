@@ -1,0 +1,216 @@
+"""The per-source decomposition: one hidden state written as a sum over source tokens plus a remainder.
+
+    h[i] = sum_j parts[i, j, :] + rest[i, :]        parts: (row, src, d_model)   rest: (row, d_model)
+
+``row`` indexes the query positions being decomposed (``rows``; all positions or a chunk of them, so
+memory stays bounded on long inputs). Each sub-layer is a map from one decomposition to the next that
+keeps the sum exact, with everything non-linear fixed by the trace:
+
+- attention: linear in the values once the attention weights ``alpha`` are taken from the trace;
+  ``T[i, j] = sum_h alpha[h, i, j] * value_j^h W_O^h``;
+- a norm: affine given its traced per-token scale ``s_i`` (centring is linear);
+- the residual connection: adds ``x_i`` to source ``i``.
+
+Two bias conventions exist, because the two lines of work that use this algebra differ:
+
+- ``"sources"`` (Ferrando et al.'s ALTI / ALTI-Logit reference): the pre-attention norm's bias and the
+  value bias stay inside the value vector of each source, weighted by its attention weight; only the
+  output-projection bias ``b_O`` goes to the remainder.
+- ``"remainder"`` (Kobayashi et al.'s norm-based maps): every bias goes to the remainder; source ``j``
+  carries only what is linear in ``x_j``.
+
+Attribution (Logit, ALTI-Logit), the ALTI maps, value zeroing, the norm-based mixing maps and the report
+all call these functions; none of them re-derives the algebra.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ..models.anatomy import Anatomy, Attention, Layer
+from ..models.trace import Trace
+
+Convention = Literal["sources", "remainder"]
+
+
+@dataclass
+class Decomposition:
+    """``parts (row, src, d_model)``, ``rest (row, d_model)`` for query positions ``rows (row,)``."""
+
+    parts: Tensor
+    rest: Tensor
+    rows: Tensor
+
+    def total(self) -> Tensor:
+        """The hidden states the decomposition adds up to, (row, d_model)."""
+        return self.parts.sum(1) + self.rest
+
+    def completeness_error(self, real: Tensor) -> float:
+        """``max |sum - real|`` over rows, relative to the RMS of ``real`` (row, d_model)."""
+        rms = real.double().pow(2).mean().sqrt().clamp_min(1e-12)
+        return float((self.total().double() - real.double()).abs().max() / rms)
+
+
+def f32(t: Tensor | None, dtype: torch.dtype = torch.float32) -> Tensor | None:
+    """``t`` in the working dtype (float32 by default; ALTI works in float64, see :mod:`lenscope.mixing.alti`)."""
+    return None if t is None else t.to(dtype)
+
+
+def layer_input(tr: Trace, l: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """The residual stream entering layer ``l`` (pos, d_model): the sources of that layer."""
+    return f32(tr.resid_pre[l], dtype)
+
+
+def attention_input_parts(layer: Layer, tr: Trace, l: int, convention: Convention,
+                          dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor | None]:
+    """What attention reads from each source (pos, d_model), and the bias part it reads from no source.
+
+    Pre-LN placements read ``z_j = LN1(x_j)``: with ``"sources"`` the whole ``z_j`` stays with ``j``; with
+    ``"remainder"`` the norm's bias ``beta`` is split off (``z_j - beta``, returned ``beta``). Post-LN reads
+    the residual stream itself.
+    """
+    if layer.placement == "post":
+        return f32(tr.resid_pre[l], dtype), None
+    z = f32(tr.attn_in[l], dtype)
+    beta = layer.ln_attn.bias
+    if convention == "remainder" and beta is not None:
+        return z - beta.to(dtype), beta.to(dtype)
+    return z, None
+
+
+def head_values(attn: Attention, z: Tensor, value_bias: bool) -> Tensor:
+    """Value vectors (head, src, d_head), key/value heads repeated for their query group."""
+    v = torch.einsum("pd,hde->hpe", z, attn.W_V.to(z.dtype))
+    if value_bias and attn.b_V is not None:
+        v = v + attn.b_V.to(z.dtype)[:, None, :]
+    return attn._per_kv(v)
+
+
+def bias_through_attention(attn: Attention, beta: Tensor | None, value_bias: bool,
+                           dtype: torch.dtype = torch.float32) -> Tensor:
+    """What attention writes independently of the sources, (d_model,): ``b_O``, plus (when the biases are not
+    with the sources) ``sum_h (beta W_V^h + b_V^h) W_O^h``, which is exact because each row of ``alpha`` sums
+    to one."""
+    W_O = attn.W_O.to(dtype)
+    out = attn.b_O.to(dtype).clone() if attn.b_O is not None else W_O.new_zeros(W_O.shape[-1])
+    vb = None
+    if beta is not None:
+        vb = attn._per_kv(torch.einsum("d,hde->he", beta.to(dtype), attn.W_V.to(dtype)))
+    if value_bias and attn.b_V is not None:
+        b = attn._per_kv(attn.b_V.to(dtype))
+        vb = b if vb is None else vb + b
+    if vb is not None:
+        out = out + torch.einsum("he,hed->d", vb, W_O)
+    return out
+
+
+def value_writes(attn: Attention, z: Tensor, value_bias: bool = True) -> Tensor:
+    """What each head would write from each source at full attention, ``v_j^h W_O^h``: (head, src, d_model)."""
+    return torch.einsum("hse,hed->hsd", head_values(attn, z, value_bias), attn.W_O.to(z.dtype))
+
+
+def projected_value_writes(attn: Attention, z: Tensor, direction: Tensor, value_bias: bool = True) -> Tensor:
+    """``value_writes(...) . direction[r]`` without expanding over ``d_model``: (row, head, src).
+
+    ``direction (row, d_model)`` is a read-out direction per query row (already pulled back through the
+    norms that follow). Cost O(row * head * d_head * d_model + src * d_model * head).
+    """
+    dt = direction.dtype
+    w = torch.einsum("hed,rd->rhe", attn.W_O.to(dt), direction)  # (row, head, d_head)
+    W_V = attn._per_kv(attn.W_V.to(dt))  # (head, d_model, d_head)
+    wv = torch.einsum("hde,rhe->rhd", W_V, w)  # (row, head, d_model)
+    out = torch.einsum("sd,rhd->rhs", z, wv)
+    if value_bias and attn.b_V is not None:
+        out = out + torch.einsum("he,rhe->rh", attn._per_kv(attn.b_V.to(dt)), w)[..., None]
+    return out
+
+
+def attention_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Convention = "sources",
+                    *, writes: Tensor | None = None, dtype: torch.dtype = torch.float32) -> Decomposition:
+    """The attention sub-layer's output ``attn_out`` (with ``b_O``, before any sandwich norm) at ``rows``,
+    as a sum over the layer's source tokens: parts (row, src, d_model).
+
+    ``writes`` (head, src, d_model) may be passed when already computed for this layer and convention.
+    """
+    layer = A.layers[l]
+    z, beta = attention_input_parts(layer, tr, l, convention, dtype)
+    vb = convention == "sources"
+    if writes is None:
+        writes = value_writes(layer.attn, z, vb)
+    probs = f32(tr.attn_probs[l], dtype)[:, rows]  # (head, row, src)
+    parts = torch.einsum("hrs,hsd->rsd", probs, writes)
+    rest = bias_through_attention(layer.attn, beta, not vb, dtype).expand(len(rows), -1).clone()
+    return Decomposition(parts, rest, rows)
+
+
+def norm_step(dec: Decomposition, norm, norm_input: Tensor) -> Decomposition:
+    """Carry a decomposition through a norm, affine given the per-token scale of its real input
+    ``norm_input (row, d_model)``: parts are centred and scaled; the bias joins the remainder."""
+    if norm is None:
+        return dec
+    dt = dec.parts.dtype
+    norm = norm.to(dt)
+    s = norm.scale(norm_input.to(dt)).to(dt)
+    parts = norm.linear(dec.parts, s[:, None].expand(dec.parts.shape[:2]))
+    rest = norm.linear(dec.rest, s)
+    if norm.bias is not None:
+        rest = rest + norm.bias
+    return Decomposition(parts, rest, dec.rows)
+
+
+def add_residual(dec: Decomposition, x: Tensor) -> Decomposition:
+    """The residual connection: source ``i`` also carries ``x_i`` itself. ``x (pos, d_model)`` is the full
+    residual stream; position ``rows[r]`` of it joins ``parts[r, rows[r]]``."""
+    parts = dec.parts.clone()
+    r = torch.arange(len(dec.rows), device=parts.device)
+    parts[r, dec.rows] += x[dec.rows].to(parts.dtype)
+    return Decomposition(parts, dec.rest, dec.rows)
+
+
+def attention_write_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Convention = "sources",
+                          *, writes: Tensor | None = None, dtype: torch.dtype = torch.float32) -> Decomposition:
+    """What the attention sub-layer adds to the residual stream (after Gemma's post-attention norm)."""
+    dec = attention_parts(A, tr, l, rows, convention, writes=writes, dtype=dtype)
+    post = A.layers[l].ln_attn_out
+    return norm_step(dec, post, tr.attn_out[l][rows]) if post is not None else dec
+
+
+def resid_mid_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Convention = "sources",
+                    *, writes: Tensor | None = None, dtype: torch.dtype = torch.float32) -> Decomposition:
+    """The residual stream after the attention sub-layer (``tr.resid_mid[l]``) as a sum over the layer's
+    sources: ATTN (+ sandwich norm) + RES, and for Post-LN blocks the LayerNorm that follows."""
+    layer = A.layers[l]
+    dec = attention_write_parts(A, tr, l, rows, convention, writes=writes, dtype=dtype)
+    dec = add_residual(dec, layer_input(tr, l, dtype))
+    if layer.placement == "post":
+        dec = norm_step(dec, layer.ln_attn, tr.norm_in["ln_attn"][l][rows])
+    return dec
+
+
+def attention_logit_parts(A: Anatomy, tr: Trace, l: int, row: int, direction: Tensor,
+                          convention: Convention = "sources") -> tuple[Tensor, Tensor]:
+    """The attention sub-layer's write at position ``row``, read along the residual-stream ``direction``
+    (d_model,), per head and source: ``(head, src)`` scores and the remainder (a scalar tensor).
+
+    ``scores.sum() + remainder == attn_write[l, row] . direction`` (up to float error). The direction is
+    pulled back through a sandwich norm first, so nothing of size (src, d_model) is ever built.
+    """
+    layer = A.layers[l]
+    attn = layer.attn
+    z, beta = attention_input_parts(layer, tr, l, convention)
+    d_post = direction.float()
+    post = layer.ln_attn_out
+    const = direction.new_zeros(())
+    if post is not None:
+        if post.bias is not None:
+            const = const + post.bias.float() @ d_post
+        d_post = post.pullback(d_post, post.scale(f32(tr.attn_out[l][row])))
+    vb = convention == "sources"
+    proj = projected_value_writes(attn, z, d_post[None], vb)[0]  # (head, src)
+    alpha = f32(tr.attn_probs[l][:, row])  # (head, src)
+    rem = const + bias_through_attention(attn, beta, not vb) @ d_post
+    return alpha * proj, rem

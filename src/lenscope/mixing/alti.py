@@ -1,0 +1,184 @@
+"""ALTI (Ferrando et al., EMNLP 2022), value zeroing (Mohebbi et al., EACL 2023), and rollout.
+
+Both read a layer as a map from the residual stream entering it (sources ``x_j``) to a state at each
+position ``i`` and give a contribution matrix ``C[i, j]`` (rows non-negative, summing to one); rollout
+composes the layers: ``M^0 = C^0``, ``M^l = C^l M^{l-1}``.
+
+- ALTI (computed in float64: a contribution is a difference of two L1 norms, which cancels badly in
+  float32 when a row's contributions are small): the state after attention + residual (Post-LN: + its LayerNorm) decomposed exactly by
+  :mod:`lenscope.mixing.algebra` (``"sources"`` convention): ``y_i = sum_j T~_i(j) + rest_i``;
+  ``c_ij = max(0, ||y_i||_1 - ||y_i - T~_i(j)||_1)``, rows normalised. The MLP does not mix tokens.
+- Value zeroing: the whole block recomputed with source ``j``'s value vectors zeroed in every head;
+  ``c_ij = 1 - cos(out_i, out_i^{-j})`` of the block's output, clipped at 0, rows normalised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..models.anatomy import Anatomy, astype
+from ..models.trace import Trace
+from ..results import Result
+from .algebra import attention_input_parts, f32, layer_input, resid_mid_parts, value_writes
+
+CHUNK_BYTES = 256 * 2**20
+
+
+def _chunks(n: int, per_row_bytes: int, budget: int = CHUNK_BYTES):
+    step = max(1, budget // max(per_row_bytes, 1))
+    for a in range(0, n, step):
+        yield torch.arange(a, min(n, a + step))
+
+
+def normalize_rows(c: Tensor) -> tuple[Tensor, int]:
+    """Rows divided by their sum, and the number of degenerate rows.
+
+    A row in which no source gets a positive contribution (every part moves the state away from itself in
+    L1, which random weights can produce, and where the reference implementation divides by zero) is set to
+    the identity row: position ``i`` keeps itself. Rollout then stays a product of stochastic matrices; the
+    count is reported so nothing is hidden."""
+    s = c.sum(-1, keepdim=True)
+    bad = s[:, 0] <= 0
+    out = c / s.clamp_min(1e-30)
+    if bool(bad.any()):
+        eye = torch.eye(c.shape[0], c.shape[1], dtype=c.dtype, device=c.device)
+        out = torch.where(bad[:, None], eye, out)
+    return out, int(bad.sum())
+
+
+def rollout(C: Tensor) -> Tensor:
+    """``(layer, pos, src)`` contribution matrices -> rollout ``M^l = C^l ... C^0`` (same shape)."""
+    out = torch.empty_like(C, dtype=torch.float64)
+    M = None
+    for l in range(C.shape[0]):
+        M = C[l].double() if M is None else C[l].double() @ M
+        out[l] = M
+    return out.to(C.dtype)
+
+
+@torch.no_grad()
+def alti_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, float, int]:
+    """ALTI contributions of layer ``l``: ``(pos, src)`` rows summing to one, the relative completeness
+    error of its decomposition (the parts plus remainder against the real residual after attention), and
+    the number of degenerate rows (see :func:`normalize_rows`)."""
+    layer = A.layers[l]
+    dt = torch.float64
+    z, _ = attention_input_parts(layer, tr, l, "sources", dt)
+    writes = value_writes(layer.attn, z, True)
+    n, d = z.shape
+    real = f32(tr.resid_mid[l], dt)
+    rms = real.pow(2).mean().sqrt().clamp_min(1e-12)
+    C = real.new_zeros(n, n)
+    err = 0.0
+    for rows in _chunks(n, n * d * 8 * 3):
+        dec = resid_mid_parts(A, tr, l, rows, "sources", writes=writes, dtype=dt)
+        y = real[rows]
+        err = max(err, float((dec.total() - y).abs().max() / rms))
+        dist = (y[:, None, :] - dec.parts).abs().sum(-1)  # (row, src)
+        C[rows] = (y.abs().sum(-1, keepdim=True) - dist).clamp_min(0)
+    if A.causal:
+        C = C.tril()
+    C, bad = normalize_rows(C)
+    return C.float(), err, bad
+
+
+@torch.no_grad()
+def value_zeroing_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, int]:
+    """Value-zeroing contributions of layer ``l`` (pos, src), rows summing to one, and the number of
+    degenerate rows (see :func:`normalize_rows`).
+
+    All zeroed sources of a chunk run through the rest of the block in one batch: the attention output
+    without source ``j`` is ``attn_out - T[:, j]`` (the algebra's per-source parts, value bias included)."""
+    dt = torch.float64  # 1 - cos of nearly equal vectors cancels badly in float32
+    layer = astype(A.layers[l], dt)
+    z, _ = attention_input_parts(layer, tr, l, "sources", dt)
+    writes = value_writes(layer.attn, z, True)  # (head, src, d)
+    probs = f32(tr.attn_probs[l], dt)  # (head, pos, src)
+    x = layer_input(tr, l, dt)
+    attn_out = f32(tr.attn_out[l], dt)
+    n, d = x.shape
+    base = layer.after_attention(x, attn_out)["resid_post"]  # recomputed: same float path as the ablations
+    C = x.new_zeros(n, n)
+    per_src = n * (3 * layer.mlp.d_mlp + 8 * d) * 8
+    for src in _chunks(n, per_src):
+        removed = torch.einsum("hij,hjd->jid", probs[:, :, src], writes[:, src])  # (chunk, pos, d)
+        out = layer.after_attention(x[None], attn_out[None] - removed)["resid_post"]
+        cos = torch.nn.functional.cosine_similarity(out, base[None], dim=-1)  # (chunk, pos)
+        C[:, src] = (1 - cos).clamp_min(0).T
+    if A.causal:
+        C = C.tril()
+    C, bad = normalize_rows(C)
+    return C.float(), bad
+
+
+@dataclass(repr=False)
+class MixingMatrices(Result):
+    """Layer-wise token-to-token contributions and their rollout.
+
+    ``contributions (layer, pos, src)``: layer ``l``'s ``C^l``; ``rollout (layer, pos, src)``: ``M^l``
+    (how much of position ``i`` after layer ``l`` comes from input token ``j``). ``completeness_error``:
+    the decomposition's relative error (ALTI), 0 for value zeroing; ``row_sum_error``: the largest
+    deviation of a contribution or rollout row sum from one; ``degenerate_rows``: rows where no source had
+    a positive contribution, set to the identity row (see :func:`normalize_rows`)."""
+
+    model: str
+    method: str
+    tokens: list[str]
+    contributions: Tensor
+    rollout: Tensor
+    completeness_error: float
+    row_sum_error: float
+    degenerate_rows: int = 0
+
+    def to_frame(self):
+        import pandas as pd
+
+        L, n, _ = self.contributions.shape
+        idx = pd.MultiIndex.from_product([range(L), range(n), range(n)], names=["layer", "pos", "src"])
+        return pd.DataFrame({"contribution": self.contributions.reshape(-1).numpy(),
+                             "rollout": self.rollout.reshape(-1).numpy()}, index=idx).reset_index()
+
+    def plot(self, layer: int = -1, which: str = "rollout"):
+        from ..viz.explain_plots import plot_matrix
+
+        return plot_matrix(self, layer=layer, which=which)
+
+    def __repr__(self) -> str:
+        L, n, _ = self.contributions.shape
+        return (f"MixingMatrices({self.method}, layers={L}, pos={n}, completeness_error={self.completeness_error:.1e}, "
+                f"row_sum_error={self.row_sum_error:.1e})")
+
+
+def _row_sum_error(*mats: Tensor) -> float:
+    err = 0.0
+    for m in mats:
+        s = m.double().sum(-1)
+        err = max(err, float((s - 1).abs().max()))
+    return err
+
+
+@torch.no_grad()
+def mixing_matrices(A: Anatomy, tr: Trace, method: str = "alti", *, model_name: str = "", progress=None
+                    ) -> MixingMatrices:
+    """ALTI or value-zeroing contributions of every layer, with rollout."""
+    if method not in ("alti", "value-zeroing"):
+        raise ValueError(f"unknown mixing method {method!r}")
+    Cs, err, bad = [], 0.0, 0
+    for l in range(A.n_layers):
+        if method == "alti":
+            C, e, b = alti_layer(A, tr, l)
+            err = max(err, e)
+        else:
+            C, b = value_zeroing_layer(A, tr, l)
+        Cs.append(C)
+        bad += b
+        if progress is not None:
+            progress(l)
+    C = torch.stack(Cs)
+    M = rollout(C)
+    return MixingMatrices(model=model_name, method=method, tokens=list(tr.tokens), contributions=C.cpu(),
+                          rollout=M.cpu(), completeness_error=err, row_sum_error=_row_sum_error(C, M),
+                          degenerate_rows=bad)
