@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import components, lens, models
+from . import components, explain, lens, models
 
 app = typer.Typer(
     name="lenscope",
@@ -15,6 +15,7 @@ app = typer.Typer(
 )
 models.register(app)
 components.register(app)
+explain.register(app)
 lens.register(app)
 
 

@@ -27,13 +27,13 @@ def plot_explanation(res, ax=None):
     signed = bool((scores < -1e-12).any()) or (res.layer_scores is not None and bool((res.layer_scores < -1e-12).any()))
     if res.layer_scores is None:
         fig, ax = _figure(ax, (max(5.0, 0.42 * n + 2.0), 3.6))
+        fig.set_layout_engine("constrained")
         colors = ["#c0392b" if v < 0 else "#2563eb" for v in scores]
         ax.bar(range(n), scores, color=colors)
         ax.axhline(0, color="black", lw=0.6)
         ax.set_xticks(range(n), labels, rotation=60, ha="right", fontsize=8)
         ax.set_ylabel("score")
         ax.set_title(title, fontsize=9)
-        fig.tight_layout()
         return fig
     L = res.layer_scores.shape[0]
     data = res.layer_scores.double().numpy()
@@ -41,7 +41,8 @@ def plot_explanation(res, ax=None):
         import matplotlib.pyplot as plt
 
         fig, (ax, ax2) = plt.subplots(2, 1, figsize=(max(5.5, 0.42 * n + 2.8), max(3.6, 0.2 * L + 2.6)),
-                                      gridspec_kw={"height_ratios": [max(L, 4), 1.3]}, sharex=True)
+                                      gridspec_kw={"height_ratios": [max(L, 4), 1.3]}, sharex=True,
+                                      layout="constrained")
     else:
         fig, ax2 = ax.figure, None
     cmap = "RdBu_r" if signed else "viridis"
@@ -50,7 +51,7 @@ def plot_explanation(res, ax=None):
                    interpolation="nearest")
     ax.set_ylabel("layer")
     ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=[a for a in (ax, ax2) if a is not None], label="score", fraction=0.035, pad=0.02)
+    fig.colorbar(im, ax=ax, label="per-layer score", fraction=0.05, pad=0.02)
     if ax2 is not None:
         v2 = _sym_limits(scores)
         ax2.imshow(scores[None, :], aspect="auto", cmap=cmap, vmin=-v2 if signed else 0, vmax=v2,

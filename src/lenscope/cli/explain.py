@@ -1,0 +1,84 @@
+"""``lenscope explain``: which context tokens made the model predict the target (rather than the foil)."""
+
+from __future__ import annotations
+
+import typer
+
+from .common import MODEL_HELP, fail, handle_errors, load_model, print_json
+
+METHOD_HELP = ("logit | alti-logit | alti | grad-norm | grad-x-input | ig | erasure | value-zeroing "
+               "(alti and value-zeroing need no target: they give the rollout row of --position)")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("explain")
+    @handle_errors
+    def explain_cmd(
+        text: str = typer.Argument(..., help="The text; the prediction at its last token (or --position) is explained."),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        target: str = typer.Option(None, "--target", "-t", help="Target token: its text (e.g. ' are') or #ID."),
+        foil: str = typer.Option(None, "--foil", "-f", help="Foil token: explain target versus foil (contrastive)."),
+        method: str = typer.Option("alti-logit", "--method", help=METHOD_HELP),
+        position: int = typer.Option(-1, "--position", help="Token position whose prediction is explained (default: last)."),
+        steps: int = typer.Option(None, "--steps", help="Integrated gradients: quadrature steps (default 16)."),
+        html: str = typer.Option(None, "--html", help="Write a page with the tokens coloured by score."),
+        png: str = typer.Option(None, "--png", help="Write a layer × token heat map (bars for methods without layers)."),
+        save: str = typer.Option(None, "--save", help="Save the result (.safetensors) to reload later."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ):
+        """Score every input token by how much it made the model predict TARGET (rather than FOIL)."""
+        from ..attribution.explain import explain
+        from ..attribution.explanation import METHODS
+
+        if method not in METHODS:
+            fail(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        if steps is not None and method != "ig":
+            fail("--steps applies to --method ig only")
+        if steps is not None and steps < 1:
+            fail("--steps must be at least 1")
+        lm = load_model(model)
+        res = explain(lm, text, target, foil, method=method, position=position,
+                      **({"steps": steps} if steps is not None else {}))
+        if html:
+            res.to_html(html)
+        if png:
+            from ..viz.plots import save_figure
+
+            save_figure(res.plot(), png)
+        if save:
+            res.save(save)
+        if as_json:
+            print_json(res.to_dict())
+            return
+        _table(lm, res, html, png)
+
+
+def _table(lm, res, html, png) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    con.print(f"{lm.name}: {res.method} explanation of {res.what()} at position {res.position} "
+              f"({res.tokens[res.position]!r})")
+    scores = res.scores.tolist()
+    scale = max((abs(v) for v in scores), default=0.0) or 1.0
+    table = Table()
+    for c, j in (("#", "right"), ("token", "left"), ("score", "right"), ("", "left")):
+        table.add_column(c, justify=j)
+    for i, (tok, v) in enumerate(zip(res.tokens, scores)):
+        bar = "█" * int(round(12 * abs(v) / scale))
+        color = "green" if v >= 0 else "red"
+        table.add_row(str(i), repr(tok), f"{v:+.4f}", f"[{color}]{bar}[/{color}]")
+    con.print(table)
+    extra = []
+    if res.invariant_error is not None:
+        extra.append(f"invariant error {res.invariant_error:.1e}")
+    if "logit" in res.info:
+        extra.append(f"logit difference {res.info['logit']:+.4f}")
+    if "completeness_error" in res.info and res.method == "ig":
+        extra.append(f"IG completeness error {res.info['completeness_error']:.1e}")
+    if extra:
+        con.print("  ".join(extra))
+    for what, p in (("page", html), ("plot", png)):
+        if p:
+            con.print(f"{what} saved to {p}")
