@@ -117,15 +117,19 @@ def projected_value_writes(attn: Attention, z: Tensor, direction: Tensor, value_
     """``value_writes(...) . direction[r]`` without expanding over ``d_model``: (row, head, src).
 
     ``direction (row, d_model)`` is a read-out direction per query row (already pulled back through the
-    norms that follow). Cost O(row * head * d_head * d_model + src * d_model * head).
+    norms that follow). The direction is pulled back through ``W_O^h`` and ``W_V^h`` first (key/value heads
+    read by their query group, no repeated weights), so the cost is O(row * head * d_head * d_model + src *
+    d_model * head).
     """
     dt = direction.dtype
-    w = torch.einsum("hed,rd->rhe", attn.W_O.to(dt), direction)  # (row, head, d_head)
-    W_V = attn._per_kv(attn.W_V.to(dt))  # (head, d_model, d_head)
-    wv = torch.einsum("hde,rhe->rhd", W_V, w)  # (row, head, d_model)
-    out = torch.einsum("sd,rhd->rhs", z, wv)
+    H, K, e = attn.n_heads, attn.n_kv_heads, attn.d_head
+    r, d = direction.shape
+    w = torch.matmul(attn.W_O.to(dt), direction.T)  # (head, d_head, row)
+    w = w.permute(2, 0, 1).reshape(r, K, H // K, e)  # query heads grouped by the key/value head they read
+    wv = torch.einsum("kde,rkge->rkgd", attn.W_V.to(dt), w).reshape(r, H, d)
+    out = torch.matmul(wv, z.T)  # (row, head, src)
     if value_bias and attn.b_V is not None:
-        out = out + torch.einsum("he,rhe->rh", attn._per_kv(attn.b_V.to(dt)), w)[..., None]
+        out = out + torch.einsum("ke,rkge->rkg", attn.b_V.to(dt), w).reshape(r, H)[..., None]
     return out
 
 
