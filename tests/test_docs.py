@@ -21,3 +21,13 @@ def test_readme_python_runs(tmp_path, monkeypatch):
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
     assert (tmp_path / "out" / "paris.safetensors").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", ["attribution.md"])
+def test_docs_python_runs(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocks = python_blocks(ROOT / "docs" / page)
+    assert blocks
+    for code in blocks:
+        exec(compile(code, page, "exec"), {})
