@@ -1,0 +1,307 @@
+"""Context-attribution baselines for one (contrastive) prediction: gradients, integrated gradients, erasure.
+
+Following Yin & Neubig (2022), "Interpreting Language Models with Contrastive Explanations", each method
+explains the scalar
+
+    f = logit[position, target] - logit[position, foil]        (just logit[position, target] without a foil)
+
+with one score per input token. ``e_j (d_model,)`` is token ``j``'s input embedding exactly as the model's
+own input-embedding module returns it (``lm.model.get_input_embeddings()(ids)``; for Gemma this already
+holds the sqrt(d_model) scale), fed to the model as ``inputs_embeds``; position embeddings, embedding
+norms and the like are added by the model itself, so they are part of ``f``, not of ``e``.
+
+- ``grad_norm``: ``||df/de_j||_2``.
+- ``grad_x_input``: ``sum_d df/de_j,d * e_j,d`` (signed).
+- ``integrated_gradients``: ``sum_d e_j,d * int_0^1 df/de_j,d(alpha e) d alpha`` with a zero baseline, the
+  integral by Gauss-Legendre quadrature, all nodes in one batched forward and backward pass.
+- ``erasure``: ``f(input) - f(input without token j)``, all ablated sequences in one batch.
+
+Every function returns an :class:`~lenscope.attribution.explanation.Explanation` whose ``scores`` have
+shape ``(src,)`` and whose ``info["f"]`` is ``f`` on the full input. ``grad_x_input``, ``integrated_gradients``
+and ``erasure`` are linear in the explained scalar, so a contrastive score is the target's score minus the
+foil's; ``grad_norm`` is the norm of the contrastive gradient, not a difference. The model runs in its own
+dtype (float32 unless loaded otherwise); scores come back as float32 on the CPU. The model is not changed:
+gradients are taken with respect to the embeddings only, and dropout is off while the methods run.
+
+Integrated gradients and the zero baseline: norms rescale their input, so near ``alpha = 0`` (where the
+residual stream is smaller than ``sqrt(eps)``) ``f(alpha e)`` can change on a logarithmic scale (RMSNorm
+models without biases, e.g. Llama) or even jump (Gemma's four RMSNorms per block each amplify a tiny input
+about ``1/sqrt(eps)`` times, so ``f(1e-9 e)`` is already far from ``f(0)``). ``info["completeness_error"]``
+shows it, and ``info["note"]`` says so when it exceeds 1%; on such models read IG scores with care.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ..errors import InputError, NotApplicableError
+from ..models.load import LoadedModel, encode, resolve_token, token_str
+from .explanation import Explanation
+
+__all__ = ["erasure", "grad_norm", "grad_x_input", "integrated_gradients"]
+
+
+# ----------------------------------------------------------------------------------------------
+# shared plumbing
+
+
+class _Problem:
+    """A validated request: ids, the explained position and the target/foil ids."""
+
+    def __init__(self, lm: LoadedModel, method: str, text, target, foil, position: int):
+        A = lm.anatomy
+        if A.unembed is None:
+            raise NotApplicableError(
+                f"{method} explains a token's logit, but {lm.name} ({A.family}) has no language-model head; "
+                "use a method that needs no target, e.g. --method alti"
+            )
+        self.lm = lm
+        self.method = method
+        self.ids = _input_ids(lm, text)
+        self.n = n = self.ids.numel()
+        if not isinstance(position, (int, np.integer)) or isinstance(position, bool):
+            raise InputError(f"position must be an integer, got {position!r}")
+        if not -n <= position < n:
+            raise InputError(f"position {position} is outside the text's {n} tokens (use -{n}..{n - 1})")
+        self.p = int(position) % n
+        self.t_id = resolve_token(lm, target)
+        self.f_id = resolve_token(lm, foil) if foil is not None else None
+        if self.f_id is not None and self.f_id == self.t_id:
+            raise InputError(
+                f"the foil is the target ({token_str(lm, self.t_id)!r}, #{self.t_id}); a contrastive explanation "
+                "needs two different tokens (or leave the foil out)"
+            )
+        self.device = next(lm.model.parameters()).device
+
+    def objective(self, logits: Tensor, at: Tensor | int | None = None) -> Tensor:
+        """``f`` per batch row from ``logits (batch, pos, vocab)`` read at position ``at`` (default: p)."""
+        at = self.p if at is None else at
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        vec = logits[rows, at] if isinstance(at, Tensor) else logits[:, at]
+        f = vec[:, self.t_id]
+        if self.f_id is not None:
+            f = f - vec[:, self.f_id]
+        return f
+
+    def explanation(self, scores: Tensor, info: dict) -> Explanation:
+        lm = self.lm
+        return Explanation(
+            model=lm.name, method=self.method,
+            tokens=lm.tokenizer.batch_decode([[int(i)] for i in self.ids]),
+            position=self.p, target=token_str(lm, self.t_id), target_id=self.t_id,
+            foil=None if self.f_id is None else token_str(lm, self.f_id), foil_id=self.f_id,
+            scores=scores.detach().float().cpu(), info=info,
+        )
+
+
+def _input_ids(lm: LoadedModel, text) -> Tensor:
+    """Token ids ``(pos,)`` of a text or of given ids, validated as :func:`~lenscope.models.trace.trace` does."""
+    A = lm.anatomy
+    if isinstance(text, str):
+        return encode(lm, text)
+    try:
+        ids = torch.as_tensor(text, dtype=torch.long).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise InputError(f"give a text or a list of token ids, not {type(text).__name__} ({e})") from None
+    if ids.numel() == 0:
+        raise InputError("no token ids given")
+    if ids.numel() > A.n_ctx:
+        raise InputError(f"{ids.numel()} tokens exceed the model's context of {A.n_ctx}")
+    if int(ids.min()) < 0 or int(ids.max()) >= A.vocab_size:
+        raise InputError(f"token ids must lie in 0..{A.vocab_size - 1}")
+    return ids.cpu()
+
+
+@contextmanager
+def _eval_mode(model):
+    """Run with dropout off; restore every module's training flag afterwards."""
+    was = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, flag in was:
+            m.training = flag
+
+
+def _logits(lm: LoadedModel, *, input_ids: Tensor | None = None, inputs_embeds: Tensor | None = None,
+            last_only: bool = False) -> Tensor:
+    """The real model's logits ``(batch, pos, vocab)`` (no padding, no cache); with ``last_only`` (causal
+    models) only the last position's, ``(batch, 1, vocab)``, so a batch of long inputs stays small."""
+    x = input_ids if input_ids is not None else inputs_embeds
+    kwargs = {"attention_mask": torch.ones(x.shape[:2], dtype=torch.long, device=x.device)}
+    if input_ids is not None:
+        kwargs["input_ids"] = input_ids
+    else:
+        kwargs["inputs_embeds"] = inputs_embeds
+    if lm.anatomy.causal:
+        kwargs["use_cache"] = False
+        if last_only:
+            kwargs["logits_to_keep"] = 1
+    out = lm.model(**kwargs)
+    logits = getattr(out, "logits", None)
+    if logits is None:
+        raise NotApplicableError(
+            f"{lm.name} returned no logits, so there is no token to explain; use a method that needs no target, "
+            "e.g. --method alti"
+        )
+    return logits
+
+
+def _embed(pr: _Problem) -> Tensor:
+    """The input embeddings ``(pos, d_model)`` as the model's embedding module returns them (detached)."""
+    with torch.no_grad():
+        return pr.lm.model.get_input_embeddings()(pr.ids[None].to(pr.device))[0].detach()
+
+
+def _gradient(pr: _Problem, e: Tensor) -> tuple[Tensor, float]:
+    """``df/de (pos, d_model)`` and ``f`` at embeddings ``e``: one forward and one backward pass."""
+    x = e[None].clone().requires_grad_(True)
+    with _eval_mode(pr.lm.model), torch.enable_grad():
+        f = pr.objective(_logits(pr.lm, inputs_embeds=x))
+        (g,) = torch.autograd.grad(f.sum(), x)
+    return g[0].detach(), float(f.detach()[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# the methods
+
+
+def grad_norm(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, foil: str | int | None = None, *,
+              position: int = -1) -> Explanation:
+    """Gradient norm: ``scores[j] = ||df/de_j||_2`` with ``f = logit[target] - logit[foil]`` at ``position``.
+
+    ``target``/``foil`` are a token's text (``" Paris"``), ``"#ID"`` or an int id; ``text`` may be token ids.
+    """
+    pr = _Problem(lm, "grad-norm", text, target, foil, position)
+    e = _embed(pr)
+    g, f = _gradient(pr, e)
+    scores = g.float().norm(dim=-1)
+    return pr.explanation(scores, {"f": f})
+
+
+def grad_x_input(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, foil: str | int | None = None,
+                 *, position: int = -1) -> Explanation:
+    """Gradient times input: ``scores[j] = sum_d df/de_j,d * e_j,d`` (signed), ``f`` as in :func:`grad_norm`."""
+    pr = _Problem(lm, "grad-x-input", text, target, foil, position)
+    e = _embed(pr)
+    g, f = _gradient(pr, e)
+    scores = (g.float() * e.float()).sum(-1)
+    return pr.explanation(scores, {"f": f})
+
+
+def integrated_gradients(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int,
+                         foil: str | int | None = None, *, position: int = -1, steps: int = 16,
+                         batch_size: int | None = None) -> Explanation:
+    """Integrated gradients from a zero embedding baseline along the straight path.
+
+    ``scores[j] = sum_d e_j,d * int_0^1 df/de_j,d(alpha * e) d alpha``, the integral by ``steps``-node
+    Gauss-Legendre quadrature on [0, 1]; all nodes go through the model in one batched forward and backward
+    pass (in chunks of ``batch_size`` rows when given). Position embeddings and the like, which the model adds
+    to ``inputs_embeds`` itself, stay in the baseline. ``info`` holds ``f_input``, ``f_baseline``,
+    ``sum_attributions`` and ``completeness_error = |sum - (f_input - f_baseline)| / max(|f_input -
+    f_baseline|, 1e-6)`` (small when ``steps`` is enough for this input).
+    """
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise InputError(f"steps must be a positive integer, got {steps!r}")
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
+                                   or batch_size < 1):
+        raise InputError(f"batch_size must be a positive integer or None, got {batch_size!r}")
+    pr = _Problem(lm, "ig", text, target, foil, position)
+    steps = int(steps)
+    e = _embed(pr)
+    nodes, weights = np.polynomial.legendre.leggauss(steps)
+    alphas = torch.as_tensor((nodes + 1) / 2, dtype=torch.float32, device=e.device)
+    w = torch.as_tensor(weights / 2, dtype=torch.float64, device=e.device)
+    chunk = steps if batch_size is None else int(batch_size)
+
+    integral = torch.zeros(e.shape, dtype=torch.float64, device=e.device)
+    with _eval_mode(lm.model):
+        for s in range(0, steps, chunk):  # one pass unless batch_size < steps
+            a = alphas[s : s + chunk]
+            x = (a[:, None, None] * e[None].float()).to(e.dtype).requires_grad_(True)  # (step, pos, d_model)
+            with torch.enable_grad():
+                f = pr.objective(_logits(lm, inputs_embeds=x))
+                (g,) = torch.autograd.grad(f.sum(), x)
+            integral += (w[s : s + chunk, None, None] * g.detach().double()).sum(0)
+        with torch.no_grad():  # the two ends of the path, for completeness
+            ends = pr.objective(_logits(lm, inputs_embeds=torch.stack([e, torch.zeros_like(e)])))
+    f_input, f_baseline = float(ends[0]), float(ends[1])
+    scores = (integral * e.double()).sum(-1)
+    total = float(scores.sum())
+    delta = f_input - f_baseline
+    err = abs(total - delta) / max(abs(delta), 1e-6)
+    info = {
+        "f": f_input, "f_input": f_input, "f_baseline": f_baseline, "sum_attributions": total,
+        "completeness_error": err, "steps": steps, "baseline": "zero", "quadrature": "gauss-legendre",
+    }
+    if err > 1e-2:
+        info["note"] = (
+            f"the scores sum to {total:.4g} but f(input) - f(baseline) = {delta:.4g} ({err:.1%} off): the path from "
+            f"the zero baseline is too nonlinear for {steps} steps; raise steps. (Where every norm rescales tiny "
+            "inputs, e.g. Gemma's sandwich RMSNorms, f jumps right next to the zero baseline and more steps do not "
+            "help.)"
+        )
+    return pr.explanation(scores, info)
+
+
+def erasure(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, foil: str | int | None = None, *,
+            position: int = -1, batch_size: int = 64) -> Explanation:
+    """Leave-one-out erasure: ``scores[j] = f(input) - f(input without token j)``.
+
+    ``f`` is read where the explained position ends up in each shorter sequence (one earlier when ``j`` came
+    before it). In a causal model erasing the explained token itself reads the prediction at the token before
+    it (the prediction from the context without that token), and tokens after ``position`` score 0 (they
+    cannot change it, so only the ``position + 1`` ablations of ``ids[:position + 1]`` are run, each of length
+    ``position``: the same logits as the full-length sequences up to float error). In a bidirectional
+    encoder erasing the explained position is undefined: its score is 0 (``info["note"]`` says so). All
+    ablated sequences run as one batch (chunks of ``batch_size``).
+    """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
+    pr = _Problem(lm, "erasure", text, target, foil, position)
+    n, p = pr.n, pr.p
+    causal = lm.anatomy.causal
+    if n < 2:
+        raise InputError("erasure needs at least 2 tokens: removing the only token leaves nothing to run")
+    if causal and p == 0:
+        raise InputError(
+            "erasure cannot explain position 0 of a causal model: removing that token leaves no context to "
+            "predict from; explain a later position"
+        )
+    ids = pr.ids.to(pr.device)
+    # causal: the prediction at p depends on tokens 0..p only, so erase among those (the rest score 0)
+    m = p + 1 if causal else n
+    src = torch.arange(m, device=pr.device)
+    if not causal:
+        src = src[src != p]
+    keep = torch.ones(m, m, dtype=torch.bool, device=pr.device)
+    keep[torch.arange(m), torch.arange(m)] = False
+    ablated = ids[:m].expand(m, m)[keep].view(m, m - 1)[src]  # (src, pos - 1)
+    read = torch.where(src < p, p - 1, p)
+    if causal:
+        read = torch.full_like(src, p - 1)  # j <= p always: the explained token moves one back or is gone
+
+    with _eval_mode(lm.model), torch.no_grad():
+        f_full = float(pr.objective(_logits(lm, input_ids=ids[None])))
+        if causal:  # every ablated sequence ends at the read position: keep only the last logits
+            f_ablated = torch.cat([
+                pr.objective(_logits(lm, input_ids=ablated[s : s + batch_size], last_only=True), -1)
+                for s in range(0, len(src), int(batch_size))
+            ])
+        else:
+            f_ablated = torch.cat([
+                pr.objective(_logits(lm, input_ids=ablated[s : s + batch_size]), read[s : s + batch_size])
+                for s in range(0, len(src), int(batch_size))
+            ])
+    scores = torch.zeros(n, dtype=torch.float32)
+    scores[src.cpu()] = (f_full - f_ablated.double()).float().cpu()
+    info: dict = {"f": f_full}
+    if not causal:
+        info["note"] = (f"erasing the explained position {p} itself is undefined in a bidirectional encoder; "
+                        "its score is 0")
+    return pr.explanation(scores, info)
