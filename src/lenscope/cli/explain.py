@@ -79,6 +79,8 @@ def _table(lm, res, html, png) -> None:
         extra.append(f"IG completeness error {res.info['completeness_error']:.1e}")
     if extra:
         con.print("  ".join(extra))
+    if res.info.get("note"):
+        con.print(f"[yellow]note:[/yellow] {res.info['note']}")
     for what, p in (("page", html), ("plot", png)):
         if p:
             con.print(f"{what} saved to {p}")
