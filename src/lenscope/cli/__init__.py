@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import components, explain, lens, models
+from . import components, explain, lens, mixing, models
 
 app = typer.Typer(
     name="lenscope",
@@ -17,6 +17,7 @@ models.register(app)
 components.register(app)
 explain.register(app)
 lens.register(app)
+mixing.register(app)
 
 
 def main() -> None:

@@ -38,3 +38,60 @@ def plot_maps(res, layers=None, cols: int = 4):
             ax.set_yticks([])
     fig.suptitle(f"{res.model} · scope {res.scope} · ‖F_i(x_j)‖ (row i = output, column j = source)", fontsize=10)
     return fig
+
+
+def plot_study(study) -> dict:
+    """The figures of a :class:`~lenscope.mixing.study.MixingStudy`: contextualization change per layer and
+    scope pair (paper Fig. 3/6), FF output norm against the bypassed residual (Fig. 7), and the LN-weight
+    analysis (Fig. 8)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    L = len(study.ff_norm)
+    x = list(range(L))
+    title = f"{study.model} · {study.dataset} ({study.n_sentences} sentences)"
+    figs = {}
+    kinds = ["full"] + (["lower"] if study.placement != "post" else [])
+    fig, axes = plt.subplots(1, len(kinds), figsize=(6.2 * len(kinds), 3.8), squeeze=False, layout="constrained")
+    for ax, kind in zip(axes[0], kinds):
+        for pair, vals in study.cc[kind].items():
+            ax.plot(x, [float("nan") if v is None else v for v in vals], marker="o", ms=3, label=pair.replace("->", " → "))
+        ax.set_xlabel("layer")
+        ax.set_ylabel("contextualization change (1 − Spearman ρ)")
+        ax.set_title(f"{'full maps' if kind == 'full' else 'lower triangle'}", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=10)
+    figs["contextualization"] = fig
+
+    fig, ax = plt.subplots(figsize=(6.2, 3.6), layout="constrained")
+    ax.plot(x, study.ff_norm, marker="o", ms=3, label="‖FF output‖")
+    ax.plot(x, study.bypass_norm, marker="s", ms=3, label="‖vector bypassed by RES‖")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean L2 norm")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=9)
+    figs["ff_norms"] = fig
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
+    a1.plot(x, study.gamma_pearson, marker="o", ms=3, label="Pearson")
+    a1.plot(x, study.gamma_spearman, marker="s", ms=3, label="Spearman")
+    a1.axhline(0, color="black", lw=0.6)
+    a1.set_xlabel("layer")
+    a1.set_ylabel("corr(|γ| of next norm, mean |FF output|)")
+    a1.legend(fontsize=8)
+    a1.grid(alpha=0.3)
+    a2.plot(x, [float("nan") if v is None else v for v in study.cc_ff], marker="o", ms=3, label="all dimensions")
+    a2.plot(x, [float("nan") if v is None else v for v in study.cc_ff_masked], marker="s", ms=3,
+            label="without the 1% smallest |γ|")
+    a2.set_xlabel("layer")
+    a2.set_ylabel("contextualization change by FF")
+    a2.legend(fontsize=8)
+    a2.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    figs["gamma"] = fig
+    return figs
