@@ -1,0 +1,103 @@
+"""The mixing analyses: rank correlation with ties, FF-amp, and the resumable dataset study."""
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lenscope.errors import InputError
+from lenscope.mixing.analysis import (average_ranks, column_normalize, contextualization_change, ff_amp, spearman,
+                                      top_pairs)
+from lenscope.mixing.study import MixingStudy, load_sentences, mixing_study
+
+from ..conftest import get_model
+
+
+def test_average_ranks_match_hand_computed():
+    assert average_ranks(torch.tensor([10.0, 20.0, 20.0, 5.0])).tolist() == [2.0, 3.5, 3.5, 1.0]
+    assert average_ranks(torch.tensor([1.0, 1.0, 1.0])).tolist() == [2.0, 2.0, 2.0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=3, max_size=30), st.lists(st.integers(0, 5), min_size=3, max_size=30))
+def test_spearman_equals_pearson_of_average_ranks_by_brute_force(a, b):
+    n = min(len(a), len(b))
+    x, y = torch.tensor(a[:n], dtype=torch.float64), torch.tensor(b[:n], dtype=torch.float64)
+
+    def ranks(v):  # O(n^2) definition: 1 + #smaller + (#equal - 1) / 2
+        return torch.tensor([1 + float((v < t).sum()) + (float((v == t).sum()) - 1) / 2 for t in v],
+                            dtype=torch.float64)
+
+    rx, ry = ranks(x), ranks(y)
+    if rx.std() == 0 or ry.std() == 0:
+        assert spearman(x, y) != spearman(x, y)  # NaN for a constant side
+        return
+    ref = float(torch.corrcoef(torch.stack([rx, ry]))[0, 1])
+    assert spearman(x, y) == pytest.approx(ref, abs=1e-9)
+
+
+def test_contextualization_change_and_ff_amp_by_hand():
+    a = torch.tensor([[1.0, 0.0], [0.5, 2.0]])
+    assert contextualization_change(a, a) == pytest.approx(0.0)
+    assert contextualization_change(a, -a) == pytest.approx(2.0)
+    # lower triangle: cells (0,0), (1,0), (1,1)
+    b = torch.tensor([[3.0, 9.0], [1.0, 2.0]])
+    assert contextualization_change(a, b, lower=True) == pytest.approx(1 - spearman(torch.tensor([1, .5, 2.]),
+                                                                                    torch.tensor([3, 1, 2.])))
+    pre = torch.tensor([[1.0, 1.0], [1.0, 1.0]])
+    post = torch.tensor([[1.0, 3.0], [1.0, 1.0]])
+    amp = ff_amp(pre, post)
+    assert column_normalize(post).sum(0).tolist() == pytest.approx([1.0, 1.0])
+    assert amp[0, 1] == pytest.approx(0.75 - 0.5) and amp[1, 1] == pytest.approx(0.25 - 0.5)
+    assert top_pairs(amp, 1) == [(0, 1, pytest.approx(0.25))]  # the diagonal is never a pair
+
+
+def test_study_resumes_to_the_same_result(tmp_path):
+    lm = get_model("tiny:gpt2")
+    sents = ["the cat sat on the mat", "a dog ran in the park today", "it rained", "x",
+             "the keys to the cabinet are here"]
+    full = mixing_study(lm, sents, tmp_path / "a", dataset="t", progress=False)
+    assert full.n_sentences + full.skipped == 5 and full.skipped >= 1  # "x" is too short
+    mixing_study(lm, sents[:2], tmp_path / "b", dataset="t", progress=False)  # an "interrupted" run...
+    state = json.loads((tmp_path / "b" / "state.json").read_text())
+    state["meta"]["n"] = 5  # ...of the same study, stopped after two sentences
+    (tmp_path / "b" / "state.json").write_text(json.dumps(state))
+    with (tmp_path / "b" / "records.jsonl").open("a") as f:
+        f.write('{"index": 2, "half-written')  # a record the crash left unfinished (state says done=2)
+    resumed = mixing_study(lm, sents, tmp_path / "b", dataset="t", resume=True, progress=False)
+    assert resumed.to_dict() == full.to_dict()
+    full.save(tmp_path / "a")
+    back = MixingStudy.load(tmp_path / "a")
+    assert back.cc == full.cc and back.top_pairs == full.top_pairs
+    for f in ("layers.csv", "ff_amp_top_pairs.csv", "contextualization.png", "ff_norms.png", "gamma.png"):
+        assert (tmp_path / "a" / f).stat().st_size > 100
+    L = lm.anatomy.n_layers
+    assert len(full.cc_ff) == L and all(0 <= v <= 2 for v in full.cc_ff)
+    assert all(p["i"] != p["j"] for ps in full.top_pairs for p in ps)
+
+
+def test_resume_refuses_another_study(tmp_path):
+    lm = get_model("tiny:gpt2")
+    mixing_study(lm, ["the cat sat on the mat"], tmp_path, dataset="t", progress=False)
+    with pytest.raises(InputError, match="same model"):
+        mixing_study(lm, ["the cat sat on the mat", "another one here"], tmp_path, dataset="t", resume=True,
+                     progress=False)
+
+
+def test_datasets(tmp_path):
+    name, s = load_sentences("sst2", limit=7)
+    assert name == "sst2" and len(s) == 7 and s[0].startswith("it 's a charming")
+    name, w = load_sentences("wikitext", limit=5)
+    assert len(w) == 5 and all(6 <= len(x.split()) <= 40 and not x.startswith("=") for x in w)
+    f = tmp_path / "mine.txt"
+    f.write_text("first sentence here\n\n second one \n")
+    assert load_sentences(str(f)) == ("mine.txt", ["first sentence here", "second one"])
+    f.write_text("\n\n")
+    with pytest.raises(InputError, match="no sentences"):
+        load_sentences(str(f))
+    with pytest.raises(InputError, match="neither"):
+        load_sentences("nonexistent-dataset")
+    with pytest.raises(InputError, match="at least 1"):
+        load_sentences("sst2", limit=0)
