@@ -28,7 +28,8 @@ from torch import Tensor
 from ..errors import InputError, InvariantError
 from ..models.trace import Trace, prefix_trace
 from ..results import Result
-from .algebra import (Decomposition, add_residual, attention_parts, combine, f32, ff_step, layer_input, norm_step)
+from .algebra import (Decomposition, Factored, add_residual, attention_parts, combine, f32, ff_step, layer_input,
+                      norm_step)
 
 PRE_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbln", "atblnff", "atblnffres", "atblnffres_nextln")
 POST_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbff", "atbffres", "atbffresln")
@@ -82,28 +83,31 @@ def layer_decompositions(A, tr: Trace, l: int, rows: Tensor, scopes, *, nodes: i
     if not deeper:
         return out, err
     x = layer_input(tr, l, dtype)
-    atb = attention_parts(A, tr, l, rows, "remainder", dtype=dtype)
+    # kept factored (attention weights times per-source vectors) until the FF block's projection
+    atb = attention_parts(A, tr, l, rows, "remainder", dtype=dtype, factored=True)
     if layer.ln_attn_out is not None:  # sandwich: the post-attention norm belongs to ATTN's write
         atb = norm_step(atb, layer.ln_attn_out, tr.attn_out[l][rows])
     atb = add_residual(atb, x)
     if post:
         atb = norm_step(atb, layer.ln_attn, tr.norm_in["ln_attn"][l][rows])
-    out["atb"] = atb
     if post:
         ff_in = atb
     elif layer.placement == "parallel":  # the MLP reads LN2(x_i): position i's own input only
-        diag = Decomposition(torch.zeros_like(atb.parts), torch.zeros_like(atb.rest), rows)
+        zero = atb.alpha[:0]
+        diag = Factored(zero, atb.scale, atb.V[:0], torch.zeros_like(atb.diag), torch.zeros_like(atb.rest), rows)
         ff_in = norm_step(add_residual(diag, x), layer.ln_mlp, tr.norm_in["ln_mlp"][l][rows])
     else:
         ff_in = norm_step(atb, layer.ln_mlp, tr.norm_in["ln_mlp"][l][rows])
-    if not post:
-        out["atbln"] = ff_in
+    atb_dense = atb.dense()
+    out["atb"] = atb_dense
+    if not post and "atbln" in want:
+        out["atbln"] = ff_in.dense()
     if not (want & {"atbff", "atbffres", "atbffresln", "atblnff", "atblnffres", "atblnffres_nextln"}):
         return out, err
     ff, err = ff_step(ff_in, layer.mlp, nodes=nodes, numeric_steps=numeric_steps)
     if layer.ln_mlp_out is not None:
         ff = norm_step(ff, layer.ln_mlp_out, tr.mlp_out[l][rows])
-    res = combine(ff, atb)  # RES2 adds back the whole decomposed input of the FF block
+    res = combine(ff, atb_dense)  # RES2 adds back the whole decomposed input of the FF block
     if post:
         out["atbff"], out["atbffres"] = ff, res
         out["atbffresln"] = norm_step(res, layer.ln_mlp, tr.norm_in["ln_mlp"][l][rows])
