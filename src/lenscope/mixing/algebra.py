@@ -188,7 +188,7 @@ def attention_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Con
     vb = convention == "sources"
     if writes is None:
         writes = value_writes(layer.attn, z, vb)
-    probs = f32(tr.attn_probs[l], dtype)[:, rows]  # (head, row, src)
+    probs = f32(tr.attn_probs[l][:, rows], dtype)  # (head, row, src)
     rest = bias_through_attention(layer.attn, beta, not vb, dtype).expand(len(rows), -1).clone()
     if factored:
         return Factored(probs, probs.new_ones(len(rows)), writes, rest.new_zeros(rest.shape), rest, rows)
@@ -215,12 +215,13 @@ def norm_step(dec, norm, norm_input: Tensor):
     return Decomposition(parts, rest, dec.rows)
 
 
-def add_residual(dec, x: Tensor):
+def add_residual(dec, x: Tensor, inplace: bool = False):
     """The residual connection: source ``i`` also carries ``x_i`` itself. ``x (pos, d_model)`` is the full
-    residual stream; position ``rows[r]`` of it joins ``parts[r, rows[r]]``."""
+    residual stream; position ``rows[r]`` of it joins ``parts[r, rows[r]]`` (in ``dec``'s own tensor when
+    ``inplace``)."""
     if isinstance(dec, Factored):
         return Factored(dec.alpha, dec.scale, dec.V, dec.diag + x[dec.rows].to(dec.diag.dtype), dec.rest, dec.rows)
-    parts = dec.parts.clone()
+    parts = dec.parts if inplace else dec.parts.clone()
     r = torch.arange(len(dec.rows), device=parts.device)
     parts[r, dec.rows] += x[dec.rows].to(parts.dtype)
     return Decomposition(parts, dec.rest, dec.rows)
@@ -240,7 +241,7 @@ def resid_mid_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Con
     sources: ATTN (+ sandwich norm) + RES, and for Post-LN blocks the LayerNorm that follows."""
     layer = A.layers[l]
     dec = attention_write_parts(A, tr, l, rows, convention, writes=writes, dtype=dtype)
-    dec = add_residual(dec, layer_input(tr, l, dtype))
+    dec = add_residual(dec, layer_input(tr, l, dtype), inplace=True)
     if layer.placement == "post":
         dec = norm_step(dec, layer.ln_attn, tr.norm_in["ln_attn"][l][rows])
     return dec

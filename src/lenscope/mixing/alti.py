@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..models.anatomy import Anatomy, astype
-from ..models.trace import Trace
+from ..models.trace import Trace, prefix_trace
 from ..results import Result
 from .algebra import attention_input_parts, f32, layer_input, resid_mid_parts, value_writes
 
@@ -74,11 +74,13 @@ def alti_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, float, int]:
     C = real.new_zeros(n, n)
     err = 0.0
     for rows in _chunks(n, n * d * 8 * 3):
-        dec = resid_mid_parts(A, tr, l, rows, "sources", writes=writes, dtype=dt)
+        b = int(rows[-1]) + 1 if A.causal else n  # causal: these rows read no source at or after b
+        sub = prefix_trace(tr, b) if A.causal else tr
+        dec = resid_mid_parts(A, sub, l, rows, "sources", writes=writes[:, :b], dtype=dt)
         y = real[rows]
         err = max(err, float((dec.total() - y).abs().max() / rms))
-        dist = (y[:, None, :] - dec.parts).abs().sum(-1)  # (row, src)
-        C[rows] = (y.abs().sum(-1, keepdim=True) - dist).clamp_min(0)
+        dist = (y[:, None, :] - dec.parts).abs_().sum(-1)  # (row, src)
+        C[rows, :b] = (y.abs().sum(-1, keepdim=True) - dist).clamp_min(0)
     if A.causal:
         C = C.tril()
     C, bad = normalize_rows(C)

@@ -108,19 +108,31 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor) -> Trace:
         if int(ids.min()) < 0 or int(ids.max()) >= anatomy.vocab_size:
             raise InputError(f"token ids must lie in 0..{anatomy.vocab_size - 1}")
     hooks = family_for(model).hooks(model)
-    store: dict[tuple, Tensor] = {}
+    L = len(hooks.layers)
+    store: dict[tuple, Tensor] = {}  # the final norm's input and output
+    bufs: dict[tuple, Tensor] = {}  # per-layer captures, copied into one (layer, ...) tensor as they arrive
+    seen: set = set()
     handles = []
 
     def put(key, value):
-        if key in store:
+        if key in seen:
             raise UnsupportedModelError(f"hook {key} fired twice in one forward pass; this model variant is not supported")
+        seen.add(key)
         if value is None:
             raise UnsupportedModelError(
                 f"{key[0]} was not returned by the model; load it with attn_implementation='eager'"
             )
         value = value.detach()
         # drop the batch axis; some modules see (batch * pos, d) instead (OPT's MLP), batch is 1 here
-        store[key] = value[0] if value.dim() >= 3 else value
+        value = value[0] if value.dim() >= 3 else value
+        base, i = key[:-1], key[-1]
+        if base[-1] == "final":
+            store[key] = value
+            return
+        buf = bufs.get(base)
+        if buf is None:  # preallocated, so no capture is ever held twice (long inputs: GBs of attention)
+            buf = bufs[base] = value.new_empty((L,) + tuple(value.shape))
+        buf[i].copy_(value)
 
     def on_in(key):
         def f(mod, args, kwargs):
@@ -160,14 +172,12 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor) -> Trace:
         for h in handles:
             h.remove()
 
-    L = len(hooks.layers)
-
     def stack(name):
-        return torch.stack([store[(name, i)] for i in range(L)])
+        return bufs[(name,)]
 
     slots = list(hooks.layers[0].norms)
-    norm_in = {s: torch.stack([store[("norm_in", s, i)] for i in range(L)]) for s in slots}
-    norm_out = {s: torch.stack([store[("norm_out", s, i)] for i in range(L)]) for s in slots}
+    norm_in = {s: bufs[("norm_in", s)] for s in slots}
+    norm_out = {s: bufs[("norm_out", s)] for s in slots}
     resid_pre, resid_post = stack("resid_pre"), stack("resid_post")
     attn_out, mlp_out = stack("attn_out"), stack("mlp_out")
     attn_write = norm_out["ln_attn_out"] if "ln_attn_out" in norm_out else attn_out
