@@ -187,6 +187,9 @@ def context_mixing(lm, text=None, scopes=None, *, layers=None, tr: Trace | None 
 
     A = lm.anatomy
     scopes = check_scopes(A, scopes)
+    for name, v in (("nodes", nodes), ("numeric_steps", numeric_steps)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise InputError(f"{name} must be a positive integer, not {v!r}")
     if tr is None:
         if text is None:
             raise InputError("give a text (or token ids)")
