@@ -186,6 +186,12 @@ class MixingStudy:
                 df[f"cc_{kind}_{pair}"] = vals
         return df
 
+    def plot(self) -> dict:
+        """``{"contextualization", "ff_norms", "gamma"}`` matplotlib figures (paper Fig. 3/6, 7, 8)."""
+        from ..viz.mixing_plots import plot_study
+
+        return plot_study(self)
+
     def pairs_frame(self):
         import pandas as pd
 
@@ -197,9 +203,7 @@ class MixingStudy:
         (out / "summary.json").write_text(json.dumps(_clean(self.to_dict()), indent=1))
         self.to_frame().to_csv(out / "layers.csv", index=False)
         self.pairs_frame().to_csv(out / "ff_amp_top_pairs.csv", index=False)
-        from ..viz.mixing_plots import plot_study
-
-        for name, fig in plot_study(self).items():
+        for name, fig in self.plot().items():
             fig.savefig(out / f"{name}.png", dpi=130)
         return out
 
