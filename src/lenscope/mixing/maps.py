@@ -181,7 +181,8 @@ def context_mixing(lm, text=None, scopes=None, *, layers=None, tr: Trace | None 
     ``nodes``: Gauss-Legendre points for gated MLPs (closed forms elsewhere); ``numeric_steps``: use the
     paper's numeric IG (midpoint rule) instead. With ``check`` (default) a scope whose parts miss the real
     activation by more than 1e-3 (relative to its RMS) raises :class:`InvariantError`: lenscope's reading of
-    the model is then wrong (float32 rounding stays near 1e-5).
+    the model is then wrong (float32 rounding stays near 1e-5). With ``numeric_steps`` the FF scopes' error
+    includes the quadrature's (gated MLPs: ~1e-2 at 20 steps) and is reported only.
     """
     from ..models.trace import trace
 
@@ -234,7 +235,10 @@ def context_mixing(lm, text=None, scopes=None, *, layers=None, tr: Trace | None 
     out = {}
     for s in scopes:
         err = float(errs[s].max()) if len(layers) else 0.0
-        if check and s != "attention" and not err <= COMPLETENESS_TOLERANCE:
+        ff_scope = s not in ("attention", "attn", "attn_2020", "atb", "atbln")
+        if numeric_steps is not None and ff_scope:
+            pass  # the numeric rule is not complete by construction: its error is reported, not refused
+        elif check and s != "attention" and not err <= COMPLETENESS_TOLERANCE:
             raise InvariantError(
                 f"scope {s}: the parts miss the real activation by {err:.2e} of its RMS (limit "
                 f"{COMPLETENESS_TOLERANCE:g}); run `lenscope verify --model {lm.name}`")
