@@ -22,7 +22,8 @@ from torch import Tensor
 from ..models.anatomy import Anatomy, astype
 from ..models.trace import Trace, prefix_trace
 from ..results import Result
-from .algebra import attention_input_parts, f32, layer_input, resid_mid_parts, value_writes
+from .algebra import (activation_scale, attention_input_parts, f32, layer_input, relative_gap, resid_mid_parts,
+                      value_writes)
 
 CHUNK_BYTES = 256 * 2**20
 
@@ -70,7 +71,7 @@ def alti_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, float, int]:
     writes = value_writes(layer.attn, z, True)
     n, d = z.shape
     real = f32(tr.resid_mid[l], dt)
-    rms = real.pow(2).mean().sqrt().clamp_min(1e-12)
+    rms = activation_scale(real)
     C = real.new_zeros(n, n)
     err = 0.0
     for rows in _chunks(n, n * d * 8 * 3):
@@ -78,7 +79,7 @@ def alti_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, float, int]:
         sub = prefix_trace(tr, b) if A.causal else tr
         dec = resid_mid_parts(A, sub, l, rows, "sources", writes=writes[:, :b], dtype=dt)
         y = real[rows]
-        err = max(err, float((dec.total() - y).abs().max() / rms))
+        err = max(err, relative_gap(dec.total(), y, rms))
         dist = (y[:, None, :] - dec.parts).abs_().sum(-1)  # (row, src)
         C[rows, :b] = (y.abs().sum(-1, keepdim=True) - dist).clamp_min(0)
     if A.causal:

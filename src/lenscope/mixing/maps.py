@@ -4,7 +4,8 @@ For every layer and scope, an ``(pos, src)`` map whose cell ``(i, j)`` is ``||F_
 part of output ``i`` that comes from the layer's input ``x_j``. The parts come from
 :mod:`lenscope.mixing.algebra` (``"remainder"`` convention: every bias goes to the remainder), carried one
 sub-layer at a time; each scope's parts plus its remainder add up to the real activation read from the
-trace, and the result reports how closely (``completeness_error``, relative to the activation's RMS).
+trace, and the result reports how closely (``completeness_error``: the worst position's error norm relative
+to the RMS of the activation's vector norms).
 
 Scopes (names as in the papers' code):
 
@@ -28,8 +29,8 @@ from torch import Tensor
 from ..errors import InputError, InvariantError
 from ..models.trace import Trace, prefix_trace
 from ..results import Result
-from .algebra import (Decomposition, Factored, add_residual, attention_parts, combine, f32, ff_step, layer_input,
-                      norm_step)
+from .algebra import (Decomposition, Factored, activation_scale, add_residual, attention_parts, combine, f32, ff_step,
+                      layer_input, norm_step, relative_gap)
 
 PRE_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbln", "atblnff", "atblnffres", "atblnffres_nextln")
 POST_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbff", "atbffres", "atbffresln")
@@ -132,7 +133,8 @@ def _chunks(n: int, A, causal: bool):
 class MixingMaps(Result):
     """Norm-based maps of one scope: ``maps (layer, pos, src)`` with ``maps[k, i, j] = ||F_i(x_j)||`` at layer
     ``layers[k]`` (``attention``: the attention weights averaged over heads). ``completeness_error``: the
-    largest over layers of ``max |sum_j F_i(x_j) + b_i - real_i| / RMS(real)`` (0 for ``attention``);
+    largest over layers and positions of ``||sum_j F_i(x_j) + b_i - real_i||`` relative to the RMS of
+    ``||real_i||`` (0 for ``attention``);
     ``layer_errors (layer,)`` per layer."""
 
     model: str
@@ -215,7 +217,7 @@ def context_mixing(lm, text=None, scopes=None, *, layers=None, tr: Trace | None 
         if "attention" in scopes:
             maps["attention"][k] = f32(tr.attn_probs[l]).mean(0).cpu()
         real = {s: f32(v) for s, v in _real(tr, A, l).items() if s in scopes}
-        rms = {s: v.double().pow(2).mean().sqrt().clamp_min(1e-12) for s, v in real.items()}
+        rms = {s: activation_scale(v) for s, v in real.items()}
         for a, b in chunks:
             sub = prefix_trace(tr, b) if causal else tr  # causal: rows < b never read sources >= b
             rows = torch.arange(a, b, device=tr.resid_pre.device)
@@ -226,8 +228,7 @@ def context_mixing(lm, text=None, scopes=None, *, layers=None, tr: Trace | None 
                 if s not in maps:
                     continue
                 maps[s][k, a:b, : dec.parts.shape[1]] = dec.parts.norm(dim=-1).float().cpu()
-                gap = (dec.total().double() - real[s][a:b].double()).abs().max()
-                errs[s][k] = max(float(errs[s][k]), float(gap / rms[s]))
+                errs[s][k] = max(float(errs[s][k]), relative_gap(dec.total(), real[s][a:b], rms[s]))
         if progress is not None:
             progress(l)
     info = {"ig": "numeric" if numeric_steps else "exact", "nodes": nodes, "numeric_steps": numeric_steps,
