@@ -23,8 +23,8 @@ from lenscope.mixing.maps import context_mixing
 from lenscope.models.load import encode
 
 TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
-SENTENCE = ("The keys to the old wooden cabinet that my grandmother kept in the kitchen near the window were "
-            "lost last week")
+SENTENCE = ("The keys to the old wooden cabinet that my grandmother kept in the kitchen near the big window "
+            "overlooking the garden were lost last week, and nobody has seen them since then.")
 
 
 def cpu_name() -> str:

@@ -41,3 +41,17 @@ def load_model(name: str):
     from ..models.load import load
 
     return load(name)
+
+
+def emit(res, *, png: str | None = None, save: str | None = None, as_json: bool = False, figure=None) -> bool:
+    """The outputs every analysis command shares: a PNG (``figure()`` or ``res.plot()``), a result file, and
+    the JSON line. Returns True when JSON was printed (the command then prints nothing else)."""
+    if png:
+        from ..viz.plots import save_figure
+
+        save_figure(figure() if figure is not None else res.plot(), png)
+    if save:
+        res.save(save)
+    if as_json:
+        print_json(res.to_dict())
+    return as_json

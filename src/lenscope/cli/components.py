@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import MODEL_HELP, handle_errors, load_model, print_json
+from .common import MODEL_HELP, emit, handle_errors, load_model
 
 
 def register(app: typer.Typer) -> None:
@@ -27,14 +27,7 @@ def register(app: typer.Typer) -> None:
 
         lm = load_model(model)
         res = direct_logit_attribution(lm, text, target, foil, by_head=by_head, position=position)
-        if png:
-            from ..viz.plots import save_figure
-
-            save_figure(res.plot(top=top), png)
-        if save:
-            res.save(save)
-        if as_json:
-            print_json(res.to_dict())
+        if emit(res, png=png, save=save, as_json=as_json, figure=lambda: res.plot(top=top)):
             return
         from rich.console import Console
         from rich.table import Table

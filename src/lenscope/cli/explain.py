@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import MODEL_HELP, fail, handle_errors, load_model, print_json
+from .common import MODEL_HELP, emit, fail, handle_errors, load_model
 
 METHOD_HELP = ("logit | alti-logit | alti | grad-norm | grad-x-input | ig | erasure | value-zeroing "
                "(alti and value-zeroing need no target: they give the rollout row of --position)")
@@ -41,14 +41,7 @@ def register(app: typer.Typer) -> None:
                       **({"steps": steps} if steps is not None else {}))
         if html:
             res.to_html(html)
-        if png:
-            from ..viz.plots import save_figure
-
-            save_figure(res.plot(), png)
-        if save:
-            res.save(save)
-        if as_json:
-            print_json(res.to_dict())
+        if emit(res, png=png, save=save, as_json=as_json):
             return
         _table(lm, res, html, png)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import MODEL_HELP, fail, handle_errors, load_model, print_json
+from .common import MODEL_HELP, emit, fail, handle_errors, load_model, print_json
 
 SCOPE_HELP = ("Pre-LN decoders: attention, attn_2020, attn, atb, atbln, atblnff, atblnffres, atblnffres_nextln; "
               "Post-LN encoders: attention, attn_2020, attn, atb, atbff, atbffres, atbffresln "
@@ -45,14 +45,7 @@ def register(app: typer.Typer) -> None:
         if scope is None:
             scope = "atbffresln" if lm.anatomy.placement == "post" else "atblnffres"
         res = context_mixing(lm, text, scope, layers=layer, numeric_steps=numeric_steps)[scope]
-        if png:
-            from ..viz.plots import save_figure
-
-            save_figure(res.plot(), png)
-        if save:
-            res.save(save)
-        if as_json:
-            print_json(res.to_dict())
+        if emit(res, png=png, save=save, as_json=as_json):
             return
         from rich.console import Console
 

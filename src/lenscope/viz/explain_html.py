@@ -4,11 +4,10 @@ enter the page as escaped JSON and are placed with ``textContent`` only."""
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from ..errors import InputError
-from .html import script_json
+from .html import render_page, write_page
 
 
 def explanation_html(results, path: str | Path | None = None, title: str | None = None) -> str:
@@ -21,15 +20,9 @@ def explanation_html(results, path: str | Path | None = None, title: str | None 
     if title is None:
         title = f"Context attribution · {first.model} · {first.what()}"
     payload = {"title": title, "explanations": [r.to_dict() for r in results]}
-    page = "".join([
-        _HEAD.replace("@@TITLE@@", html.escape(title)),
-        '<script type="application/json" id="lenscope-explain">', script_json(payload), "</script>\n",
-        "<script>", _SCRIPT, "</script>\n</body>\n</html>\n",
-    ])
+    page = render_page(_HEAD, title, "lenscope-explain", payload, _SCRIPT)
     if path is not None:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(page, encoding="utf-8")
+        write_page(page, path)
     return page
 
 

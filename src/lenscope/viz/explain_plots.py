@@ -16,7 +16,6 @@ def _sym_limits(values) -> float:
 def plot_explanation(res, ax=None):
     """Layer × token heat map of ``res.layer_scores`` with the total per token beneath it (diverging colours
     centred at zero for signed scores), or one bar per token when the method has no per-layer scores."""
-    import numpy as np
 
     n = len(res.tokens)
     labels = [f"{show_token(t, 10)}" for t in res.tokens]

@@ -23,6 +23,23 @@ def script_json(obj) -> str:
     return text
 
 
+def render_page(head: str, title: str, data_id: str, payload, script: str) -> str:
+    """One self-contained page: ``head`` (with ``@@TITLE@@``), the data as safe JSON in a
+    ``<script type="application/json" id=data_id>`` block, and the page's own script."""
+    return "".join([
+        head.replace("@@TITLE@@", html.escape(title)),
+        f'<script type="application/json" id="{data_id}">', script_json(payload), "</script>\n",
+        "<script>", script, "</script>\n</body>\n</html>\n",
+    ])
+
+
+def write_page(page: str, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
 def trajectory_html(trajs, path: str | Path, title: str | None = None) -> Path:
     """Write ONE self-contained HTML page showing prediction trajectories side by side; returns its path.
 
@@ -41,15 +58,7 @@ def trajectory_html(trajs, path: str | Path, title: str | None = None) -> Path:
         lenses = " vs ".join(dict.fromkeys(t.lens for t in trajs))
         title = f"Prediction trajectory · {lenses} lens · {trajs[0].model}"
     payload = {"title": title, "trajectories": [t.to_dict(digits=6) for t in trajs]}
-    page = "".join([
-        _HEAD.replace("@@TITLE@@", html.escape(title)),
-        '<script type="application/json" id="lenscope-data">', script_json(payload), "</script>\n",
-        "<script>", _SCRIPT, "</script>\n</body>\n</html>\n",
-    ])
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path
+    return write_page(render_page(_HEAD, title, "lenscope-data", payload, _SCRIPT), path)
 
 
 _HEAD = """<!doctype html>
