@@ -86,11 +86,28 @@ def test_resume_refuses_another_study(tmp_path):
                      progress=False)
 
 
-def test_datasets(tmp_path):
-    name, s = load_sentences("sst2", limit=7)
-    assert name == "sst2" and len(s) == 7 and s[0].startswith("it 's a charming")
-    name, w = load_sentences("wikitext", limit=5)
-    assert len(w) == 5 and all(6 <= len(x.split()) <= 40 and not x.startswith("=") for x in w)
+def test_datasets(tmp_path, monkeypatch):
+    """The loaders, on a small copy of the shared data layout (LENSCOPE_DATA), so the test runs wherever the
+    repository is cloned; the real files are checked by test_real_shared_data when they are present."""
+    root = tmp_path / "data"
+    (root / "sst2").mkdir(parents=True)
+    (root / "wikitext2").mkdir()
+    (root / "sst2" / "dev.tsv").write_text("sentence\tlabel\nit 's a charming journey . \t1\nbleak \t0\n")
+    (root / "wikitext2" / "wiki.test.raw").write_text(
+        " = Heading = \n\n Robert Boulter is an English film , television and theatre actor . He had a guest @-@ "
+        "starring role on the television series The Bill in 2000 . Short one .\n")
+    monkeypatch.setenv("LENSCOPE_DATA", str(root))
+    assert load_sentences("sst2") == ("sst2", ["it 's a charming journey .", "bleak"])
+    name, w = load_sentences("wikitext")
+    assert w == ["Robert Boulter is an English film , television and theatre actor .",
+                 "He had a guest-starring role on the television series The Bill in 2000 ."]
+    monkeypatch.setenv("LENSCOPE_DATA", str(tmp_path / "nowhere"))
+    monkeypatch.chdir(tmp_path)
+    import lenscope.mixing.study as study
+
+    monkeypatch.setattr(study, "__file__", str(tmp_path / "pkg" / "study.py"))
+    with pytest.raises(InputError, match="LENSCOPE_DATA"):
+        load_sentences("sst2")
     f = tmp_path / "mine.txt"
     f.write_text("first sentence here\n\n second one \n")
     assert load_sentences(str(f)) == ("mine.txt", ["first sentence here", "second one"])
@@ -101,3 +118,14 @@ def test_datasets(tmp_path):
         load_sentences("nonexistent-dataset")
     with pytest.raises(InputError, match="at least 1"):
         load_sentences("sst2", limit=0)
+
+
+def test_real_shared_data():
+    from lenscope.mixing.study import shared_data_dir
+
+    if shared_data_dir() is None or not (shared_data_dir() / "sst2" / "dev.tsv").exists():
+        pytest.skip("the shared data folder (../shared/data or LENSCOPE_DATA) is not next to this clone")
+    name, s = load_sentences("sst2", limit=7)
+    assert name == "sst2" and len(s) == 7 and s[0].startswith("it 's a charming")
+    name, w = load_sentences("wikitext", limit=5)
+    assert len(w) == 5 and all(6 <= len(x.split()) <= 40 and not x.startswith("=") for x in w)
