@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from . import components, explain, lens, mixing, models
+from . import interventions
 
 app = typer.Typer(
     name="lenscope",
@@ -18,6 +19,7 @@ components.register(app)
 explain.register(app)
 lens.register(app)
 mixing.register(app)
+interventions.register(app)
 
 
 def main() -> None:

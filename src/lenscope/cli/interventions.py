@@ -1,0 +1,180 @@
+"""``lenscope patch``, ``path-patch``, ``causal-trace`` and ``neurons``: interventions on the real model's forward pass."""
+
+from __future__ import annotations
+
+import typer
+
+from .common import MODEL_HELP, emit, fail, handle_errors, load_model
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("patch")
+    @handle_errors
+    def patch_cmd(
+        clean: str = typer.Argument(..., help="The clean prompt."),
+        corrupted: str = typer.Argument(..., help="The corrupted prompt (same number of tokens)."),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        target: str = typer.Option(..., "--target", "-t", help="Target token: its text (e.g. ' Mary') or #ID."),
+        foil: str = typer.Option(None, "--foil", "-f", help="Foil token (needed for --metric logit_diff)."),
+        what: str = typer.Option("resid", "--what", help="resid | attn | mlp | heads"),
+        metric: str = typer.Option("logit_diff", "--metric", help="logit_diff (share restored) | prob"),
+        noising: bool = typer.Option(False, "--noising", help="Patch corrupted -> clean (default: clean -> corrupted)."),
+        position: int = typer.Option(-1, "--position", help="Token position whose prediction is measured (default: last)."),
+        head_position: int = typer.Option(None, "--head-position", help="--what heads: patch at this position only."),
+        batch_size: int = typer.Option(32, "--batch-size", help="Patches per forward pass."),
+        png: str = typer.Option(None, "--png", help="Write the heat map (layer × position, or layer × head)."),
+        save: str = typer.Option(None, "--save", help="Save the result (.safetensors)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ):
+        """Patch every (layer, position) — or (layer, head) — from one prompt's run into the other's."""
+        from ..interventions.patching import METRICS, WHATS, activation_patching
+
+        if what not in WHATS:
+            fail(f"unknown --what {what!r}; choose one of {', '.join(WHATS)}")
+        if metric not in METRICS:
+            fail(f"unknown --metric {metric!r}; choose one of {', '.join(METRICS)}")
+        if batch_size < 1:
+            fail("--batch-size must be at least 1")
+        lm = load_model(model)
+        res = activation_patching(lm, clean, corrupted, target, foil, what=what, metric=metric, noising=noising,
+                                  position=position, head_position=head_position, batch_size=batch_size)
+        if emit(res, png=png, save=save, as_json=as_json):
+            return
+        _table_patch(lm, res, png)
+
+    @app.command("causal-trace")
+    @handle_errors
+    def causal_trace_cmd(
+        prompt: str = typer.Argument(..., help="The prompt, e.g. 'The Eiffel Tower is located in the city of'."),
+        subject: str = typer.Option(..., "--subject", "-s", help="The subject (a substring of the prompt) to corrupt."),
+        target: str = typer.Option(None, "--target", "-t", help="Target token (text or #ID; default: the model's top prediction)."),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        samples: int = typer.Option(10, "--samples", help="Noise samples (each restoration is averaged over them)."),
+        window: int = typer.Option(10, "--window", help="Layers restored together for the MLP and attention traces."),
+        noise: float = typer.Option(None, "--noise", help="Noise scale ν (default: 3 × the std of the input embeddings on the corpus)."),
+        corpus: str = typer.Option(None, "--corpus", help="Text file whose embeddings give the std (default: the package's tiny corpus)."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the noise."),
+        batch_size: int = typer.Option(64, "--batch-size", help="Rows per forward pass."),
+        png: str = typer.Option(None, "--png", help="Write the three heat maps (layer × position)."),
+        save: str = typer.Option(None, "--save", help="Save the result (.safetensors)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ):
+        """Causal tracing (Meng et al. 2022): corrupt the subject with noise, restore one clean state at a time."""
+        from ..interventions.tracing import causal_trace
+
+        if samples < 1:
+            fail("--samples must be at least 1")
+        if window < 1:
+            fail("--window must be at least 1")
+        if batch_size < 1:
+            fail("--batch-size must be at least 1")
+        lm = load_model(model)
+        res = causal_trace(lm, prompt, subject, target, samples=samples, window=window, noise=noise, corpus=corpus,
+                           seed=seed, batch_size=batch_size)
+        if emit(res, png=png, save=save, as_json=as_json):
+            return
+        _table_trace(lm, res, png)
+
+
+    @app.command("path-patch")
+    @handle_errors
+    def path_patch_cmd(
+        clean: str = typer.Argument(..., help="The clean prompt."),
+        corrupted: str = typer.Argument(..., help="The corrupted prompt (same number of tokens)."),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        target: str = typer.Option(..., "--target", "-t", help="Target token: its text or #ID."),
+        foil: str = typer.Option(None, "--foil", "-f", help="Foil token (needed for --metric logit_diff)."),
+        senders: str = typer.Option("heads", "--senders", help="heads | attn | mlp"),
+        receiver: str = typer.Option(None, "--receiver", help="LAYER.HEAD.q|k|v (default: the logits)."),
+        metric: str = typer.Option("logit_diff", "--metric", help="logit_diff (share restored) | prob"),
+        noising: bool = typer.Option(False, "--noising", help="Patch corrupted -> clean (default: clean -> corrupted)."),
+        batch_size: int = typer.Option(32, "--batch-size", help="Senders per forward pass."),
+        png: str = typer.Option(None, "--png", help="Write the heat map."),
+        save: str = typer.Option(None, "--save", help="Save the result (.safetensors)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ):
+        """Path patching: each sender's effect on the logits (or on one head's q/k/v) through the residual stream."""
+        from ..interventions.paths import SENDERS, path_patching
+
+        if senders not in SENDERS:
+            fail(f"unknown --senders {senders!r}; choose one of {', '.join(SENDERS)}")
+        rec = None
+        if receiver is not None:
+            parts = receiver.split(".")
+            if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or parts[2] not in ("q", "k", "v"):
+                fail(f"--receiver must look like 9.3.q (layer.head.q|k|v), not {receiver!r}")
+            rec = (int(parts[0]), int(parts[1]), parts[2])
+        if batch_size < 1:
+            fail("--batch-size must be at least 1")
+        lm = load_model(model)
+        res = path_patching(lm, clean, corrupted, target, foil, senders=senders, receiver=rec, metric=metric,
+                            noising=noising, batch_size=batch_size)
+        if emit(res, png=png, save=save, as_json=as_json):
+            return
+        _table_patch(lm, res, png)
+
+    @app.command("neurons")
+    @handle_errors
+    def neurons_cmd(
+        prompt: str = typer.Argument(..., help="The prompt, e.g. 'The capital of France is'."),
+        target: str = typer.Option(None, "--target", "-t", help="Target token (text or #ID; default: the top prediction)."),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        steps: int = typer.Option(20, "--steps", help="Integrated-gradient steps."),
+        threshold: float = typer.Option(0.2, "--threshold", help="Keep neurons with attribution >= threshold × max."),
+        max_neurons: int = typer.Option(None, "--max-neurons", help="Keep at most this many neurons."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the random control neurons."),
+        batch_size: int = typer.Option(20, "--batch-size", help="Rows (layer, step) per forward/backward pass."),
+        png: str = typer.Option(None, "--png", help="Write a bar plot of the largest attribution per layer."),
+        save: str = typer.Option(None, "--save", help="Save the result (.safetensors)."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ):
+        """Knowledge neurons (Dai et al. 2022): IG over MLP hidden units, then suppress / amplify vs random ones."""
+        from ..interventions.neurons import knowledge_neurons
+
+        if steps < 1 or batch_size < 1:
+            fail("--steps and --batch-size must be at least 1")
+        lm = load_model(model)
+        res = knowledge_neurons(lm, prompt, target, steps=steps, threshold=threshold, max_neurons=max_neurons,
+                                seed=seed, batch_size=batch_size)
+        if emit(res, png=png, save=save, as_json=as_json):
+            return
+        from rich.console import Console
+
+        con = Console()
+        con.print(f"{lm.name}: {len(res.neurons)} knowledge neurons of {res.target!r} (P = {res.p_base:.4f})")
+        for layer, unit in res.neurons[:10].tolist():
+            con.print(f"  L{layer}.N{unit}  {float(res.attributions[layer, unit]):.4g}")
+        con.print(f"suppressed: P = {res.p_suppressed:.4f} (random control {res.p_control_suppressed:.4f}); "
+                  f"amplified: P = {res.p_amplified:.4f} (control {res.p_control_amplified:.4f})")
+        if png:
+            con.print(f"plot saved to {png}")
+
+
+def _table_patch(lm, res, png) -> None:
+    from rich.console import Console
+
+    con = Console()
+    direction = "noising" if res.noising else "denoising"
+    con.print(f"{lm.name}: patching {res.what} ({direction}), metric {res.metric}: clean {res.clean_metric:+.4f}, "
+              f"corrupted {res.corrupted_metric:+.4f}")
+    cols = res.columns
+    for layer, c, v in res.top(10):
+        col = f"head {c}" if res.what == "heads" else f"pos {c} {cols[c]!r}"
+        con.print(f"  layer {layer:3d}  {col:24s} {v:+.4f}")
+    if png:
+        con.print(f"plot saved to {png}")
+
+
+def _table_trace(lm, res, png) -> None:
+    from rich.console import Console
+
+    con = Console()
+    con.print(f"{lm.name}: causal trace of {res.target!r}; subject tokens {res.subject_positions}; "
+              f"p_clean {res.p_clean:.4f}, p_corrupted {res.p_corrupted:.4f} (noise {res.noise_scale:.4g})")
+    for kind in ("resid", "mlp", "attn"):
+        vals = getattr(res, kind)
+        i = int(vals.flatten().argmax())
+        layer, p = divmod(i, vals.shape[1])
+        con.print(f"  {kind:5s} largest AIE {float(vals[layer, p]):+.4f} at layer {layer}, token {p} {res.tokens[p]!r}")
+    if png:
+        con.print(f"plot saved to {png}")

@@ -1,0 +1,19 @@
+"""Interventions: activation patching and causal tracing, batched, on every family.
+
+Hooks that replace activations live in :mod:`.hooks`; they use only the modules that
+``models/families`` names, so nothing here asks which family it runs on.
+"""
+
+from .hooks import Edit, run
+from .patching import PatchingResult, activation_patching
+
+__all__ = ["Edit", "PatchingResult", "activation_patching", "run"]
+from .tracing import CausalTrace, causal_trace, embedding_std, subject_positions
+
+__all__ += ["CausalTrace", "causal_trace", "embedding_std", "subject_positions"]
+from .paths import path_patching
+
+__all__ += ["path_patching"]
+from .neurons import KnowledgeNeurons, knowledge_neurons, neuron_attributions
+
+__all__ += ["KnowledgeNeurons", "knowledge_neurons", "neuron_attributions"]

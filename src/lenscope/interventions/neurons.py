@@ -1,0 +1,218 @@
+"""Knowledge neurons (Dai et al. 2022, "Knowledge Neurons in Pretrained Transformers").
+
+A neuron is one hidden unit of an MLP: the input of its down projection (``act(W_in x)``; for gated MLPs
+``act(gate) · up``). At the prediction position ``p`` (default: the last token), with ``h_l`` the hidden units of
+layer ``l`` on the prompt, the attribution of neuron ``i`` is integrated gradients from a zero baseline, as a
+right Riemann sum of ``m`` steps (default 20, all steps of a layer in one batch):
+
+    Attr_l,i = h_l,i / m · Σ_{k=1..m} ∂P(target | h_l,p ← (k/m)·h_l,p) / ∂h_l,i
+
+(only layer ``l``'s units at ``p`` are scaled; everything else runs as usual). Knowledge neurons are those with
+``Attr >= threshold × max Attr`` (default 0.2). They are then suppressed (set to 0) or amplified (doubled) at ``p``
+and the target's probability is read; the same is done for as many random neurons drawn (seeded) from the same
+layers, as a control.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+from ..models.load import LoadedModel, encode, resolve_token, token_str
+from ..results import Result
+from .hooks import Edit, batches, run
+from .patching import _check_decoder, _position, _tokens
+
+
+@dataclass(repr=False)
+class KnowledgeNeurons(Result):
+    """Knowledge-neuron attributions of one prompt.
+
+    - ``attributions (layer, d_mlp)``: integrated gradients of P(target) per hidden unit at ``position``
+    - ``neurons (neuron, 2)``: (layer, unit) of the neurons above ``threshold × max``, strongest first
+    - ``control (neuron, 2)``: random neurons, as many, from the same layers
+    - ``p_base``, ``p_suppressed``, ``p_amplified``, ``p_control_suppressed``, ``p_control_amplified``
+    - ``completeness (layer,)``: ``P(h) − P(0 at position)`` per layer, which the attributions of a layer sum to
+      (up to the Riemann sum's error)
+    """
+
+    attributions: Tensor
+    neurons: Tensor
+    control: Tensor
+    completeness: Tensor
+    tokens: list[str]
+    target: str
+    target_id: int
+    position: int
+    steps: int
+    threshold: float
+    p_base: float
+    p_suppressed: float
+    p_amplified: float
+    p_control_suppressed: float
+    p_control_amplified: float
+    seed: int = 0
+    model: str = ""
+    info: dict = field(default_factory=dict)
+
+    def to_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame([{"layer": int(layer), "unit": int(u), "attribution": float(self.attributions[layer, u])}
+                             for layer, u in self.neurons.tolist()])
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "tokens": self.tokens, "target": self.target, "target_id": self.target_id,
+            "position": self.position, "steps": self.steps, "threshold": self.threshold,
+            "neurons": [{"layer": int(a), "unit": int(u), "attribution": float(self.attributions[a, u])}
+                        for a, u in self.neurons.tolist()],
+            "control": self.control.tolist(), "p_base": self.p_base, "p_suppressed": self.p_suppressed,
+            "p_amplified": self.p_amplified, "p_control_suppressed": self.p_control_suppressed,
+            "p_control_amplified": self.p_control_amplified,
+            "layer_max": self.attributions.max(1).values.tolist(), "completeness": self.completeness.tolist(),
+            "layer_sum": self.attributions.sum(1).tolist(),
+        }
+
+    def plot(self, ax=None):
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(7, 3.5))
+        A = self.attributions
+        ax.bar(range(A.shape[0]), A.max(1).values.tolist(), color="#ff7f0e", label="largest attribution")
+        ax.axhline(self.threshold * float(A.max()), color="black", lw=0.7, ls="--", label="threshold")
+        ax.set_xlabel("layer")
+        ax.set_ylabel("IG attribution")
+        ax.set_title(f"Knowledge neurons of {self.target!r}: {len(self.neurons)} neurons; P {self.p_base:.3f} → "
+                     f"{self.p_suppressed:.3f} suppressed, {self.p_amplified:.3f} amplified", fontsize=9)
+        ax.legend(fontsize=7)
+        ax.figure.tight_layout()
+        return ax.figure
+
+    def __repr__(self) -> str:
+        return (f"KnowledgeNeurons(target={self.target!r}, neurons={len(self.neurons)}, p_base={self.p_base:.4f}, "
+                f"p_suppressed={self.p_suppressed:.4f}, p_amplified={self.p_amplified:.4f})")
+
+
+def _prob(lg: Tensor, pos: int, tid: int) -> Tensor:
+    return lg[:, pos].float().softmax(-1)[:, tid]
+
+
+def neuron_attributions(lm: LoadedModel, ids: Tensor, tid: int, pos: int, *, steps: int = 20,
+                        layers=None, batch_size: int = 20) -> tuple[Tensor, Tensor]:
+    """Integrated gradients of P(target) per hidden unit at ``pos``: ``(attributions (layer, d_mlp),
+    completeness (layer,))``; layers not in ``layers`` are 0."""
+    L = lm.anatomy.n_layers
+    layers = list(range(L)) if layers is None else [int(x) for x in layers]
+    P = ids.numel()
+    with torch.no_grad():
+        lg, got = run(lm, ids[None], capture=[("hidden", j) for j in layers])
+        p_full = float(_prob(lg, pos, tid)[0])
+    h = {j: got[("hidden", j)][0, pos] for j in layers}  # (d_mlp,)
+    d_mlp = h[layers[0]].shape[-1]
+    alphas = torch.arange(1, steps + 1, dtype=torch.float32) / steps
+    rows = [(j, k) for j in layers for k in range(steps)]  # one row per (layer, step)
+    grads = torch.zeros(L, d_mlp)
+    p_zero = torch.zeros(L)
+    for s, e in batches(len(rows), batch_size):
+        chunk = rows[s:e]
+        n = e - s
+        scaled = torch.stack([float(alphas[k]) * h[j] for j, k in chunk]).detach().requires_grad_(True)
+        lay = torch.tensor([j for j, _ in chunk])
+        edits = []
+        for j in lay.unique().tolist():
+            r = (lay == j).nonzero()[:, 0]
+            edits.append(Edit("hidden", j, r, torch.full_like(r, pos), scaled[r]))
+        lg, _ = run(lm, ids[None].expand(n, P), edits, grad=True)
+        p = _prob(lg, pos, tid)
+        (g,) = torch.autograd.grad(p.sum(), scaled)
+        for (j, _), gi in zip(chunk, g):
+            grads[j] += gi.float().cpu()
+    with torch.no_grad():  # P with the layer's units at pos set to 0, for the completeness check
+        n = len(layers)
+        edits = [Edit("hidden", j, torch.tensor([i]), torch.tensor([pos]), torch.zeros(1, d_mlp))
+                 for i, j in enumerate(layers)]
+        lg, _ = run(lm, ids[None].expand(n, P), edits)
+        pz = _prob(lg, pos, tid)
+        for i, j in enumerate(layers):
+            p_zero[j] = p_full - float(pz[i])
+    attr = torch.zeros(L, d_mlp)
+    for j in layers:
+        attr[j] = h[j].float().cpu() * grads[j] / steps
+    return attr, p_zero
+
+
+def knowledge_neurons(lm: LoadedModel, prompt, target=None, *, steps: int = 20, threshold: float = 0.2,
+                      position: int = -1, layers=None, batch_size: int = 20, seed: int = 0,
+                      max_neurons: int | None = None) -> KnowledgeNeurons:
+    """Find the knowledge neurons of ``target`` (default: the model's top prediction) after ``prompt`` and test
+    them by suppressing / amplifying them against random neurons. See the module docstring for the equations."""
+    _check_decoder(lm)
+    if steps < 1 or batch_size < 1:
+        raise InputError("steps and batch_size must be at least 1")
+    if not 0 < threshold <= 1:
+        raise InputError("threshold must lie in (0, 1]")
+    ids = encode(lm, prompt) if isinstance(prompt, str) else torch.as_tensor(prompt, dtype=torch.long).reshape(-1)
+    P = ids.numel()
+    pos = _position(position, P)
+    L = lm.anatomy.n_layers
+    if layers is not None and any(not 0 <= int(j) < L for j in layers):
+        raise InputError(f"layers must lie in 0..{L - 1}")
+    with torch.no_grad():
+        lg, _ = run(lm, ids[None])
+    probs = lg[0, pos].float().softmax(-1)
+    tid = int(probs.argmax()) if target is None else resolve_token(lm, target)
+    attr, comp = neuron_attributions(lm, ids, tid, pos, steps=steps, layers=layers, batch_size=batch_size)
+    top = float(attr.max())
+    if top <= 0:
+        raise InputError("no hidden unit has a positive attribution to the target; try another target")
+    sel = (attr >= threshold * top).nonzero()
+    order = attr[sel[:, 0], sel[:, 1]].argsort(descending=True)
+    sel = sel[order]
+    if max_neurons is not None:
+        sel = sel[:max_neurons]
+    g = torch.Generator().manual_seed(seed)
+    d_mlp = attr.shape[1]
+    chosen = {(int(a), int(b)) for a, b in sel.tolist()}
+    ctrl = []
+    for layer, _ in sel.tolist():  # a random unit of the same layer that is not a knowledge neuron
+        while True:
+            u = int(torch.randint(d_mlp, (1,), generator=g))
+            if (layer, u) not in chosen:
+                chosen.add((layer, u))
+                ctrl.append((layer, u))
+                break
+    control = torch.tensor(ctrl, dtype=torch.long).reshape(-1, 2)
+    ps = _edit_probs(lm, ids, tid, pos, [sel, sel, control, control], [0.0, 2.0, 0.0, 2.0])
+    return KnowledgeNeurons(
+        attributions=attr, neurons=sel, control=control, completeness=comp, tokens=_tokens(lm, ids),
+        target=token_str(lm, tid), target_id=tid, position=pos, steps=steps, threshold=threshold,
+        p_base=float(probs[tid]), p_suppressed=ps[0], p_amplified=ps[1], p_control_suppressed=ps[2],
+        p_control_amplified=ps[3], seed=seed, model=lm.name,
+    )
+
+
+@torch.no_grad()
+def _edit_probs(lm, ids, tid, pos, sets, factors) -> list[float]:
+    """One row per (neuron set, factor): those hidden units at ``pos`` multiplied by the factor."""
+    P = ids.numel()
+    edits = []
+    for row, (neurons, f) in enumerate(zip(sets, factors)):
+        for layer in neurons[:, 0].unique().tolist():
+            units = neurons[neurons[:, 0] == layer, 1]
+            fac = torch.ones(1, lm_d_mlp(lm, layer))
+            fac[0, units] = f
+            edits.append(Edit("hidden", layer, torch.tensor([row]), torch.tensor([pos]), fac, mode="scale"))
+    lg, _ = run(lm, ids[None].expand(len(sets), P), edits)
+    return _prob(lg, pos, tid).tolist()
+
+
+def lm_d_mlp(lm: LoadedModel, layer: int) -> int:
+    return int(lm.anatomy.layers[layer].mlp.W_out.shape[0])

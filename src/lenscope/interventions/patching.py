@@ -1,0 +1,245 @@
+"""Activation patching: put one component's activation from one run into another, one patch per batch row.
+
+Denoising (default): the base run is the corrupted prompt, patches come from the clean run. Noising: the base
+run is the clean prompt, patches come from the corrupted run. The metric is read at ``position`` (default: the
+last token):
+
+- ``metric="logit_diff"``: ``LD = logit[target] - logit[foil]``, reported as the share restored
+  ``(LD_patched - LD_corrupted) / (LD_clean - LD_corrupted)`` (0 = corrupted, 1 = clean);
+- ``metric="prob"``: the probability of the target, as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, NotApplicableError
+from ..models.load import LoadedModel, encode, resolve_token, token_str
+from ..results import Result
+from .hooks import Edit, batches, n_heads, run
+
+WHATS = ("resid", "attn", "mlp", "heads")
+METRICS = ("logit_diff", "prob")
+
+
+@dataclass(repr=False)
+class PatchingResult(Result):
+    """Activation patching sweep.
+
+    - ``values (layer, pos)`` for ``what`` in resid/attn/mlp, ``(layer, head)`` for heads: the metric after
+      the patch (the share restored for ``logit_diff``, the target's probability for ``prob``)
+    - ``raw`` (same shape): the un-normalised metric after the patch (logit difference or probability)
+    - ``clean_metric``, ``corrupted_metric``: the raw metric of the unpatched runs
+    - ``tokens``, ``corrupted_tokens``: the two prompts' tokens (same length)
+    """
+
+    values: Tensor
+    raw: Tensor
+    tokens: list[str]
+    corrupted_tokens: list[str]
+    what: str
+    metric: str
+    noising: bool
+    target: str
+    target_id: int
+    foil: str | None
+    foil_id: int | None
+    clean_metric: float
+    corrupted_metric: float
+    position: int
+    head_position: int | None = None
+    model: str = ""
+    info: dict = field(default_factory=dict)
+
+    @property
+    def columns(self) -> list[str]:
+        if self.what == "heads":
+            return [f"H{h}" for h in range(self.values.shape[1])]
+        return list(self.tokens)
+
+    def to_frame(self):
+        import pandas as pd
+
+        L, C = self.values.shape
+        col = "head" if self.what == "heads" else "pos"
+        rows = []
+        for layer in range(L):
+            for c in range(C):
+                r = {"layer": layer, col: c, "value": float(self.values[layer, c]), "raw": float(self.raw[layer, c])}
+                if col == "pos":
+                    r["token"] = self.tokens[c]
+                    r["corrupted_token"] = self.corrupted_tokens[c]
+                rows.append(r)
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields (NaN, e.g. path patching's senders after the receiver, becomes None)."""
+
+        def rows(t):
+            return [[None if v != v else v for v in row] for row in t.tolist()]
+
+        d = {
+            "model": self.model, "tokens": self.tokens, "corrupted_tokens": self.corrupted_tokens, "what": self.what,
+            "metric": self.metric, "direction": "noising" if self.noising else "denoising", "target": self.target,
+            "target_id": self.target_id, "foil": self.foil, "foil_id": self.foil_id,
+            "clean_metric": self.clean_metric, "corrupted_metric": self.corrupted_metric, "position": self.position,
+            "head_position": self.head_position, "axes": ["layer", "head" if self.what == "heads" else "pos"],
+            "values": rows(self.values), "raw": rows(self.raw),
+        }
+        if self.info.get("path"):
+            d["receiver"] = self.info["receiver"]
+        return d
+
+    def top(self, k: int = 5) -> list[tuple[int, int, float]]:
+        """The ``k`` entries with the largest value: ``(layer, pos or head, value)``."""
+        flat = self.values.flatten()
+        idx = flat.argsort(descending=True)[:k]
+        C = self.values.shape[1]
+        return [(int(i) // C, int(i) % C, float(flat[i])) for i in idx]
+
+    def plot(self, ax=None):
+        from .plots import heatmap
+
+        what = {"resid": "residual stream", "attn": "attention output", "mlp": "MLP output", "heads": "head output"}
+        label = "share of logit difference restored" if self.metric == "logit_diff" else f"P({self.target!r})"
+        kind = "noising" if self.noising else "denoising"
+        vs = f"{self.target!r}" + (f" vs {self.foil!r}" if self.foil is not None else "")
+        title = f"Patching the {what[self.what]} ({kind}): {vs}"
+        if self.info.get("path"):
+            rec = self.info["receiver"]
+            rec = "the logits" if rec == "logits" else f"head L{rec[0]}H{rec[1]}'s {rec[2]}"
+            title = f"Path patching, {what[self.what]} -> {rec} ({kind}): {vs}"
+        return heatmap(self.values, self.columns, title, label, ax=ax,
+                       xlabel="head" if self.what == "heads" else "position (clean token)")
+
+    def __repr__(self) -> str:
+        return (f"PatchingResult(what={self.what!r}, metric={self.metric!r}, noising={self.noising}, "
+                f"shape={tuple(self.values.shape)}, clean={self.clean_metric:.4f}, corrupted={self.corrupted_metric:.4f})")
+
+
+def _ids(lm: LoadedModel, text) -> Tensor:
+    if isinstance(text, str):
+        return encode(lm, text)
+    ids = torch.as_tensor(text, dtype=torch.long).reshape(-1)
+    if ids.numel() == 0:
+        raise InputError("no token ids given")
+    if int(ids.min()) < 0 or int(ids.max()) >= lm.anatomy.vocab_size:
+        raise InputError(f"token ids must lie in 0..{lm.anatomy.vocab_size - 1}")
+    return ids
+
+
+def _check_decoder(lm: LoadedModel) -> None:
+    if lm.anatomy.unembed is None:
+        raise NotApplicableError(f"{lm.name} has no language-model head; patching reads the target's logit")
+
+
+def _tokens(lm, ids) -> list[str]:
+    return lm.tokenizer.batch_decode([[int(i)] for i in ids])
+
+
+def _position(position: int, P: int) -> int:
+    pos = position + P if position < 0 else position
+    if not 0 <= pos < P:
+        raise InputError(f"position {position} is outside the {P} tokens")
+    return pos
+
+
+def metric_of(logits: Tensor, metric: str, target_id: int, foil_id: int | None) -> Tensor:
+    """``logits (batch, vocab)`` -> ``(batch,)``: the logit difference or the target's probability."""
+    logits = logits.float()
+    if metric == "logit_diff":
+        return logits[:, target_id] - logits[:, foil_id]
+    return logits.softmax(-1)[:, target_id]
+
+
+def sweep_sites(what: str, lm: LoadedModel, P: int, head_position: int | None):
+    """The patches of a sweep, as ``(layer, index)`` pairs: index = position, or head."""
+    L = lm.anatomy.n_layers
+    if what == "heads":
+        H = n_heads(lm, 0)
+        return [(layer, h) for layer in range(L) for h in range(H)], (L, H)
+    return [(layer, p) for layer in range(L) for p in range(P)], (L, P)
+
+
+@torch.no_grad()
+def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, what: str = "resid",
+                        metric: str = "logit_diff", noising: bool = False, position: int = -1,
+                        head_position: int | None = None, batch_size: int = 32) -> PatchingResult:
+    """Patch every (layer, position) — or every (layer, head) for ``what="heads"`` — from the source run into
+    the base run, one patch per batch row, ``batch_size`` rows per forward pass.
+
+    ``clean, corrupted``: texts (or token ids) of equal token length; ``target, foil``: token text or ``"#ID"``
+    (``foil`` is needed for ``metric="logit_diff"``). ``head_position``: patch each head at that position only
+    (default: all positions). Returns a :class:`PatchingResult` with ``values (layer, pos | head)``.
+    """
+    if what not in WHATS:
+        raise InputError(f"unknown what={what!r}; choose one of {', '.join(WHATS)}")
+    if metric not in METRICS:
+        raise InputError(f"unknown metric={metric!r}; choose one of {', '.join(METRICS)}")
+    if batch_size < 1:
+        raise InputError("batch_size must be at least 1")
+    _check_decoder(lm)
+    c_ids, x_ids = _ids(lm, clean), _ids(lm, corrupted)
+    if c_ids.numel() != x_ids.numel():
+        raise InputError(
+            f"the clean and corrupted prompts must have the same number of tokens; they have {c_ids.numel()} "
+            f"{_tokens(lm, c_ids)} and {x_ids.numel()} {_tokens(lm, x_ids)}: reword one of them"
+        )
+    tid = resolve_token(lm, target)
+    if metric == "logit_diff":
+        if foil is None:
+            raise InputError("metric='logit_diff' needs a foil token (--foil); or use metric='prob'")
+    fid = resolve_token(lm, foil) if foil is not None else None
+    P = c_ids.numel()
+    pos = _position(position, P)
+    hp = None if head_position is None else _position(head_position, P)
+    L = lm.anatomy.n_layers
+    site = {"resid": "resid", "attn": "attn", "mlp": "mlp", "heads": "head"}[what]
+    keys = [(site, layer) for layer in range(L)]
+    src_ids, base_ids = (x_ids, c_ids) if noising else (c_ids, x_ids)
+    logits, got = run(lm, torch.stack([c_ids, x_ids]), capture=keys)
+    m = metric_of(logits[:, pos], metric, tid, fid)
+    m_clean, m_corr = float(m[0]), float(m[1])
+    src = {k: v[1 if noising else 0] for k, v in got.items()}  # (pos, ...) per layer
+
+    patches, shape = sweep_sites(what, lm, P, hp)
+    raw = torch.empty(len(patches))
+    plist = torch.tensor(patches, dtype=torch.long)  # (n, 2): layer, index
+    for s, e in batches(len(patches), batch_size):
+        chunk = plist[s:e]
+        n = e - s
+        edits = []
+        for layer in chunk[:, 0].unique().tolist():
+            rows = (chunk[:, 0] == layer).nonzero()[:, 0]
+            idx = chunk[rows, 1]
+            vals = src[(site, layer)]
+            if what != "heads":
+                edits.append(Edit(site, layer, rows, idx, vals[idx]))
+            else:
+                ps = torch.arange(P) if hp is None else torch.tensor([hp])
+                r = rows.repeat_interleave(len(ps))
+                h = idx.repeat_interleave(len(ps))
+                pp = ps.repeat(len(rows))
+                edits.append(Edit(site, layer, r, pp, vals[pp, h], head=h))
+        lg, _ = run(lm, base_ids[None].expand(n, P), edits)
+        raw[s:e] = metric_of(lg[:, pos], metric, tid, fid).cpu()
+    raw = raw.reshape(shape)
+    if metric == "logit_diff":
+        denom = m_clean - m_corr
+        if abs(denom) < 1e-6:
+            raise InputError(
+                f"the clean and corrupted prompts give the same logit difference ({m_clean:.6f}); nothing to restore: "
+                "choose prompts (or target/foil) the model tells apart"
+            )
+        values = (raw - m_corr) / denom
+    else:
+        values = raw.clone()
+    return PatchingResult(
+        values=values, raw=raw, tokens=_tokens(lm, c_ids), corrupted_tokens=_tokens(lm, x_ids), what=what,
+        metric=metric, noising=noising, target=token_str(lm, tid), target_id=tid,
+        foil=None if fid is None else token_str(lm, fid), foil_id=fid, clean_metric=m_clean,
+        corrupted_metric=m_corr, position=pos, head_position=hp, model=lm.name,
+    )

@@ -1,0 +1,199 @@
+"""Activation patching: the batched sweep equals one forward pass per patch (hooks written here, on the modules
+the family names), exact sanity values, errors, result files."""
+
+import pytest
+import torch
+
+from lenscope.errors import InputError
+from lenscope.interventions import Edit, PatchingResult, activation_patching, run
+from lenscope.models.families import family_for
+from lenscope.models.load import encode, resolve_token
+
+from ..conftest import DECODERS, get_model
+
+CLEAN = "The capital of France is"
+CORRUPT = "The capital in France is"  # one token differs in the tiny tokenizer (checked below)
+
+
+def one_patch_metric(lm, base, src_acts, what, layer, index, tid, fid, position=-1):
+    """One forward pass of ``base`` with one patch, by plain hooks written for this test."""
+    lh = family_for(lm.model).hooks(lm.model).layers[layer]
+    H = lm.anatomy.layers[layer].attn.W_O.shape[0]
+
+    def rep(x, value):
+        shape = x.shape
+        x = x.clone().reshape(1, base.numel(), shape[-1])  # OPT's MLP sees (batch * pos, d)
+        if what == "heads":
+            v = x.view(*x.shape[:-1], H, -1)
+            v[0, :, index] = value
+        else:
+            x[0, index] = value
+        return x.reshape(shape)
+
+    if what == "resid":
+        def pre(mod, args, kwargs):
+            if args:
+                return (rep(args[0], src_acts),) + args[1:], kwargs
+            kwargs["hidden_states"] = rep(kwargs["hidden_states"], src_acts)
+            return args, kwargs
+
+        h = lh.block.register_forward_pre_hook(pre, with_kwargs=True)
+    elif what == "heads":
+        h = lh.attn_out.register_forward_pre_hook(lambda m, a: (rep(a[0], src_acts),) + a[1:])
+    else:
+        mod = lh.attn_out if what == "attn" else lh.mlp_out
+        h = mod.register_forward_hook(lambda m, a, o: rep(o, src_acts))
+    try:
+        with torch.no_grad():
+            kw = {"use_cache": False} if lm.anatomy.causal else {}
+            logits = lm.model(input_ids=base[None], attention_mask=torch.ones_like(base[None]), **kw).logits
+    finally:
+        h.remove()
+    lg = logits[0, position]
+    return float(lg[tid] - lg[fid])
+
+
+def clean_acts(lm, ids, what):
+    """Activations of the clean run, captured by plain hooks written for this test."""
+    hooks = family_for(lm.model).hooks(lm.model).layers
+    store = {}
+    hs = []
+    for i, lh in enumerate(hooks):
+        if what == "resid":
+            hs.append(lh.block.register_forward_pre_hook(
+                lambda m, a, k, i=i: store.__setitem__(i, (a[0] if a else k["hidden_states"])[0].clone()), with_kwargs=True))
+        elif what == "heads":
+            H = lm.anatomy.layers[i].attn.W_O.shape[0]
+            hs.append(lh.attn_out.register_forward_pre_hook(
+                lambda m, a, i=i, H=H: store.__setitem__(i, a[0].reshape(ids.numel(), H, -1).clone())))
+        else:
+            mod = lh.attn_out if what == "attn" else lh.mlp_out
+            hs.append(mod.register_forward_hook(
+                lambda m, a, o, i=i: store.__setitem__(i, o.reshape(ids.numel(), -1).clone())))
+    try:
+        with torch.no_grad():
+            kw = {"use_cache": False} if lm.anatomy.causal else {}
+            lm.model(input_ids=ids[None], attention_mask=torch.ones_like(ids[None]), **kw)
+    finally:
+        for h in hs:
+            h.remove()
+    return store
+
+
+@pytest.mark.parametrize("what", ["resid", "attn", "mlp", "heads"])
+def test_batched_equals_one_at_a_time(tiny_decoder, what):
+    _check_batched(tiny_decoder, what)
+
+
+@pytest.mark.parametrize("what", ["resid", "heads"])
+def test_encoders_batched_equals_one_at_a_time(tiny_encoder, what):
+    """The same hooks work on Post-LN encoders (metric read at the masked-LM head's last position)."""
+    _check_batched(tiny_encoder, what)
+
+
+def _check_batched(lm, what):
+    c, x = encode(lm, CLEAN), encode(lm, CORRUPT)
+    tid, fid = resolve_token(lm, " capital"), resolve_token(lm, " of")
+    res = activation_patching(lm, CLEAN, CORRUPT, " capital", " of", what=what, batch_size=5)
+    acts = clean_acts(lm, c, what)
+    L = lm.anatomy.n_layers
+    C = res.values.shape[1]
+    loop = torch.empty(L, C)
+    for layer in range(L):
+        for i in range(C):
+            src = acts[layer][:, i] if what == "heads" else acts[layer][i]
+            loop[layer, i] = one_patch_metric(lm, x, src, what, layer, i, tid, fid)
+    assert torch.allclose(res.raw, loop, atol=1e-5), (res.raw - loop).abs().max()
+    norm = (loop - res.corrupted_metric) / (res.clean_metric - res.corrupted_metric)
+    assert torch.allclose(res.values, norm, atol=1e-5 / abs(res.clean_metric - res.corrupted_metric))
+    # the unpatched metrics are the plain model's
+    for ids, m in ((c, res.clean_metric), (x, res.corrupted_metric)):
+        with torch.no_grad():
+            kw = {"use_cache": False} if lm.anatomy.causal else {}
+            lg = lm.model(input_ids=ids[None], attention_mask=torch.ones_like(ids[None]), **kw).logits[0, -1]
+        assert m == pytest.approx(float(lg[tid] - lg[fid]), abs=1e-5)
+
+
+def test_sanity_layer0_residual(tiny_decoder):
+    """Only one token differs: restoring the residual there at layer 0 makes the input the clean one
+    (share restored exactly 1); at a shared token it changes nothing (exactly 0)."""
+    lm = tiny_decoder
+    c, x = encode(lm, CLEAN), encode(lm, CORRUPT)
+    diff = (c != x).nonzero()[:, 0].tolist()
+    assert len(diff) == 1
+    res = activation_patching(lm, CLEAN, CORRUPT, " capital", " of", what="resid", batch_size=8)
+    d = diff[0]
+    assert res.values[0, d] == pytest.approx(1.0, abs=1e-5)
+    same = [p for p in range(len(c)) if p != d]
+    assert torch.allclose(res.values[0, same], torch.zeros(len(same)), atol=1e-5)
+    # noising: putting the corrupted token in the clean run gives exactly the corrupted metric (0)
+    noise = activation_patching(lm, CLEAN, CORRUPT, " capital", " of", what="resid", noising=True)
+    assert noise.values[0, d] == pytest.approx(0.0, abs=1e-5)
+    assert torch.allclose(noise.values[0, same], torch.ones(len(same)), atol=1e-5)
+    # before the differing token, a causal model's states are identical: no patch there changes anything
+    assert torch.allclose(res.values[:, :d], torch.zeros(lm.anatomy.n_layers, d), atol=1e-5)
+
+
+def test_patch_all_positions_layer0_restores_exactly(tiny_decoder):
+    lm = tiny_decoder
+    c, x = encode(lm, CLEAN), encode(lm, "The capital of Frace is")  # two tokens differ
+    assert c.numel() == x.numel() and int((c != x).sum()) == 2
+    _, got = run(lm, c[None], capture=[("resid", 0)])
+    P = c.numel()
+    lg, _ = run(lm, x[None], [Edit("resid", 0, torch.zeros(P, dtype=torch.long), torch.arange(P), got[("resid", 0)][0])])
+    lc, _ = run(lm, c[None])
+    assert torch.allclose(lg[0, -1], lc[0, -1], atol=1e-5)
+
+
+def test_all_heads_equal_attention_output(tiny_decoder):
+    """Patching every head's output at (layer, pos) is patching the attention output there."""
+    lm = tiny_decoder
+    c, x = encode(lm, CLEAN), encode(lm, CORRUPT)
+    layer, pos = lm.anatomy.n_layers - 1, c.numel() - 1
+    _, got = run(lm, c[None], capture=[("head", layer), ("attn", layer)])
+    H = got[("head", layer)].shape[2]
+    z = torch.zeros(H, dtype=torch.long)
+    a, _ = run(lm, x[None], [Edit("head", layer, z, z + pos, got[("head", layer)][0, pos], head=torch.arange(H))])
+    b, _ = run(lm, x[None], [Edit("attn", layer, z[:1], z[:1] + pos, got[("attn", layer)][0, pos][None])])
+    assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_head_position_and_prob_metric():
+    lm = get_model("tiny:llama")
+    r = activation_patching(lm, CLEAN, CORRUPT, " capital", what="heads", metric="prob", head_position=-1)
+    assert r.head_position == len(r.tokens) - 1 and r.values.shape == (2, 4)
+    assert torch.equal(r.values, r.raw) and 0 < r.clean_metric < 1
+    assert (r.values > 0).all() and (r.values < 1).all()
+
+
+def test_errors():
+    lm = get_model("tiny:gpt2")
+    with pytest.raises(InputError, match="same number of tokens"):
+        activation_patching(lm, CLEAN, "The capital of the Republic of France is", " capital", " of")
+    with pytest.raises(InputError, match="not exactly one token"):
+        activation_patching(lm, CLEAN, CORRUPT, " capital city", " of")
+    with pytest.raises(InputError, match="foil"):
+        activation_patching(lm, CLEAN, CORRUPT, " capital")
+    with pytest.raises(InputError, match="unknown what"):
+        activation_patching(lm, CLEAN, CORRUPT, " capital", " of", what="neurons")
+    with pytest.raises(InputError, match="same logit difference"):
+        activation_patching(lm, CLEAN, CLEAN, " capital", " of")
+
+
+def test_result_save_load_frame_plot(tmp_path):
+    lm = get_model("tiny:qwen2")
+    r = activation_patching(lm, CLEAN, CORRUPT, " capital", " of", what="mlp")
+    back = PatchingResult.load(r.save(tmp_path / "p.safetensors"))
+    assert torch.equal(back.values, r.values) and back.tokens == r.tokens and back.what == "mlp"
+    df = r.to_frame()
+    assert len(df) == r.values.numel() and set(df.columns) >= {"layer", "pos", "token", "value"}
+    d = r.to_dict()
+    assert d["values"] == r.values.tolist() and d["axes"] == ["layer", "pos"]
+    fig = r.plot()
+    from lenscope.viz.plots import save_figure
+
+    assert save_figure(fig, tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_decoders_listed():
+    assert {"gpt2", "llama", "opt", "bloom", "gpt-neox", "gemma3", "qwen2"} <= set(DECODERS)
