@@ -91,6 +91,11 @@ def test_neurons_json_and_table(tmp_path):
     assert d["target"] == " capital" and len(d["neurons"]) > 0
     for k in ("p_base", "p_suppressed", "p_amplified", "p_control_suppressed", "p_control_amplified"):
         assert 0 <= d[k] <= 1
+    assert {"layer", "index", "score"} <= set(d["neurons"][0])
+    assert d["suppress"] == {"before": d["p_base"], "after": d["p_suppressed"]}
+    assert d["amplify"] == {"before": d["p_base"], "after": d["p_amplified"]}
+    assert d["random_control"]["before"] == d["p_base"]
+    assert d["random_control"]["after"] == d["p_control_suppressed"]
     assert (tmp_path / "n.png").stat().st_size > 5000
     r2 = run("neurons", CLEAN, "--model", "tiny:gemma3", "--steps", "2", "--max-neurons", "2")
     assert r2.exit_code == 0, r2.output and "knowledge neurons" in r2.stdout

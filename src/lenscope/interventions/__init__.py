@@ -17,3 +17,6 @@ __all__ += ["path_patching"]
 from .neurons import KnowledgeNeurons, knowledge_neurons, neuron_attributions
 
 __all__ += ["KnowledgeNeurons", "knowledge_neurons", "neuron_attributions"]
+from .neurons import RefinedNeurons, refined_knowledge_neurons
+
+__all__ += ["RefinedNeurons", "refined_knowledge_neurons"]

@@ -68,8 +68,13 @@ class KnowledgeNeurons(Result):
         return {
             "model": self.model, "tokens": self.tokens, "target": self.target, "target_id": self.target_id,
             "position": self.position, "steps": self.steps, "threshold": self.threshold,
-            "neurons": [{"layer": int(a), "unit": int(u), "attribution": float(self.attributions[a, u])}
+            "neurons": [{"layer": int(a), "index": int(u), "score": float(self.attributions[a, u])}
                         for a, u in self.neurons.tolist()],
+            # the issue's fields: the target's probability before and after each intervention
+            "suppress": {"before": self.p_base, "after": self.p_suppressed},
+            "amplify": {"before": self.p_base, "after": self.p_amplified},
+            "random_control": {"before": self.p_base, "after": self.p_control_suppressed,
+                               "after_amplified": self.p_control_amplified},
             "control": self.control.tolist(), "p_base": self.p_base, "p_suppressed": self.p_suppressed,
             "p_amplified": self.p_amplified, "p_control_suppressed": self.p_control_suppressed,
             "p_control_amplified": self.p_control_amplified,
@@ -216,3 +221,107 @@ def _edit_probs(lm, ids, tid, pos, sets, factors) -> list[float]:
 
 def lm_d_mlp(lm: LoadedModel, layer: int) -> int:
     return int(lm.anatomy.layers[layer].mlp.W_out.shape[0])
+
+
+@dataclass(repr=False)
+class RefinedNeurons(Result):
+    """Knowledge neurons refined across paraphrases (Dai et al. 2022, §3.3, "refining by prompt sharing").
+
+    - ``neurons (neuron, 2)``: (layer, unit) found (``Attr >= threshold × max``) in at least ``share`` of the
+      prompts, most shared first
+    - ``counts (neuron,)``: in how many prompts each of them was found
+    - ``coarse_sizes``: the number of coarse neurons of each prompt
+    - ``p_base, p_suppressed, p_amplified, p_control_suppressed, p_control_amplified (prompt,)``: the target's
+      probability on each prompt with the refined neurons (or as many random units of the same layers) × 0 / × 2
+    """
+
+    neurons: Tensor
+    counts: Tensor
+    control: Tensor
+    p_base: Tensor
+    p_suppressed: Tensor
+    p_amplified: Tensor
+    p_control_suppressed: Tensor
+    p_control_amplified: Tensor
+    prompts: list[str]
+    coarse_sizes: list[int]
+    target: str
+    target_id: int
+    share: float
+    threshold: float
+    steps: int
+    seed: int = 0
+    model: str = ""
+    info: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "prompts": self.prompts, "target": self.target, "share": self.share,
+            "threshold": self.threshold, "steps": self.steps, "coarse_sizes": self.coarse_sizes,
+            "neurons": [{"layer": int(a), "unit": int(u), "prompts": int(c)}
+                        for (a, u), c in zip(self.neurons.tolist(), self.counts.tolist())],
+            "control": self.control.tolist(),
+            **{k: getattr(self, k).tolist() for k in ("p_base", "p_suppressed", "p_amplified",
+                                                       "p_control_suppressed", "p_control_amplified")},
+        }
+
+    def __repr__(self) -> str:
+        return (f"RefinedNeurons(target={self.target!r}, prompts={len(self.prompts)}, neurons={len(self.neurons)}, "
+                f"coarse={self.coarse_sizes}, share={self.share})")
+
+
+def refined_knowledge_neurons(lm: LoadedModel, prompts, target, *, share: float = 0.5, threshold: float = 0.2,
+                              steps: int = 20, batch_size: int = 20, seed: int = 0) -> RefinedNeurons:
+    """Knowledge neurons of ``target`` shared by paraphrases: find each prompt's coarse neurons (as
+    :func:`knowledge_neurons`: IG at the last token, ``Attr >= threshold × max``), keep those found in at least
+    ``share`` of the prompts (Dai et al.'s p%), and test the kept set on every prompt by suppressing (× 0) and
+    amplifying (× 2) it, against as many random units of the same layers (seeded)."""
+    _check_decoder(lm)
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not prompts:
+        raise InputError("give at least one prompt")
+    if not 0 < share <= 1:
+        raise InputError("share must lie in (0, 1]")
+    if not 0 < threshold <= 1:
+        raise InputError("threshold must lie in (0, 1]")
+    tid = resolve_token(lm, target)
+    counts: dict[tuple[int, int], int] = {}
+    coarse_sizes, ids_all = [], []
+    for prompt in prompts:
+        ids = encode(lm, prompt)
+        ids_all.append(ids)
+        attr, _ = neuron_attributions(lm, ids, tid, ids.numel() - 1, steps=steps, batch_size=batch_size)
+        top = float(attr.max())
+        sel = (attr >= threshold * top).nonzero().tolist() if top > 0 else []
+        coarse_sizes.append(len(sel))
+        for a, u in sel:
+            counts[(a, u)] = counts.get((a, u), 0) + 1
+    need = share * len(prompts)
+    kept = sorted((k for k, c in counts.items() if c >= need - 1e-9), key=lambda k: (-counts[k], k))
+    neurons = torch.tensor(kept, dtype=torch.long).reshape(-1, 2)
+    g = torch.Generator().manual_seed(seed)
+    chosen = set(counts)
+    ctrl = []
+    for layer, _ in kept:
+        while True:
+            u = int(torch.randint(lm_d_mlp(lm, layer), (1,), generator=g))
+            if (layer, u) not in chosen:
+                chosen.add((layer, u))
+                ctrl.append((layer, u))
+                break
+    control = torch.tensor(ctrl, dtype=torch.long).reshape(-1, 2)
+    probs = []
+    for ids in ids_all:
+        pos = ids.numel() - 1
+        with torch.no_grad():
+            lg, _ = run(lm, ids[None])
+        base = float(_prob(lg, pos, tid)[0])
+        edited = _edit_probs(lm, ids, tid, pos, [neurons, neurons, control, control], [0.0, 2.0, 0.0, 2.0])
+        probs.append([base] + edited)
+    pr = torch.tensor(probs).reshape(len(prompts), 5)
+    return RefinedNeurons(
+        neurons=neurons, counts=torch.tensor([counts[k] for k in kept], dtype=torch.long), control=control,
+        p_base=pr[:, 0], p_suppressed=pr[:, 1], p_amplified=pr[:, 2], p_control_suppressed=pr[:, 3],
+        p_control_amplified=pr[:, 4], prompts=prompts, coarse_sizes=coarse_sizes, target=token_str(lm, tid),
+        target_id=tid, share=share, threshold=threshold, steps=steps, seed=seed, model=lm.name,
+    )

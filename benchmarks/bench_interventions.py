@@ -1,0 +1,236 @@
+r"""Speed of lenscope's batched interventions on smollm2 (CPU), against
+
+1. TransformerLens's own patching utility (``transformer_lens.patching.get_act_patch_resid_pre``) on the same
+   weights and prompt: a full residual-stream patching sweep (every layer x every position), denoising, metric =
+   logit(IO) - logit(S) at the last token. transformer_lens is not a lenscope dependency: install it in a separate
+   venv (``.venv-tl``: ``pip install torch==2.13.0`` first, then ``transformer_lens``) and append that venv's
+   site-packages to ``sys.path`` (below); without it the TL entry records the import error. TL 4.x has no
+   ``HookedTransformer``; its ``TransformerBridge.boot_transformers`` is used with ``hf_model=lm.model``.
+2. ROME-style causal tracing as one forward pass per restored state (a loop written here, with
+   ``lenscope.interventions.hooks.run`` and one edit set per call) against ``causal_trace`` (batched).
+
+The bridge wraps ``lm.model``'s modules, so run the two parts in separate processes:
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_interventions.py --skip-sweep \
+        --fact "The capital of Czech Republic is|Czech Republic| Prague" --out /tmp/bench-trace.json
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python -c "import sys, runpy; \
+        sys.path.append('.venv-tl/lib/python3.11/site-packages'); \
+        sys.argv=['bench_interventions.py', '--repeats', '2', '--skip-trace', '--out', '/tmp/bench-sweep.json']; \
+        runpy.run_path('benchmarks/bench_interventions.py', run_name='__main__')"
+
+(docs/results/interventions/bench.json merges the two.) Equal results are checked to 1e-4 (patching, raw logit
+difference) and 1e-5 (causal tracing AIE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+import lenscope
+from lenscope.interventions import activation_patching, causal_trace
+from lenscope.interventions.hooks import Edit, run
+from lenscope.interventions.tracing import KINDS, embedding_std, subject_positions, window_layers
+from lenscope.models.load import encode, resolve_token
+
+# a 20-token prompt of the shared IOI set (/work/shared/data/logit_explanations/ioi_with_targets), names swapped
+CLEAN = "When David and Carol got a raspberry at the theater, Carol decided to give the raspberry to"
+CORRUPTED = "When Carol and David got a raspberry at the theater, David decided to give the raspberry to"
+TARGET, FOIL = " David", " Carol"
+FACT = ("The Eiffel Tower is located in the city of", "The Eiffel Tower", " Paris")
+
+
+def cpu_name() -> str:
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines():
+            if line.startswith("Model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def timed(fn, repeats: int):
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return out, min(times), times
+
+
+# ------------------------------------------------------------------------------------ TransformerLens
+
+def load_tl(lm):
+    """A TransformerLens model holding the same weights as ``lm.model`` (no weight processing): 3.x's
+    ``HookedTransformer.from_pretrained_no_processing(..., hf_model=lm.model)``, else 4.x's
+    ``TransformerBridge.boot_transformers(<the local folder lenscope loaded>, hf_model=lm.model)``.
+    Returns (model, how, errors)."""
+    import transformer_lens
+
+    errors = []
+    folder = getattr(lm.model.config, "_name_or_path", "")
+    try:
+        HookedTransformer = transformer_lens.HookedTransformer
+    except Exception as e:  # noqa: BLE001 - 4.x raises ImportError on access
+        HookedTransformer = None
+        errors.append(f"transformer_lens.HookedTransformer: {type(e).__name__}: {str(e)[:300]}")
+    if HookedTransformer is not None:
+        kw = {"hf_model": lm.model, "tokenizer": lm.tokenizer, "device": "cpu", "dtype": torch.float32}
+        for name in ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M"):
+            try:
+                m = HookedTransformer.from_pretrained_no_processing(name, **kw)
+                return m, f"HookedTransformer.from_pretrained_no_processing({name!r}, hf_model=lm.model)", errors
+            except Exception as e:  # noqa: BLE001 - recorded in the JSON
+                errors.append(f"from_pretrained_no_processing({name!r}): {type(e).__name__}: {str(e)[:400]}")
+    try:
+        from transformer_lens.model_bridge import TransformerBridge
+
+        m = TransformerBridge.boot_transformers(folder, hf_model=lm.model, tokenizer=lm.tokenizer, device="cpu",
+                                                dtype=torch.float32)
+        return m, "TransformerBridge.boot_transformers(<lenscope's smollm2 folder>, hf_model=lm.model)", errors
+    except Exception as e:  # noqa: BLE001
+        errors.append(f"TransformerBridge.boot_transformers({folder!r}): {type(e).__name__}: {str(e)[:400]}")
+    return None, None, errors
+
+
+def tl_resid_sweep(tl, c_ids, x_ids, tid, fid):
+    from transformer_lens import patching
+
+    def metric(logits):
+        return logits[0, -1, tid] - logits[0, -1, fid]
+
+    def go():
+        _, cache = tl.run_with_cache(c_ids[None])
+        return patching.get_act_patch_resid_pre(tl, x_ids[None], cache, metric)
+
+    return go
+
+
+# ------------------------------------------------------------------------------- causal tracing loop
+
+@torch.no_grad()
+def trace_loop(lm, prompt, subject, target, samples=10, window=10, seed=0):
+    """ROME's way: one forward pass per (sample, restored state), same noise and restorations as
+    ``causal_trace`` (same generator draws), via ``hooks.run`` with one edit set per call."""
+    ids = encode(lm, prompt)
+    P, L = ids.numel(), lm.anatomy.n_layers
+    subj = subject_positions(lm, prompt, subject)
+    nu = 3.0 * embedding_std(lm)
+    tid = resolve_token(lm, target)
+    keys = [(s, layer) for s in ("resid", "attn", "mlp") for layer in range(L)]
+    _, clean = run(lm, ids[None], capture=keys)
+    clean = {k: v[0] for k, v in clean.items()}
+    d = clean[("resid", 0)].shape[-1]
+    eps = torch.randn(samples, len(subj), d, generator=torch.Generator().manual_seed(seed)) * nu
+    subj_t, zero = torch.tensor(subj), torch.zeros(len(subj), dtype=torch.long)
+    one = torch.zeros(1, dtype=torch.long)
+
+    def prob(edits):
+        lg, _ = run(lm, ids[None], edits)
+        return float(lg[0, -1].float().softmax(-1)[tid])
+
+    p_corr = sum(prob([Edit("resid", 0, zero, subj_t, eps[s], mode="add")]) for s in range(samples)) / samples
+    maps = {k: torch.zeros(L, P) for k in KINDS}
+    first = min(subj)
+    n_runs = samples
+    for kind in KINDS:
+        for layer in range(L):
+            for p in range(first, P):
+                pt = torch.tensor([p])
+                acc = 0.0
+                for s in range(samples):
+                    edits = [Edit("resid", 0, zero, subj_t, eps[s], mode="add")]
+                    if kind == "resid":
+                        edits.append(Edit("resid", layer, one, pt, clean[("resid", layer)][pt]))
+                    else:
+                        edits += [Edit(kind, lw, one, pt, clean[(kind, lw)][pt]) for lw in window_layers(layer, window, L)]
+                    acc += prob(edits)
+                    n_runs += 1
+                maps[kind][layer, p] = acc / samples - p_corr
+    return maps, p_corr, n_runs
+
+
+def run_sweep(args, lm, res, c_ids, x_ids, tid, fid, L, P) -> None:
+    ls_res, ls_t, ls_all = timed(lambda: activation_patching(lm, CLEAN, CORRUPTED, TARGET, FOIL, what="resid",
+                                                             batch_size=64), args.repeats)
+    sweep = {"prompt_clean": CLEAN, "prompt_corrupted": CORRUPTED, "n_tokens": P, "patches": L * P,
+             "lenscope_s": ls_t, "lenscope_all_s": ls_all, "lenscope_batch_size": 64}
+    try:
+        import transformer_lens
+
+        sweep["transformer_lens_version"] = getattr(transformer_lens, "__version__", None)
+        try:
+            from importlib.metadata import version
+
+            sweep["transformer_lens_version"] = version("transformer_lens")
+        except Exception:  # noqa: BLE001, S110 - keep the module's own __version__
+            pass
+        tl, how, errs = load_tl(lm)
+        sweep["tl_load_errors"] = errs
+        if tl is not None:
+            sweep["tl_loaded_with"] = how
+            tl_out, tl_t, tl_all = timed(tl_resid_sweep(tl, c_ids, x_ids, tid, fid), args.repeats)
+            tl_out = tl_out.detach().float().cpu()
+            diff = float((tl_out - ls_res.raw).abs().max())
+            sweep.update(transformer_lens_s=tl_t, transformer_lens_all_s=tl_all, max_abs_diff_logit_diff=diff,
+                         equal_to_1e_4=diff <= 1e-4, speedup=tl_t / ls_t)
+    except Exception as e:  # noqa: BLE001
+        sweep["transformer_lens_error"] = f"{type(e).__name__}: {e}"
+        sweep["traceback"] = traceback.format_exc()[-1500:]
+    res["resid_patching_sweep"] = sweep
+    print(json.dumps(sweep, indent=1), flush=True)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="docs/results/interventions/bench.json")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--fact", default="|".join(FACT), help="prompt|subject|target")
+    ap.add_argument("--skip-trace", action="store_true")
+    ap.add_argument("--skip-sweep", action="store_true", help="only the causal-tracing comparison")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    res = {"model": "smollm2 (SmolLM2-135M-Instruct, float32)", "cpu": cpu_name(), "threads": torch.get_num_threads(),
+           "torch": torch.__version__, "loadavg_start": os.getloadavg()}
+    lm = lenscope.load("smollm2")
+    c_ids, x_ids = encode(lm, CLEAN), encode(lm, CORRUPTED)
+    tid, fid = resolve_token(lm, TARGET), resolve_token(lm, FOIL)
+    L, P = lm.anatomy.n_layers, c_ids.numel()
+
+    # 1. residual patching sweep (TransformerLens's bridge wraps lm.model's modules: the tracing comparison
+    # is better run in its own process, --skip-sweep)
+    if not args.skip_sweep:
+        run_sweep(args, lm, res, c_ids, x_ids, tid, fid, L, P)
+
+    # 2. causal tracing: batched vs one forward per restored state
+    if not args.skip_trace:
+        prompt, subject, target = args.fact.split("|")
+        tr, b_t, _ = timed(lambda: causal_trace(lm, prompt, subject, target, samples=args.samples, batch_size=64), 1)
+        t0 = time.perf_counter()
+        maps, p_corr, n_runs = trace_loop(lm, prompt, subject, target, samples=args.samples)
+        loop_t = time.perf_counter() - t0
+        diff = max(float((maps[k] - getattr(tr, k)).abs().max()) for k in KINDS)
+        res["causal_trace"] = {"prompt": prompt, "subject": subject, "target": target, "samples": args.samples,
+                               "window": 10, "n_tokens": len(tr.tokens), "forward_rows": n_runs,
+                               "batched_s": b_t, "batched_batch_size": 64, "loop_one_forward_per_state_s": loop_t,
+                               "speedup": loop_t / b_t, "max_abs_diff_aie": diff,
+                               "p_corrupted_batched": tr.p_corrupted, "p_corrupted_loop": p_corr}
+        print(json.dumps(res["causal_trace"], indent=1), flush=True)
+    res["loadavg_end"] = os.getloadavg()
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
