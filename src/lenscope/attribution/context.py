@@ -166,9 +166,9 @@ def alti_logit_explanation(lm: LoadedModel, text, target, foil=None, *, position
     sub = prefix_trace(tr, p + 1)  # causal: positions after p neither see nor reach p
     mm = mixing_matrices(lm.anatomy, sub, "alti", model_name=lm.name)
     delta = parts["head_scores"].sum(1)[:, : p + 1].double()  # (layer, src)
-    M = mm.rollout.double()
     carried = delta.clone()
-    carried[1:] = torch.einsum("ls,lsk->lk", delta[1:], M[:-1])
+    for l in range(1, delta.shape[0]):  # one layer at a time: no float64 copy of the whole rollout
+        carried[l] = delta[l] @ mm.rollout[l - 1].double()
     gap = (carried.sum(-1) - delta.sum(-1)).abs().max()
     scale = delta.abs().sum(-1).max().clamp_min(1e-12)
     inv = max(parts["invariant_error"], float(gap / scale), mm.row_sum_error)

@@ -25,7 +25,7 @@ from ..results import Result
 from .algebra import (activation_scale, attention_input_parts, f32, layer_input, relative_gap, resid_mid_parts,
                       value_writes)
 
-CHUNK_BYTES = 256 * 2**20
+CHUNK_BYTES = 128 * 2**20
 
 
 def _chunks(n: int, per_row_bytes: int, budget: int = CHUNK_BYTES):
@@ -51,13 +51,14 @@ def normalize_rows(c: Tensor) -> tuple[Tensor, int]:
 
 
 def rollout(C: Tensor) -> Tensor:
-    """``(layer, pos, src)`` contribution matrices -> rollout ``M^l = C^l ... C^0`` (same shape)."""
-    out = torch.empty_like(C, dtype=torch.float64)
+    """``(layer, pos, src)`` contribution matrices -> rollout ``M^l = C^l ... C^0`` (same shape and dtype; the
+    products are taken in float64, one layer at a time, so long inputs need no float64 copy of the stack)."""
+    out = torch.empty_like(C)
     M = None
     for l in range(C.shape[0]):
         M = C[l].double() if M is None else C[l].double() @ M
         out[l] = M
-    return out.to(C.dtype)
+    return out
 
 
 @torch.no_grad()
@@ -169,18 +170,18 @@ def mixing_matrices(A: Anatomy, tr: Trace, method: str = "alti", *, model_name: 
     """ALTI or value-zeroing contributions of every layer, with rollout."""
     if method not in ("alti", "value-zeroing"):
         raise ValueError(f"unknown mixing method {method!r}")
-    Cs, err, bad = [], 0.0, 0
+    n = len(tr.tokens)
+    C = torch.empty(A.n_layers, n, n)
+    err, bad = 0.0, 0
     for l in range(A.n_layers):
         if method == "alti":
-            C, e, b = alti_layer(A, tr, l)
+            C[l], e, b = alti_layer(A, tr, l)
             err = max(err, e)
         else:
-            C, b = value_zeroing_layer(A, tr, l)
-        Cs.append(C)
+            C[l], b = value_zeroing_layer(A, tr, l)
         bad += b
         if progress is not None:
             progress(l)
-    C = torch.stack(Cs)
     M = rollout(C)
     return MixingMatrices(model=model_name, method=method, tokens=list(tr.tokens), contributions=C.cpu(),
                           rollout=M.cpu(), completeness_error=err, row_sum_error=_row_sum_error(C, M),
