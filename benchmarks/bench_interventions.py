@@ -202,6 +202,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     res = {"model": "smollm2 (SmolLM2-135M-Instruct, float32)", "cpu": cpu_name(), "threads": torch.get_num_threads(),
+           "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
            "torch": torch.__version__, "loadavg_start": os.getloadavg()}
     lm = lenscope.load("smollm2")
     c_ids, x_ids = encode(lm, CLEAN), encode(lm, CORRUPTED)
