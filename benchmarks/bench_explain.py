@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 import lenscope
+from machine import bf16_native, cpu_name  # benchmarks/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
@@ -69,8 +70,6 @@ def med(xs) -> float:
 
 
 def machine_info(threads: int) -> dict:
-    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model_name = next((ln.split(":", 1)[1].strip() for ln in lscpu.splitlines() if ln.startswith("Model name")), None)
     versions = {}
     for pkg in ("torch", "transformers", "captum", "inseq", "lenscope"):
         try:
@@ -78,7 +77,7 @@ def machine_info(threads: int) -> dict:
         except importlib.metadata.PackageNotFoundError:
             versions[pkg] = None
     return {
-        "cpu_model_name": model_name, "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
+        "cpu_model_name": cpu_name(), "avx512_bf16": bf16_native(),
         "cpu_count": os.cpu_count(), "torch_threads": threads, "load_average_at_start": os.getloadavg(),
         "python": platform.python_version(), "versions": versions,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

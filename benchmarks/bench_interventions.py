@@ -27,8 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -41,22 +39,13 @@ from lenscope.interventions import activation_patching, causal_trace
 from lenscope.interventions.hooks import Edit, run
 from lenscope.interventions.tracing import KINDS, embedding_std, subject_positions, window_layers
 from lenscope.models.load import encode, resolve_token
+from machine import bf16_native, cpu_name  # benchmarks/machine.py
 
 # a 20-token prompt of the shared IOI set (/work/shared/data/logit_explanations/ioi_with_targets), names swapped
 CLEAN = "When David and Carol got a raspberry at the theater, Carol decided to give the raspberry to"
 CORRUPTED = "When Carol and David got a raspberry at the theater, David decided to give the raspberry to"
 TARGET, FOIL = " David", " Carol"
 FACT = ("The Eiffel Tower is located in the city of", "The Eiffel Tower", " Paris")
-
-
-def cpu_name() -> str:
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def timed(fn, repeats: int):
@@ -202,7 +191,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     res = {"model": "smollm2 (SmolLM2-135M-Instruct, float32)", "cpu": cpu_name(), "threads": torch.get_num_threads(),
-           "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
+           "avx512_bf16": bf16_native(),
            "torch": torch.__version__, "loadavg_start": os.getloadavg()}
     lm = lenscope.load("smollm2")
     c_ids, x_ids = encode(lm, CLEAN), encode(lm, CORRUPTED)

@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -21,18 +19,11 @@ import torch
 import lenscope
 from lenscope.mixing.maps import context_mixing
 from lenscope.models.load import encode
+from machine import bf16_native, cpu_name  # benchmarks/machine.py
 
 TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
 SENTENCE = ("The keys to the old wooden cabinet that my grandmother kept in the kitchen near the big window "
             "overlooking the garden were lost last week, and nobody has seen them since then.")
-
-
-def cpu_name() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        return next(l.split(":", 1)[1].strip() for l in out.splitlines() if l.startswith("Model name"))
-    except Exception:
-        return platform.processor()
 
 
 def ids_of_length(lm, n: int) -> torch.Tensor:
@@ -85,7 +76,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     res = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "threads": torch.get_num_threads(),
-           "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()), "torch": torch.__version__,
+           "avx512_bf16": bf16_native(), "torch": torch.__version__,
            "models": {}}
     for name in args.models.split(","):
         lm = lenscope.load(name)

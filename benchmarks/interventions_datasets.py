@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +23,7 @@ import torch
 import lenscope
 from lenscope.interventions import activation_patching, causal_trace, path_patching
 from lenscope.models.load import encode
+from machine import cpu_name  # benchmarks/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results" / "interventions"
@@ -32,16 +31,6 @@ FACTS = Path("/work/shared/data/facts/facts.jsonl")
 IOI = Path("/work/shared/data/logit_explanations/ioi_with_targets/ioi_dataset.csv")
 GROUPS = ["first subject token", "middle subject tokens", "last subject token", "first subsequent token",
           "further tokens", "last token"]
-
-
-def cpu_name() -> str:
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def position_groups(subject_positions: list[int], n_pos: int) -> list[list[int]]:

@@ -69,7 +69,6 @@ from datasets import Dataset, disable_progress_bars  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 import tuned_lens.scripts.ingredients as ing  # noqa: E402
-from tuned_lens import TunedLens  # noqa: E402
 from tuned_lens.data import chunk_and_tokenize  # noqa: E402
 from tuned_lens.nn.lenses import Lens, LogitLens  # noqa: E402
 from tuned_lens.scripts.train_loop import Train  # noqa: E402

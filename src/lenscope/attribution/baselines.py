@@ -39,7 +39,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.load import LoadedModel, encode, resolve_token, token_str
+from ..models.load import LoadedModel, resolve_token, token_ids, token_str
 from .explanation import Explanation
 
 __all__ = ["erasure", "grad_norm", "grad_x_input", "integrated_gradients"]
@@ -61,7 +61,7 @@ class _Problem:
             )
         self.lm = lm
         self.method = method
-        self.ids = _input_ids(lm, text)
+        self.ids = token_ids(lm, text)
         self.n = n = self.ids.numel()
         if not isinstance(position, (int, np.integer)) or isinstance(position, bool):
             raise InputError(f"position must be an integer, got {position!r}")
@@ -96,24 +96,6 @@ class _Problem:
             foil=None if self.f_id is None else token_str(lm, self.f_id), foil_id=self.f_id,
             scores=scores.detach().float().cpu(), info=info,
         )
-
-
-def _input_ids(lm: LoadedModel, text) -> Tensor:
-    """Token ids ``(pos,)`` of a text or of given ids, validated as :func:`~lenscope.models.trace.trace` does."""
-    A = lm.anatomy
-    if isinstance(text, str):
-        return encode(lm, text)
-    try:
-        ids = torch.as_tensor(text, dtype=torch.long).reshape(-1)
-    except (TypeError, ValueError, RuntimeError) as e:
-        raise InputError(f"give a text or a list of token ids, not {type(text).__name__} ({e})") from None
-    if ids.numel() == 0:
-        raise InputError("no token ids given")
-    if ids.numel() > A.n_ctx:
-        raise InputError(f"{ids.numel()} tokens exceed the model's context of {A.n_ctx}")
-    if int(ids.min()) < 0 or int(ids.max()) >= A.vocab_size:
-        raise InputError(f"token ids must lie in 0..{A.vocab_size - 1}")
-    return ids.cpu()
 
 
 @contextmanager

@@ -107,6 +107,18 @@ def _refuse(inv: float, method: str, lm: LoadedModel) -> None:
             "`lenscope verify` on it")
 
 
+def _logit_request(lm: LoadedModel, method: str, title: str, text, target, foil, position: int, tr: Trace | None):
+    """What both logit explanations start with: the checks, the trace, and the per-layer logit parts (refused
+    when they do not add up). Returns ``(target_id, foil_id, trace, position, parts)``."""
+    _check_logit_decoder(lm, title)
+    if target is None:
+        raise InputError(f"{title} needs a target token (--target)")
+    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)
+    parts = _logit_parts(lm, tr, p, t_id, f_id)
+    _refuse(parts["invariant_error"], method, lm)
+    return t_id, f_id, tr, p, parts
+
+
 def _explanation(lm, method, tr, p, t_id, f_id, scores, **kw) -> Explanation:
     n = len(tr.tokens)
     if scores.shape[-1] < n:  # computed on the causal prefix: later tokens get exactly zero
@@ -136,12 +148,7 @@ def logit_explanation(lm: LoadedModel, text, target, foil=None, *, position: int
 
     ``scores (src,)`` sum the layers; ``layer_scores (layer, src)``; ``head_scores (layer, head, src)``.
     """
-    _check_logit_decoder(lm, "the logit explanation")
-    if target is None:
-        raise InputError("the logit explanation needs a target token (--target)")
-    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)
-    parts = _logit_parts(lm, tr, p, t_id, f_id)
-    _refuse(parts["invariant_error"], "logit", lm)
+    t_id, f_id, tr, p, parts = _logit_request(lm, "logit", "the logit explanation", text, target, foil, position, tr)
     ls = parts["head_scores"].sum(1)
     return _explanation(lm, "logit", tr, p, t_id, f_id, ls.sum(0), layer_scores=ls, head_scores=parts["head_scores"],
                         attention_update=parts["attention_update"], mlp_update=parts["mlp_update"],
@@ -157,12 +164,8 @@ def alti_logit_explanation(lm: LoadedModel, text, target, foil=None, *, position
     ``layer_scores[l] = Delta^l M^{l-1}``; ``scores`` sums them. Mixing only redistributes:
     ``layer_scores[l].sum() == Delta^l.sum()`` for every layer (checked in ``invariant_error``).
     """
-    _check_logit_decoder(lm, "the ALTI-Logit explanation")
-    if target is None:
-        raise InputError("the ALTI-Logit explanation needs a target token (--target)")
-    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)
-    parts = _logit_parts(lm, tr, p, t_id, f_id)
-    _refuse(parts["invariant_error"], "alti-logit", lm)
+    t_id, f_id, tr, p, parts = _logit_request(lm, "alti-logit", "the ALTI-Logit explanation", text, target, foil,
+                                              position, tr)
     sub = prefix_trace(tr, p + 1)  # causal: positions after p neither see nor reach p
     mm = mixing_matrices(lm.anatomy, sub, "alti", model_name=lm.name)
     delta = parts["head_scores"].sum(1)[:, : p + 1].double()  # (layer, src)

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..models.load import LoadedModel, encode, resolve_token, token_str
+from ..models.load import LoadedModel, encode, resolve_token, token_ids, token_str
 from ..results import Result
 from .hooks import Edit, batches, run
 from .patching import _check_decoder, _position, _tokens
@@ -164,7 +164,7 @@ def knowledge_neurons(lm: LoadedModel, prompt, target=None, *, steps: int = 20, 
         raise InputError("steps and batch_size must be at least 1")
     if not 0 < threshold <= 1:
         raise InputError("threshold must lie in (0, 1]")
-    ids = encode(lm, prompt) if isinstance(prompt, str) else torch.as_tensor(prompt, dtype=torch.long).reshape(-1)
+    ids = token_ids(lm, prompt)
     P = ids.numel()
     pos = _position(position, P)
     L = lm.anatomy.n_layers

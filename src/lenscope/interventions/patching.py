@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.load import LoadedModel, encode, resolve_token, token_str
+from ..models.load import LoadedModel, resolve_token, token_ids, token_str
 from ..results import Result
 from .hooks import Edit, batches, n_heads, run
 
@@ -120,15 +120,18 @@ class PatchingResult(Result):
                 f"shape={tuple(self.values.shape)}, clean={self.clean_metric:.4f}, corrupted={self.corrupted_metric:.4f})")
 
 
-def _ids(lm: LoadedModel, text) -> Tensor:
-    if isinstance(text, str):
-        return encode(lm, text)
-    ids = torch.as_tensor(text, dtype=torch.long).reshape(-1)
-    if ids.numel() == 0:
-        raise InputError("no token ids given")
-    if int(ids.min()) < 0 or int(ids.max()) >= lm.anatomy.vocab_size:
-        raise InputError(f"token ids must lie in 0..{lm.anatomy.vocab_size - 1}")
-    return ids
+def share_restored(raw: Tensor, m_clean: float, m_corr: float, metric: str) -> Tensor:
+    """The patched metrics as the share restored, ``(raw - corrupted) / (clean - corrupted)`` (0 = corrupted,
+    1 = clean) for the logit difference; the probability itself otherwise."""
+    if metric != "logit_diff":
+        return raw.clone()
+    denom = m_clean - m_corr
+    if abs(denom) < 1e-6:
+        raise InputError(
+            f"the clean and corrupted prompts give the same logit difference ({m_clean:.6f}); nothing to restore: "
+            "choose prompts (or target/foil) the model tells apart"
+        )
+    return (raw - m_corr) / denom
 
 
 def _check_decoder(lm: LoadedModel) -> None:
@@ -182,7 +185,7 @@ def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *,
     if batch_size < 1:
         raise InputError("batch_size must be at least 1")
     _check_decoder(lm)
-    c_ids, x_ids = _ids(lm, clean), _ids(lm, corrupted)
+    c_ids, x_ids = token_ids(lm, clean), token_ids(lm, corrupted)
     if c_ids.numel() != x_ids.numel():
         raise InputError(
             f"the clean and corrupted prompts must have the same number of tokens; they have {c_ids.numel()} "
@@ -227,16 +230,7 @@ def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *,
         lg, _ = run(lm, base_ids[None].expand(n, P), edits)
         raw[s:e] = metric_of(lg[:, pos], metric, tid, fid).cpu()
     raw = raw.reshape(shape)
-    if metric == "logit_diff":
-        denom = m_clean - m_corr
-        if abs(denom) < 1e-6:
-            raise InputError(
-                f"the clean and corrupted prompts give the same logit difference ({m_clean:.6f}); nothing to restore: "
-                "choose prompts (or target/foil) the model tells apart"
-            )
-        values = (raw - m_corr) / denom
-    else:
-        values = raw.clone()
+    values = share_restored(raw, m_clean, m_corr, metric)
     return PatchingResult(
         values=values, raw=raw, tokens=_tokens(lm, c_ids), corrupted_tokens=_tokens(lm, x_ids), what=what,
         metric=metric, noising=noising, target=token_str(lm, tid), target_id=tid,

@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.load import LoadedModel, resolve_token, token_str
+from ..models.load import LoadedModel, resolve_token, token_ids, token_str
 from .hooks import Edit, batches, n_heads, run
-from .patching import METRICS, PatchingResult, _check_decoder, _ids, _position, _tokens, metric_of
+from .patching import METRICS, PatchingResult, _check_decoder, _position, _tokens, metric_of, share_restored
 
 SENDERS = ("heads", "attn", "mlp")
 
@@ -98,7 +98,7 @@ def path_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, sende
             raise InputError("the receiver's input must be 'q', 'k' or 'v'")
         if not (0 < rl < L and 0 <= rh < n_heads(lm, rl)):
             raise InputError(f"receiver head ({rl}, {rh}) must lie in layers 1..{L - 1}, heads 0..{n_heads(lm, 1) - 1}")
-    c_ids, x_ids = _ids(lm, clean), _ids(lm, corrupted)
+    c_ids, x_ids = token_ids(lm, clean), token_ids(lm, corrupted)
     if c_ids.numel() != x_ids.numel():
         raise InputError(f"the clean and corrupted prompts must have the same number of tokens; they have "
                          f"{c_ids.numel()} and {x_ids.numel()}")
@@ -154,13 +154,7 @@ def path_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, sende
                                        z.reshape(n * P, -1), head=torch.full((n * P,), rh))])
         out[s:e] = metric_of(lg[:, pos], metric, tid, fid).cpu()
     raw[plist[:, 0], plist[:, 1]] = out
-    if metric == "logit_diff":
-        denom = m_clean - m_corr
-        if abs(denom) < 1e-6:
-            raise InputError("the clean and corrupted prompts give the same logit difference; nothing to patch")
-        values = (raw - m_corr) / denom
-    else:
-        values = raw.clone()
+    values = share_restored(raw, m_clean, m_corr, metric)
     return PatchingResult(
         values=values, raw=raw, tokens=_tokens(lm, c_ids), corrupted_tokens=_tokens(lm, x_ids), what=senders,
         metric=metric, noising=noising, target=token_str(lm, tid), target_id=tid,

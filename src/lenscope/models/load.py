@@ -310,6 +310,25 @@ def encode(lm: LoadedModel, text: str) -> torch.Tensor:
     return ids
 
 
+def token_ids(lm: LoadedModel, text) -> torch.Tensor:
+    """Token ids ``(pos,)`` of a text (:func:`encode`) or of given ids (a list or tensor), validated: not empty,
+    within the context, within the vocabulary. Every method that takes "text or ids" reads them here."""
+    if isinstance(text, str):
+        return encode(lm, text)
+    A = lm.anatomy
+    try:
+        ids = torch.as_tensor(text, dtype=torch.long).reshape(-1)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise InputError(f"give a text or a list of token ids, not {type(text).__name__} ({e})") from None
+    if ids.numel() == 0:
+        raise InputError("no token ids given")
+    if ids.numel() > A.n_ctx:
+        raise InputError(f"{ids.numel()} tokens exceed the model's context of {A.n_ctx}")
+    if int(ids.min()) < 0 or int(ids.max()) >= A.vocab_size:
+        raise InputError(f"token ids must lie in 0..{A.vocab_size - 1}")
+    return ids.cpu()
+
+
 def resolve_token(lm: LoadedModel, spec: str | int) -> int:
     """A single token id from its text (e.g. ``" Paris"``) or ``"#ID"`` (or an int)."""
     tok = lm.tokenizer

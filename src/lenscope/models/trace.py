@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..errors import InputError, UnsupportedModelError
+from ..errors import UnsupportedModelError
 from .families import family_for
-from .load import LoadedModel, encode
+from .load import LoadedModel, token_ids
 
 
 @dataclass(repr=False)
@@ -97,16 +97,7 @@ def _first(x):
 def trace(lm: LoadedModel, text: str | list[int] | Tensor) -> Trace:
     """Run the model once on ``text`` (or token ids) and capture everything lenscope's methods read."""
     model, tok, anatomy = lm
-    if isinstance(text, str):
-        ids = encode(lm, text)
-    else:
-        ids = torch.as_tensor(text, dtype=torch.long).reshape(-1)
-        if ids.numel() == 0:
-            raise InputError("no token ids given")
-        if ids.numel() > anatomy.n_ctx:
-            raise InputError(f"{ids.numel()} tokens exceed the model's context of {anatomy.n_ctx}")
-        if int(ids.min()) < 0 or int(ids.max()) >= anatomy.vocab_size:
-            raise InputError(f"token ids must lie in 0..{anatomy.vocab_size - 1}")
+    ids = token_ids(lm, text)
     hooks = family_for(model).hooks(model)
     L = len(hooks.layers)
     store: dict[tuple, Tensor] = {}  # the final norm's input and output
