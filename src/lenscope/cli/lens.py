@@ -170,4 +170,8 @@ def show_cmd(
 
 
 def register(app: typer.Typer) -> None:
+    from . import lens_analysis, lens_detect
+
+    lens_analysis.register(lens_app)   # lens cbe, lens depth
+    lens_detect.register(lens_app)     # lens detect
     app.add_typer(lens_app, name="lens")

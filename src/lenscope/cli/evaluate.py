@@ -1,0 +1,9 @@
+"""``lenscope eval ...`` (placeholder; filled in by its issue)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``eval`` group."""
