@@ -70,6 +70,11 @@ def test_show_json_html_png(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     r = run("lens", "show", "The capital", "--model", "tiny:llama")
     assert r.exit_code == 0 and "logit lens" in r.stdout
+    r = run("lens", "show", "The capital", "--model", "tiny:llama", "--lens", "logit", "--json", "--png", png)
+    assert r.exit_code == 0 and [t["lens"] for t in json.loads(r.stdout)] == ["logit"]  # drawn once, not twice
+    from PIL import Image
+
+    assert Image.open(png).size[0] < 2 * Image.open(png).size[1] + 400  # one panel (plus its colour bar)
     r = run("lens", "show", "", "--model", "tiny:llama")
     assert r.exit_code == 2 and "empty" in r.stderr
     r = run("lens", "show", "x", "--model", "tiny:llama", "--value", "nope")

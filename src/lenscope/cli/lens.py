@@ -137,7 +137,7 @@ def show_cmd(
         raise InputError(f"--value must be entropy, kl or prob, not {value!r}")
     lm = load_model(model)
     trajs = []
-    if lens is not None:
+    if lens is not None and lens != "logit":  # a tuned lens is shown beside the logit lens; the logit lens once
         trajs.append(prediction_trajectory(lm, text, get_lens(lm, lens)))
     trajs.append(prediction_trajectory(lm, text, LogitLens(lm.anatomy, model_name=lm.name)))
     if html:

@@ -56,7 +56,7 @@ def plot_components(result, ax=None, top: int | None = None):
 def save_figure(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=130, bbox_inches="tight", pad_inches=0.08)  # nothing (a colour-bar label) cut off
     import matplotlib.pyplot as plt
 
     plt.close(fig)
