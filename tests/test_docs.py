@@ -21,6 +21,7 @@ def test_readme_python_runs(tmp_path, monkeypatch):
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {})
     assert (tmp_path / "out" / "paris.safetensors").exists()
+    assert (tmp_path / "out" / "report.html").stat().st_size > 100_000
 
 
 @pytest.mark.slow

@@ -1,9 +1,77 @@
-"""``lenscope report`` (placeholder; filled in by its issue)."""
+"""``lenscope report``: the main job, one self-contained HTML page with every view of one prediction."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import typer
+
+from ..errors import InputError
+from .common import MODEL_HELP, handle_errors, load_model, print_json
+
+SAMPLE = "When Mary and John went to the store, John gave a drink to"
+
+
+@handle_errors
+def report_cmd(
+    text: str = typer.Argument(SAMPLE, help="The text whose next-token prediction to explain."),
+    model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+    target: str = typer.Option(None, "--target", help="Token to explain (default: the model's top prediction)."),
+    foil: str = typer.Option(None, "--foil", help="A contrasting token (explain target rather than foil)."),
+    lens: str = typer.Option(None, "--lens", help="A tuned-lens directory, shown beside the logit lens."),
+    out: str = typer.Option("report.html", "--out", "-o", help="Where to write the page."),
+    sections: str = typer.Option(None, "--sections",
+                                 help="Comma-separated views (default all): prediction, trajectory, components, "
+                                      "attribution, mixing, flow."),
+    open_page: bool = typer.Option(False, "--open", help="Open the page in a web browser when written."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary (checks, timings, sections)."),
+):
+    """One self-contained HTML page (works offline) with every view of how the model arrives at its prediction."""
+    from rich.console import Console
+
+    con = Console(stderr=True, soft_wrap=True)
+    t0 = time.perf_counter()
+    con.print(f"lenscope report: loading [bold]{model}[/] (an embedded model is converted once on first use, about a minute)")
+    lm = load_model(model)
+    tuned = None
+    if lens is not None and lens != "logit":
+        from ..lenses import TunedLens
+
+        tuned = TunedLens.load(lens, lm)
+    keys = None
+    if sections:
+        keys = [s.strip() for s in sections.split(",") if s.strip()]
+        if not keys:
+            raise InputError("--sections is empty")
+    from ..viz.report import build_report
+
+    with con.status("computing") as status:
+        def progress(key, title):
+            status.update(f"computing: {title}")
+
+        rep = build_report(lm, text, target, foil, lens=tuned, sections=keys, progress=progress)
+    path = rep.write(out)
+    size = path.stat().st_size
+    if as_json:
+        d = rep.summary()
+        d.update(out=str(path), bytes=size, seconds=round(time.perf_counter() - t0, 2))
+        print_json(d)
+    else:
+        t = rep.timings
+        con.print("  " + " · ".join(f"{k} {v:.1f} s" for k, v in t.items() if k != "total"))
+        failed = [c for c in rep.checks if c["ok"] is False]
+        verdict = "every exactness check passed" if not failed else f"{len(failed)} exactness check(s) FAILED"
+        typer.echo(f"report written: {path.resolve()} ({size / 1e6:.1f} MB, {t['total']:.1f} s; {verdict})")
+        typer.echo(f"open it with: xdg-open {path}  (or any browser; it needs no network)")
+    if open_page:
+        import webbrowser
+
+        webbrowser.open(path.resolve().as_uri())
+    if not rep.ok:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
     """Add the ``report`` command."""
+    app.command("report")(report_cmd)

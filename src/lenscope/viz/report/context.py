@@ -1,0 +1,126 @@
+"""What every report section reads: the model, the text, one shared trace, the target and foil, and a ledger
+of checks (every completeness / invariant error a section computed) and timings."""
+
+from __future__ import annotations
+
+import base64
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ...errors import InputError
+from ...models.load import LoadedModel, token_ids
+
+
+def packed(x: Tensor | np.ndarray, digits: int | None = None) -> dict:
+    """A float tensor for the page: ``{"shape": [...], "f32": base64 of little-endian float32}`` (4 bytes a
+    number before base64, far smaller than JSON text for the large maps). Non-finite values are refused."""
+    a = x.detach().cpu().float().numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=np.float32)
+    if not np.isfinite(a).all():
+        raise ValueError("a report array holds NaN or infinity")
+    a = np.ascontiguousarray(a, dtype="<f4")
+    return {"shape": list(a.shape), "f32": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def unpack(d: dict) -> np.ndarray:
+    """Inverse of :func:`packed` (for tests and for reading a report's data back)."""
+    return np.frombuffer(base64.b64decode(d["f32"]), dtype="<f4").reshape(d["shape"])
+
+
+@dataclass
+class Check:
+    """One number that says whether a view is exact: ``value`` against ``tolerance`` (None: reported only)."""
+
+    section: str
+    name: str
+    value: float | None
+    tolerance: float | None = None
+    note: str = ""
+
+    @property
+    def ok(self) -> bool | None:
+        if self.tolerance is None or self.value is None:
+            return None
+        return bool(self.value <= self.tolerance)
+
+    def to_dict(self) -> dict:
+        v = self.value
+        return {"section": self.section, "name": self.name,
+                "value": None if v is None or not math.isfinite(v) else float(v),
+                "tolerance": self.tolerance, "ok": self.ok, "note": self.note}
+
+
+@dataclass
+class ReportContext:
+    """Inputs and shared intermediate results of one report. Sections read ``trace`` (computed once, on first
+    use) and record their exactness checks with :meth:`check`."""
+
+    lm: LoadedModel
+    text: str
+    target: str | int | None = None
+    foil: str | int | None = None
+    lens: object | None = None  # a tuned lens (lenscope.lenses.TunedLens) or None
+    top_k: int = 10
+    checks: list[Check] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.ids = token_ids(self.lm, self.text)  # validates the text (empty, too long, ...)
+        A = self.lm.anatomy
+        self.has_logits = A.unembed is not None
+        if self.foil is not None and self.target is None:
+            raise InputError("a foil needs a target: give --target as well")
+        if self.target is not None and not self.has_logits:
+            raise InputError(f"{self.lm.name} has no language-model head, so there is no target to explain; "
+                             "leave out --target/--foil")
+
+    @cached_property
+    def trace(self):
+        from ...models.trace import trace
+
+        return trace(self.lm, self.ids)
+
+    @property
+    def tokens(self) -> list[str]:
+        return list(self.trace.tokens)
+
+    @cached_property
+    def final_logits(self) -> Tensor | None:
+        """Logits at the last position: from the model itself, or lenscope's unembedding of the last state."""
+        if not self.has_logits:
+            return None
+        tr = self.trace
+        if tr.logits is not None:
+            return tr.logits[-1].float()
+        return self.lm.anatomy.logits(tr.final_in[-1:])[0].float()
+
+    @cached_property
+    def target_id(self) -> int | None:
+        """The token to explain: the one given, else the model's own top prediction at the last position."""
+        from ...models.load import resolve_token
+
+        if not self.has_logits:
+            return None
+        if self.target is None:
+            return int(self.final_logits.argmax())
+        return resolve_token(self.lm, self.target)
+
+    @cached_property
+    def foil_id(self) -> int | None:
+        from ...models.load import resolve_token
+
+        return None if self.foil is None else resolve_token(self.lm, self.foil)
+
+    def token_text(self, i: int | None) -> str | None:
+        return None if i is None else self.lm.tokenizer.decode([int(i)])
+
+    @property
+    def target_given(self) -> bool:
+        return self.target is not None
+
+    def check(self, section: str, name: str, value, tolerance: float | None = None, note: str = "") -> None:
+        self.checks.append(Check(section, name, None if value is None else float(value), tolerance, note))

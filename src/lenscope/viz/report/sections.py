@@ -1,0 +1,215 @@
+"""The report's views, one class each. A section says whether it applies to the model (else a one-line note
+takes its place), computes a JSON-able payload from the shared :class:`ReportContext`, records its exactness
+checks there, and names the script (``assets/<key>.js``) that draws it. Adding a view is one class here, one
+script, and one entry in :data:`SECTIONS`; no other section changes."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .context import ReportContext, packed
+
+INVARIANT_TOLERANCE = 1e-3  # the tolerance the attribution and mixing methods refuse beyond
+
+
+def _r(x: float, digits: int = 5) -> float | None:
+    x = float(x)
+    if not math.isfinite(x):
+        return None
+    return float(f"{x:.{digits}g}")
+
+
+def _rl(t, digits: int = 5) -> list:
+    return [_r(v, digits) for v in torch.as_tensor(t).reshape(-1).tolist()]
+
+
+class Section:
+    key = ""
+    title = ""
+    blurb = ""
+
+    def skip_reason(self, ctx: ReportContext) -> str | None:
+        """None when the view applies; else the one-line note shown instead of it."""
+        return None
+
+    def compute(self, ctx: ReportContext) -> dict:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(key={self.key!r})"
+
+
+def _need_logits(ctx: ReportContext, what: str) -> str | None:
+    if not ctx.has_logits:
+        return f"{ctx.lm.name} has no language-model head (an encoder without one), so there is no {what}."
+    return None
+
+
+class Prediction(Section):
+    key = "prediction"
+    title = "Prediction"
+    blurb = "The model's most likely next tokens at the last position, and whether lenscope's math reproduces the model."
+
+    def compute(self, ctx: ReportContext) -> dict:
+        from ...models.verify import verify
+
+        rep = verify(ctx.lm, tr=ctx.trace)
+        ctx.check(self.key, "verify: largest relative residual error", rep.max_rel_resid_error, rep.resid_tol)
+        ctx.check(self.key, "verify: largest relative sub-layer error", rep.max_rel_sublayer_error, rep.resid_tol)
+        if rep.max_abs_logit_error is not None:
+            ctx.check(self.key, "verify: largest absolute logit error", rep.max_abs_logit_error, rep.logit_tol)
+        out = {"verify": {"ok": rep.ok, "max_rel_resid_error": rep.max_rel_resid_error,
+                          "max_rel_sublayer_error": rep.max_rel_sublayer_error,
+                          "max_abs_logit_error": rep.max_abs_logit_error}, "top": []}
+        if ctx.has_logits:
+            logits = ctx.final_logits
+            probs = torch.softmax(logits.double(), -1)
+            top = torch.topk(probs, min(ctx.top_k, probs.numel()))
+            out["top"] = [{"token": ctx.token_text(i), "id": int(i), "prob": _r(p), "logit": _r(logits[i])}
+                          for p, i in zip(top.values.tolist(), top.indices.tolist())]
+            out["entropy"] = _r(-(probs * torch.log(probs.clamp_min(1e-300))).sum())
+        return out
+
+
+class Trajectory(Section):
+    key = "trajectory"
+    title = "Prediction trajectory"
+    blurb = ("What each layer's residual stream already predicts, read through the logit lens "
+             "(and the tuned lens when given): top token per layer and position.")
+
+    def skip_reason(self, ctx):
+        return _need_logits(ctx, "logit lens")
+
+    def compute(self, ctx: ReportContext) -> dict:
+        from ...lenses import LogitLens
+        from ...lenses.trajectory import prediction_trajectory
+
+        lenses = [LogitLens(ctx.lm.anatomy, model_name=ctx.lm.name)]
+        if ctx.lens is not None:
+            lenses.insert(0, ctx.lens)
+        trajs = []
+        for lens in lenses:
+            t = prediction_trajectory(ctx.lm, ctx.text, lens, k=5)
+            d = t.to_dict(digits=4)
+            trajs.append({k: d[k] for k in ("lens", "tokens", "state_labels", "top_tokens", "topk_tokens",
+                                            "top_prob", "entropy", "kl", "topk_prob", "causal")})
+        return {"trajectories": trajs}
+
+
+class Components(Section):
+    key = "components"
+    title = "Direct logit attribution"
+    blurb = "The logit as an exact sum of what the embedding, each layer's attention (each head) and each MLP wrote."
+
+    def skip_reason(self, ctx):
+        if not ctx.lm.anatomy.causal:
+            return "Direct logit attribution is defined for decoders (next-token logits); this model is an encoder."
+        return _need_logits(ctx, "logit to decompose")
+
+    def compute(self, ctx: ReportContext) -> dict:
+        from ...attribution.dla import direct_logit_attribution
+
+        res = direct_logit_attribution(ctx.lm, ctx.ids, ctx.target_id, ctx.foil_id, by_head=True, tr=ctx.trace)
+        ctx.check(self.key, "direct logit attribution: |sum of parts - logit|", res.completeness_error,
+                  INVARIANT_TOLERANCE)
+        A = ctx.lm.anatomy
+        L = A.n_layers
+        H = max((l.attn.n_heads for l in A.layers), default=0)
+        attn, mlp = [0.0] * L, [0.0] * L
+        heads = torch.zeros(L, H)
+        other = []
+        for n, l, h, v in zip(res.names, res.layers, res.heads, res.values.tolist()):
+            if h >= 0:
+                heads[l, h] = v
+                attn[l] += v
+            elif l >= 0 and n.endswith(".mlp"):
+                mlp[l] += v
+            elif l >= 0:
+                attn[l] += v  # the output-projection bias belongs to the attention sub-layer
+            else:
+                other.append({"name": n, "value": _r(v)})
+        return {"target": ctx.token_text(ctx.target_id), "foil": ctx.token_text(ctx.foil_id),
+                "logit": _r(res.logit), "total": _r(res.total), "completeness_error": res.completeness_error,
+                "attn": _rl(attn), "mlp": _rl(mlp), "heads": [_rl(r) for r in heads],
+                "other": other}
+
+
+class Attribution(Section):
+    key = "attribution"
+    title = "Context attribution"
+    blurb = ("Which input tokens made the model predict the target (rather than the foil): every method side "
+             "by side, and ALTI-Logit per layer.")
+    methods = ("alti-logit", "logit", "grad-x-input", "grad-norm", "ig", "erasure", "alti", "value-zeroing")
+
+    def compute(self, ctx: ReportContext) -> dict:
+        from ...attribution.explain import explain
+
+        if ctx.has_logits and ctx.lm.anatomy.causal:
+            methods = self.methods
+        elif ctx.has_logits:
+            methods = tuple(m for m in self.methods if m not in ("logit", "alti-logit"))
+        else:
+            methods = ("alti", "value-zeroing")
+        out = {"tokens": ctx.tokens, "target": ctx.token_text(ctx.target_id), "foil": ctx.token_text(ctx.foil_id),
+               "methods": {}, "layers": {}}
+        for m in methods:
+            kw = {}
+            if m in ("logit", "alti-logit", "alti", "value-zeroing"):
+                kw["tr"] = ctx.trace
+            if m == "ig":
+                kw["steps"] = 32
+            needs_target = m not in ("alti", "value-zeroing")
+            e = explain(ctx.lm, ctx.ids, ctx.target_id if needs_target else None,
+                        ctx.foil_id if needs_target else None, method=m, **kw)
+            rec = {"scores": _rl(e.scores), "invariant_error": e.invariant_error}
+            if e.invariant_error is not None:
+                ctx.check(self.key, f"{m}: invariant error", e.invariant_error, INVARIANT_TOLERANCE)
+            if m == "ig":
+                ce = e.info.get("completeness_error")
+                rec["completeness_error"] = ce
+                ctx.check(self.key, "ig: completeness error (reported; a zero baseline is not complete on "
+                          "every model, see docs/attribution.md)", ce)
+            out["methods"][m] = rec
+            if m in ("alti-logit", "logit") and e.layer_scores is not None:
+                out["layers"][m] = packed(e.layer_scores)
+        return out
+
+
+class Mixing(Section):
+    key = "mixing"
+    title = "Context-mixing maps"
+    blurb = ("Norm-based maps ||F_i(x_j)||: how much of token i's state after each scope of a layer comes from "
+             "input token j (Kobayashi et al.). Rows: positions; columns: sources.")
+
+    def compute(self, ctx: ReportContext) -> dict:
+        from ...mixing.maps import context_mixing
+
+        maps = context_mixing(ctx.lm, tr=ctx.trace)
+        out = {"tokens": ctx.tokens, "scopes": list(maps), "maps": {}, "completeness_error": {}}
+        for scope, m in maps.items():
+            ctx.check(self.key, f"{scope}: completeness error", m.completeness_error, INVARIANT_TOLERANCE)
+            out["maps"][scope] = packed(m.maps)
+            out["completeness_error"][scope] = m.completeness_error
+        return out
+
+
+class Flow(Section):
+    key = "flow"
+    title = "Information flow"
+    blurb = ("ALTI contributions across layers: a node per token and layer, an edge where a token's state "
+             "draws on another's above the threshold.")
+
+    def compute(self, ctx: ReportContext) -> dict:
+        from ...mixing.alti import mixing_matrices
+
+        mm = mixing_matrices(ctx.lm.anatomy, ctx.trace, "alti", model_name=ctx.lm.name)
+        ctx.check(self.key, "ALTI: decomposition error", mm.completeness_error, INVARIANT_TOLERANCE)
+        ctx.check(self.key, "ALTI: largest row-sum deviation", mm.row_sum_error, INVARIANT_TOLERANCE)
+        return {"tokens": ctx.tokens, "contributions": packed(mm.contributions), "rollout": packed(mm.rollout[-1]),
+                "degenerate_rows": mm.degenerate_rows}
+
+
+SECTIONS: list[type[Section]] = [Prediction, Trajectory, Components, Attribution, Mixing, Flow]
+SECTION_KEYS = tuple(s.key for s in SECTIONS)

@@ -1,0 +1,169 @@
+"""``lenscope report``: every view's data equals what the methods compute on their own, on every family; the
+page is self-contained; the CLI's summary and errors."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import lenscope
+from lenscope.cli import app
+from lenscope.viz.report import SECTION_KEYS, build_report, packed, unpack
+
+from ..conftest import DECODERS, ENCODERS, get_model
+
+TEXT = "The capital of France is"
+runner = CliRunner()
+
+
+def _section(rep, key):
+    (s,) = [s for s in rep.sections if s["key"] == key]
+    return s
+
+
+def test_packed_round_trip_and_refuses_nan():
+    x = torch.randn(3, 4, 5)
+    d = packed(x)
+    assert d["shape"] == [3, 4, 5] and np.array_equal(unpack(d), x.numpy())
+    with pytest.raises(ValueError, match="NaN"):
+        packed(torch.tensor([1.0, float("nan")]))
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_decoder_report_matches_the_methods(family):
+    lm = get_model(f"tiny:{family}")
+    rep = build_report(lm, TEXT, " capital", " of")
+    assert rep.ok, [c for c in rep.checks if c["ok"] is False]
+    assert [s["key"] for s in rep.sections] == list(SECTION_KEYS) and not any("note" in s for s in rep.sections)
+    tr = lenscope.trace(lm, TEXT)
+    t_id = lm.tokenizer.encode(" capital", add_special_tokens=False)[0]
+    f_id = lm.tokenizer.encode(" of", add_special_tokens=False)[0]
+    assert rep.meta["target_id"] == t_id and rep.meta["foil_id"] == f_id
+
+    # prediction: the top-k are the model's own
+    top = _section(rep, "prediction")["data"]["top"]
+    probs = torch.softmax(tr.logits[-1].double(), -1)
+    assert [t["id"] for t in top] == torch.topk(probs, len(top)).indices.tolist()
+    assert top[0]["prob"] == pytest.approx(float(probs.max()), rel=1e-4)
+
+    # components: attention + MLP per layer + embed/bias = the logit difference
+    comp = _section(rep, "components")["data"]
+    diff = float(tr.logits[-1, t_id] - tr.logits[-1, f_id])
+    total = sum(comp["attn"]) + sum(comp["mlp"]) + sum(o["value"] for o in comp["other"])
+    assert total == pytest.approx(diff, abs=1e-3) and comp["logit"] == pytest.approx(diff, abs=1e-4)
+    heads = torch.tensor(comp["heads"])
+    dla = lenscope.direct_logit_attribution(lm, TEXT, " capital", " of", by_head=True)
+    for name, l, h, v in zip(dla.names, dla.layers, dla.heads, dla.values.tolist()):
+        if h >= 0:
+            assert float(heads[l, h]) == pytest.approx(v, abs=1e-5)
+
+    # attribution: the scores of every method are explain()'s
+    att = _section(rep, "attribution")["data"]
+    assert set(att["methods"]) == {"alti-logit", "logit", "grad-x-input", "grad-norm", "ig", "erasure", "alti",
+                                   "value-zeroing"}
+    for m in ("alti-logit", "logit", "grad-x-input", "erasure", "alti"):
+        e = lenscope.explain(lm, TEXT, None if m == "alti" else " capital", None if m == "alti" else " of", method=m)
+        assert np.allclose(att["methods"][m]["scores"], e.scores.numpy(), rtol=1e-4, atol=1e-5), m
+    e = lenscope.explain(lm, TEXT, " capital", " of", method="alti-logit")
+    assert np.allclose(unpack(att["layers"]["alti-logit"]), e.layer_scores.numpy(), atol=1e-6)
+
+    # mixing and flow: the maps and the ALTI contributions themselves
+    from lenscope.mixing.alti import mixing_matrices
+    from lenscope.mixing.maps import context_mixing
+
+    mix = _section(rep, "mixing")["data"]
+    maps = context_mixing(lm, TEXT)
+    assert mix["scopes"] == list(maps)
+    for scope, m in maps.items():
+        assert np.allclose(unpack(mix["maps"][scope]), m.maps.numpy(), atol=1e-6), scope
+    flow = _section(rep, "flow")["data"]
+    mm = mixing_matrices(lm.anatomy, tr, "alti")
+    assert np.allclose(unpack(flow["contributions"]), mm.contributions.numpy(), atol=1e-6)
+
+    # the trajectory: one logit lens, states 0..L
+    traj = _section(rep, "trajectory")["data"]["trajectories"]
+    assert [t["lens"] for t in traj] == ["logit"] and len(traj[0]["state_labels"]) == lm.anatomy.n_layers + 1
+    # every exactness check that has a tolerance passed, and each view recorded one
+    sections_checked = {c["section"] for c in rep.checks if c["ok"] is not None}
+    assert {"prediction", "components", "attribution", "mixing", "flow"} <= sections_checked
+
+
+@pytest.mark.parametrize("family", ENCODERS)
+def test_encoder_report_notes_what_does_not_apply(family):
+    lm = get_model(f"tiny:{family}")
+    rep = build_report(lm, TEXT)
+    notes = {s["key"]: s.get("note") for s in rep.sections}
+    assert notes["components"] and "encoder" in notes["components"]
+    assert notes["mixing"] is None and notes["flow"] is None and notes["attribution"] is None
+    att = _section(rep, "attribution")["data"]
+    assert "logit" not in att["methods"] and "alti" in att["methods"]
+    page = rep.html()
+    assert page.count('class="note"') == sum(1 for n in notes.values() if n)
+
+
+def test_without_target_explains_the_top_prediction():
+    lm = get_model("tiny:llama")
+    rep = build_report(lm, TEXT, sections=["prediction", "components"])
+    top = _section(rep, "prediction")["data"]["top"][0]["id"]
+    assert rep.meta["target_id"] == top and rep.meta["target_is_top_prediction"] is True
+    assert [s["key"] for s in rep.sections] == ["prediction", "components"]
+
+
+def test_page_is_self_contained_and_escapes_tokens(tmp_path):
+    lm = get_model("tiny:gpt2")
+    text = 'a </script><img src="https://example.com/x.png"> b'
+    rep = build_report(lm, text, sections=["prediction", "attribution"])
+    page = rep.write(tmp_path / "r.html").read_text()
+    assert page.lower().startswith("<!doctype html>")
+    assert page.count("</script>") == page.count("<script")  # no token closes a script block early
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page, re.I)  # nothing fetched
+    assert "<link" not in page.lower() and "@import" not in page
+    data = re.search(r'<script type="application/json" id="lenscope-data">(.*?)</script>', page, re.S).group(1)
+    assert json.loads(data)["meta"]["text"] == text
+
+
+def test_bad_input_is_a_clear_error():
+    lm = get_model("tiny:llama")
+    with pytest.raises(lenscope.InputError, match="empty"):
+        build_report(lm, "")
+    with pytest.raises(lenscope.InputError, match="unknown report section"):
+        build_report(lm, TEXT, sections=["nope"])
+    with pytest.raises(lenscope.InputError, match="foil needs a target"):
+        build_report(lm, TEXT, foil=" of")
+    with pytest.raises(lenscope.InputError, match="no language-model head"):
+        build_report(_headless(), TEXT, " the")
+    rep = build_report(_headless(), TEXT, sections=["prediction", "trajectory", "attribution"])
+    assert "no language-model head" in _section(rep, "trajectory")["note"]
+    assert set(_section(rep, "attribution")["data"]["methods"]) == {"alti", "value-zeroing"}
+
+
+def _headless():
+    """tiny:bert without its masked-LM head (like minilm, a sentence encoder)."""
+    import copy
+    import dataclasses
+
+    lm = get_model("tiny:bert")
+    A = copy.copy(lm.anatomy)
+    A.unembed = None
+    return dataclasses.replace(lm, anatomy=A)
+
+
+def test_cli_writes_page_and_json_summary(tmp_path):
+    out = tmp_path / "r.html"
+    r = runner.invoke(app, ["report", TEXT, "--model", "tiny:llama", "--target", " capital", "--out", str(out),
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["ok"] is True and d["out"] == str(out) and d["bytes"] == out.stat().st_size
+    assert [s["key"] for s in d["sections"]] == list(SECTION_KEYS)
+    assert set(d["timings"]) >= set(SECTION_KEYS) | {"trace", "total"}
+    assert all({"section", "name", "value", "tolerance", "ok"} <= set(c) for c in d["checks"])
+    r = runner.invoke(app, ["report", "", "--model", "tiny:llama", "--out", str(out)])
+    assert r.exit_code == 2 and "empty" in r.stderr
+    r = runner.invoke(app, ["report", TEXT, "--model", "tiny:llama", "--target", "two tokens maybe", "--out", str(out)])
+    assert r.exit_code == 2 and "error:" in r.stderr

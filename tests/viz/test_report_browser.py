@@ -1,0 +1,127 @@
+"""The report in a real browser: Debian's chromium driven by Playwright (never a downloaded browser build).
+
+Skipped, with the command that installs it, when chromium or Playwright is missing; ``./dev test`` installs both.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lenscope.viz.report import build_report
+
+from ..conftest import get_model
+
+CHROMIUM = os.environ.get("LENSCOPE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover - depends on the environment
+    sync_playwright = None
+
+pytestmark = [
+    pytest.mark.skipif(sync_playwright is None, reason="Playwright for Python is missing: pip install playwright "
+                       "(./dev test installs it)"),
+    pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium (Debian's package; ./dev test "
+                       "installs it when run as root), or set LENSCOPE_CHROMIUM to a Chromium executable"),
+]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+def _open(browser, path: Path):
+    """Load the page from a file URL with every other request blocked; collect console errors."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    blocked: list[str] = []
+
+    def route(r):
+        if r.request.url.startswith("file:"):
+            r.continue_()
+        else:
+            blocked.append(r.request.url)
+            r.abort()
+
+    ctx.route("**/*", route)
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(path.resolve().as_uri())
+    page.wait_for_selector("body[data-ready='1']", timeout=20000)
+    return ctx, page, errors, blocked
+
+
+def _fills(page, selector: str) -> list[str]:
+    return page.eval_on_selector_all(selector, "els => els.map(e => e.getAttribute('fill') || e.style.background)")
+
+
+def test_report_renders_and_reacts(browser, tmp_path):
+    lm = get_model("tiny:llama")
+    rep = build_report(lm, "When Mary and John went to the store, John gave a drink to", " Mary", " John")
+    path = rep.write(tmp_path / "report.html")
+    ctx, page, errors, blocked = _open(browser, path)
+    try:
+        # every section drew something: non-empty SVG in each card
+        for key in ("prediction", "trajectory", "components", "attribution", "mixing", "flow"):
+            n = page.eval_on_selector_all(f"#sec-{key} svg rect, #sec-{key} svg line, #sec-{key} svg circle",
+                                          "els => els.length")
+            assert n > 0, f"section {key} drew nothing"
+        assert page.locator("#sec-run table.checks tr").count() == len(rep.checks) + 1
+
+        # the layer slider changes the mixing map
+        before = _fills(page, "#sec-mixing svg.mixing-map rect")
+        page.eval_on_selector("#sec-mixing input[data-role=layer]",
+                              "el => { el.value = el.max; el.dispatchEvent(new Event('input')); }")
+        after = _fills(page, "#sec-mixing svg.mixing-map rect")
+        assert len(before) == len(after) > 0 and before != after
+
+        # the scope switch changes it too
+        page.click("#sec-mixing .seg button[data-value=attention]")
+        assert _fills(page, "#sec-mixing svg.mixing-map rect") != after
+
+        # switching the attribution method recolours the tokens
+        strip = "#sec-attribution [data-role=strip] .tok"
+        before = _fills(page, strip)
+        page.click("#sec-attribution .seg button[data-value=erasure]")
+        after = _fills(page, strip)
+        assert before != after and all(c for c in after)
+
+        # the flow graph's threshold slider changes the number of edges drawn
+        edges = int(page.get_attribute("#sec-flow svg.flow", "data-edges"))
+        page.eval_on_selector("#sec-flow input[data-role=threshold]",
+                              "el => { el.value = 0.5; el.dispatchEvent(new Event('input')); }")
+        assert int(page.get_attribute("#sec-flow svg.flow", "data-edges")) < edges
+
+        # the trajectory's colour switch works and hovering shows a tooltip
+        page.click("#sec-trajectory .seg button[data-value=kl]")
+        page.hover("#sec-trajectory svg.heat rect >> nth=3")
+        assert page.locator("#ls-tip").is_visible()
+
+        shot = tmp_path / "report.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 10_000
+        print(f"screenshot: {shot}")
+        assert errors == [], errors
+        assert blocked == [], f"the page tried to fetch {blocked}"
+    finally:
+        ctx.close()
+
+
+def test_encoder_report_shows_notes(browser, tmp_path):
+    lm = get_model("tiny:bert")
+    path = build_report(lm, "The capital of France is Paris").write(tmp_path / "enc.html")
+    ctx, page, errors, _ = _open(browser, path)
+    try:
+        assert page.locator("#sec-components p.note").count() == 1
+        assert page.eval_on_selector_all("#sec-mixing svg rect", "els => els.length") > 0
+        assert errors == [], errors
+    finally:
+        ctx.close()
