@@ -167,3 +167,21 @@ def test_cli_writes_page_and_json_summary(tmp_path):
     assert r.exit_code == 2 and "empty" in r.stderr
     r = runner.invoke(app, ["report", TEXT, "--model", "tiny:llama", "--target", "two tokens maybe", "--out", str(out)])
     assert r.exit_code == 2 and "error:" in r.stderr
+
+
+def test_tuned_lens_is_shown_beside_the_logit_lens():
+    import torch
+
+    from lenscope.lenses import TunedLens
+    from lenscope.lenses.trajectory import prediction_trajectory
+
+    lm = get_model("tiny:llama")
+    lens = TunedLens(lm.anatomy, model_name=lm.name)
+    with torch.no_grad():
+        lens.b.normal_(0, 0.5)  # a lens that reads differently from the logit lens
+    rep = build_report(lm, TEXT, sections=["trajectory"], lens=lens)
+    trajs = _section(rep, "trajectory")["data"]["trajectories"]
+    assert [t["lens"] for t in trajs] == ["tuned", "logit"] and rep.meta["lens"] == "tuned"
+    direct = prediction_trajectory(lm, TEXT, lens).to_dict(digits=4)
+    assert trajs[0]["top_tokens"] == direct["top_tokens"] and trajs[0]["kl"] == direct["kl"]
+    assert trajs[0]["kl"] != trajs[1]["kl"]
