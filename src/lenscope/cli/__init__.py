@@ -25,4 +25,8 @@ report.register(app)
 
 
 def main() -> None:
-    app()
+    import sys
+
+    from .sweeps import split_ray_address
+
+    app(args=split_ray_address(sys.argv[1:]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from .common import MODEL_HELP, emit, fail, handle_errors, load_model, print_json
+from .sweeps import ray_address_option, ray_option, ray_target, workers_option
 
 SCOPE_HELP = ("Pre-LN decoders: attention, attn_2020, attn, atb, atbln, atblnff, atblnffres, atblnffres_nextln; "
               "Post-LN encoders: attention, attn_2020, attn, atb, atbff, atbffres, atbffresln "
@@ -29,12 +30,15 @@ def register(app: typer.Typer) -> None:
         out: str = typer.Option(None, "--out", help="study: folder for records, tables and figures."),
         resume: bool = typer.Option(False, "--resume", help="study: continue an interrupted run in --out."),
         max_tokens: int = typer.Option(64, "--max-tokens", help="study: skip sentences longer than this."),
+        ray: bool = ray_option(),
+        ray_address: str = ray_address_option(),
+        workers: int = workers_option(),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ):
         """Norm-based context-mixing maps ||F_i(x_j)|| of TEXT per layer and scope (Kobayashi et al.)."""
         if text == "study":
-            return _study(model, data, limit, out, resume, max_tokens, as_json)
-        for opt, v in (("--data", data), ("--limit", limit), ("--out", out)):
+            return _study(model, data, limit, out, resume, max_tokens, as_json, ray_target(ray, ray_address), workers)
+        for opt, v in (("--data", data), ("--limit", limit), ("--out", out), ("--ray", ray or None)):
             if v is not None:
                 fail(f"{opt} belongs to `lenscope mixing study`; for one text use --scope/--layer/--png")
         if numeric_steps is not None and numeric_steps < 1:
@@ -63,7 +67,7 @@ def register(app: typer.Typer) -> None:
             con.print(f"plot saved to {png}")
 
 
-def _study(model, data, limit, out, resume, max_tokens, as_json):
+def _study(model, data, limit, out, resume, max_tokens, as_json, ray=None, workers=2):
     from ..mixing.study import load_sentences, mixing_study
 
     if data is None:
@@ -74,7 +78,7 @@ def _study(model, data, limit, out, resume, max_tokens, as_json):
         fail("--max-tokens must be at least 3")
     name, sents = load_sentences(data, limit)
     lm = load_model(model)
-    st = mixing_study(lm, sents, out, dataset=name, resume=resume, max_tokens=max_tokens)
+    st = mixing_study(lm, sents, out, dataset=name, resume=resume, max_tokens=max_tokens, ray=ray, workers=workers)
     if out:
         st.save(out)
     if as_json:

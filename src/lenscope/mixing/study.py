@@ -237,15 +237,32 @@ def _nanmean(cols: list[list[float]]) -> list:
     return [float(v) if k > 0 else None for v, k in zip((s / c.clamp_min(1)).tolist(), c.tolist())]
 
 
+def study_job(lm, item: tuple[int, str, int]) -> tuple[dict, torch.Tensor | None, int]:
+    """One sentence of a study: ``(record, FF |value| sums or None, tokens)``; a sweep job (see
+    :func:`lenscope.distributed.run_sweep`)."""
+    from ..models.load import encode
+
+    idx, s, max_tokens = item
+    try:
+        n = encode(lm, s).numel()
+    except InputError:
+        n = 0
+    if n < 3 or n > max_tokens:
+        return {"index": idx, "skipped": True, "n": n}, None, 0
+    rec, sums = sentence_record(lm, s)
+    return {"index": idx, "skipped": False, **rec}, sums, n
+
+
 def mixing_study(lm, sentences: list[str], out_dir: str | Path | None = None, *, dataset: str = "text",
-                 resume: bool = False, max_tokens: int = 64, progress: bool = True, top_k: int = 10) -> MixingStudy:
+                 resume: bool = False, max_tokens: int = 64, progress: bool = True, top_k: int = 10,
+                 ray=None, workers: int = 2) -> MixingStudy:
     """Run the analyses over ``sentences`` (one trace each). With ``out_dir`` every sentence's record is kept
     on disk and ``resume=True`` continues an interrupted run. Sentences shorter than 3 or longer than
-    ``max_tokens`` tokens are skipped and counted."""
+    ``max_tokens`` tokens are skipped and counted. ``ray`` (True for a local Ray, or a cluster address)
+    spreads the sentences over ``workers`` Ray workers; the records, the files and the result are the same as
+    the sequential run's."""
     from safetensors.torch import load_file, save_file
     from tqdm.auto import tqdm
-
-    from ..models.load import encode
 
     A = lm.anatomy
     L, d = A.n_layers, A.d_model
@@ -274,17 +291,11 @@ def mixing_study(lm, sentences: list[str], out_dir: str | Path | None = None, *,
                     p.unlink()
     bar = tqdm(total=len(sentences), initial=len(records), desc=f"mixing study {lm.name}", unit="sent",
                disable=not progress)
-    for idx in range(len(records), len(sentences)):
-        s = sentences[idx]
-        try:
-            n = encode(lm, s).numel()
-        except InputError:
-            n = 0
-        if n < 3 or n > max_tokens:
-            rec = {"index": idx, "skipped": True, "n": n}
-        else:
-            rec, sums = sentence_record(lm, s)
-            rec = {"index": idx, "skipped": False, **rec}
+    from ..distributed import run_sweep
+
+    items = [(i, s, max_tokens) for i, s in enumerate(sentences)]
+    for idx, (rec, sums, n) in run_sweep(study_job, items, lm=lm, ray=ray, workers=workers, start=len(records)):
+        if sums is not None:
             absum += sums.double()
             tokens_seen += n
         records.append(rec)
