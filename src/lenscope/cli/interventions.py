@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from .common import MODEL_HELP, emit, fail, handle_errors, load_model
+from .common import MODEL_HELP, emit, fail, handle_errors, load_model, print_json
+from .sweeps import ray_address_option, ray_option, ray_target, workers_option
 
 
 def register(app: typer.Typer) -> None:
@@ -75,6 +76,55 @@ def register(app: typer.Typer) -> None:
             return
         _table_trace(lm, res, png)
 
+
+    @app.command("causal-trace-sweep")
+    @handle_errors
+    def causal_trace_sweep_cmd(
+        data: str = typer.Option("facts", "--data", help="facts (the shared fact set) or a JSON-lines file of "
+                                 "{prompt, subject, target[, relation]}."),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        limit: int = typer.Option(None, "--limit", help="The first N facts (taken round-robin over relations).", min=1),
+        samples: int = typer.Option(10, "--samples", help="Noise samples per fact.", min=1),
+        window: int = typer.Option(10, "--window", help="Layers restored together for MLP and attention.", min=1),
+        seed: int = typer.Option(0, "--seed"),
+        out: str = typer.Option(None, "--out", help="Folder for records.jsonl (one line per fact, as it goes), "
+                                "summary.safetensors and the figure."),
+        resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep in --out."),
+        ray: bool = ray_option(),
+        ray_address: str = ray_address_option(),
+        workers: int = workers_option(),
+        as_json: bool = typer.Option(False, "--json", help="Print the averages as JSON."),
+    ):
+        """Causal tracing averaged over a fact set (per layer and ROME's position groups), resumable, on Ray."""
+        from ..interventions.sweep import causal_trace_sweep, load_facts
+
+        if resume and out is None:
+            fail("--resume needs the --out folder of the interrupted sweep")
+        facts = load_facts(data, limit)
+        lm = load_model(model)
+        res = causal_trace_sweep(lm, facts, out, data=data, samples=samples, window=window, seed=seed,
+                                 resume=resume, ray=ray_target(ray, ray_address), workers=workers)
+        if out:
+            from pathlib import Path
+
+            from ..viz.plots import save_figure
+
+            res.save(Path(out) / "summary.safetensors")
+            save_figure(res.plot(), Path(out) / "average.png")
+        if as_json:
+            print_json(res.to_dict())
+            return
+        from rich.console import Console
+
+        con = Console()
+        con.print(f"{lm.name}: {res.n_facts} facts traced ({res.skipped} skipped); mean p_clean "
+                  f"{res.mean_p_clean:.3f}, p_corrupted {res.mean_p_corrupted:.3f}")
+        for k in ("resid", "mlp", "attn"):
+            m = getattr(res, k).nan_to_num(-1e9)
+            layer, g = divmod(int(m.argmax()), m.shape[1])
+            con.print(f"  {k}: strongest at layer {layer}, {res.groups[g]} (AIE {float(m[layer, g]):.3f})")
+        if out:
+            con.print(f"records, summary and figure in {out}")
 
     @app.command("path-patch")
     @handle_errors
