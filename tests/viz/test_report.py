@@ -52,7 +52,11 @@ def test_decoder_report_matches_the_methods(family):
     assert top[0]["prob"] == pytest.approx(float(probs.max()), rel=1e-4)
 
     # components: attention + MLP per layer + embed/bias = the logit difference
-    comp = _section(rep, "components")["data"]
+    views = _section(rep, "components")["data"]["views"]
+    assert list(views) == ["difference", "target", "foil"]
+    assert views["target"]["logit"] == pytest.approx(float(tr.logits[-1, t_id]), abs=1e-4)
+    assert views["foil"]["logit"] == pytest.approx(float(tr.logits[-1, f_id]), abs=1e-4)
+    comp = views["difference"]
     diff = float(tr.logits[-1, t_id] - tr.logits[-1, f_id])
     total = sum(comp["attn"]) + sum(comp["mlp"]) + sum(o["value"] for o in comp["other"])
     assert total == pytest.approx(diff, abs=1e-3) and comp["logit"] == pytest.approx(diff, abs=1e-4)
@@ -110,6 +114,7 @@ def test_without_target_explains_the_top_prediction():
     lm = get_model("tiny:llama")
     rep = build_report(lm, TEXT, sections=["prediction", "components"])
     top = _section(rep, "prediction")["data"]["top"][0]["id"]
+    assert list(_section(rep, "components")["data"]["views"]) == ["target"]  # no foil: the target's logit only
     assert rep.meta["target_id"] == top and rep.meta["target_is_top_prediction"] is True
     assert [s["key"] for s in rep.sections] == ["prediction", "components"]
 

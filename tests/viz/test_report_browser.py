@@ -100,6 +100,13 @@ def test_report_renders_and_reacts(browser, tmp_path):
                               "el => { el.value = 0.5; el.dispatchEvent(new Event('input')); }")
         assert int(page.get_attribute("#sec-flow svg.flow", "data-edges")) < edges
 
+        # the logit switch of direct logit attribution redraws the bars
+        bars = _fills(page, "#sec-components svg.dla-layers rect")
+        heights = page.eval_on_selector_all("#sec-components svg.dla-layers rect", "els => els.map(e => e.getAttribute('height'))")
+        page.click("#sec-components .seg button[data-value=foil]")
+        assert page.eval_on_selector_all("#sec-components svg.dla-layers rect",
+                                         "els => els.map(e => e.getAttribute('height'))") != heights and bars
+
         # the trajectory's colour switch works and hovering shows a tooltip
         page.click("#sec-trajectory .seg button[data-value=kl]")
         page.hover("#sec-trajectory svg.heat rect >> nth=3")

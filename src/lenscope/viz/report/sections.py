@@ -109,10 +109,21 @@ class Components(Section):
         return _need_logits(ctx, "logit to decompose")
 
     def compute(self, ctx: ReportContext) -> dict:
+        """One view per logit: the target minus the foil (when a foil is given), the target's, the foil's."""
+        views = {}
+        if ctx.foil_id is not None:
+            views["difference"] = self._view(ctx, ctx.target_id, ctx.foil_id)
+        views["target"] = self._view(ctx, ctx.target_id, None)
+        if ctx.foil_id is not None:
+            views["foil"] = self._view(ctx, ctx.foil_id, None)
+        return {"target": ctx.token_text(ctx.target_id), "foil": ctx.token_text(ctx.foil_id), "views": views}
+
+    def _view(self, ctx: ReportContext, t_id: int, f_id: int | None) -> dict:
         from ...attribution.dla import direct_logit_attribution
 
-        res = direct_logit_attribution(ctx.lm, ctx.ids, ctx.target_id, ctx.foil_id, by_head=True, tr=ctx.trace)
-        ctx.check(self.key, "direct logit attribution: |sum of parts - logit|", res.completeness_error,
+        res = direct_logit_attribution(ctx.lm, ctx.ids, t_id, f_id, by_head=True, tr=ctx.trace)
+        what = ctx.token_text(t_id) if f_id is None else f"{ctx.token_text(t_id)} - {ctx.token_text(f_id)}"
+        ctx.check(self.key, f"direct logit attribution of {what!r}: |sum of parts - logit|", res.completeness_error,
                   INVARIANT_TOLERANCE)
         A = ctx.lm.anatomy
         L = A.n_layers
@@ -130,10 +141,9 @@ class Components(Section):
                 attn[l] += v  # the output-projection bias belongs to the attention sub-layer
             else:
                 other.append({"name": n, "value": _r(v)})
-        return {"target": ctx.token_text(ctx.target_id), "foil": ctx.token_text(ctx.foil_id),
-                "logit": _r(res.logit), "total": _r(res.total), "completeness_error": res.completeness_error,
-                "attn": _rl(attn), "mlp": _rl(mlp), "heads": [_rl(r) for r in heads],
-                "other": other}
+        return {"label": ctx.token_text(t_id), "minus": ctx.token_text(f_id), "logit": _r(res.logit),
+                "total": _r(res.total), "completeness_error": res.completeness_error, "attn": _rl(attn),
+                "mlp": _rl(mlp), "heads": [_rl(r) for r in heads], "other": other}
 
 
 class Attribution(Section):

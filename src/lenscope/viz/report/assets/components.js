@@ -1,17 +1,18 @@
-/* lenscope report: direct logit attribution by layer (attention vs MLP bars) and by head (heat map). */
+/* lenscope report: direct logit attribution by layer (attention vs MLP bars) and by head (heat map), for the
+   target minus the foil, the target alone, or the foil alone (a switch). */
 (function () {
   "use strict";
-  LS.sections.components = function (body, d) {
-    var what = "logit(" + JSON.stringify(d.target) + ")" + (d.foil !== null ? " \u2212 logit(" + JSON.stringify(d.foil) + ")" : "");
+  function draw(body, d) {
+    var what = "logit(" + JSON.stringify(d.label) + ")" + (d.minus !== null ? " \u2212 logit(" + JSON.stringify(d.minus) + ")" : "");
     var p = LS.el("p", "meta", null, body);
     LS.el("b", null, what + " = " + LS.fmt(d.logit, 3), p);
     LS.el("span", null, "   sum of the parts " + LS.fmt(d.total, 3) + " (completeness error " + LS.fmt(d.completeness_error) + ")" +
       d.other.map(function (o) { return "; " + o.name + " " + LS.fmt(o.value, 2); }).join(""), p);
     var L = d.attn.length, bw = Math.max(7, Math.min(16, Math.floor(760 / (2 * L)))), gap = 4;
     var left = 50, top = 14, h = 210, W = left + L * (2 * bw + gap) + 20, H = top + h + 40;
-    var all = d.attn.concat(d.mlp), hi = Math.max(1e-9, Math.max.apply(null, all.map(Math.abs)));
-    var lo = Math.min(0, Math.min.apply(null, all)), top_ = Math.max(0, Math.max.apply(null, all));
-    var span = (top_ - lo) || 1, y = function (v) { return top + h * (top_ - v) / span; };
+    var all = d.attn.concat(d.mlp);
+    var lo = Math.min(0, Math.min.apply(null, all)), hi = Math.max(0, Math.max.apply(null, all));
+    var span = (hi - lo) || 1, y = function (v) { return top + h * (hi - v) / span; };
     var row = LS.el("div", "row", null, body);
     var panel = LS.el("div", "panel", null, row);
     LS.el("h3", null, "By layer", panel);
@@ -20,7 +21,7 @@
       var s = LS.el("span", "legend", null, lgd); var sw = LS.el("span", "sw", null, s); sw.style.background = k[1]; LS.el("span", null, k[0] + "  ", s);
     });
     var svg = LS.svg("svg", { width: W, height: H, "class": "dla-layers" }, panel);
-    [lo, 0, top_].forEach(function (v) {
+    [lo, 0, hi].forEach(function (v) {
       LS.svg("line", { x1: left - 4, x2: W - 10, y1: y(v), y2: y(v), stroke: v === 0 ? "#9ca3af" : "#eef0f3" }, svg);
       LS.text(svg, left - 7, y(v) + 3.5, LS.fmt(v, 2), { "text-anchor": "end", "font-size": 10, fill: "#6b7280" });
     });
@@ -31,21 +32,34 @@
           fill: b[2], rx: 1 }, svg);
         LS.hover(r, function (tp) { LS.line(tp, [["layer ", 0], [String(layer), 1], ["  " + b[0] + ": ", 0], [LS.fmt(v, 4), 1]]); });
       });
-      if (L <= 40 && (l % (L > 20 ? 2 : 1) === 0))
+      if (l % (L > 20 ? 2 : 1) === 0)
         LS.text(svg, left + l * (2 * bw + gap) + bw, top + h + 14, String(l), { "text-anchor": "middle", "font-size": 10, fill: "#6b7280" });
     }
     LS.text(svg, left + (W - left) / 2, H - 6, "layer", { "text-anchor": "middle", "font-size": 11, fill: "#6b7280" });
-    var H_ = d.heads[0] ? d.heads[0].length : 0;
-    if (!H_) return;
+    var nH = d.heads[0] ? d.heads[0].length : 0;
+    if (!nH) return;
     var hp = LS.el("div", "panel", null, row);
     LS.el("h3", null, "By head", hp);
     var flat = []; d.heads.forEach(function (r) { flat = flat.concat(r); });
     var m = LS.maxAbs(flat);
-    var hm = LS.heatmap(hp, { rows: L, cols: H_, cw: Math.max(14, Math.min(26, Math.floor(420 / H_))), ch: Math.max(9, Math.min(16, Math.floor(420 / L))),
-      left: 34, bottom: 30, rowLabels: d.heads.map(function (_, l) { return L > 20 && l % 2 ? "" : String(l); }),
-      colLabels: d.heads[0].map(function (_, h) { return "H" + h; }), cls: "dla-heads",
+    var hm = LS.heatmap(hp, { rows: L, cols: nH, cw: Math.max(14, Math.min(26, Math.floor(420 / nH))),
+      ch: Math.max(9, Math.min(16, Math.floor(420 / L))), left: 34, bottom: 30,
+      rowLabels: d.heads.map(function (_, l) { return L > 20 && l % 2 ? "" : String(l); }),
+      colLabels: d.heads[0].map(function (_, k) { return "H" + k; }), cls: "dla-heads",
       tip: function (tp, r, c) { LS.line(tp, [["L" + r + ".H" + c + ": ", 0], [LS.fmt(d.heads[r][c], 4), 1]]); } });
     hm.draw(function (r, c) { return LS.div(d.heads[r][c], m); });
     LS.legendRamp(hp, "diverging", LS.fmt(-m, 2), LS.fmt(m, 2), 120);
+  }
+  LS.sections.components = function (body, d) {
+    var keys = Object.keys(d.views), current = keys[0];
+    var names = { difference: "target \u2212 foil", target: "target " + JSON.stringify(d.target), foil: "foil " + JSON.stringify(d.foil) };
+    if (keys.length > 1) {
+      var ctl = LS.el("div", "controls", null, body);
+      LS.seg(ctl, "logit", keys.map(function (k) { return { value: k, label: names[k] }; }), current,
+        function (k) { current = k; redraw(); });
+    }
+    var holder = LS.el("div", null, null, body);
+    function redraw() { while (holder.firstChild) holder.removeChild(holder.firstChild); draw(holder, d.views[current]); }
+    redraw();
   };
 })();
