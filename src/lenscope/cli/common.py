@@ -37,10 +37,30 @@ def print_json(obj) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
 
 
-def load_model(name: str):
+DTYPE_HELP = ("Dtype the model runs in: float32 (default, exact), bfloat16 or float16 (lenscope still computes in "
+              "float32; verify's tolerances scale with the dtype's precision).")
+DEVICE_MAP_HELP = ("Split the model across devices with accelerate: auto, balanced, sequential, a JSON object "
+                   "{module: device} (devices: 0, cuda:1, cpu, disk) or a JSON file holding one.")
+
+# Reusable options: add ``dtype: str = DTYPE_OPTION, device_map: str = DEVICE_MAP_OPTION`` to a command and pass
+# them on as ``load_model(model, dtype=dtype, device_map=device_map)``.
+DTYPE_OPTION = typer.Option(None, "--dtype", help=DTYPE_HELP, metavar="bfloat16|float16|float32")
+DEVICE_MAP_OPTION = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP, metavar="MAP")
+
+
+def load_model(name: str, dtype: str | None = None, device_map: str | dict | None = None):
+    """Load a model for a command; ``dtype`` / ``device_map`` as given by ``--dtype`` / ``--device-map`` (None:
+    float32 on one device, as before)."""
     from ..models.load import load
 
-    return load(name)
+    if dtype is None and device_map is None:
+        return load(name)
+    kwargs = {}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    return load(name, **kwargs)
 
 
 def emit(res, *, png: str | None = None, save: str | None = None, as_json: bool = False, figure=None) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import MODEL_HELP, emit, handle_errors, load_model
+from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, emit, handle_errors, load_model
 
 
 def register(app: typer.Typer) -> None:
@@ -21,11 +21,13 @@ def register(app: typer.Typer) -> None:
         png: str = typer.Option(None, "--png", help="Save a bar plot to this PNG file."),
         save: str = typer.Option(None, "--save", help="Save the result (.safetensors) to reload later."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        dtype: str = DTYPE_OPTION,
+        device_map: str = DEVICE_MAP_OPTION,
     ):
         """Write the logit of TARGET (minus FOIL) as an exact sum over embeddings, layers and heads."""
         from ..attribution.dla import direct_logit_attribution
 
-        lm = load_model(model)
+        lm = load_model(model, dtype=dtype, device_map=device_map)
         res = direct_logit_attribution(lm, text, target, foil, by_head=by_head, position=position)
         if emit(res, png=png, save=save, as_json=as_json, figure=lambda: res.plot(top=top)):
             return

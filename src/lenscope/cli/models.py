@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import MODEL_HELP, handle_errors, load_model, print_json
+from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, handle_errors, load_model, print_json
 
 
 def register(app: typer.Typer) -> None:
@@ -40,11 +40,13 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
         text: str = typer.Option(None, "--text", help="Text to run (default: a built-in sentence)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        dtype: str = DTYPE_OPTION,
+        device_map: str = DEVICE_MAP_OPTION,
     ):
         """Recompute every sub-layer with lenscope's own math and compare with the real model (exit 1 if not ok)."""
         from ..models.verify import DEFAULT_TEXT, verify
 
-        lm = load_model(model)
+        lm = load_model(model, dtype=dtype, device_map=device_map)
         rep = verify(lm, text if text is not None else DEFAULT_TEXT)
         if as_json:
             print_json(rep.to_dict())
@@ -53,7 +55,11 @@ def register(app: typer.Typer) -> None:
             from rich.table import Table
 
             con = Console()
-            table = Table(title=f"verify {rep.model}: {rep.family}, {rep.n_layers} layers, {rep.n_tokens} tokens")
+            where = "" if rep.dtype == "float32" else f", {rep.dtype}"
+            if lm.device_map:
+                where += (f", placed on {', '.join(sorted({str(v) for v in lm.device_map.values()}))}; "
+                          f"recomputed on {', '.join(sorted(set(rep.devices)))}")
+            table = Table(title=f"verify {rep.model}: {rep.family}, {rep.n_layers} layers, {rep.n_tokens} tokens{where}")
             for col in ("layer", "norms", "attn probs", "attn out", "mlp", "block"):
                 table.add_column(col, justify="right")
             for r in rep.layers:
@@ -63,7 +69,11 @@ def register(app: typer.Typer) -> None:
                 table.add_row(str(r["layer"]), *(f"{v:.1e}" for v in (norms, r["attn_probs"], r["attn_out"], mlp, block)))
             con.print(table)
             logit = "n/a (no LM head)" if rep.max_abs_logit_error is None else f"{rep.max_abs_logit_error:.2e}"
-            con.print(f"max |logit error| {logit} (tol {rep.logit_tol:g}); max residual error / RMS "
+            if rep.nonfinite:
+                con.print(f"[red]the model itself produced inf/NaN in {', '.join(rep.nonfinite)} "
+                          f"({rep.dtype} overflow?); try --dtype bfloat16 or float32[/red]")
+            per = "max |element|" if rep.error_scale == "max" else "RMS"
+            con.print(f"max |logit error| {logit} (tol {rep.logit_tol:g}); max residual error / {per} "
                       f"{rep.max_rel_resid_error:.2e}, max sub-layer error {rep.max_rel_sublayer_error:.2e} "
                       f"(tol {rep.resid_tol:g}) -> {'[green]OK[/green]' if rep.ok else '[red]MISMATCH[/red]'}")
         if not rep.ok:

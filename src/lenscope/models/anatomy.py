@@ -63,24 +63,62 @@ def activation_name(hf_name: str) -> str:
 # parts
 
 
-def astype(obj, dtype: torch.dtype):
-    """A copy of an anatomy part (a dataclass, recursively) with every floating tensor in ``dtype``; the object
-    itself when nothing changes. Used to run lenscope's own math in float64 where a method needs it."""
+def _map_tensors(obj, fn):
+    """``obj`` (a tensor, list, tuple or dataclass, recursively) with ``fn`` applied to every tensor; unchanged
+    objects are returned as they are (no copies)."""
     import dataclasses
 
     if isinstance(obj, Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
+        return fn(obj)
     if isinstance(obj, (list, tuple)):
-        return type(obj)(astype(o, dtype) for o in obj)
+        return type(obj)(_map_tensors(o, fn) for o in obj)
     if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
         return obj
     changes = {}
     for f in dataclasses.fields(obj):
         v = getattr(obj, f.name)
-        nv = astype(v, dtype)
+        nv = _map_tensors(v, fn)
         if nv is not v:
             changes[f.name] = nv
     return dataclasses.replace(obj, **changes) if changes else obj
+
+
+def astype(obj, dtype: torch.dtype):
+    """A copy of an anatomy part (a dataclass, recursively) with every floating tensor in ``dtype``; the object
+    itself when nothing changes. Used to run lenscope's own math in float64 where a method needs it."""
+    return _map_tensors(obj, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+def to_device(obj, device):
+    """A copy of an anatomy part (a dataclass, recursively) with every tensor on ``device``; the object itself when
+    nothing changes. For a model split across devices a method can bring one layer's weights to where its
+    activations are (``to_device(A.layers[l], tr.resid_pre.device)``, one layer at a time); ``load(...,
+    math_device=)`` gathers a whole Anatomy with it."""
+    device = torch.device(device)
+    return _map_tensors(obj, lambda t: t if t.device == device else t.to(device))
+
+
+def _on(x: Tensor | None, ref: Tensor | None) -> Tensor | None:
+    """``x`` on the device of ``ref`` (a no-op when they already share one): lenscope's own math runs where the
+    weights of the part sit, so a model split across devices is recomputed layer by layer on each layer's device."""
+    if x is None or ref is None or x.device == ref.device:
+        return x
+    return x.to(ref.device)
+
+
+def _mix(x: Tensor, W: Tensor) -> tuple[Tensor, Tensor]:
+    """``x`` and the weight ``W`` in a common dtype (the more precise one; a no-op when they agree). An Anatomy that
+    keeps a bfloat16 model's weights as views (``load(..., anatomy_dtype="model")``) computes in float32 this way,
+    one weight at a time."""
+    if x.dtype == W.dtype:
+        return x, W
+    dt = torch.promote_types(x.dtype, W.dtype)
+    return x.to(dt), W.to(dt)
+
+
+def _up(t: Tensor) -> Tensor:
+    """A bfloat16 / float16 tensor in float32 (rows of an embedding kept as views in the model's dtype)."""
+    return t.float() if t.is_floating_point() and torch.finfo(t.dtype).bits < 32 else t
 
 
 @dataclass(repr=False)
@@ -126,6 +164,7 @@ class Norm:
         return self.center(w) * scale.unsqueeze(-1)
 
     def __call__(self, x: Tensor) -> Tensor:
+        x = _on(x, self.weight if self.weight is not None else self.bias)
         y = self.linear(x, self.scale(x))
         return y + self.bias if self.bias is not None else y
 
@@ -153,7 +192,8 @@ class Rotary:
 
     def apply(self, x: Tensor, positions: Tensor) -> Tensor:
         """x: (head, pos, d_head) -> same, rotated."""
-        cos, sin = self.cos_sin(positions)
+        cos, sin = self.cos_sin(_on(positions, self.inv_freq))
+        cos, sin = _on(cos, x), _on(sin, x)
         xr, xp = x[..., : self.dim], x[..., self.dim :]
         half = self.dim // 2
         rot = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
@@ -219,8 +259,9 @@ class Attention:
 
     def queries_keys(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """x (pos, d_model) -> q (head, pos, d_head), k (head, pos, d_head) after norms and rotary."""
-        q = torch.einsum("pd,hde->hpe", x, self.W_Q)
-        k = torch.einsum("pd,hde->hpe", x, self.W_K)
+        x = _on(x, self.W_Q)
+        q = torch.einsum("pd,hde->hpe", *_mix(x, self.W_Q))
+        k = torch.einsum("pd,hde->hpe", *_mix(x, self.W_K))
         if self.b_Q is not None:
             q = q + self.b_Q[:, None, :]
         if self.b_K is not None:
@@ -236,7 +277,8 @@ class Attention:
 
     def values(self, x: Tensor) -> Tensor:
         """x (pos, d_model) -> v (head, pos, d_head) (kv heads repeated per query head)."""
-        v = torch.einsum("pd,hde->hpe", x, self.W_V)
+        x = _on(x, self.W_V)
+        v = torch.einsum("pd,hde->hpe", *_mix(x, self.W_V))
         if self.b_V is not None:
             v = v + self.b_V[:, None, :]
         return self._per_kv(v)
@@ -257,27 +299,31 @@ class Attention:
 
     def pattern(self, x: Tensor, positions: Tensor) -> Tensor:
         """Attention probabilities (head, pos, src) of the input ``x`` (pos, d_model)."""
+        x = _on(x, self.W_Q)
         q, k = self.queries_keys(x, positions)
         scores = torch.einsum("hqe,hke->hqk", q, k) * self.scale
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
         if self.alibi is not None:
+            positions = _on(positions, scores)
             rel = (positions[None, :] - positions[:, None]).to(scores.dtype)  # key - query
-            scores = scores + self.alibi.to(scores.dtype)[:, None, None] * rel
+            scores = scores + self.alibi.to(scores)[:, None, None] * rel
         allowed = self.mask(x.shape[0], x.shape[0], x.device)
         scores = scores.masked_fill(~allowed, float("-inf"))
         return torch.softmax(scores.float(), dim=-1).to(x.dtype)
 
     def head_outputs(self, probs: Tensor, x: Tensor) -> Tensor:
         """What each head writes, (head, pos, d_model), without ``b_O``."""
-        z = torch.einsum("hqk,hke->hqe", probs, self.values(x))
-        return torch.einsum("hqe,hed->hqd", z, self.W_O)
+        z = torch.einsum("hqk,hke->hqe", *_mix(_on(probs, self.W_V), self.values(x)))
+        return torch.einsum("hqe,hed->hqd", *_mix(z, self.W_O))
 
     def __call__(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """x (pos, d_model) -> (output (pos, d_model), probs (head, pos, src))."""
+        x = _on(x, self.W_Q)
         probs = self.pattern(x, positions)
-        z = torch.einsum("hqk,hke->qhe", probs, self.values(x))
-        out = z.reshape(z.shape[0], -1) @ self.W_O.reshape(-1, self.W_O.shape[-1])
+        z = torch.einsum("hqk,hke->qhe", *_mix(probs, self.values(x)))
+        z, W_O = _mix(z, self.W_O)
+        out = z.reshape(z.shape[0], -1) @ W_O.reshape(-1, W_O.shape[-1])
         if self.b_O is not None:
             out = out + self.b_O
         return out, probs
@@ -324,12 +370,13 @@ class MLP:
 
     def pre(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """(pre-activation of the activated branch, linear branch or None), each (pos, d_mlp)."""
-        lin = x @ self.W_in
+        x = _on(x, self.W_in)
+        lin = torch.matmul(*_mix(x, self.W_in))
         if self.b_in is not None:
             lin = lin + self.b_in
         if not self.gated:
             return lin, None
-        gate = x @ self.W_gate
+        gate = torch.matmul(*_mix(x, self.W_gate))
         if self.b_gate is not None:
             gate = gate + self.b_gate
         return gate, lin
@@ -340,7 +387,7 @@ class MLP:
         return h * up if up is not None else h
 
     def __call__(self, x: Tensor) -> Tensor:
-        out = self.hidden(x) @ self.W_out
+        out = torch.matmul(*_mix(self.hidden(x), self.W_out))
         return out + self.b_out if self.b_out is not None else out
 
     def __repr__(self) -> str:
@@ -384,6 +431,7 @@ class Layer:
         Returns every intermediate: ``attn_in, attn_out, attn_write, attn_probs, resid_mid,
         mlp_in, mlp_out, mlp_write, resid_post``.
         """
+        h, positions = _on(h, self.attn.W_Q), _on(positions, self.attn.W_Q)
         r: dict[str, Tensor] = {}
         if self.placement == "post":
             r["attn_in"] = h
@@ -400,6 +448,8 @@ class Layer:
         ``h`` and ``attn_out`` may carry leading batch axes (e.g. one altered attention output per row, as in
         value zeroing). ``mlp_in`` overrides what a parallel block's MLP reads (it reads ``ln_mlp(h)``).
         """
+        ref = self.mlp.W_in
+        h, attn_out, mlp_in = _on(h, ref), _on(attn_out, ref), _on(mlp_in, ref)
         r: dict[str, Tensor] = {}
         r["attn_write"] = self.ln_attn_out(attn_out) if self.ln_attn_out is not None else attn_out
         if self.placement == "post":
@@ -419,6 +469,11 @@ class Layer:
             r["resid_post"] = r["resid_mid"] + r["mlp_write"]
         return r
 
+    @property
+    def device(self) -> torch.device:
+        """Where this block's weights sit, and so where lenscope recomputes it."""
+        return self.attn.W_Q.device
+
     def __repr__(self) -> str:
         return f"Layer({self.placement}, {self.attn!r}, {self.mlp!r})"
 
@@ -437,11 +492,11 @@ class Embedding:
 
     def parts(self, ids: Tensor, positions: Tensor) -> dict[str, Tensor]:
         """The additive parts before the norm: ``tok``, ``pos``, ``type`` (each (pos, d_model))."""
-        out = {"tok": self.W_E[ids] * self.scale}
+        out = {"tok": _up(self.W_E[_on(ids, self.W_E)]) * self.scale}
         if self.W_pos is not None:
-            out["pos"] = self.W_pos[positions + self.pos_offset]
+            out["pos"] = _up(self.W_pos[_on(positions, self.W_pos) + self.pos_offset])
         if self.type_row is not None:
-            out["type"] = self.type_row.expand_as(out["tok"])
+            out["type"] = _up(self.type_row).expand_as(out["tok"])
         return out
 
     def __call__(self, ids: Tensor, positions: Tensor) -> Tensor:
@@ -468,12 +523,12 @@ class Unembed:
     def transform(self, x: Tensor) -> Tensor:
         if self.transform_W is None:
             return x
-        y = x @ self.transform_W + self.transform_b
+        y = torch.matmul(*_mix(_on(x, self.transform_W), self.transform_W)) + self.transform_b
         y = ACTIVATIONS[self.transform_act](y)
         return self.transform_norm(y)
 
     def __call__(self, x: Tensor) -> Tensor:
-        logits = self.transform(x) @ self.W_U
+        logits = torch.matmul(*_mix(_on(self.transform(x), self.W_U), self.W_U))
         if self.b_U is not None:
             logits = logits + self.b_U
         if self.softcap is not None:
@@ -508,6 +563,17 @@ class Anatomy:
     @property
     def placement(self) -> str:
         return self.layers[0].placement
+
+    @property
+    def devices(self) -> list[torch.device]:
+        """Each layer's device: where its weights sit and lenscope recomputes it (``cpu`` for weights that
+        accelerate offloads to CPU or disk: the Anatomy holds them materialised in CPU memory)."""
+        return [layer.device for layer in self.layers]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the Anatomy's weights (float32 for bfloat16 / float16 models: see ``docs/devices.md``)."""
+        return self.layers[0].attn.W_Q.dtype
 
     def logits(self, resid: Tensor) -> Tensor:
         """Logits of final-layer residual states ``resid`` (..., d_model)."""

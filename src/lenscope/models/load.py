@@ -8,6 +8,10 @@ Names:
 - ``tiny:<family>``: a small randomly initialised model (fixed seed) with lenscope's tiny tokenizer
 - a local transformers folder, or a path to a ``.gguf`` file
 
+``dtype`` (float32 by default; ``"bfloat16"``, ``"float16"``) is the dtype the model runs in; ``device_map``
+(accelerate: a dict ``{module: device}`` or ``"auto"``, with ``"disk"`` / ``"cpu"`` offload) splits a model too
+large for one device. See ``docs/devices.md``.
+
 GGUF weights are de-quantised to float32 by transformers on first load (tens of seconds) and cached as
 safetensors under ``$LENSCOPE_CACHE`` (default ``~/.cache/lenscope``).
 """
@@ -78,8 +82,22 @@ class LoadedModel:
     def family(self) -> str:
         return self.anatomy.family
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the model runs in (its Anatomy computes in :func:`~lenscope.models.devices.compute_dtype`)."""
+        return getattr(self.model, "dtype", None) or next(self.model.parameters()).dtype
+
+    @property
+    def device_map(self) -> dict | None:
+        """accelerate's placement of the model's modules, or None for a model on one device."""
+        m = getattr(self.model, "hf_device_map", None)
+        return dict(m) if m else None
+
     def __repr__(self) -> str:
-        return f"LoadedModel(name={self.name!r}, family={self.family!r}, layers={self.anatomy.n_layers})"
+        extra = "" if self.dtype == torch.float32 else f", dtype={str(self.dtype).removeprefix('torch.')}"
+        if self.device_map:
+            extra += f", devices={sorted({str(v) for v in self.device_map.values()})}"
+        return f"LoadedModel(name={self.name!r}, family={self.family!r}, layers={self.anatomy.n_layers}{extra})"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -209,7 +227,7 @@ def _quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
-def _from_folder(folder: Path, dtype: torch.dtype):
+def _from_folder(folder: Path, dtype: torch.dtype, placement: dict | None = None):
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
     from .families import family_for
@@ -225,7 +243,20 @@ def _from_folder(folder: Path, dtype: torch.dtype):
     else:
         auto = AutoModelForCausalLM
     with _quiet_transformers():
-        model = auto.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
+        if placement:  # accelerate places the weights as they load (a model larger than one device never sits whole)
+            from .devices import _offload_dir, needs_offload_folder
+
+            kw = dict(placement)
+            if kw.get("offload_folder") is None and needs_offload_folder(kw["device_map"], kw.get("max_memory")):
+                kw["offload_folder"] = _offload_dir()
+            kw = {k: v for k, v in kw.items() if v is not None}
+            try:
+                model = auto.from_pretrained(folder, dtype=dtype, attn_implementation="eager", **kw)
+            except (ValueError, KeyError) as e:
+                raise InputError(f"cannot load {folder.name} with device map {kw['device_map']}: {e} (modules whose "
+                                 "weights are tied, e.g. the embeddings and the LM head, must share a device)") from None
+        else:
+            model = auto.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
     tok = AutoTokenizer.from_pretrained(folder)
     return model, tok
 
@@ -256,13 +287,39 @@ def available_names() -> list[str]:
     return list(EMBEDDED) + [f"tiny:{n}" for n in sorted(tiny_names())]
 
 
-def load(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> LoadedModel:
+def load(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
+         device_map: dict | str | None = None, max_memory: dict | None = None,
+         offload_folder: str | None = None, math_device: str | torch.device | None = None,
+         anatomy_dtype: torch.dtype | str | None = None) -> LoadedModel:
     """Load a model, its tokenizer and its :class:`Anatomy`.
 
     ``name`` is an embedded name (``smollm2``, ``gemma3-270m``, ``minilm``), ``tiny:<family>``, a local
     transformers folder or a ``.gguf`` file. float32 is the default because the methods are exact.
+
+    - ``dtype``: the dtype the model runs in (``torch.bfloat16`` or ``"bfloat16"``, ``"float16"``, ``"float32"``).
+      For bfloat16 / float16 the Anatomy holds float32 copies of the weights and traces hold float32 copies of
+      the activations, so every method computes in float32; ``verify`` scales its tolerances to the dtype.
+    - ``device``: the one device of the whole model (ignored with ``device_map``).
+    - ``device_map``: split the model with accelerate: ``{"model.layers.0": 0, "model.layers.1": "disk", ...}`` or
+      ``"auto"`` / ``"balanced"`` / ``"sequential"`` (with ``max_memory``, e.g. ``{0: "20GiB", "cpu": "60GiB"}``).
+      Offloaded weights (``"cpu"`` beside an accelerator, or ``"disk"``) are read once into the Anatomy in CPU
+      memory; ``offload_folder`` (default: a temporary folder removed at exit) holds the disk offload.
+    - ``math_device``: gather the Anatomy (and, by default, every trace) on this one device, e.g. ``"cpu"`` for a
+      model split over several GPUs: lenscope's own math then runs there while the model runs as placed. Without
+      it each layer's weights stay on that layer's device (see ``docs/devices.md``).
+    - ``anatomy_dtype``: the dtype of the Anatomy's weights. Default: float32 for bfloat16 / float16 models (copies:
+      twice the model's parameter memory, on each layer's device), the model's dtype otherwise (views, no copies).
+      ``"model"`` keeps a reduced-precision model's weights as views (no extra memory, for models that only just
+      fit): lenscope's own math (``verify``, the Anatomy's parts, the mixing algebra) still computes in float32, one
+      weight at a time, but methods that use the weights directly in float32 may refuse (see ``docs/devices.md``).
     """
+    from .devices import compute_dtype, device_summary, dispatch, materialised, parse_device_map, parse_dtype
     from .families import family_for
+
+    dtype = parse_dtype(dtype)
+    device_map = parse_device_map(device_map)
+    placement = None if device_map is None else {"device_map": device_map, "max_memory": max_memory,
+                                                  "offload_folder": offload_folder}
 
     if not isinstance(name, str) or not name.strip():
         raise UnknownModelError(f"no model name given; available: {', '.join(available_names())}")
@@ -276,13 +333,13 @@ def load(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32, devic
             folder = _gemma_folder()
         else:
             folder = embedded_path(name)
-        model, tok = _from_folder(folder, dtype)
+        model, tok = _from_folder(folder, dtype, placement)
     else:
         p = Path(name).expanduser()
         if p.is_file() and p.suffix == ".gguf":
-            model, tok = _from_folder(_cached_gguf_folder(p), dtype)
+            model, tok = _from_folder(_cached_gguf_folder(p), dtype, placement)
         elif p.is_dir() and (p / "config.json").exists():
-            model, tok = _from_folder(p, dtype)
+            model, tok = _from_folder(p, dtype, placement)
         else:
             raise UnknownModelError(
                 f"unknown model {name!r}: not a known name, a transformers folder or a .gguf file; "
@@ -290,9 +347,27 @@ def load(name: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32, devic
             )
     model.eval()
     model.requires_grad_(False)
-    model.to(device)
+    if device_map is None:
+        model.to(device)
+    elif not getattr(model, "hf_device_map", None):  # tiny models are built whole, then placed
+        model = dispatch(model, device_map, max_memory=max_memory, offload_folder=offload_folder)
     fam = family_for(model)
-    anatomy = fam.read(model)
+    with materialised(model):  # offloaded weights: read their real values (into CPU memory), not meta tensors
+        anatomy = fam.read(model)
+        want = compute_dtype(dtype) if anatomy_dtype is None else (
+            dtype if anatomy_dtype == "model" else parse_dtype(anatomy_dtype))
+        if want != dtype:  # e.g. float32 copies of a bfloat16 model's weights, on each layer's own device
+            from .anatomy import astype
+
+            anatomy = astype(anatomy, want)
+    if math_device is not None:
+        from .anatomy import to_device
+
+        anatomy = to_device(anatomy, math_device)
+    if device_map is not None or dtype != torch.float32 or math_device is not None:
+        anatomy.extras["placement"] = device_summary(model)
+        if math_device is not None:
+            anatomy.extras["placement"]["math_device"] = str(torch.device(math_device))
     return LoadedModel(model=model, tokenizer=tok, anatomy=anatomy, name=name)
 
 

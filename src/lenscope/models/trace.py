@@ -2,6 +2,12 @@
 
 Hooks go where the family module says (:class:`~lenscope.models.families.LayerHooks`); the tracer
 itself knows nothing about families. All tensors are for a single sequence (no batch axis).
+
+Devices and dtypes: a model split across devices (accelerate's ``device_map``) runs as placed; each capture
+arrives on the device its block ran on and is copied into one ``(layer, ...)`` tensor on the trace's device
+(``trace(..., device=)``; by default the ``math_device`` the model was loaded with, else the device of the first
+block's capture, i.e. the model's own device for a model on one device). Captures of bfloat16 / float16 models are
+stored in float32 (exact), the dtype the Anatomy computes in.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UnsupportedModelError
+from .devices import compute_dtype, main_device
 from .families import family_for
 from .load import LoadedModel, token_ids
 
@@ -82,7 +89,7 @@ class Trace:
 
 def _run(lm: LoadedModel, ids: Tensor):
     """The real model's forward pass on ``ids (batch, pos)`` (no padding, no cache)."""
-    device = next(lm.model.parameters()).device
+    device = main_device(lm.model)  # for a dispatched model: where accelerate takes the inputs
     kwargs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
     if lm.anatomy.causal:
         kwargs["use_cache"] = False
@@ -94,9 +101,15 @@ def _first(x):
 
 
 @torch.no_grad()
-def trace(lm: LoadedModel, text: str | list[int] | Tensor) -> Trace:
-    """Run the model once on ``text`` (or token ids) and capture everything lenscope's methods read."""
+def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torch.device | None = None) -> Trace:
+    """Run the model once on ``text`` (or token ids) and capture everything lenscope's methods read.
+
+    ``device``: where the captures are kept (default: the ``math_device`` the model was loaded with, else where the
+    first block's capture arrives: the model's device for a model on one device). Captures of bfloat16 / float16
+    models are kept in float32."""
     model, tok, anatomy = lm
+    device = device if device is not None else anatomy.extras.get("placement", {}).get("math_device")
+    target = None if device is None else torch.device(device)
     ids = token_ids(lm, text)
     hooks = family_for(model).hooks(model)
     L = len(hooks.layers)
@@ -114,6 +127,9 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor) -> Trace:
                 f"{key[0]} was not returned by the model; load it with attn_implementation='eager'"
             )
         value = value.detach()
+        if target is not None and value.device != target:
+            value = value.to(target)
+        value = value.to(compute_dtype(value.dtype))
         # drop the batch axis; some modules see (batch * pos, d) instead (OPT's MLP), batch is 1 here
         value = value[0] if value.dim() >= 3 else value
         base, i = key[:-1], key[-1]
@@ -123,7 +139,7 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor) -> Trace:
         buf = bufs.get(base)
         if buf is None:  # preallocated, so no capture is ever held twice (long inputs: GBs of attention)
             buf = bufs[base] = value.new_empty((L,) + tuple(value.shape))
-        buf[i].copy_(value)
+        buf[i].copy_(value)  # from the device the block ran on to the trace's device
 
     def on_in(key):
         def f(mod, args, kwargs):
@@ -181,10 +197,15 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor) -> Trace:
     else:
         resid_mid = norm_in["ln_mlp"]
     logits = getattr(out, "logits", None)
+    if logits is not None:
+        logits = logits.detach()[0].to(device=resid_pre.device, dtype=compute_dtype(logits.dtype))
+    final_in, final_out = store.get(("norm_in", "final", 0)), store.get(("norm_out", "final", 0))
+    if final_in is not None:
+        final_in, final_out = final_in.to(resid_pre.device), final_out.to(resid_pre.device)
     return Trace(
         input_ids=ids.cpu(),
         tokens=tok.batch_decode([[int(i)] for i in ids]),
-        positions=torch.arange(ids.numel(), device=next(model.parameters()).device),
+        positions=torch.arange(ids.numel(), device=resid_pre.device),
         embed=resid_pre[0],
         resid_pre=resid_pre,
         resid_mid=resid_mid,
@@ -198,20 +219,24 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor) -> Trace:
         mlp_up=stack("mlp_up") if hooks.layers[0].up is not None else None,
         norm_in=norm_in,
         norm_out=norm_out,
-        final_in=store.get(("norm_in", "final", 0)),
-        final_out=store.get(("norm_out", "final", 0)),
-        logits=None if logits is None else logits.detach()[0],
+        final_in=final_in,
+        final_out=final_out,
+        logits=logits,
         placement=placement,
     )
 
 
 @torch.no_grad()
-def residual_states(lm: LoadedModel, ids: Tensor, *, mid: bool = False) -> dict[str, Tensor]:
+def residual_states(lm: LoadedModel, ids: Tensor, *, mid: bool = False,
+                    device: str | torch.device | None = None) -> dict[str, Tensor]:
     """Lean batched capture for lenses: ``ids (batch, pos)`` ->
 
     - ``states (layer + 1, batch, pos, d_model)``: the residual entering each block, then the last state
     - ``mid (layer, batch, pos, d_model)`` (when ``mid=True``): the residual after each block's attention
     - ``logits (batch, pos, vocab)``: the model's output
+
+    All on ``device`` (default: the model's ``math_device``, else where the first block's input arrives); float32
+    for bfloat16 / float16 models.
     """
     model, _, anatomy = lm
     ids = torch.as_tensor(ids, dtype=torch.long)
@@ -223,8 +248,14 @@ def residual_states(lm: LoadedModel, ids: Tensor, *, mid: bool = False) -> dict[
     placement = anatomy.placement
     shape = ids.shape
 
+    device = device if device is not None else anatomy.extras.get("placement", {}).get("math_device")
+    where = [None if device is None else torch.device(device)]
+
     def keep(key, x):
-        store[key] = x.detach().reshape(*shape, x.shape[-1])
+        x = x.detach()
+        if where[0] is None:
+            where[0] = x.device
+        store[key] = x.to(device=where[0], dtype=compute_dtype(x.dtype)).reshape(*shape, x.shape[-1])
 
     try:
         for i, lh in enumerate(hooks.layers):
@@ -253,7 +284,7 @@ def residual_states(lm: LoadedModel, ids: Tensor, *, mid: bool = False) -> dict[
         else:
             res["mid"] = torch.stack([store[("mid", i)] for i in range(L)])
     logits = getattr(out, "logits", None)
-    res["logits"] = None if logits is None else logits.detach()
+    res["logits"] = None if logits is None else logits.detach().to(device=where[0], dtype=compute_dtype(logits.dtype))
     return res
 
 

@@ -6,11 +6,22 @@ accumulate across layers: a norm from its captured input, attention (probabiliti
 MLP from what they read, each whole block from the residual entering it, the embedding from the token
 ids, and the logits from the last residual state. Errors are ``max |ours - real|`` divided by the RMS
 of the real tensor (attention probabilities: absolute), except the logits (absolute).
+
+Tolerances depend on the dtype the model runs in (:func:`tolerances`): float32 (and float64) keep the fixed
+``LOGIT_TOL`` / ``RESID_TOL``; a bfloat16 / float16 model computes every sub-layer with its own rounding while
+lenscope recomputes it in float32 from the same weights, so the two differ by a few units of the dtype's
+precision ``eps = torch.finfo(dtype).eps``. Their errors are then relative to the real tensor's largest
+``|element|`` (the scale at which the dtype rounds; relative to the RMS, outlier dimensions would turn plain
+rounding into hundreds of eps), the tolerance is ``RELATIVE_FACTOR * eps``, and the logits' is
+``LOGIT_FACTOR * eps * max(1, max |logit|)`` (see ``docs/devices.md`` for the measurements behind the factors).
+Captures where the model itself overflowed (inf / NaN, e.g. Gemma in float16) are listed and fail the check.
+Models split across devices are checked layer by layer on each layer's device.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -22,12 +33,81 @@ from .trace import Trace, trace
 DEFAULT_TEXT = "The capital of France is Paris, and the capital of Germany is Berlin. When Mary and John went out"
 LOGIT_TOL = 1e-3
 RESID_TOL = 1e-4
+# reduced precision (bfloat16, float16): tolerances in units of the dtype's eps (torch.finfo(dtype).eps)
+# measured worst cases (docs/devices.md): smollm2 5.2 eps (bf16) / 3.9 eps (fp16) relative, 0.84 eps * max |logit|;
+# gemma3-270m 2.7 eps (bf16); decompositions' completeness <= 3 eps; every tiny family <= 1.6 eps
+RELATIVE_FACTOR = 16.0  # relative errors (sub-layers, residual stream; attention probabilities absolute)
+LOGIT_FACTOR = 4.0  # the logits: LOGIT_FACTOR * eps * max(1, max |logit|)
+COMPLETENESS_FACTOR = 16.0  # decompositions: parts + remainder vs the activation, relative to its RMS norm
 
 
-def rel_err(ours: Tensor, real: Tensor) -> float:
+@dataclass(frozen=True)
+class Tolerances:
+    """What :func:`verify` (and a decomposition's completeness check) accepts for a model in ``dtype``.
+
+    ``logit`` is absolute (for reduced precision: scaled by the logits' size, ``logit_rel`` times
+    ``max(1, max |logit|)``), ``resid`` relative to the RMS of the real tensor, ``completeness`` relative to the RMS
+    vector norm of the decomposed activation."""
+
+    dtype: str
+    eps: float
+    logit: float
+    resid: float
+    completeness: float
+    logit_rel: float | None = None  # reduced precision: the logit tolerance per unit of max |logit|
+    error_scale: str = "rms"  # relative errors are to the real tensor's RMS ("rms") or its largest |element| ("max")
+
+    def logit_tol(self, logits: Tensor | None) -> float:
+        if self.logit_rel is None or logits is None:
+            return self.logit
+        return self.logit_rel * max(1.0, float(logits.abs().max()))
+
+
+def tolerances(dtype: torch.dtype | str = torch.float32) -> Tolerances:
+    """The tolerances for a model running in ``dtype``: fixed for float32 / float64 (``LOGIT_TOL``, ``RESID_TOL``,
+    completeness 1e-3), ``FACTOR * torch.finfo(dtype).eps`` for bfloat16 / float16."""
+    from .devices import is_reduced, parse_dtype
+
+    dtype = parse_dtype(dtype)
+    eps = float(torch.finfo(dtype).eps)
+    name = str(dtype).removeprefix("torch.")
+    if not is_reduced(dtype):
+        return Tolerances(name, eps, LOGIT_TOL, RESID_TOL, 1e-3)
+    return Tolerances(name, eps, logit=LOGIT_FACTOR * eps, resid=RELATIVE_FACTOR * eps,
+                      completeness=COMPLETENESS_FACTOR * eps, logit_rel=LOGIT_FACTOR * eps, error_scale="max")
+
+
+def completeness_tolerance(lm_or_dtype, floor: float = 1e-3) -> float:
+    """The completeness error a decomposition may show for a model (a LoadedModel) or dtype: ``floor`` (the float32
+    limit the methods use) or, for bfloat16 / float16, ``COMPLETENESS_FACTOR * eps`` when larger. A decomposition
+    computed in float32 from a reduced-precision model misses the model's activations by its rounding."""
+    dtype = getattr(getattr(lm_or_dtype, "model", None), "dtype", None) or lm_or_dtype
+    return max(floor, tolerances(dtype).completeness)
+
+
+def rel_err(ours: Tensor, real: Tensor, scale: str = "rms") -> float:
+    """``max |ours - real|`` relative to the RMS of ``real`` (``scale="rms"``, float32 models) or to its largest
+    element (``scale="max"``, reduced precision: the scale at which the model's dtype rounds)."""
     real = real.float()
-    rms = real.pow(2).mean().sqrt().clamp_min(1e-12)
-    return float((ours.float() - real).abs().max() / rms)
+    ours = ours.to(real.device)  # a layer recomputed on its own device, compared where the capture is
+    if scale == "max":
+        ref = real.abs().max().clamp_min(1e-12)
+    else:
+        ref = real.pow(2).mean().sqrt().clamp_min(1e-12)
+    return float((ours.float() - real).abs().max() / ref)
+
+
+def _worst(values) -> float:
+    """The largest error, NaN if any is NaN (Python's ``max`` would hide a NaN depending on its position)."""
+    values = list(values)
+    return float("nan") if any(math.isnan(v) for v in values) else max(values)
+
+
+def nonfinite_captures(tr: Trace) -> list[str]:
+    """Names of the trace's captures holding inf or NaN: the model itself overflowed (e.g. float16)."""
+    named = {"embed": tr.embed, "resid_pre": tr.resid_pre, "resid_post": tr.resid_post, "attn_out": tr.attn_out,
+             "mlp_out": tr.mlp_out, "attn_probs": tr.attn_probs, "mlp_pre": tr.mlp_pre, "logits": tr.logits}
+    return [k for k, v in named.items() if v is not None and not bool(torch.isfinite(v).all())]
 
 
 @dataclass
@@ -45,11 +125,15 @@ class VerifyReport:
     layers: list[dict] = field(default_factory=list)
     logit_tol: float = LOGIT_TOL
     resid_tol: float = RESID_TOL
+    dtype: str = "float32"  # the dtype the model ran in; the tolerances follow it (:func:`tolerances`)
+    error_scale: str = "rms"  # relative errors: to the real tensor's RMS, or ("max", reduced precision) its max |x|
+    devices: list[str] = field(default_factory=list)  # each layer's device (where lenscope recomputed it)
+    nonfinite: list[str] = field(default_factory=list)  # captures where the model itself produced inf / NaN
 
     @property
     def ok(self) -> bool:
         logit_ok = self.max_abs_logit_error is None or self.max_abs_logit_error <= self.logit_tol
-        return logit_ok and self.max_rel_resid_error <= self.resid_tol and self.max_rel_sublayer_error <= self.resid_tol
+        return not self.nonfinite and logit_ok and self.max_rel_resid_error <= self.resid_tol and self.max_rel_sublayer_error <= self.resid_tol
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -66,48 +150,57 @@ class VerifyReport:
 
     def __repr__(self) -> str:
         logit = "n/a (no LM head)" if self.max_abs_logit_error is None else f"{self.max_abs_logit_error:.2e}"
+        extra = "" if self.dtype == "float32" else f", dtype={self.dtype!r}"
+        if self.nonfinite:
+            extra += f", nonfinite={self.nonfinite}"
         return (f"VerifyReport(model={self.model!r}, ok={self.ok}, max_abs_logit_error={logit}, "
                 f"max_rel_resid_error={self.max_rel_resid_error:.2e}, "
-                f"max_rel_sublayer_error={self.max_rel_sublayer_error:.2e})")
+                f"max_rel_sublayer_error={self.max_rel_sublayer_error:.2e}{extra})")
 
 
 @torch.no_grad()
 def verify(lm: LoadedModel, text: str = DEFAULT_TEXT, tr: Trace | None = None) -> VerifyReport:
     """Check lenscope's reading of ``lm`` against the real model on ``text``."""
+    from .devices import parse_dtype
+
     A = lm.anatomy
     tr = tr if tr is not None else trace(lm, text)
+    dtype = parse_dtype(getattr(lm.model, "dtype", None))
+    tol = tolerances(dtype)
+    scale = tol.error_scale
     pos = tr.positions
-    embed_err = rel_err(A.embed(tr.input_ids.to(pos.device), pos), tr.embed)
+    embed_err = rel_err(A.embed(tr.input_ids.to(pos.device), pos), tr.embed, scale)
     rows = []
     for i, layer in enumerate(A.layers):
         row: dict = {"layer": i}
         for slot, norm in layer.norms().items():
-            row[slot] = rel_err(norm(tr.norm_in[slot][i]), tr.norm_out[slot][i])
+            row[slot] = rel_err(norm(tr.norm_in[slot][i]), tr.norm_out[slot][i], scale)
         out, probs = layer.attn(tr.attn_in[i], pos)
-        row["attn_probs"] = float((probs - tr.attn_probs[i]).abs().max())
-        row["attn_out"] = rel_err(out, tr.attn_out[i])
+        row["attn_probs"] = float((probs.to(tr.attn_probs.device) - tr.attn_probs[i]).abs().max())
+        row["attn_out"] = rel_err(out, tr.attn_out[i], scale)
         pre, up = layer.mlp.pre(tr.mlp_in[i])
-        row["mlp_pre"] = rel_err(pre, tr.mlp_pre[i])
+        row["mlp_pre"] = rel_err(pre, tr.mlp_pre[i], scale)
         if up is not None:
-            row["mlp_up"] = rel_err(up, tr.mlp_up[i])
-        row["mlp_out"] = rel_err(layer.mlp(tr.mlp_in[i]), tr.mlp_out[i])
+            row["mlp_up"] = rel_err(up, tr.mlp_up[i], scale)
+        row["mlp_out"] = rel_err(layer.mlp(tr.mlp_in[i]), tr.mlp_out[i], scale)
         block = layer.forward(tr.resid_pre[i], pos)
-        row["resid_mid"] = rel_err(block["resid_mid"], tr.resid_mid[i])
-        row["resid_post"] = rel_err(block["resid_post"], tr.resid_post[i])
+        row["resid_mid"] = rel_err(block["resid_mid"], tr.resid_mid[i], scale)
+        row["resid_post"] = rel_err(block["resid_post"], tr.resid_post[i], scale)
         if i + 1 < A.n_layers:  # the block's output is the next block's input
-            row["resid_chain"] = rel_err(tr.resid_post[i], tr.resid_pre[i + 1])
+            row["resid_chain"] = rel_err(tr.resid_post[i], tr.resid_pre[i + 1], scale)
         rows.append(row)
     resid_keys = ("resid_mid", "resid_post", "resid_chain")
-    max_resid = max([embed_err] + [r[k] for r in rows for k in resid_keys if k in r])
-    max_sub = max(v for r in rows for k, v in r.items() if k not in resid_keys and k != "layer")
+    max_resid = _worst([embed_err] + [r[k] for r in rows for k in resid_keys if k in r])
+    max_sub = _worst(v for r in rows for k, v in r.items() if k not in resid_keys and k != "layer")
     logit_err = None
     if A.unembed is not None and tr.logits is not None:
         ours = A.logits(tr.final_resid)
-        logit_err = float((ours - tr.logits).abs().max())
+        logit_err = float((ours.to(tr.logits.device) - tr.logits).abs().max())
         if tr.final_out is not None:
-            max_sub = max(max_sub, rel_err(A.final_norm(tr.final_in), tr.final_out))
+            max_sub = _worst([max_sub, rel_err(A.final_norm(tr.final_in), tr.final_out, scale)])
     return VerifyReport(
         model=lm.name, family=A.family, n_layers=A.n_layers, n_tokens=len(tr.tokens),
         max_abs_logit_error=logit_err, max_rel_resid_error=max_resid, max_rel_sublayer_error=max_sub,
-        embed_rel_error=embed_err, layers=rows,
+        embed_rel_error=embed_err, layers=rows, logit_tol=tol.logit_tol(tr.logits), resid_tol=tol.resid,
+        dtype=tol.dtype, error_scale=scale, devices=[str(d) for d in A.devices], nonfinite=nonfinite_captures(tr),
     )
