@@ -75,7 +75,9 @@ class _Problem:
                 f"the foil is the target ({token_str(lm, self.t_id)!r}, #{self.t_id}); a contrastive explanation "
                 "needs two different tokens (or leave the foil out)"
             )
-        self.device = next(lm.model.parameters()).device
+        from ..models.devices import main_device
+
+        self.device = main_device(lm.model)  # accelerate's execution device of a split model, never "meta"
 
     def objective(self, logits: Tensor, at: Tensor | int | None = None) -> Tensor:
         """``f`` per batch row from ``logits (batch, pos, vocab)`` read at position ``at`` (default: p)."""

@@ -99,11 +99,20 @@ def _logit_parts(lm: LoadedModel, tr: Trace, p: int, t_id: int, f_id: int | None
                 completeness_error=abs(total - logit))
 
 
+def tolerance(lm: LoadedModel) -> float:
+    """The largest invariant / completeness error a method accepts: :data:`INVARIANT_TOLERANCE` for float32
+    models, more for bfloat16 / float16 ones (their own rounding; see ``lenscope.models.verify.tolerances``)."""
+    from ..models.verify import completeness_tolerance
+
+    return completeness_tolerance(lm, INVARIANT_TOLERANCE)
+
+
 def _refuse(inv: float, method: str, lm: LoadedModel) -> None:
-    if not inv <= INVARIANT_TOLERANCE:
+    tol = tolerance(lm)
+    if not inv <= tol:
         raise InvariantError(
             f"{method}: the per-source parts miss the model's attention logit updates by {inv:.2e} (relative, "
-            f"limit {INVARIANT_TOLERANCE:g}); lenscope's reading of {lm.name} does not match the model, run "
+            f"limit {tol:g}); lenscope's reading of {lm.name} does not match the model, run "
             "`lenscope verify` on it")
 
 
@@ -194,9 +203,9 @@ def rollout_explanation(lm: LoadedModel, text, *, method: str = "alti", position
     mm = mixing_matrices(A, sub, method, model_name=lm.name)
     rows = mm.rollout[:, p]  # (layer, src)
     inv = max(mm.row_sum_error, mm.completeness_error)
-    if not inv <= INVARIANT_TOLERANCE:
-        raise InvariantError(f"{method}: contribution rows or the decomposition are off by {inv:.2e}; run "
-                             f"`lenscope verify --model {lm.name}`")
+    if not inv <= tolerance(lm):
+        raise InvariantError(f"{method}: contribution rows or the decomposition are off by {inv:.2e} (limit "
+                             f"{tolerance(lm):g}); run `lenscope verify --model {lm.name}`")
     info = {"completeness_error": mm.completeness_error, "row_sum_error": mm.row_sum_error,
             "degenerate_rows": mm.degenerate_rows}
     return _explanation(lm, method, tr, p, t_id, f_id, rows[-1], layer_scores=rows, invariant_error=inv, info=info)

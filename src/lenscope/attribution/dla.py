@@ -118,7 +118,7 @@ def direct_logit_attribution(
     p = position % n
 
     W_U = A.unembed.W_U
-    u = W_U[:, t_id] - (W_U[:, f_id] if f_id is not None else 0)
+    u = (W_U[:, t_id] - (W_U[:, f_id] if f_id is not None else 0)).float()  # float32 from bf16/fp16 weights
     norm = A.final_norm
     s = norm.scale(tr.final_in[p])
 
@@ -163,10 +163,10 @@ def direct_logit_attribution(
         add(f"L{i}.mlp", i, -1, tr.mlp_write[i][p])
 
     values = project(torch.stack(parts))
-    const = float(norm.bias @ u) if norm.bias is not None else 0.0
+    const = float(norm.bias.float() @ u.to(norm.bias.device)) if norm.bias is not None else 0.0
     b_U = A.unembed.b_U
     if b_U is not None:
-        const += float(b_U[t_id] - (b_U[f_id] if f_id is not None else 0))
+        const += float(b_U[t_id].float() - (b_U[f_id].float() if f_id is not None else 0))
     if norm.bias is not None or b_U is not None:
         names.append("bias")
         layers.append(-1)

@@ -147,7 +147,9 @@ def run(lm: LoadedModel, ids: Tensor, edits: list[Edit] = (), capture=(), *, sto
                 handles.append(lh.attn_out.register_forward_pre_hook(pre(("head", i))))
             if ("hidden", i) in wanted:
                 handles.append(lh.mlp_out.register_forward_pre_hook(pre(("hidden", i))))
-        device = next(model.parameters()).device
+        from ..models.devices import main_device
+
+        device = main_device(model)  # accelerate's execution device of a split model, never "meta"
         kwargs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device)}
         if lm.anatomy.causal:
             kwargs["use_cache"] = False

@@ -11,7 +11,14 @@ import torch
 
 from .context import ReportContext, packed
 
-INVARIANT_TOLERANCE = 1e-3  # the tolerance the attribution and mixing methods refuse beyond
+INVARIANT_TOLERANCE = 1e-3  # the tolerance the attribution and mixing methods refuse beyond (float32 models)
+
+
+def _tol(ctx: ReportContext) -> float:
+    """The methods' own limit for this model (larger for bfloat16 / float16 models: their rounding)."""
+    from ...models.verify import completeness_tolerance
+
+    return completeness_tolerance(ctx.lm, INVARIANT_TOLERANCE)
 
 
 def _r(x: float, digits: int = 5) -> float | None:
@@ -124,7 +131,7 @@ class Components(Section):
         res = direct_logit_attribution(ctx.lm, ctx.ids, t_id, f_id, by_head=True, tr=ctx.trace)
         what = ctx.token_text(t_id) if f_id is None else f"{ctx.token_text(t_id)} - {ctx.token_text(f_id)}"
         ctx.check(self.key, f"direct logit attribution of {what!r}: |sum of parts - logit|", res.completeness_error,
-                  INVARIANT_TOLERANCE)
+                  _tol(ctx))
         A = ctx.lm.anatomy
         L = A.n_layers
         H = max((l.attn.n_heads for l in A.layers), default=0)
@@ -175,7 +182,7 @@ class Attribution(Section):
                         ctx.foil_id if needs_target else None, method=m, **kw)
             rec = {"scores": _rl(e.scores), "invariant_error": e.invariant_error}
             if e.invariant_error is not None:
-                ctx.check(self.key, f"{m}: invariant error", e.invariant_error, INVARIANT_TOLERANCE)
+                ctx.check(self.key, f"{m}: invariant error", e.invariant_error, _tol(ctx))
             if m == "ig":
                 ce = e.info.get("completeness_error")
                 rec["completeness_error"] = ce
@@ -199,7 +206,7 @@ class Mixing(Section):
         maps = context_mixing(ctx.lm, tr=ctx.trace)
         out = {"tokens": ctx.tokens, "scopes": list(maps), "maps": {}, "completeness_error": {}}
         for scope, m in maps.items():
-            ctx.check(self.key, f"{scope}: completeness error", m.completeness_error, INVARIANT_TOLERANCE)
+            ctx.check(self.key, f"{scope}: completeness error", m.completeness_error, _tol(ctx))
             out["maps"][scope] = packed(m.maps)
             out["completeness_error"][scope] = m.completeness_error
         return out
@@ -215,8 +222,8 @@ class Flow(Section):
         from ...mixing.alti import mixing_matrices
 
         mm = mixing_matrices(ctx.lm.anatomy, ctx.trace, "alti", model_name=ctx.lm.name)
-        ctx.check(self.key, "ALTI: decomposition error", mm.completeness_error, INVARIANT_TOLERANCE)
-        ctx.check(self.key, "ALTI: largest row-sum deviation", mm.row_sum_error, INVARIANT_TOLERANCE)
+        ctx.check(self.key, "ALTI: decomposition error", mm.completeness_error, _tol(ctx))
+        ctx.check(self.key, "ALTI: largest row-sum deviation", mm.row_sum_error, _tol(ctx))
         return {"tokens": ctx.tokens, "contributions": packed(mm.contributions), "rollout": packed(mm.rollout[-1]),
                 "degenerate_rows": mm.degenerate_rows}
 
