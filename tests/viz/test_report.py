@@ -190,3 +190,14 @@ def test_tuned_lens_is_shown_beside_the_logit_lens():
     direct = prediction_trajectory(lm, TEXT, lens).to_dict(digits=4)
     assert trajs[0]["top_tokens"] == direct["top_tokens"] and trajs[0]["kl"] == direct["kl"]
     assert trajs[0]["kl"] != trajs[1]["kl"]
+
+
+def test_cli_report_in_bfloat16(tmp_path):
+    out = tmp_path / "r.html"
+    r = runner.invoke(app, ["report", TEXT, "--model", "tiny:llama", "--dtype", "bfloat16", "--sections",
+                            "prediction,components,mixing", "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["ok"] is True
+    tols = {c["tolerance"] for c in d["checks"] if c["section"] == "mixing"}
+    assert len(tols) == 1 and tols.pop() == pytest.approx(16 * torch.finfo(torch.bfloat16).eps)  # the dtype tolerance

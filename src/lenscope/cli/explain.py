@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import MODEL_HELP, emit, fail, handle_errors, load_model
+from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, emit, fail, handle_errors, load_model
 
 METHOD_HELP = ("logit | alti-logit | alti | grad-norm | grad-x-input | ig | erasure | value-zeroing "
                "(alti and value-zeroing need no target: they give the rollout row of --position)")
@@ -16,6 +16,8 @@ def register(app: typer.Typer) -> None:
     def explain_cmd(
         text: str = typer.Argument(..., help="The text; the prediction at its last token (or --position) is explained."),
         model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = DTYPE_OPTION,
+        device_map: str = DEVICE_MAP_OPTION,
         target: str = typer.Option(None, "--target", "-t", help="Target token: its text (e.g. ' are') or #ID."),
         foil: str = typer.Option(None, "--foil", "-f", help="Foil token: explain target versus foil (contrastive)."),
         method: str = typer.Option("alti-logit", "--method", help=METHOD_HELP),
@@ -36,7 +38,7 @@ def register(app: typer.Typer) -> None:
             fail("--steps applies to --method ig only")
         if steps is not None and steps < 1:
             fail("--steps must be at least 1")
-        lm = load_model(model)
+        lm = load_model(model, dtype=dtype, device_map=device_map)
         res = explain(lm, text, target, foil, method=method, position=position,
                       **({"steps": steps} if steps is not None else {}))
         if html:

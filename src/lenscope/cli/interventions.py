@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from .common import MODEL_HELP, emit, fail, handle_errors, load_model, print_json
+from .common import (DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, emit, fail, handle_errors, load_model,
+                     print_json)
 from .sweeps import ray_address_option, ray_option, ray_target, workers_option
 
 
@@ -15,6 +16,8 @@ def register(app: typer.Typer) -> None:
         clean: str = typer.Argument(..., help="The clean prompt."),
         corrupted: str = typer.Argument(..., help="The corrupted prompt (same number of tokens)."),
         model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = DTYPE_OPTION,
+        device_map: str = DEVICE_MAP_OPTION,
         target: str = typer.Option(..., "--target", "-t", help="Target token: its text (e.g. ' Mary') or #ID."),
         foil: str = typer.Option(None, "--foil", "-f", help="Foil token (needed for --metric logit_diff)."),
         what: str = typer.Option("resid", "--what", help="resid | attn | mlp | heads"),
@@ -36,7 +39,7 @@ def register(app: typer.Typer) -> None:
             fail(f"unknown --metric {metric!r}; choose one of {', '.join(METRICS)}")
         if batch_size < 1:
             fail("--batch-size must be at least 1")
-        lm = load_model(model)
+        lm = load_model(model, dtype=dtype, device_map=device_map)
         res = activation_patching(lm, clean, corrupted, target, foil, what=what, metric=metric, noising=noising,
                                   position=position, head_position=head_position, batch_size=batch_size)
         if emit(res, png=png, save=save, as_json=as_json):
@@ -50,6 +53,8 @@ def register(app: typer.Typer) -> None:
         subject: str = typer.Option(..., "--subject", "-s", help="The subject (a substring of the prompt) to corrupt."),
         target: str = typer.Option(None, "--target", "-t", help="Target token (text or #ID; default: the model's top prediction)."),
         model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = DTYPE_OPTION,
+        device_map: str = DEVICE_MAP_OPTION,
         samples: int = typer.Option(10, "--samples", help="Noise samples (each restoration is averaged over them)."),
         window: int = typer.Option(10, "--window", help="Layers restored together for the MLP and attention traces."),
         noise: float = typer.Option(None, "--noise", help="Noise scale ν (default: 3 × the std of the input embeddings on the corpus)."),
@@ -69,7 +74,7 @@ def register(app: typer.Typer) -> None:
             fail("--window must be at least 1")
         if batch_size < 1:
             fail("--batch-size must be at least 1")
-        lm = load_model(model)
+        lm = load_model(model, dtype=dtype, device_map=device_map)
         res = causal_trace(lm, prompt, subject, target, samples=samples, window=window, noise=noise, corpus=corpus,
                            seed=seed, batch_size=batch_size)
         if emit(res, png=png, save=save, as_json=as_json):
@@ -83,6 +88,8 @@ def register(app: typer.Typer) -> None:
         data: str = typer.Option("facts", "--data", help="facts (the shared fact set) or a JSON-lines file of "
                                  "{prompt, subject, target[, relation]}."),
         model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = DTYPE_OPTION,
+        device_map: str = DEVICE_MAP_OPTION,
         limit: int = typer.Option(None, "--limit", help="The first N facts (taken round-robin over relations).", min=1),
         samples: int = typer.Option(10, "--samples", help="Noise samples per fact.", min=1),
         window: int = typer.Option(10, "--window", help="Layers restored together for MLP and attention.", min=1),
@@ -101,7 +108,7 @@ def register(app: typer.Typer) -> None:
         if resume and out is None:
             fail("--resume needs the --out folder of the interrupted sweep")
         facts = load_facts(data, limit)
-        lm = load_model(model)
+        lm = load_model(model, dtype=dtype, device_map=device_map)
         res = causal_trace_sweep(lm, facts, out, data=data, samples=samples, window=window, seed=seed,
                                  resume=resume, ray=ray_target(ray, ray_address), workers=workers)
         if out:
@@ -132,6 +139,8 @@ def register(app: typer.Typer) -> None:
         clean: str = typer.Argument(..., help="The clean prompt."),
         corrupted: str = typer.Argument(..., help="The corrupted prompt (same number of tokens)."),
         model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = DTYPE_OPTION,
+        device_map: str = DEVICE_MAP_OPTION,
         target: str = typer.Option(..., "--target", "-t", help="Target token: its text or #ID."),
         foil: str = typer.Option(None, "--foil", "-f", help="Foil token (needed for --metric logit_diff)."),
         senders: str = typer.Option("heads", "--senders", help="heads | attn | mlp"),
@@ -156,7 +165,7 @@ def register(app: typer.Typer) -> None:
             rec = (int(parts[0]), int(parts[1]), parts[2])
         if batch_size < 1:
             fail("--batch-size must be at least 1")
-        lm = load_model(model)
+        lm = load_model(model, dtype=dtype, device_map=device_map)
         res = path_patching(lm, clean, corrupted, target, foil, senders=senders, receiver=rec, metric=metric,
                             noising=noising, batch_size=batch_size)
         if emit(res, png=png, save=save, as_json=as_json):
@@ -169,6 +178,8 @@ def register(app: typer.Typer) -> None:
         prompt: str = typer.Argument(..., help="The prompt, e.g. 'The capital of France is'."),
         target: str = typer.Option(None, "--target", "-t", help="Target token (text or #ID; default: the top prediction)."),
         model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = DTYPE_OPTION,
+        device_map: str = DEVICE_MAP_OPTION,
         steps: int = typer.Option(20, "--steps", help="Integrated-gradient steps."),
         threshold: float = typer.Option(0.2, "--threshold", help="Keep neurons with attribution >= threshold × max."),
         max_neurons: int = typer.Option(None, "--max-neurons", help="Keep at most this many neurons."),
@@ -183,7 +194,7 @@ def register(app: typer.Typer) -> None:
 
         if steps < 1 or batch_size < 1:
             fail("--steps and --batch-size must be at least 1")
-        lm = load_model(model)
+        lm = load_model(model, dtype=dtype, device_map=device_map)
         res = knowledge_neurons(lm, prompt, target, steps=steps, threshold=threshold, max_neurons=max_neurons,
                                 seed=seed, batch_size=batch_size)
         if emit(res, png=png, save=save, as_json=as_json):

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import InputError
-from .common import MODEL_HELP, handle_errors, load_model, print_json
+from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, handle_errors, load_model, print_json
 
 SAMPLE = "When Mary and John went to the store, John gave a drink to"
 
@@ -17,6 +17,8 @@ SAMPLE = "When Mary and John went to the store, John gave a drink to"
 def report_cmd(
     text: str = typer.Argument(SAMPLE, help="The text whose next-token prediction to explain."),
     model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+    dtype: str = DTYPE_OPTION,
+    device_map: str = DEVICE_MAP_OPTION,
     target: str = typer.Option(None, "--target", help="Token to explain (default: the model's top prediction)."),
     foil: str = typer.Option(None, "--foil", help="A contrasting token (explain target rather than foil)."),
     lens: str = typer.Option(None, "--lens", help="A tuned-lens directory, shown beside the logit lens."),
@@ -33,7 +35,7 @@ def report_cmd(
     con = Console(stderr=True, soft_wrap=True)
     t0 = time.perf_counter()
     con.print(f"lenscope report: loading [bold]{model}[/] (an embedded model is converted once on first use, about a minute)")
-    lm = load_model(model)
+    lm = load_model(model, dtype=dtype, device_map=device_map)
     tuned = None
     if lens is not None and lens != "logit":
         from ..lenses import TunedLens

@@ -20,6 +20,8 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import torch
+
 from ..errors import InputError, MissingDependencyError
 
 
@@ -34,13 +36,13 @@ def _ray():
 class _Worker:
     """A Ray actor: one model per worker process, loaded once."""
 
-    def __init__(self, model: str, threads: int):
+    def __init__(self, model: str, threads: int, load_kwargs: dict):
         import torch
 
         import lenscope
 
         torch.set_num_threads(threads)
-        self.lm = lenscope.load(model)
+        self.lm = lenscope.load(model, **load_kwargs)
 
     def run(self, job, index: int, item):
         return index, job(self.lm, item)
@@ -92,7 +94,10 @@ def run_sweep(job: Callable, items: Sequence, *, lm=None, model: str | None = No
     rr = _ray()
     _init_ray(rr, ray, workers)
     actor = rr.remote(num_cpus=1)(_Worker)
-    pool = [actor.remote(name, threads_per_worker) for _ in range(min(workers, max(1, n - start)))]
+    # the workers load the model in the driver's dtype (each on its own machine's devices: no device map)
+    dtype = getattr(lm, "dtype", None)
+    load_kwargs = {"dtype": str(dtype).replace("torch.", "")} if dtype not in (None, torch.float32) else {}
+    pool = [actor.remote(name, threads_per_worker, load_kwargs) for _ in range(min(workers, max(1, n - start)))]
     job_ref = rr.put(job)
     todo = iter(range(start, n))
     running: dict = {}  # object ref -> the actor running it
