@@ -373,3 +373,24 @@ def test_docs_devices_python_runs(tmp_path, monkeypatch):
     assert len(blocks) == 2
     for code in blocks:
         exec(compile(code, "devices.md", "exec"), {})
+
+
+@pytest.mark.parametrize("family,block", [("llama", "model.layers.1"), ("gpt2", "transformer.h.1"),
+                                          ("gemma3", "model.layers.1")])
+def test_a_partial_device_map_is_completed(family, block):
+    """Naming one block is enough: the rest stays on the CPU (tied embeddings together) and the numbers agree."""
+    import lenscope
+
+    full = lenscope.load(f"tiny:{family}")
+    split = lenscope.load(f"tiny:{family}", device_map={block: "disk"})
+    assert lenscope.verify(split).ok
+    a = lenscope.direct_logit_attribution(full, "The capital of France is", "#5", by_head=True)
+    b = lenscope.direct_logit_attribution(split, "The capital of France is", "#5", by_head=True)
+    assert torch.allclose(a.values, b.values, atol=1e-6)
+
+
+def test_a_device_map_naming_an_unknown_module_is_a_clear_error():
+    import lenscope
+
+    with pytest.raises(lenscope.InputError, match="does not have: model.nope"):
+        lenscope.load("tiny:llama", device_map={"model.nope": "disk"})

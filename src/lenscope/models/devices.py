@@ -113,6 +113,47 @@ def needs_offload_folder(device_map: Any, max_memory: dict | None) -> bool:
     return isinstance(device_map, str)  # a strategy may offload to disk when memory runs out
 
 
+def complete_device_map(model, device_map: dict, tied: bool | None = None) -> dict:
+    """A ``{module: device}`` map that names only some modules, completed: every other block (``...layers.N``,
+    ``...h.N``) and module with weights stays on the CPU, and tied input / output embeddings share a device
+    (accelerate wants every weight placed). ``model`` may be a skeleton on the ``meta`` device."""
+    if tied is None:
+        tied = bool(getattr(getattr(model, "config", None), "tie_word_embeddings", False))
+    names = list(model.state_dict().keys())
+    mods = {id(m): n for n, m in model.named_modules()}
+
+    def covered(name: str, m: dict) -> bool:
+        return "" in m or any(name == k or name.startswith(k + ".") for k in m)
+
+    def where(name: str, m: dict):
+        best = max((k for k in m if name == k or name.startswith(k + ".")), key=len)
+        return m[best]
+
+    known = set(mods.values())
+    unknown = [k for k in device_map if k and k not in known]
+    if unknown:
+        examples = ", ".join(n for n in list(mods.values())[1:] if n.count(".") <= 2)[:200]
+        raise InputError(f"the device map names module(s) this model does not have: {', '.join(unknown)}; "
+                         f"its modules are named like: {examples} ...")
+    out = dict(device_map)
+    if tied and hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None:
+        pair = [mods.get(id(model.get_input_embeddings())), mods.get(id(model.get_output_embeddings()))]
+        if all(pair):
+            dev = next((where(p + ".weight", out) for p in pair if covered(p + ".weight", out)), "cpu")
+            for p in pair:
+                if not covered(p + ".weight", out):
+                    out[p] = dev
+    blocks = ("layers", "h", "layer", "blocks")
+    for n in names:
+        if covered(n, out):
+            continue
+        parts = n.split(".")
+        i = next((j for j, x in enumerate(parts[:-2]) if x in blocks and parts[j + 1].isdigit()), None)
+        cut = i + 2 if i is not None else len(parts) - 1
+        out[".".join(parts[:cut]) or n] = "cpu"
+    return out
+
+
 def dispatch(model, device_map: Any, *, max_memory: dict | None = None, offload_folder: str | None = None):
     """Place an already built model with accelerate: ``device_map`` a dict or a strategy (computed with
     :func:`accelerate.infer_auto_device_map` under ``max_memory``). Disk offload writes to ``offload_folder``
@@ -123,6 +164,8 @@ def dispatch(model, device_map: Any, *, max_memory: dict | None = None, offload_
         no_split = getattr(model, "_no_split_modules", None) or []
         device_map = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=list(no_split))
     device_map = _normalise_map(device_map)
+    if "" not in device_map:
+        device_map = _normalise_map(complete_device_map(model, device_map))
     if device_map.get("") == "disk" or set(device_map.values()) == {"disk"}:
         raise InputError("the whole model would be offloaded to disk (max_memory leaves no room on any device); "
                          "give more memory to a device, or place at least the embeddings on one")

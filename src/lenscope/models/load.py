@@ -227,6 +227,17 @@ def _quiet_transformers():
             hf_logging.enable_progress_bar()
 
 
+def _complete_device_map(auto, cfg, device_map: dict) -> dict:
+    """:func:`devices.complete_device_map` for a model not loaded yet (its skeleton on the ``meta`` device)."""
+    from accelerate import init_empty_weights
+
+    from .devices import complete_device_map
+
+    with init_empty_weights():
+        skeleton = auto.from_config(cfg)
+    return complete_device_map(skeleton, device_map, tied=getattr(cfg, "tie_word_embeddings", False))
+
+
 def _from_folder(folder: Path, dtype: torch.dtype, placement: dict | None = None):
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
@@ -247,14 +258,18 @@ def _from_folder(folder: Path, dtype: torch.dtype, placement: dict | None = None
             from .devices import _offload_dir, needs_offload_folder
 
             kw = dict(placement)
+            if isinstance(kw["device_map"], dict):
+                kw["device_map"] = _complete_device_map(auto, cfg, kw["device_map"])
             if kw.get("offload_folder") is None and needs_offload_folder(kw["device_map"], kw.get("max_memory")):
                 kw["offload_folder"] = _offload_dir()
             kw = {k: v for k, v in kw.items() if v is not None}
             try:
                 model = auto.from_pretrained(folder, dtype=dtype, attn_implementation="eager", **kw)
             except (ValueError, KeyError) as e:
-                raise InputError(f"cannot load {folder.name} with device map {kw['device_map']}: {e} (modules whose "
-                                 "weights are tied, e.g. the embeddings and the LM head, must share a device)") from None
+                msg = str(e) if len(str(e)) < 300 else str(e)[:300] + " ..."
+                raise InputError(f"cannot load {folder.name} with device map {placement['device_map']}: {msg} (modules "
+                                 "whose weights are tied, e.g. the embeddings and the LM head, must share a device)"
+                                 ) from None
         else:
             model = auto.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
     tok = AutoTokenizer.from_pretrained(folder)
