@@ -9,8 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lenscope
-from lenscope.lenses import (LogitLens, TrainSettings, TunedLens, decode, evaluate_lens, split_text, token_sequences,
-                             train_tuned_lens)
+from lenscope.lenses import (
+    LogitLens,
+    TrainSettings,
+    TunedLens,
+    decode,
+    evaluate_lens,
+    split_text,
+    token_sequences,
+    train_tuned_lens,
+)
 from lenscope.lenses.evaluate import prediction_depth
 from lenscope.lenses.train import chunks, kl_backward
 from lenscope.models.trace import residual_states
@@ -123,7 +131,7 @@ def test_keep_best_never_ends_worse_than_the_identity_on_validation():
 
     lm = get_model("tiny:gpt2")
     train = token_sequences(lm, TEXT * 2, 32)
-    s = TrainSettings(tokens=1024, seq_len=32, batch_size=2, lr=0.5, validation_tokens=96, validate_every=4)
+    s = TrainSettings(tokens=1024, seq_len=32, batch_size=2, lr=2.0, validation_tokens=96, validate_every=4)
     last = train_tuned_lens(lm, train, TrainSettings(**{**s.__dict__, "keep_best": False}), progress=False)
     best = train_tuned_lens(lm, train, s, progress=False)
     sel = best.training_info["selection"]

@@ -43,23 +43,28 @@ def load_lens_dir(directory: str | Path, lm: LoadedModel, *, check_model: bool =
             params = load_file(str(directory / "params.safetensors"))
         except Exception as e:  # a corrupt or missing file
             raise InputError(f"cannot read {directory / 'params.safetensors'} ({e})") from None
+        has_mid = "A_mid" in params
         lens = TunedLens(A, model_name=cfg.get("model", lm.name), mid=cfg.get("mid", False),
-                         training=cfg.get("training"))
+                         training=cfg.get("training"), mid_translators=has_mid)
         _assign(lens, params.get("A"), params.get("b"), directory)
+        if has_mid:
+            _assign(lens, params.get("A_mid"), params.get("b_mid"), directory, mid=True)
         return lens
     if (directory / "params.pt").exists():
         return _load_tuned_lens_library(directory, cfg, lm)
     raise InputError(f"{directory} holds neither a lenscope lens (params.safetensors) nor a tuned-lens one (params.pt)")
 
 
-def _assign(lens: TunedLens, A, b, directory: Path) -> None:
-    want = (tuple(lens.A.shape), tuple(lens.b.shape))
+def _assign(lens: TunedLens, A, b, directory: Path, mid: bool = False) -> None:
+    pA, pb = (lens.A_mid, lens.b_mid) if mid else (lens.A, lens.b)
+    want = (tuple(pA.shape), tuple(pb.shape))
     got = (None if A is None else tuple(A.shape), None if b is None else tuple(b.shape))
     if got != want:
-        raise InputError(f"the lens in {directory} has parameter shapes {got}, this model needs {want}")
+        what = "mid-layer parameter" if mid else "parameter"
+        raise InputError(f"the lens in {directory} has {what} shapes {got}, this model needs {want}")
     with torch.no_grad():
-        lens.A.copy_(A)
-        lens.b.copy_(b)
+        pA.copy_(A)
+        pb.copy_(b)
 
 
 def _load_tuned_lens_library(directory: Path, cfg: dict, lm: LoadedModel) -> TunedLens:

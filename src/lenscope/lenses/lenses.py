@@ -10,7 +10,9 @@ Each decoded state uses its own norm statistics: ``final_norm`` is applied to th
 itself, never with the last layer's scale.
 
 The tuned lens adds one affine translator per state, ``h -> h + h A_l + b_l`` with ``A_l, b_l`` starting
-at zero (the identity map), trained so that the decoded distribution matches the model's final one.
+at zero (the identity map), trained so that the decoded distribution matches the model's final one. A lens
+may also carry translators for the mid-layer states (``A_mid, b_mid``, trained in the same run with
+``TrainSettings(mid=True)``); trajectories and evaluations use them for the ``"l.mid"`` states.
 """
 
 from __future__ import annotations
@@ -76,6 +78,12 @@ class Lens(nn.Module):
         """``h (state, ..., d_model)`` for states ``0..n_layers-1`` (or ``0..n_layers``) -> translated."""
         return torch.stack([self.transform(h[i], i) for i in range(h.shape[0])])
 
+    def transform_mid(self, h: Tensor, layer: int) -> Tensor:
+        """Translate ``h``, the residual after block ``layer``'s attention (base lens: the identity)."""
+        if not 0 <= layer < self.n_layers:
+            raise InputError(f"mid-layer state {layer} is outside 0..{self.n_layers - 1}")
+        return h
+
     def logits(self, h: Tensor, layer: int) -> Tensor:
         return decode(self._anatomy, self.transform(h, layer))
 
@@ -104,17 +112,43 @@ class TunedLens(Lens):
     """One affine translator per state: ``h + h @ A[l] + b[l]`` (identity at initialisation).
 
     Parameters: ``A (state, d_model, d_model)``, ``b (state, d_model)`` for states ``0..n_layers-1``;
-    the output state ``n_layers`` is left as it is.
+    the output state ``n_layers`` is left as it is. With ``mid_translators=True`` also ``A_mid (layer, d_model,
+    d_model)``, ``b_mid (layer, d_model)`` for the residual after each block's attention (else both are None).
+
+    ``mid=True`` is the older form of a lens trained on mid-layer states only: its ``A, b`` apply to the mid
+    states and the regular states are read with the identity.
     """
 
     kind = "tuned"
 
-    def __init__(self, anatomy: Anatomy, model_name: str = "", mid: bool = False, training: dict | None = None):
+    def __init__(self, anatomy: Anatomy, model_name: str = "", mid: bool = False, training: dict | None = None,
+                 mid_translators: bool = False):
         super().__init__(anatomy, model_name, mid)
         d, L = anatomy.d_model, anatomy.n_layers
         self.A = nn.Parameter(torch.zeros(L, d, d))
         self.b = nn.Parameter(torch.zeros(L, d))
+        if mid_translators and mid:
+            raise InputError("a lens has either mid-layer translators besides the regular ones, or (mid=True) "
+                             "translators for the mid-layer states only, not both")
+        self.A_mid = nn.Parameter(torch.zeros(L, d, d)) if mid_translators else None
+        self.b_mid = nn.Parameter(torch.zeros(L, d)) if mid_translators else None
         self.training_info: dict = dict(training or {})
+
+    @property
+    def has_mid_translators(self) -> bool:
+        """Whether the lens translates the mid-layer (after-attention) states too."""
+        return self.A_mid is not None
+
+    def transform_mid(self, h: Tensor, layer: int) -> Tensor:
+        """Translate ``h``, the residual after block ``layer``'s attention (the identity if the lens has no
+        translator for it)."""
+        if not 0 <= layer < self.n_layers:
+            raise InputError(f"mid-layer state {layer} is outside 0..{self.n_layers - 1}")
+        if self.A_mid is not None:
+            return h + h @ self.A_mid[layer].to(h.dtype) + self.b_mid[layer].to(h.dtype)
+        if self.mid:
+            return h + h @ self.A[layer].to(h.dtype) + self.b[layer].to(h.dtype)
+        return h
 
     def transform(self, h: Tensor, layer: int) -> Tensor:
         self._check_layer(layer)
@@ -136,7 +170,8 @@ class TunedLens(Lens):
         return {
             "lenscope_lens": LENS_FORMAT, "kind": self.kind, "model": self.model_name, "family": A.family,
             "model_type": A.model_type, "fingerprint": fingerprint(A), "n_layers": self.n_layers,
-            "d_model": self.d_model, "vocab_size": A.vocab_size, "mid": self.mid, "training": self.training_info,
+            "d_model": self.d_model, "vocab_size": A.vocab_size, "mid": self.mid,
+            "mid_translators": self.has_mid_translators, "training": self.training_info,
         }
 
     def save(self, directory: str | Path) -> Path:
@@ -145,13 +180,15 @@ class TunedLens(Lens):
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        save_file({"A": self.A.detach().contiguous(), "b": self.b.detach().contiguous()},
-                  str(directory / "params.safetensors"))
+        params = {"A": self.A.detach().contiguous(), "b": self.b.detach().contiguous()}
+        if self.has_mid_translators:  # extra keys: lenses without them (and older readers) ignore these
+            params.update({"A_mid": self.A_mid.detach().contiguous(), "b_mid": self.b_mid.detach().contiguous()})
+        save_file(params, str(directory / "params.safetensors"))
         (directory / "config.json").write_text(json.dumps(self.config(), indent=2))
         return directory
 
     @classmethod
-    def load(cls, directory: str | Path, lm: LoadedModel, *, check_model: bool = True) -> "TunedLens":
+    def load(cls, directory: str | Path, lm: LoadedModel, *, check_model: bool = True) -> TunedLens:
         """Load a lens saved by lenscope, or by the tuned-lens library (``config.json`` + ``params.pt``)."""
         from .files import load_lens_dir
 

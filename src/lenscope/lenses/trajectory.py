@@ -170,9 +170,10 @@ def prediction_trajectory(lm: LoadedModel, text: str, lens: Lens | None = None, 
     ``n_layers`` = the model's last residual). With ``mid=True`` the residual after each block's attention
     is interleaved as ``"l.mid"`` between ``"l"`` and ``"l+1"`` (``2 * n_layers + 1`` states in all).
     Translators exist only for the states a lens was trained on: the regular states go through
-    ``lens.transform``, mid-layer states are decoded with the logit lens (the identity) — except for a
-    lens trained on mid-layer states (``lens.mid``), whose translators apply to the mid states and the
-    regular states are read with the identity.
+    ``lens.transform``; mid-layer states go through the lens's mid-layer translators when it has them
+    (``TrainSettings(mid=True)``) and are decoded with the logit lens (the identity) otherwise — except for
+    a lens trained on mid-layer states only (``lens.mid``), whose translators apply to the mid states and
+    the regular states are read with the identity.
 
     Each cell records the top-1 token and probability, the top-``k`` tokens, the entropy (nats) and
     KL(final || lens) (nats), final being the model's own output distribution. Computed in float32.
@@ -202,18 +203,18 @@ def prediction_trajectory(lm: LoadedModel, text: str, lens: Lens | None = None, 
     final_p = final_logp.exp()
     k = min(k, final_logp.shape[-1])
 
-    # (label, state tensor (pos, d_model), translator index or None for the identity)
-    plan: list[tuple[str, Tensor, int | None]] = []
+    # (label, state tensor (pos, d_model), translator (a function of the state) or None for the identity)
+    plan: list[tuple[str, Tensor, object]] = []
     L = A.n_layers
     for layer in range(L + 1):
-        plan.append((str(layer), regular[layer], None if lens.mid else layer))
+        plan.append((str(layer), regular[layer], None if lens.mid else (lambda h, i=layer: lens.transform(h, i))))
         if mid and layer < L:
-            plan.append((f"{layer}.mid", cap["mid"][layer, 0], layer if lens.mid else None))
+            plan.append((f"{layer}.mid", cap["mid"][layer, 0], lambda h, i=layer: lens.transform_mid(h, i)))
 
     rows = {key: [] for key in ("top_ids", "top_prob", "entropy", "kl", "topk_ids", "topk_prob")}
-    for _, h, index in plan:
+    for _, h, translate in plan:
         h = h.float()
-        x = h if index is None else lens.transform(h, index)
+        x = h if translate is None else translate(h)
         logq = torch.log_softmax(decode(A, x).float(), -1)  # (pos, vocab)
         q = logq.exp()
         top_p, top_i = q.topk(k, dim=-1)

@@ -1,0 +1,351 @@
+"""Causal basis extraction and causal fidelity: sigma against its definition (float64 brute force), the
+factored fast path and its gradient, orthonormal bases, a constructed lens whose answer is known, the
+model-side ablation against a hand-made hook on the real model, results and the CLI."""
+
+import json
+import math
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lenscope.cli import app
+from lenscope.lenses import LogitLens, TunedLens, token_sequences
+from lenscope.lenses.cbe import (
+    CausalBasis,
+    InfluenceObjective,
+    causal_basis,
+    extract_causal_basis,
+    fidelity_spearman,
+    layer_states,
+    model_influence,
+)
+from lenscope.models.families import family_for
+from tests.conftest import get_model, tiny_with_layers
+
+TEXT = ("When Mary and John went to the store, John gave a drink to Mary. The capital of France is Paris. "
+        "The keys to the cabinet are on the table. ") * 6
+FAST = ["tiny:llama", "tiny:gpt2", "tiny:gemma3", "tiny:gpt-neox", "tiny:bloom", "tiny:opt", "tiny:qwen2"]
+ENCODERS = ["tiny:bert", "tiny:roberta"]
+
+
+def perturbed_lens(lm, seed=0, scale=0.3):
+    lens = TunedLens(lm.anatomy, model_name=lm.name)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        lens.A.copy_(torch.randn(lens.A.shape, generator=g) * scale / lens.d_model**0.5)
+        lens.b.copy_(torch.randn(lens.b.shape, generator=g) * scale)
+    return lens
+
+
+def decode64(A, x):
+    """The model's decoder in float64: final norm (own statistics), masked-LM head, unembedding, soft-cap."""
+    if A.final_norm is not None:
+        x = A.final_norm.to(torch.float64)(x)
+    u = A.unembed
+    if u.transform_W is not None:
+        from lenscope.models.anatomy import ACTIVATIONS
+
+        x = ACTIVATIONS[u.transform_act](x @ u.transform_W.double() + u.transform_b.double())
+        x = u.transform_norm.to(torch.float64)(x)
+    z = x @ u.W_U.double()
+    if u.b_U is not None:
+        z = z + u.b_U.double()
+    if u.softcap is not None:
+        z = torch.tanh(z / u.softcap) * u.softcap
+    return z
+
+
+def sigma_by_definition(A, lens, layer, H, v, mu=None):
+    """sigma(v) = E_h KL( f(h) || f(h - ((h - E h) . v) v) ), everything in float64."""
+    H, v = H.double(), v.double()
+    mu = H.mean(0) if mu is None else mu.double()
+    if isinstance(lens, TunedLens) and layer < lens.n_layers:
+        M, b = lens.A[layer].detach().double(), lens.b[layer].detach().double()
+        T = lambda h: h + h @ M + b
+    else:
+        T = lambda h: h
+    h2 = H - ((H - mu) @ v)[:, None] * v
+    lp = torch.log_softmax(decode64(A, T(H)), -1)
+    lq = torch.log_softmax(decode64(A, T(h2)), -1)
+    return (lp.exp() * (lp - lq)).sum(-1).mean()
+
+
+def setup(name, layer=1, seed=0):
+    lm = get_model(name)
+    seqs = token_sequences(lm, TEXT, 32, max_tokens=128)
+    lens = perturbed_lens(lm, seed)
+    return lm, seqs, lens, layer_states(lm, seqs, layer)
+
+
+def some_directions(H, n=3, seed=0):
+    """Principal directions (strong influence) and random ones."""
+    Hc = H - H.mean(0)
+    pcs = torch.linalg.svd(Hc, full_matrices=False).Vh[:n]
+    g = torch.Generator().manual_seed(seed)
+    rnd = torch.nn.functional.normalize(torch.randn(n, H.shape[1], generator=g), dim=-1)
+    return torch.cat([pcs, rnd])
+
+
+@pytest.mark.parametrize("name", FAST + ENCODERS)
+@pytest.mark.parametrize("kind", ["tuned", "logit"])
+def test_sigma_matches_its_definition(name, kind):
+    lm, _, tuned, H = setup(name)
+    lens = tuned if kind == "tuned" else LogitLens(lm.anatomy)
+    V = some_directions(H)
+    want = torch.stack([sigma_by_definition(lm.anatomy, lens, 1, H, v) for v in V]).float()
+    paths = [False] + ([True] if name not in ENCODERS else [])
+    for fast in paths:
+        got = InfluenceObjective(lm, lens, 1, H, fast=fast).sigma(V)
+        assert torch.allclose(got, want, rtol=2e-3, atol=5e-8), (fast, got, want)
+    if name in ENCODERS:  # a masked-LM head is not affine: the general path is chosen by itself
+        assert not InfluenceObjective(lm, lens, 1, H).fast
+    else:
+        assert InfluenceObjective(lm, lens, 1, H).fast
+
+
+def test_sigma_at_the_output_state_and_an_explicit_mean():
+    lm, seqs, lens, _ = setup("tiny:gpt2")
+    L = lm.anatomy.n_layers
+    H = layer_states(lm, seqs, L)
+    V = some_directions(H, 2)
+    mu = H.mean(0) + 0.1
+    want = torch.stack([sigma_by_definition(lm.anatomy, lens, L, H, v, mu) for v in V]).float()
+    got = InfluenceObjective(lm, lens, L, H, mean=mu).sigma(V)  # the lens is the identity at the output
+    assert torch.allclose(got, want, rtol=2e-3, atol=5e-8)
+
+
+@pytest.mark.parametrize("name", ["tiny:llama", "tiny:gpt2", "tiny:bloom"])
+def test_gradient_matches_autograd_of_the_definition(name):
+    lm, _, lens, H = setup(name)
+    for v in some_directions(H, 2)[[0, 2]]:
+        val, g = InfluenceObjective(lm, lens, 1, H).value_and_grad(v)
+        v64 = v.double().requires_grad_(True)
+        s = sigma_by_definition(lm.anatomy, lens, 1, H, v64)
+        (g64,) = torch.autograd.grad(s, v64)
+        assert math.isclose(val, float(s.detach()), rel_tol=2e-3, abs_tol=5e-8)
+        assert torch.allclose(g.double(), g64, rtol=0, atol=2e-3 * float(g64.abs().max()) + 1e-8)
+        g_general = InfluenceObjective(lm, lens, 1, H, fast=False).value_and_grad(v)[1]
+        assert torch.allclose(g_general.double(), g64, rtol=0, atol=2e-3 * float(g64.abs().max()) + 1e-8)
+
+
+def test_subset_is_every_kth_token_with_the_full_mean():
+    lm, _, lens, H = setup("tiny:llama")
+    obj = InfluenceObjective(lm, lens, 1, H)
+    sub = obj.subset(3)
+    v = some_directions(H, 1)[0]
+    want = sigma_by_definition(lm.anatomy, lens, 1, H[::3], v, mu=H.mean(0))
+    assert sub.N == H[::3].shape[0]
+    assert math.isclose(float(sub.sigma(v[None])[0]), float(want), rel_tol=2e-3, abs_tol=5e-8)
+
+
+@pytest.mark.parametrize("name", ["tiny:llama", "tiny:gpt2", "tiny:bert"])
+def test_cbe_basis_is_orthonormal_sorted_and_beats_principal_components(name):
+    lm, _, lens, H = setup(name)
+    obj = InfluenceObjective(lm, lens, 1, H)
+    res = extract_causal_basis(obj, 4, max_evals=25)
+    V, s = res["vectors"], res["sigma"]
+    assert torch.allclose(V @ V.T, torch.eye(4), atol=1e-5)
+    assert (s[:-1] >= s[1:]).all()
+    assert float(s[0]) >= float(res["pca_sigma"].max()) * (1 - 1e-4)  # the best PC is the first start
+    want = torch.stack([sigma_by_definition(lm.anatomy, lens, 1, H, v) for v in V]).float()
+    assert torch.allclose(s, want, rtol=2e-3, atol=5e-8)  # reported values are sigma of the returned vectors
+    pca = res["pca_vectors"]
+    assert torch.allclose(pca @ pca.T, torch.eye(4), atol=1e-5)
+    assert (res["pca_variance"][:-1] >= res["pca_variance"][1:]).all()
+
+
+def test_coarse_then_full_stage():
+    lm, _, lens, H = setup("tiny:llama")
+    obj = InfluenceObjective(lm, lens, 1, H)
+    res = extract_causal_basis(obj, 2, coarse_tokens=40)  # 124 tokens: every 3rd one for the coarse stage
+    assert all(e[0] > 0 and e[1] > 0 for e in res["evals"])
+    V = res["vectors"]
+    assert torch.allclose(V @ V.T, torch.eye(2), atol=1e-5)
+    full = extract_causal_basis(InfluenceObjective(lm, lens, 1, H), 2, coarse_tokens=0)
+    assert float(res["sigma"][0]) >= 0.95 * float(full["sigma"][0])
+
+
+def one_direction_lens(lm, e, layer, alpha):
+    """A tuned lens whose translator at ``layer`` is ``h -> alpha (h . e) e``: what it decodes depends on ``h``
+    only through ``h . e``."""
+    lens = TunedLens(lm.anatomy, model_name=lm.name)
+    with torch.no_grad():
+        lens.A[layer].copy_(alpha * torch.outer(e, e) - torch.eye(e.numel()))
+    return lens
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_cbe_finds_the_one_direction_a_lens_reads(family):
+    """Known answer: isotropic states, a readout linear in ``h . e`` (no final norm, small logits). Ablating
+    ``v`` moves ``h . e`` by ``(v . e) (h - E h) . v``, whose variance is ``(v . e)^2``: ``e`` is the most
+    influential direction, and every direction orthogonal to it has no influence at all."""
+    import dataclasses
+
+    from lenscope.models.load import LoadedModel
+
+    base = tiny_with_layers(family, 2)
+    lm = LoadedModel(model=base.model, tokenizer=base.tokenizer, name=base.name,
+                     anatomy=dataclasses.replace(base.anatomy, final_norm=None))
+    d = lm.anatomy.d_model
+    g = torch.Generator().manual_seed(3)
+    H = torch.randn(2048, d, generator=g)
+    H = (H - H.mean(0)) @ torch.linalg.inv(torch.linalg.cholesky(torch.cov(H.T, correction=0))).T  # whitened
+    e = torch.nn.functional.normalize(torch.randn(d, generator=g), dim=0)
+    r = e @ lm.anatomy.unembed.W_U
+    lens = one_direction_lens(lm, e, 1, 0.5 / float(r.std()))  # logits move by about 0.5 per unit of h . e
+    obj = InfluenceObjective(lm, lens, 1, H)
+    res = extract_causal_basis(obj, 3, max_evals=40, coarse_tokens=0)
+    assert abs(float(res["vectors"][0] @ e)) > 0.999
+    assert float(res["sigma"][0]) > 1e-2
+    assert float(res["sigma"][1:].abs().max()) < 1e-5 * float(res["sigma"][0])
+    assert float(res["pca_sigma"].max()) < 0.5 * float(res["sigma"][0])  # principal directions miss e
+    # and the same lens on the real model's (non-isotropic) states: orthogonal directions still have none
+    real = layer_states(base, token_sequences(base, TEXT, 32, max_tokens=128), 1)
+    w = torch.nn.functional.normalize(torch.randn(2, d, generator=g), dim=-1)
+    w = w - (w @ e)[:, None] * e
+    w = torch.nn.functional.normalize(w, dim=-1)
+    sig = InfluenceObjective(lm, lens, 1, real).sigma(torch.cat([e[None], w]))
+    assert float(sig[0]) > 1e-6 and float(sig[1:].abs().max()) < 1e-6 * float(sig[0])
+
+
+def ablate_by_hand(lm, ids, layer, v, mu, skip_first=True):
+    """KL(final || ablated final) with a forward pre-hook on the real block (no lenscope intervention code)."""
+    block = family_for(lm.model).hooks(lm.model).layers[layer].block
+
+    def hook(mod, args, kwargs):
+        h = args[0] if args else kwargs["hidden_states"]
+        c = (h - mu) @ v
+        if skip_first:
+            c[:, 0] = 0
+        h2 = h - c[..., None] * v
+        if args:
+            return (h2,) + tuple(args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": h2}
+
+    with torch.no_grad():
+        base = lm.model(input_ids=ids).logits
+        handle = block.register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            abl = lm.model(input_ids=ids).logits
+        finally:
+            handle.remove()
+    first = 1 if skip_first else 0
+    lp = torch.log_softmax(base[:, first:].double(), -1)
+    lq = torch.log_softmax(abl[:, first:].double(), -1)
+    return (lp.exp() * (lp - lq)).sum(-1).mean()
+
+
+@pytest.mark.parametrize("name", ["tiny:llama", "tiny:gpt2", "tiny:gpt-neox", "tiny:bert"])
+@pytest.mark.parametrize("layer", [0, 1])
+def test_model_side_ablation_matches_editing_the_real_model(name, layer):
+    lm = get_model(name)
+    seqs = token_sequences(lm, TEXT, 24, max_tokens=72)
+    H = layer_states(lm, seqs, layer)
+    V = some_directions(H, 2)
+    mu = H.mean(0)
+    got = model_influence(lm, seqs, layer, V, mu)
+    want = torch.stack([ablate_by_hand(lm, seqs, layer, v, mu) for v in V]).float()
+    assert torch.allclose(got, want, rtol=1e-3, atol=1e-7), (got, want)
+    # several directions per forward pass give the same numbers as one at a time
+    small = model_influence(lm, seqs, layer, V, mu, budget_bytes=1)
+    assert torch.allclose(small, got, rtol=1e-4, atol=1e-8)
+
+
+def test_model_side_at_the_output_state_is_the_logit_lens():
+    lm = get_model("tiny:llama")
+    seqs = token_sequences(lm, TEXT, 24, max_tokens=72)
+    L = lm.anatomy.n_layers
+    H = layer_states(lm, seqs, L)
+    V = some_directions(H, 2)
+    got = model_influence(lm, seqs, L, V, H.mean(0))
+    want = torch.stack([sigma_by_definition(lm.anatomy, LogitLens(lm.anatomy), L, H, v) for v in V]).float()
+    assert torch.allclose(got, want, rtol=2e-3, atol=5e-8)
+
+
+def test_logit_lens_at_last_state_is_perfectly_faithful():
+    """At the output state the logit lens *is* the model: its influences equal the model's."""
+    lm = get_model("tiny:llama")
+    L = lm.anatomy.n_layers
+    res = causal_basis(lm, LogitLens(lm.anatomy), TEXT, L, k=3, tokens=96, seq_len=32, model_tokens=None)
+    assert torch.allclose(res.sigma, res.model_sigma, rtol=2e-3, atol=5e-8)
+    assert res.fidelity_spearman == pytest.approx(1.0)
+
+
+def test_causal_basis_result_roundtrip_and_fields(tmp_path):
+    lm = get_model("tiny:gpt2")
+    res = causal_basis(lm, perturbed_lens(lm), TEXT, 1, k=3, tokens=128, seq_len=32, model_tokens=60, name="tuned")
+    assert isinstance(res, CausalBasis) and res.k == 3 and res.layer == 1 and res.lens == "tuned"
+    assert res.n_model_tokens == 62  # two sequences of 31 predicted positions
+    d = res.to_dict()
+    assert {"layer", "sigma", "model_sigma", "pca_sigma", "fidelity_spearman"} <= set(d)
+    assert len(d["sigma"]) == len(d["model_sigma"]) == len(d["pca_sigma"]) == 3
+    json.dumps(d)
+    back = CausalBasis.load(res.save(tmp_path / "cbe.safetensors"))
+    assert torch.equal(back.vectors, res.vectors) and back.to_dict() == d
+    assert list(res.to_frame().columns) == ["sigma", "model_sigma", "pca_sigma", "pca_variance"]
+    assert res.plot().axes
+    assert fidelity_spearman([res, res]) == pytest.approx(res.fidelity_spearman)
+    none = causal_basis(lm, LogitLens(lm.anatomy), TEXT, 1, k=2, tokens=64, seq_len=32, model_tokens=0)
+    assert none.to_dict()["model_sigma"] is None and none.fidelity_spearman is None
+
+
+def test_bad_input():
+    from lenscope.errors import InputError
+
+    lm, seqs, lens, H = setup("tiny:llama")
+    with pytest.raises(InputError, match="k must be"):
+        extract_causal_basis(InfluenceObjective(lm, lens, 1, H), 0)
+    with pytest.raises(InputError, match="outside"):
+        layer_states(lm, seqs, 7)
+    bert = get_model("tiny:bert")
+    Hb = layer_states(bert, token_sequences(bert, TEXT, 32, max_tokens=64), 1)
+    with pytest.raises(InputError, match="factored path"):
+        InfluenceObjective(bert, LogitLens(bert.anatomy), 1, Hb, fast=True)
+
+
+runner = CliRunner()
+CORPUS = ("When Mary and John went to the store, John gave a drink to Mary.\n"
+          "The capital of France is Paris. The keys to the cabinet are on the table.\n") * 40
+
+
+def test_cli_cbe_json_and_files(tmp_path):
+    data = tmp_path / "corpus.txt"
+    data.write_text(CORPUS)
+    lens_dir = tmp_path / "lens"
+    perturbed_lens(get_model("tiny:llama")).save(lens_dir)
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["lens", "cbe", "--model", "tiny:llama", "--data", str(data), "--lens", str(lens_dir),
+                            "--lens", "logit", "--layer", "1", "--k", "3", "--tokens", "128", "--seq-len", "32",
+                            "--model-tokens", "62", "--part", "all", "--json", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert {"layer", "sigma", "model_sigma", "pca_sigma", "fidelity_spearman"} <= set(d)
+    assert d["layer"] == 1 and d["lens"] == "tuned" and len(d["sigma"]) == 3
+    assert set(d["lenses"]) == {"tuned", "logit"}
+    assert all(a >= b for a, b in zip(d["sigma"], d["sigma"][1:]))
+    names = {p.name for p in out.iterdir()}
+    assert {"cbe.json", "sigma-state1.png", "fidelity.png", "cbe-tuned-state1.safetensors",
+            "cbe-logit-state1.safetensors"} <= names
+    r = runner.invoke(app, ["lens", "cbe", "--model", "tiny:llama", "--data", str(data), "--layer", "0", "--layer",
+                            "2", "--k", "2", "--tokens", "64", "--seq-len", "32", "--model-tokens", "31", "--part",
+                            "all", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert [x["layer"] for x in d["layers"]] == [0, 2] and "layer" not in d
+    assert d["lens"] == "logit" and "fidelity_spearman" in d
+    r = runner.invoke(app, ["lens", "cbe", "--model", "tiny:llama", "--data", str(data), "--layer", "1",
+                            "--k", "2", "--tokens", "64", "--seq-len", "32", "--part", "all"])
+    assert r.exit_code == 0 and "σ lens" in r.stdout
+    r = runner.invoke(app, ["lens", "cbe", "--model", "tiny:llama", "--data", str(data), "--layer", "9"])
+    assert r.exit_code == 2 and "outside" in r.stderr
+
+
+@pytest.mark.slow
+def test_smollm2_cbe_small(smollm2):
+    res = causal_basis(smollm2, LogitLens(smollm2.anatomy), TEXT * 4, 20, k=2, tokens=512, seq_len=128,
+                       model_tokens=127, max_evals=10)
+    assert res.fast and res.k == 2
+    assert torch.allclose(res.vectors @ res.vectors.T, torch.eye(2), atol=1e-5)
+    assert float(res.sigma[0]) >= float(res.sigma[1]) and float(res.sigma[0]) > float(res.pca_sigma.max()) * 0.999
+    assert (res.model_sigma > 0).all()
