@@ -111,3 +111,31 @@ def test_ray_address_argument_forms():
     assert split_ray_address(["mixing", "study", "--ray"]) == ["mixing", "study", "--ray"]
     assert ray_target(False, None) is None and ray_target(True, None) is True
     assert ray_target(True, "auto") == "auto" and ray_target(False, "local") is True
+
+
+def test_eval_alignment_on_ray_matches(tmp_path):
+    """The evaluation sweep on Ray: the same records (timings aside) and the same summary as sequentially."""
+    from pathlib import Path
+
+    from lenscope.evaluate.alignment import run_alignment
+
+    data = Path(__file__).resolve().parents[1] / "evaluate" / "data"
+    lm = get_model("tiny:qwen2")
+    specs = [str(data / "tiny.csv"), f"sva:{data / 'sva.tsv'}"]
+    kw = dict(methods=["logit", "alti-logit", "grad-x-input", "erasure"], progress=False, batch_size=2)
+    a = run_alignment(lm, specs, out=tmp_path / "a", **kw)
+    b = run_alignment(lm, specs, out=tmp_path / "b", ray=True, workers=2, **kw)
+
+    def strip(path):
+        recs = [json.loads(x) for x in (path / "records.jsonl").read_text().splitlines()]
+        for r in recs:
+            for k in [k for k in r if "time" in k or "cpu" in k]:
+                r.pop(k)
+        return recs
+
+    assert strip(tmp_path / "a") == strip(tmp_path / "b")
+    da, db = a.to_dict(), b.to_dict()
+    for d in (da, db):
+        d.pop("timing", None)
+        d.pop("info", None)
+    assert da == db

@@ -1,9 +1,81 @@
-"""``lenscope eval ...`` (placeholder; filled in by its issue)."""
+"""``lenscope eval ...``: evaluate explanations against linguistic evidence."""
 
 from __future__ import annotations
 
 import typer
 
+from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, fail, handle_errors, load_model, print_json
+from .sweeps import ray_address_option, ray_option, ray_target, workers_option
+
+DATASET_HELP = ("blimp:SUBSET (one of the 11 with evidence, or any BLiMP paradigm for accuracy only), blimp:all11, "
+                "ioi, ioi-gen[:SEED], sva:FILE (prefix<TAB>correct<TAB>wrong[<TAB>evidence[<TAB>group]]) or a CSV "
+                "FILE (one_prefix_prefix, one_prefix_word_good, one_prefix_word_bad, target). Repeatable.")
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``eval`` group."""
+    ev = typer.Typer(help="Evaluate explanations against linguistic evidence (BLiMP, IOI, agreement).",
+                     no_args_is_help=True)
+    app.add_typer(ev, name="eval")
+
+    @ev.command("alignment")
+    @handle_errors
+    def alignment_cmd(
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dataset: list[str] | None = typer.Option(None, "--dataset", "-d", help=DATASET_HELP),  # noqa: B008
+        methods: str = typer.Option("logit,alti-logit,grad-norm,grad-x-input,ig,erasure", "--methods",
+                                    help="Comma-separated: logit, alti-logit, grad-norm, grad-x-input, ig, erasure."),
+        limit: int = typer.Option(None, "--limit", help="Use the first N examples of each dataset."),
+        out: str = typer.Option(None, "--out", help="Folder for per-example records, summary, tables and figures; "
+                                "a rerun with the same folder resumes."),
+        restart: bool = typer.Option(False, "--restart", help="Discard the records already in --out."),
+        ig_steps: int = typer.Option(16, "--ig-steps", help="Integrated-gradients quadrature nodes."),
+        batch_size: int = typer.Option(16, "--batch-size", help="Examples of equal length per batched pass."),
+        block: int = typer.Option(50, "--block", help="Rows per round: rows 0..BLOCK-1 of every dataset run first, "
+                                  "so an interrupted run holds complete --limit BLOCK, 2*BLOCK, ... prefixes."),
+        ray: bool = ray_option(),
+        ray_address: str = ray_address_option(),
+        workers: int = workers_option(),
+        dtype: str = DTYPE_OPTION,
+        device_map: str = DEVICE_MAP_OPTION,
+        as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (stderr)."),
+    ):
+        """Rank each example's context tokens with every method and score the ranking against the evidence
+        words (MRR, probes needed, dot product), with model accuracy and per-layer attention/MLP updates."""
+        from ..evaluate.alignment import check_methods, check_model, run_alignment
+        from ..evaluate.datasets import load_dataset
+
+        if not dataset:
+            fail("give at least one --dataset (" + DATASET_HELP.split(". Repeatable")[0] + ")")
+        if limit is not None and limit < 1:
+            fail("--limit must be at least 1")
+        if ig_steps < 1:
+            fail("--ig-steps must be at least 1")
+        if batch_size < 1:
+            fail("--batch-size must be at least 1")
+        if block < 1:
+            fail("--block must be at least 1")
+        if restart and out is None:
+            fail("--restart needs --out")
+        meths = check_methods(methods)
+        for spec in dataset:  # malformed files fail before the model loads
+            if spec != "blimp:all11":
+                load_dataset(spec, 1)
+        lm = load_model(model, dtype=dtype, device_map=device_map)
+        check_model(lm)
+        summary = run_alignment(lm, dataset, meths, out=out, limit=limit, ig_steps=ig_steps, batch_size=batch_size,
+                                progress=progress, restart=restart, block=block, ray=ray_target(ray, ray_address),
+                                workers=workers)
+        if as_json:
+            from ..evaluate.alignment import _clean
+
+            print_json(_clean(summary.to_dict()))
+            return
+        typer.echo(f"{summary.model}: MRR by dataset and method (95% bootstrap interval in --out/table.md)")
+        typer.echo(summary.table("mrr", ci=False))
+        t = summary.timing.get("per_example")
+        if t:
+            typer.echo("seconds per example: " + ", ".join(f"{k} {v:.3f}" for k, v in t.items()))
+        if out:
+            typer.echo(f"records, summary.json, table.md and figures in {out}")

@@ -1,0 +1,21 @@
+"""Evaluation of explanations against linguistic evidence (``lenscope eval alignment``): datasets with
+evidence, alignment metrics (MRR, probes needed, dot product), model accuracy and the per-layer attention/MLP
+analysis of Ferrando et al. (2023)."""
+
+from .alignment import (
+                        EVAL_METHODS,
+                        AlignmentSummary,
+                        evaluate_example,
+                        evaluate_examples,
+                        load_datasets,
+                        run_alignment,
+                        summarise,
+)
+from .datasets import BLIMP11, Example, load_dataset, read_contrastive_csv, read_sva
+from .evidence import prepare
+from .ioi import generate_ioi
+from .metrics import alignment, bootstrap_ci
+
+__all__ = ["BLIMP11", "EVAL_METHODS", "AlignmentSummary", "Example", "alignment", "bootstrap_ci", "evaluate_example",
+           "evaluate_examples", "generate_ioi", "load_dataset", "load_datasets", "prepare", "read_contrastive_csv",
+           "read_sva", "run_alignment", "summarise"]
