@@ -76,7 +76,9 @@ def main() -> None:
     t = time.perf_counter()
     outs["ray"] = run(a.sweep, lm, items, tmp / "ray", ray=True, workers=a.workers)
     res["ray_s_including_worker_start"] = round(time.perf_counter() - t, 2)
-    res["identical_records"] = len(set(outs.values())) == 1
+    # Ray's workers run one torch thread: byte-identical to the one-thread sequential run (more threads change
+    # the order of float reductions, so the two-thread run differs in the last digits)
+    res["identical_to_sequential_1_thread"] = outs["ray"] == outs["seq1"]
     res["speedup_vs_1_thread"] = round(res["sequential_1_threads_s"] / res["ray_s_including_worker_start"], 2)
     res[f"speedup_vs_{a.workers}_threads"] = round(res[f"sequential_{a.workers}_threads_s"]
                                                   / res["ray_s_including_worker_start"], 2)
