@@ -24,7 +24,7 @@ from torch import Tensor
 from ..attribution.baselines import _eval_mode, _logits
 from ..errors import UnsupportedModelError
 from ..models.families import family_for
-from ..models.trace import Trace, _first
+from ..models.trace import Trace, register_captures
 
 
 def _device(lm):
@@ -71,36 +71,8 @@ def traces(lm, ids: Tensor) -> list[Trace]:
             buf = bufs[base] = value.new_empty((L,) + tuple(value.shape))
         buf[i].copy_(value)
 
-    def on_in(key):
-        def f(mod, args, kwargs):
-            put(key, args[0] if args else kwargs["hidden_states"])
-        return f
-
-    def on_out(key, index=None):
-        def f(mod, args, output):
-            put(key, output[index] if index is not None else _first(output))
-        return f
-
-    def on_norm(key):
-        def f(mod, args, output):
-            put(("norm_in",) + key, args[0])
-            put(("norm_out",) + key, _first(output))
-        return f
-
     try:
-        for i, lh in enumerate(hooks.layers):
-            handles.append(lh.block.register_forward_pre_hook(on_in(("resid_pre", i)), with_kwargs=True))
-            handles.append(lh.block.register_forward_hook(on_out(("resid_post", i))))
-            handles.append(lh.attn.register_forward_hook(on_out(("attn_probs", i), index=1)))
-            handles.append(lh.attn_out.register_forward_hook(on_out(("attn_out", i))))
-            handles.append(lh.mlp_out.register_forward_hook(on_out(("mlp_out", i))))
-            handles.append(lh.act.register_forward_pre_hook(lambda m, a, i=i: put(("mlp_pre", i), a[0])))
-            if lh.up is not None:
-                handles.append(lh.up.register_forward_hook(on_out(("mlp_up", i))))
-            for slot, mod in lh.norms.items():
-                handles.append(mod.register_forward_hook(on_norm((slot, i))))
-        if hooks.final_norm is not None:
-            handles.append(hooks.final_norm.register_forward_hook(on_norm(("final", 0))))
+        register_captures(hooks, put, handles)
         device = _device(lm)
         kwargs = {"input_ids": ids.to(device), "attention_mask": torch.ones_like(ids).to(device), "use_cache": False,
                   "logits_to_keep": 1}

@@ -101,6 +101,46 @@ def _first(x):
 
 
 @torch.no_grad()
+def register_captures(hooks, put, handles: list) -> None:
+    """Forward hooks on the real model (``hooks``: its family's hook points) that hand every capture lenscope
+    reads to ``put(key, tensor)``; the handles are appended to ``handles`` (the caller removes them).
+    Keys: ``("resid_pre"|"resid_post"|"attn_probs"|"attn_out"|"mlp_out"|"mlp_pre"|"mlp_up", layer)`` and
+    ``("norm_in"|"norm_out", slot, layer)`` (slot ``"final"``, layer 0, for the final norm)."""
+
+    def on_in(key):
+        def f(mod, args, kwargs):
+            put(key, args[0] if args else kwargs["hidden_states"])
+
+        return f
+
+    def on_out(key, index=None):
+        def f(mod, args, output):
+            put(key, output[index] if index is not None else _first(output))
+
+        return f
+
+    def on_norm(key):
+        def f(mod, args, output):
+            put(("norm_in",) + key, args[0])
+            put(("norm_out",) + key, _first(output))
+
+        return f
+
+    for i, lh in enumerate(hooks.layers):
+        handles.append(lh.block.register_forward_pre_hook(on_in(("resid_pre", i)), with_kwargs=True))
+        handles.append(lh.block.register_forward_hook(on_out(("resid_post", i))))
+        handles.append(lh.attn.register_forward_hook(on_out(("attn_probs", i), index=1)))
+        handles.append(lh.attn_out.register_forward_hook(on_out(("attn_out", i))))
+        handles.append(lh.mlp_out.register_forward_hook(on_out(("mlp_out", i))))
+        handles.append(lh.act.register_forward_pre_hook(lambda m, a, i=i: put(("mlp_pre", i), a[0])))
+        if lh.up is not None:
+            handles.append(lh.up.register_forward_hook(on_out(("mlp_up", i))))
+        for slot, mod in lh.norms.items():
+            handles.append(mod.register_forward_hook(on_norm((slot, i))))
+    if hooks.final_norm is not None:
+        handles.append(hooks.final_norm.register_forward_hook(on_norm(("final", 0))))
+
+
 def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torch.device | None = None) -> Trace:
     """Run the model once on ``text`` (or token ids) and capture everything lenscope's methods read.
 
@@ -141,39 +181,8 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torc
             buf = bufs[base] = value.new_empty((L,) + tuple(value.shape))
         buf[i].copy_(value)  # from the device the block ran on to the trace's device
 
-    def on_in(key):
-        def f(mod, args, kwargs):
-            put(key, args[0] if args else kwargs["hidden_states"])
-
-        return f
-
-    def on_out(key, index=None):
-        def f(mod, args, output):
-            put(key, output[index] if index is not None else _first(output))
-
-        return f
-
-    def on_norm(key):
-        def f(mod, args, output):
-            put(("norm_in",) + key, args[0])
-            put(("norm_out",) + key, _first(output))
-
-        return f
-
     try:
-        for i, lh in enumerate(hooks.layers):
-            handles.append(lh.block.register_forward_pre_hook(on_in(("resid_pre", i)), with_kwargs=True))
-            handles.append(lh.block.register_forward_hook(on_out(("resid_post", i))))
-            handles.append(lh.attn.register_forward_hook(on_out(("attn_probs", i), index=1)))
-            handles.append(lh.attn_out.register_forward_hook(on_out(("attn_out", i))))
-            handles.append(lh.mlp_out.register_forward_hook(on_out(("mlp_out", i))))
-            handles.append(lh.act.register_forward_pre_hook(lambda m, a, i=i: put(("mlp_pre", i), a[0])))
-            if lh.up is not None:
-                handles.append(lh.up.register_forward_hook(on_out(("mlp_up", i))))
-            for slot, mod in lh.norms.items():
-                handles.append(mod.register_forward_hook(on_norm((slot, i))))
-        if hooks.final_norm is not None:
-            handles.append(hooks.final_norm.register_forward_hook(on_norm(("final", 0))))
+        register_captures(hooks, put, handles)
         out = _run(lm, ids[None])
     finally:
         for h in handles:
