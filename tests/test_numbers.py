@@ -1,0 +1,185 @@
+"""Every number the README and docs quote with a marker is in its results file.
+
+A marker is an HTML comment right after the number (invisible once rendered), naming a results file (path
+from the repository root) and the value's key path in it::
+
+    14.0 s<!-- docs/results/bench-report-smollm2.json: best.timings.total -->
+    1.5 MB<!-- docs/results/bench-report-smollm2.json: best.bytes * 1e-6 -->
+    0.44<!-- docs/results/bench-tuned-lens-library.json: mean_kl_tuned / mean_kl_logit -->
+
+The key path is dot-separated (an integer indexes a list); ``/ PATH`` divides by a second value of the same
+file and ``* FACTOR`` scales (units: ``* 1e-6`` for bytes to MB, ``* 100`` for a percentage). The quoted number
+is the last number on the line before the marker (signs ``+ - −``, thousands commas and exponents allowed, a
+unit or ``**`` may sit between it and the marker). It matches when the value, rounded to the decimals the
+number is written with, is the number (``14.0`` matches 14.03; ``8e-8`` matches 7.6e-8).
+
+Every results file a marker names carries a ``"machine"`` record (``benchmarks/machine.py``'s ``record()``:
+the command, the CPU, bf16, threads, load, date), except the few files in ``LEGACY`` written before that
+record existed, each with the reason it is not regenerated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+# Results files written before benchmarks/machine.py's record() existed, which no marker may name without it.
+# Each entry says why it is not regenerated; remove it when the file is rewritten with a "machine" record.
+LEGACY: dict[str, str] = {
+    "docs/results/bench-tuned-lens-library.json":
+        "tuned-lens library training run (10 min in a separate .venv-tunedlens); CPU, threads and load are in "
+        "docs/lenses.md's benchmark section",
+    "docs/results/bench-lenscope.json": "the lenscope half of the same comparison (same reason)",
+}
+
+MARKER = re.compile(r"<!--\s*(?P<file>[\w./-]+\.json)\s*:\s*(?P<expr>[^>]*?)\s*-->")
+NUMBER = re.compile(r"(?<![\w.])[+\-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+\-−]?\d+)?")
+EXPR = re.compile(r"^(?P<key>[\w.\-]+)(?:\s*/\s*(?P<div>[\w.\-]+))?(?:\s*\*\s*(?P<scale>[0-9.eE+\-]+))?$")
+
+
+@dataclass
+class Quote:
+    doc: str
+    line: int
+    written: str  # the number as the doc writes it
+    file: str
+    expr: str
+
+    def __str__(self) -> str:
+        return f"{self.doc}:{self.line}: {self.written!r} <- {self.file}: {self.expr}"
+
+
+def quotes(path: Path) -> list[Quote]:
+    """Every marked number of one markdown file."""
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        for m in MARKER.finditer(line):
+            before = MARKER.sub("", line[: m.start()])  # an earlier marker on the line is not part of the number
+            nums = list(NUMBER.finditer(before))
+            written = nums[-1].group() if nums else ""
+            rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+            out.append(Quote(rel, n, written, m["file"], m["expr"]))
+    return out
+
+
+def resolve(data, key: str):
+    """``a.b.0.c`` in nested dicts and lists."""
+    for part in key.split("."):
+        if isinstance(data, list):
+            data = data[int(part)]
+        elif isinstance(data, dict):
+            if part not in data:
+                raise KeyError(f"no key {part!r} (has {sorted(data)[:12]})")
+            data = data[part]
+        else:
+            raise KeyError(f"{part!r}: {data!r} is not a dict or list")
+    return data
+
+
+def value_of(q: Quote, root: Path = ROOT) -> float:
+    m = EXPR.match(q.expr)
+    if not m:
+        raise ValueError(f"bad marker expression {q.expr!r} (want KEY[ / KEY][ * FACTOR])")
+    data = json.loads((root / q.file).read_text())
+    v = float(resolve(data, m["key"]))
+    if m["div"]:
+        v /= float(resolve(data, m["div"]))
+    if m["scale"]:
+        v *= float(m["scale"])
+    return v
+
+
+def matches(written: str, value: float) -> bool:
+    """Whether ``value`` rounds to ``written`` at the precision ``written`` shows."""
+    s = written.replace(",", "").replace("−", "-").replace("+", "")
+    if not s:
+        return False
+    num = float(s)
+    mant, _, exp = s.lower().partition("e")
+    decimals = len(mant.split(".")[1]) if "." in mant else 0
+    half = 0.5 * 10.0 ** (int(exp or 0) - decimals)
+    return math.isfinite(value) and abs(value - num) <= half * (1 + 1e-9) + 1e-12 * abs(num)
+
+
+def check(q: Quote, root: Path = ROOT) -> str | None:
+    """None when the quote traces to its results file, else what is wrong."""
+    path = root / q.file
+    if not path.exists():
+        return f"{q}: results file missing"
+    if not q.written:
+        return f"{q}: no number before the marker"
+    try:
+        v = value_of(q, root)
+    except (KeyError, IndexError, ValueError, TypeError) as e:
+        return f"{q}: {e}"
+    if not matches(q.written, v):
+        return f"{q}: the results file says {v!r}"
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("machine"), dict):
+        if q.file not in LEGACY:
+            return f"{q}: the results file has no 'machine' record (benchmarks/machine.py record())"
+    return None
+
+
+ALL = [q for doc in DOCS for q in quotes(doc)]
+
+
+def test_docs_have_markers():
+    assert len(ALL) >= 20, f"only {len(ALL)} marked numbers in README.md and docs/"
+
+
+@pytest.mark.parametrize("q", ALL, ids=str)
+def test_marked_number_is_in_its_results_file(q):
+    assert check(q) is None, check(q)
+
+
+def test_legacy_files_exist_and_lack_a_record():
+    """The legacy list only holds files that still need it."""
+    for f in LEGACY:
+        data = json.loads((ROOT / f).read_text())
+        assert "machine" not in data, f"{f} has a machine record now: remove it from LEGACY"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the checker itself can fail
+
+
+def test_checker_rejects_wrong_markers(tmp_path):
+    res = {"machine": {"command": "python x.py"}, "rows": [{"seconds": 14.03, "bytes": 1477989}], "a": 3.0}
+    (tmp_path / "r.json").write_text(json.dumps(res))
+    (tmp_path / "old.json").write_text(json.dumps({"x": 2.0}))
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "took 14.0 s<!-- r.json: rows.0.seconds --> and 1.5 MB<!-- r.json: rows.0.bytes * 1e-6 -->\n"  # right
+        "| ratio | **4.68**<!-- r.json: rows.0.seconds / a --> |\n"  # right: 14.03 / 3 = 4.677
+        "took 14.1 s<!-- r.json: rows.0.seconds -->\n"  # wrong value
+        "took 14 s<!-- r.json: rows.0.minutes -->\n"  # no such key
+        "took 14 s<!-- r.json: rows.3.seconds -->\n"  # no such row
+        "took 14 s<!-- missing.json: rows.0.seconds -->\n"  # no such file
+        "took 2 s<!-- old.json: x -->\n"  # no machine record
+        "took −1,477,989 bytes<!-- r.json: rows.0.bytes -->\n"  # sign differs
+    )
+    qs = quotes(doc)
+    assert [q.written for q in qs] == ["14.0", "1.5", "4.68", "14.1", "14", "14", "14", "2", "−1,477,989"]
+    errors = [check(q, tmp_path) for q in qs]
+    assert errors[:3] == [None, None, None]
+    assert all(errors[3:]), errors
+    assert "says 14.03" in errors[3] and "minutes" in errors[4] and "missing" in errors[6]
+    assert "machine" in errors[7]
+
+
+@pytest.mark.parametrize("written,value,ok", [
+    ("14.0", 14.03, True), ("14.0", 14.06, False), ("14", 13.6, True), ("16,384", 16384, True),
+    ("8e-8", 7.6e-8, True), ("8e-8", 9e-8, False), ("+3.41", 3.4149, True), ("−0.62", -0.6199, True),
+    ("−0.62", 0.62, False), ("0.273", 0.2726, True), ("1.0", 0.96, True), ("1.0", 0.94, False),
+])
+def test_rounding_rule(written, value, ok):
+    assert matches(written, value) is ok
