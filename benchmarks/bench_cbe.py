@@ -8,9 +8,20 @@ extract_causal_bases`` of ``tuned-lens==0.2.0`` (L-BFGS with strong Wolfe line s
 ``max_iter=100`` evaluations per direction, autograd through the lens and the unembedding), called on a
 one-state library ``TunedLens`` whose translator is lenscope's translator of that state.
 
-Also timed: one evaluation of sigma and its gradient on all tokens, both ways (the reference's closure:
-ablate, decode, log-softmax, KL, backward), and the influence of the reference's directions under lenscope's
-sigma (both must measure the same thing).
+Also timed: one evaluation of sigma and its gradient on all tokens, both ways, each with its set-up cost stated
+separately, and the influence of the reference's directions under lenscope's sigma (both must measure the same
+thing):
+
+- lenscope: set-up = building ``InfluenceObjective`` (the base logits and ``p W_U^T``, two ``tokens x d_model x
+  vocab`` matmuls, once per state); one evaluation = ``value_and_grad``.
+- reference, as the earlier version of this script timed it: one evaluation = decode the base distribution *and*
+  run the closure (``reference_eval``), i.e. its set-up charged to every evaluation;
+- reference, fair: set-up = what ``extract_causal_bases`` does once per layer before its L-BFGS (the base
+  ``log_p`` and ``p``, the lens's unembedding and its SVD), one evaluation = its closure alone (ablate, decode,
+  log-softmax, KL, backward).
+
+From these the run reports the per-evaluation ratio both ways and the cost of ``n`` evaluations with the set-ups
+included, ``setup + n * eval``, for the ``n`` of lenscope's k-direction run (or ``--n-evals``).
 
 The library is imported from ``--reference-path`` (a folder holding the ``tuned_lens`` package), so it runs
 in lenscope's own environment (torch 2.13, transformers 5.23): its ``causal`` and ``nn`` modules import and run
@@ -87,10 +98,34 @@ def reference_eval(lib, H, v):
     return -float(loss.detach()), v.grad
 
 
+@torch.no_grad()
+def reference_setup(lib, H):
+    """What ``extract_causal_bases`` computes once per layer before its L-BFGS: the base distribution (``log_p``,
+    ``p``) and the initial directions (SVD of the lens's unembedding)."""
+    log_p = lib(H, 0).log_softmax(-1)
+    p = log_p.exp()
+    U = lib.transform_hidden(lib.unembed.unembedding.weight.data.T, 0)
+    torch.linalg.svd(U, full_matrices=False)
+    return log_p, p
+
+
+def reference_closure(lib, H, v, log_p, p):
+    """The reference's closure alone: ablate, decode, log-softmax, KL against the precomputed base, backward."""
+    from tuned_lens.causal import remove_subspace
+
+    v = v.clone().requires_grad_(True)
+    h_ = remove_subspace(H, v / v.norm(), mode="mean", orthonormal=True)
+    log_q = lib(h_, 0).log_softmax(-1)
+    loss = -torch.sum(p * (log_p - log_q), dim=-1).mean()
+    loss.backward()
+    return -float(loss.detach()), v.grad
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2")
-    ap.add_argument("--lens", required=True, help="lenscope tuned-lens directory")
+    ap.add_argument("--lens", required=True, help="lenscope tuned-lens directory, or 'identity' (an untrained "
+                    "tuned lens: A = 0, b = 0; the timings do not depend on the translator's values)")
     ap.add_argument("--data", default=str(ROOT.parent / "shared/data/wikitext2/wiki.test.raw"))
     ap.add_argument("--layer", type=int, default=15)
     ap.add_argument("--k", type=int, default=8)
@@ -103,8 +138,14 @@ def main():
     ap.add_argument("--reference-max-iter", type=int, default=100, help="the library's max_iter (its default)")
     ap.add_argument("--repeats", type=int, default=2, help="repeats of the one-evaluation timing")
     ap.add_argument("--no-full", action="store_true", help="skip lenscope's k-direction CBE over all tokens")
+    ap.add_argument("--n-evals", type=int, default=None,
+                    help="evaluations for the set-up-included totals (default: those of lenscope's k-direction run)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine import record
+
+    machine = record()
 
     import lenscope
     from lenscope.lenses import TunedLens, read_text, split_text, token_sequences
@@ -112,12 +153,12 @@ def main():
 
     torch.manual_seed(0)
     lm = lenscope.load(args.model)
-    lens = TunedLens.load(args.lens, lm)
+    lens = TunedLens(lm.anatomy) if args.lens == "identity" else TunedLens.load(args.lens, lm)
     seqs = token_sequences(lm, split_text(read_text(args.data), "eval"), args.seq_len, max_tokens=args.tokens)
     H = layer_states(lm, seqs, args.layer)
     log(f"{lm.name}, state {args.layer}: {H.shape[0]} token states")
-    res: dict = {"model": lm.name, "layer": args.layer, "k": args.k, "n_tokens": H.shape[0],
-                 "torch_threads": torch.get_num_threads()}
+    res: dict = {"machine": machine, "model": lm.name, "lens": args.lens, "layer": args.layer, "k": args.k,
+                 "n_tokens": H.shape[0], "torch_threads": torch.get_num_threads()}
 
     # wall-clock and CPU seconds (process_time: what one idle core would take, when others share the machine)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -175,6 +216,39 @@ def main():
         times.append(time.perf_counter() - t)
         cpu.append(time.process_time() - c)
     res["reference_eval_seconds"], res["reference_eval_cpu_seconds"] = min(times), min(cpu)
+    # fair: the reference's once-per-layer set-up timed on its own, then its closure alone per evaluation
+    setups, setup_cpu, times, cpu = [], [], [], []
+    for _ in range(args.repeats):
+        t, c = time.perf_counter(), time.process_time()
+        base = reference_setup(lib, H)
+        setups.append(time.perf_counter() - t)
+        setup_cpu.append(time.process_time() - c)
+        t, c = time.perf_counter(), time.process_time()
+        closure_val, _ = reference_closure(lib, H, v, *base)
+        times.append(time.perf_counter() - t)
+        cpu.append(time.process_time() - c)
+    ours = res["lenscope"]
+    ref = {"setup_seconds": min(setups), "setup_cpu_seconds": min(setup_cpu), "eval_seconds": min(times),
+           "eval_cpu_seconds": min(cpu), "eval_value": closure_val}
+    n_evals = args.n_evals or (sum(sum(e) for e in ours["evals"]) if "evals" in ours else 17 * args.k)
+    ref_total = ref["setup_cpu_seconds"] + n_evals * ref["eval_cpu_seconds"]
+    ours_total = ours["setup_cpu_seconds"] + n_evals * ours["eval_cpu_seconds"]
+    gap = ref["eval_cpu_seconds"] - ours["eval_cpu_seconds"]
+    res["fair"] = {
+        "reference": ref, "eval_ratio": ref["eval_seconds"] / ours["eval_seconds"],
+        "eval_cpu_ratio": ref["eval_cpu_seconds"] / ours["eval_cpu_seconds"],
+        "n_evals": n_evals, "n_evals_from": ("--n-evals" if args.n_evals else
+                                             "lenscope's k-direction run (coarse + full)" if "evals" in ours
+                                             else "17 per direction x k"),
+        "note": "lenscope's n evaluations mix coarse (token subsample) and full ones; the totals charge every one "
+                "at the full-token price, i.e. they overstate lenscope's cost",
+        "total_cpu_seconds_lenscope": ours_total, "total_cpu_seconds_reference": ref_total,
+        "total_cpu_ratio": ref_total / ours_total,
+        "break_even_evals": ((ours["setup_cpu_seconds"] - ref["setup_cpu_seconds"]) / gap) if gap > 0 else None,
+    }
+    log(f"fair: reference set-up {ref['setup_cpu_seconds']:.2f} CPU s, closure {ref['eval_cpu_seconds']:.2f} CPU s; "
+        f"lenscope set-up {ours['setup_cpu_seconds']:.2f} CPU s, eval {ours['eval_cpu_seconds']:.2f} CPU s; "
+        f"per eval {res['fair']['eval_cpu_ratio']:.1f}x; {n_evals} evals with set-ups {res['fair']['total_cpu_ratio']:.1f}x")
     res["eval_value_lenscope"], res["eval_value_reference"] = val, ref_val
     # the reference differentiates -sigma(v / |v|): compare with lenscope's gradient on the sphere's tangent
     tangent = g - (g @ v) * v

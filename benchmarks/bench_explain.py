@@ -7,12 +7,18 @@ Four parts (``--parts``, default all), one JSON file (``--out``) and a printed t
    (``lm.model(ids, use_cache=False)`` under ``torch.no_grad``), measured interleaved in the same run after a
    warm-up. The trace-based methods are also timed on a shared precomputed ``lenscope.trace``.
    Targets (issue): logit <= 2x a forward pass, alti-logit <= 3x.
+   lenscope loads models with eager attention (the trace needs the attention probabilities), so that forward
+   pass is the eager one. The same run also times the forward pass of a second copy of the weights loaded
+   with the model's default attention implementation (``AutoModelForCausalLM.from_pretrained(folder)``:
+   SDPA for smollm2), interleaved in the same rounds, and reports every ratio against both (``ratio`` and
+   ``ratio_sdpa``): the SDPA forward is what a user of the plain model pays.
 2. ``alti1024``: ALTI-Logit on 1,024 WikiText tokens in a fresh subprocess (this script with ``--child``):
    wall time, the child's peak RSS and its RSS right after loading the model. Target: peak < 4 GB.
 3. ``ig``: integrated gradients (16 Gauss-Legendre steps, zero embedding baseline, f = logit[target] -
    logit[foil] at the last position) on 128 WikiText tokens: lenscope beside captum's IntegratedGradients and
    inseq's ``integrated_gradients`` (interleaved), and the largest difference of the per-token attributions.
-4. ``sweep``: logit and alti-logit time vs input length (``--lengths``), as ratios to a forward pass.
+4. ``sweep``: logit and alti-logit time vs input length (``--lengths``), as ratios to a forward pass (eager and
+   SDPA, as in part 1).
 
 Part 3 needs captum and inseq next to lenscope (a throwaway venv; torch first, or pip pulls a CUDA build)::
 
@@ -42,7 +48,7 @@ from pathlib import Path
 import torch
 
 import lenscope
-from machine import bf16_native, cpu_name  # benchmarks/machine.py
+from machine import bf16_native, cpu_name, record  # benchmarks/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
@@ -100,6 +106,21 @@ def forward(lm, ids: torch.Tensor):
         lm.model(ids[None], use_cache=False)
 
 
+class DefaultAttention:
+    """The same weights loaded with the model's default attention implementation (no ``attn_implementation``
+    argument: SDPA for the Llama-style decoders), for the second baseline; ``.model`` quacks like ``lm.model``."""
+
+    def __init__(self, lm):
+        from transformers import AutoModelForCausalLM
+
+        folder = lm.model.config._name_or_path
+        self.model = AutoModelForCausalLM.from_pretrained(folder, dtype=next(lm.model.parameters()).dtype).eval()
+        self.attn_implementation = self.model.config._attn_implementation
+        with torch.no_grad():  # the same logits as lenscope's eager model
+            ids = torch.arange(5, 21)[None]
+            self.max_abs_logit_diff = float((self.model(ids).logits - lm.model(ids).logits).abs().max())
+
+
 def proc_status_kib(field: str) -> int | None:
     try:
         for ln in Path("/proc/self/status").read_text().splitlines():
@@ -114,43 +135,51 @@ def proc_status_kib(field: str) -> int | None:
 # part 1: every method vs one forward pass
 
 
-def bench_methods(lm, repeats: int) -> dict:
+def bench_methods(lm, repeats: int, sdpa: DefaultAttention) -> dict:
     ids = lenscope.trace(lm, SENTENCE).input_ids
     run = {m: (lambda m=m: lenscope.explain(lm, ids, TARGET, FOIL, method=m)) for m in METHODS}
     for m in METHODS:  # warm-up: every code path once, then a few forwards
         run[m]()
     for _ in range(3):
         forward(lm, ids)
+        forward(sdpa, ids)
 
     fwd, own, shared, paired = [], {m: [] for m in METHODS}, {m: [] for m in TRACE_METHODS}, {m: [] for m in METHODS}
+    fwd_sdpa = []
     trace_times = []
-    for _ in range(repeats):  # interleaved: a forward pass right before each measured call
+    for _ in range(repeats):  # interleaved: an eager and an SDPA forward pass right before each measured call
         for m in METHODS:
             f = seconds(lambda: forward(lm, ids))
+            fwd_sdpa.append(seconds(lambda: forward(sdpa, ids)))
             t = seconds(run[m])
             fwd.append(f)
             own[m].append(t)
             paired[m].append(t / f)
         f = seconds(lambda: forward(lm, ids))
         fwd.append(f)
+        fwd_sdpa.append(seconds(lambda: forward(sdpa, ids)))
         box = {}
         trace_times.append(seconds(lambda: box.setdefault("tr", lenscope.trace(lm, ids))))
         for m in TRACE_METHODS:
             shared[m].append(seconds(lambda m=m: lenscope.explain(lm, ids, TARGET, FOIL, method=m, tr=box["tr"])))
-    f_med = med(fwd)
+    f_med, s_med = med(fwd), med(fwd_sdpa)
     rows = {}
     for m in METHODS:
-        rows[m] = {"median_s": med(own[m]), "ratio": med(own[m]) / f_med, "paired_ratio_median": med(paired[m]),
-                   "times_s": own[m]}
+        rows[m] = {"median_s": med(own[m]), "ratio": med(own[m]) / f_med, "ratio_sdpa": med(own[m]) / s_med,
+                   "paired_ratio_median": med(paired[m]), "times_s": own[m]}
         if m in TRACE_METHODS:
             rows[m]["with_shared_trace_s"] = med(shared[m])
             rows[m]["with_shared_trace_ratio"] = med(shared[m]) / f_med
+            rows[m]["with_shared_trace_ratio_sdpa"] = med(shared[m]) / s_med
         if m in TARGET_RATIOS:
             rows[m]["target_ratio"] = TARGET_RATIOS[m]
             rows[m]["target_met"] = rows[m]["ratio"] <= TARGET_RATIOS[m]
+            rows[m]["target_met_sdpa"] = rows[m]["ratio_sdpa"] <= TARGET_RATIOS[m]
     return {"text": SENTENCE, "n_tokens": int(ids.numel()), "target": TARGET, "foil": FOIL, "repeats": repeats,
-            "forward_median_s": f_med, "forward_times_s": fwd, "trace_median_s": med(trace_times),
-            "trace_ratio": med(trace_times) / f_med, "methods": rows}
+            "forward_median_s": f_med, "forward_times_s": fwd, "forward_sdpa_median_s": s_med,
+            "forward_sdpa_times_s": fwd_sdpa, "sdpa_attn_implementation": sdpa.attn_implementation,
+            "sdpa_max_abs_logit_diff_vs_eager": sdpa.max_abs_logit_diff, "trace_median_s": med(trace_times),
+            "trace_ratio": med(trace_times) / f_med, "trace_ratio_sdpa": med(trace_times) / s_med, "methods": rows}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -317,22 +346,25 @@ def bench_ig(lm, args) -> dict:
 # part 4: time vs length
 
 
-def bench_sweep(lm, args) -> dict:
+def bench_sweep(lm, args, sdpa: DefaultAttention) -> dict:
     ids_all = wikitext_ids(lm, args.text, max(args.lengths) + 1)
     out = {}
     for n in args.lengths:
         ids, t_id = ids_all[:n], int(ids_all[n])
-        fwd, t = [], {"logit": [], "alti-logit": []}
+        fwd, fwd_sdpa, t = [], [], {"logit": [], "alti-logit": []}
         forward(lm, ids)
+        forward(sdpa, ids)
         for _ in range(args.sweep_repeats):
             for m in t:
                 fwd.append(seconds(lambda: forward(lm, ids)))
+                fwd_sdpa.append(seconds(lambda: forward(sdpa, ids)))
                 t[m].append(seconds(lambda m=m: lenscope.explain(lm, ids, t_id, method=m)))
-        f = med(fwd)
-        out[str(n)] = {"forward_median_s": f} | {m: {"median_s": med(v), "ratio": med(v) / f, "times_s": v}
-                                                 for m, v in t.items()}
-        print(f"  {n:5d} tokens: forward {f:.3f}s  logit {out[str(n)]['logit']['ratio']:.2f}x  "
-              f"alti-logit {out[str(n)]['alti-logit']['ratio']:.2f}x", flush=True)
+        f, fs = med(fwd), med(fwd_sdpa)
+        out[str(n)] = {"forward_median_s": f, "forward_sdpa_median_s": fs} | {
+            m: {"median_s": med(v), "ratio": med(v) / f, "ratio_sdpa": med(v) / fs, "times_s": v} for m, v in t.items()}
+        print(f"  {n:5d} tokens: forward {f:.3f}s (sdpa {fs:.3f}s)  logit {out[str(n)]['logit']['ratio']:.2f}x "
+              f"({out[str(n)]['logit']['ratio_sdpa']:.2f}x sdpa)  alti-logit {out[str(n)]['alti-logit']['ratio']:.2f}x "
+              f"({out[str(n)]['alti-logit']['ratio_sdpa']:.2f}x sdpa)", flush=True)
     return out
 
 
@@ -346,13 +378,16 @@ def print_report(res: dict) -> None:
           f"torch {m['versions']['torch']}  transformers {m['versions']['transformers']}  {m['date']}")
     if "methods" in res:
         p = res["methods"]
-        print(f"\n[1] {p['n_tokens']} tokens, forward {p['forward_median_s'] * 1e3:.1f} ms (median), "
+        print(f"\n[1] {p['n_tokens']} tokens, forward {p['forward_median_s'] * 1e3:.1f} ms eager, "
+              f"{p['forward_sdpa_median_s'] * 1e3:.1f} ms {p['sdpa_attn_implementation']} (median), "
               f"trace {p['trace_ratio']:.2f}x")
-        print(f"{'method':15}{'median s':>10}{'x forward':>11}{'paired x':>10}{'shared trace x':>16}{'target':>9}")
+        print(f"{'method':15}{'median s':>10}{'x eager':>9}{'x sdpa':>8}{'paired x':>10}{'shared trace x':>16}"
+              f"{'target':>9}")
         for name, r in p["methods"].items():
             sh = f"{r['with_shared_trace_ratio']:.2f}" if "with_shared_trace_ratio" in r else "-"
             tg = (f"<={r['target_ratio']:g} {'ok' if r['target_met'] else 'MISS'}") if "target_ratio" in r else ""
-            print(f"{name:15}{r['median_s']:>10.3f}{r['ratio']:>11.2f}{r['paired_ratio_median']:>10.2f}{sh:>16}{tg:>9}")
+            print(f"{name:15}{r['median_s']:>10.3f}{r['ratio']:>9.2f}{r['ratio_sdpa']:>8.2f}"
+                  f"{r['paired_ratio_median']:>10.2f}{sh:>16}{tg:>9}")
     if "alti1024" in res:
         p = res["alti1024"]
         if "error" in p:
@@ -374,10 +409,11 @@ def print_report(res: dict) -> None:
         for k, why in p["skipped"].items():
             print(f"  {k}: skipped ({why})")
     if "sweep" in res:
-        print("\n[4] length sweep (x forward)")
-        print(f"{'tokens':>8}{'forward s':>11}{'logit':>8}{'alti-logit':>12}")
+        print("\n[4] length sweep (x forward: eager / sdpa)")
+        print(f"{'tokens':>8}{'fwd s':>8}{'sdpa s':>8}{'logit':>8}{'/sdpa':>7}{'alti-logit':>12}{'/sdpa':>7}")
         for n, r in res["sweep"].items():
-            print(f"{n:>8}{r['forward_median_s']:>11.3f}{r['logit']['ratio']:>8.2f}{r['alti-logit']['ratio']:>12.2f}")
+            print(f"{n:>8}{r['forward_median_s']:>8.3f}{r['forward_sdpa_median_s']:>8.3f}{r['logit']['ratio']:>8.2f}"
+                  f"{r['logit']['ratio_sdpa']:>7.2f}{r['alti-logit']['ratio']:>12.2f}{r['alti-logit']['ratio_sdpa']:>7.2f}")
 
 
 def main() -> None:
@@ -403,20 +439,21 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     parts = args.parts.split(",")
     exe = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else sys.executable
-    res = {"command": " ".join([exe] + sys.argv), "machine": machine_info(args.threads)}
+    res = {"command": " ".join([exe] + sys.argv), "machine": record() | machine_info(args.threads)}
     if "alti1024" in parts:  # first: the only child process, so RUSAGE_CHILDREN is its peak
         print("[2] ALTI-Logit on 1024 tokens (subprocess) ...", flush=True)
         res["alti1024"] = bench_alti_1024(args)
     lm = lenscope.load(args.model)
+    sdpa = DefaultAttention(lm) if ("methods" in parts or "sweep" in parts) else None
     if "methods" in parts:
         print("[1] methods vs forward ...", flush=True)
-        res["methods"] = bench_methods(lm, args.repeats)
+        res["methods"] = bench_methods(lm, args.repeats, sdpa)
     if "ig" in parts:
         print("[3] integrated gradients vs captum / inseq ...", flush=True)
         res["ig"] = bench_ig(lm, args)
     if "sweep" in parts:
         print("[4] length sweep ...", flush=True)
-        res["sweep"] = bench_sweep(lm, args)
+        res["sweep"] = bench_sweep(lm, args, sdpa)
     res["machine"]["load_average_at_end"] = os.getloadavg()
     print_report(res)
     if args.out is not None:

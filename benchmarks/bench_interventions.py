@@ -1,25 +1,31 @@
 r"""Speed of lenscope's batched interventions on smollm2 (CPU), against
 
-1. TransformerLens's own patching utility (``transformer_lens.patching.get_act_patch_resid_pre``) on the same
-   weights and prompt: a full residual-stream patching sweep (every layer x every position), denoising, metric =
-   logit(IO) - logit(S) at the last token. transformer_lens is not a lenscope dependency: install it in a separate
-   venv (``.venv-tl``: ``pip install torch==2.13.0`` first, then ``transformer_lens``) and append that venv's
-   site-packages to ``sys.path`` (below); without it the TL entry records the import error. TL 4.x has no
-   ``HookedTransformer``; its ``TransformerBridge.boot_transformers`` is used with ``hf_model=lm.model``.
+1. TransformerLens on the same weights and prompt: a full residual-stream patching sweep (every layer x every
+   position), denoising, metric = logit(IO) - logit(S) at the last token, two ways in the same run:
+
+   - its own patching utility (``transformer_lens.patching.get_act_patch_resid_pre``): one forward pass per
+     patch (what the library's utility does);
+   - what a careful TransformerLens user writes: the corrupted prompt repeated ``--tl-batch`` times (default
+     64, lenscope's batch), one ``run_with_hooks`` per batch, one hook per layer of ``blocks.{l}.hook_resid_pre``
+     that writes the clean activation into row i at its position (the rows whose patch is at that layer).
+
+   transformer_lens is not a lenscope dependency: install it in a separate venv (``.venv-tl``: ``pip install
+   torch==2.13.0`` first, then ``transformer_lens``) and pass ``--tl-site .venv-tl/lib/python3.11/site-packages``
+   (appended to ``sys.path``); without it the TL entries record the import error. TL 4.x has no
+   ``HookedTransformer``; its ``TransformerBridge.boot_transformers`` is used with ``hf_model=`` a deep copy of
+   ``lm.model`` (the bridge wraps the modules it is given, so lenscope's own model stays untouched and both
+   parts run in one process).
 2. ROME-style causal tracing as one forward pass per restored state (a loop written here, with
    ``lenscope.interventions.hooks.run`` and one edit set per call) against ``causal_trace`` (batched).
 
-The bridge wraps ``lm.model``'s modules, so run the two parts in separate processes:
+One command writes docs/results/interventions/bench.json:
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_interventions.py --skip-sweep \
-        --fact "The capital of Czech Republic is|Czech Republic| Prague" --out /tmp/bench-trace.json
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python -c "import sys, runpy; \
-        sys.path.append('.venv-tl/lib/python3.11/site-packages'); \
-        sys.argv=['bench_interventions.py', '--repeats', '2', '--skip-trace', '--out', '/tmp/bench-sweep.json']; \
-        runpy.run_path('benchmarks/bench_interventions.py', run_name='__main__')"
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_interventions.py --repeats 2 \
+        --samples 3 --fact "The capital of Czech Republic is|Czech Republic| Prague" \
+        --tl-site .venv-tl/lib/python3.11/site-packages --out docs/results/interventions/bench.json
 
-(docs/results/interventions/bench.json merges the two.) Equal results are checked to 1e-4 (patching, raw logit
-difference) and 1e-5 (causal tracing AIE).
+Equal results are checked to 1e-4 (patching, raw logit difference) and 1e-5 (causal tracing AIE). The three
+sweep timings are interleaved (one repeat of each in turn), best of ``--repeats``.
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ from lenscope.interventions import activation_patching, causal_trace
 from lenscope.interventions.hooks import Edit, run
 from lenscope.interventions.tracing import KINDS, embedding_std, subject_positions, window_layers
 from lenscope.models.load import encode, resolve_token
-from machine import bf16_native, cpu_name  # benchmarks/machine.py
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import record
 
 # a 20-token prompt of the shared IOI set (/work/shared/data/logit_explanations/ioi_with_targets), names swapped
 CLEAN = "When David and Carol got a raspberry at the theater, Carol decided to give the raspberry to"
@@ -60,12 +68,16 @@ def timed(fn, repeats: int):
 # ------------------------------------------------------------------------------------ TransformerLens
 
 def load_tl(lm):
-    """A TransformerLens model holding the same weights as ``lm.model`` (no weight processing): 3.x's
-    ``HookedTransformer.from_pretrained_no_processing(..., hf_model=lm.model)``, else 4.x's
-    ``TransformerBridge.boot_transformers(<the local folder lenscope loaded>, hf_model=lm.model)``.
+    """A TransformerLens model holding the same weights as ``lm.model`` (no weight processing), built on a deep
+    copy of ``lm.model`` (the bridge wraps the modules it is given): 3.x's
+    ``HookedTransformer.from_pretrained_no_processing(..., hf_model=copy)``, else 4.x's
+    ``TransformerBridge.boot_transformers(<the local folder lenscope loaded>, hf_model=copy)``.
     Returns (model, how, errors)."""
+    import copy
+
     import transformer_lens
 
+    hf = copy.deepcopy(lm.model)
     errors = []
     folder = getattr(lm.model.config, "_name_or_path", "")
     try:
@@ -74,19 +86,19 @@ def load_tl(lm):
         HookedTransformer = None
         errors.append(f"transformer_lens.HookedTransformer: {type(e).__name__}: {str(e)[:300]}")
     if HookedTransformer is not None:
-        kw = {"hf_model": lm.model, "tokenizer": lm.tokenizer, "device": "cpu", "dtype": torch.float32}
+        kw = {"hf_model": hf, "tokenizer": lm.tokenizer, "device": "cpu", "dtype": torch.float32}
         for name in ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M"):
             try:
                 m = HookedTransformer.from_pretrained_no_processing(name, **kw)
-                return m, f"HookedTransformer.from_pretrained_no_processing({name!r}, hf_model=lm.model)", errors
+                return m, f"HookedTransformer.from_pretrained_no_processing({name!r}, hf_model=copy of lm.model)", errors
             except Exception as e:  # noqa: BLE001 - recorded in the JSON
                 errors.append(f"from_pretrained_no_processing({name!r}): {type(e).__name__}: {str(e)[:400]}")
     try:
         from transformer_lens.model_bridge import TransformerBridge
 
-        m = TransformerBridge.boot_transformers(folder, hf_model=lm.model, tokenizer=lm.tokenizer, device="cpu",
+        m = TransformerBridge.boot_transformers(folder, hf_model=hf, tokenizer=lm.tokenizer, device="cpu",
                                                 dtype=torch.float32)
-        return m, "TransformerBridge.boot_transformers(<lenscope's smollm2 folder>, hf_model=lm.model)", errors
+        return m, "TransformerBridge.boot_transformers(<lenscope's smollm2 folder>, hf_model=copy of lm.model)", errors
     except Exception as e:  # noqa: BLE001
         errors.append(f"TransformerBridge.boot_transformers({folder!r}): {type(e).__name__}: {str(e)[:400]}")
     return None, None, errors
@@ -101,6 +113,37 @@ def tl_resid_sweep(tl, c_ids, x_ids, tid, fid):
     def go():
         _, cache = tl.run_with_cache(c_ids[None])
         return patching.get_act_patch_resid_pre(tl, x_ids[None], cache, metric)
+
+    return go
+
+
+def tl_resid_sweep_batched(tl, c_ids, x_ids, tid, fid, L, P, batch):
+    """The same sweep as a careful TransformerLens user batches it: the corrupted prompt repeated ``batch`` times,
+    one ``run_with_hooks`` per batch, one hook per layer that writes the clean ``hook_resid_pre`` into the rows
+    patched at that layer, each at its own position. Returns ``(layer, pos)`` logit differences."""
+    names = [f"blocks.{layer}.hook_resid_pre" for layer in range(L)]
+
+    @torch.no_grad()
+    def go():
+        _, cache = tl.run_with_cache(c_ids[None], names_filter=lambda n: n in names)
+        clean = {n: cache[n][0] for n in names}  # (pos, d_model)
+        patches = torch.tensor([(layer, p) for layer in range(L) for p in range(P)])
+        out = torch.empty(L * P)
+        for start in range(0, len(patches), batch):
+            chunk = patches[start : start + batch]
+            hooks = []
+            for layer in chunk[:, 0].unique().tolist():
+                rows = (chunk[:, 0] == layer).nonzero().flatten()
+                pos = chunk[rows, 1]
+
+                def hook(act, hook, rows=rows, pos=pos, src=clean[names[layer]]):
+                    act[rows, pos] = src[pos].to(act.dtype)
+                    return act
+
+                hooks.append((names[layer], hook))
+            logits = tl.run_with_hooks(x_ids[None].expand(len(chunk), -1), fwd_hooks=hooks)
+            out[start : start + len(chunk)] = (logits[:, -1, tid] - logits[:, -1, fid]).float()
+        return out.view(L, P)
 
     return go
 
@@ -150,10 +193,12 @@ def trace_loop(lm, prompt, subject, target, samples=10, window=10, seed=0):
 
 
 def run_sweep(args, lm, res, c_ids, x_ids, tid, fid, L, P) -> None:
-    ls_res, ls_t, ls_all = timed(lambda: activation_patching(lm, CLEAN, CORRUPTED, TARGET, FOIL, what="resid",
-                                                             batch_size=64), args.repeats)
+    def ours():
+        return activation_patching(lm, CLEAN, CORRUPTED, TARGET, FOIL, what="resid", batch_size=64)
+
     sweep = {"prompt_clean": CLEAN, "prompt_corrupted": CORRUPTED, "n_tokens": P, "patches": L * P,
-             "lenscope_s": ls_t, "lenscope_all_s": ls_all, "lenscope_batch_size": 64}
+             "lenscope_batch_size": 64, "tl_batch_size": args.tl_batch, "repeats": args.repeats}
+    runners = {"lenscope": ours}
     try:
         import transformer_lens
 
@@ -168,14 +213,31 @@ def run_sweep(args, lm, res, c_ids, x_ids, tid, fid, L, P) -> None:
         sweep["tl_load_errors"] = errs
         if tl is not None:
             sweep["tl_loaded_with"] = how
-            tl_out, tl_t, tl_all = timed(tl_resid_sweep(tl, c_ids, x_ids, tid, fid), args.repeats)
-            tl_out = tl_out.detach().float().cpu()
-            diff = float((tl_out - ls_res.raw).abs().max())
-            sweep.update(transformer_lens_s=tl_t, transformer_lens_all_s=tl_all, max_abs_diff_logit_diff=diff,
-                         equal_to_1e_4=diff <= 1e-4, speedup=tl_t / ls_t)
+            runners["transformer_lens_loop"] = tl_resid_sweep(tl, c_ids, x_ids, tid, fid)
+            runners["transformer_lens_batched"] = tl_resid_sweep_batched(tl, c_ids, x_ids, tid, fid, L, P,
+                                                                         args.tl_batch)
     except Exception as e:  # noqa: BLE001
         sweep["transformer_lens_error"] = f"{type(e).__name__}: {e}"
         sweep["traceback"] = traceback.format_exc()[-1500:]
+    times = {k: [] for k in runners}
+    outs = {}
+    for _ in range(args.repeats):  # interleaved: one of each in turn
+        for k, fn in runners.items():
+            t0 = time.perf_counter()
+            outs[k] = fn()
+            times[k].append(time.perf_counter() - t0)
+            print(f"  {k}: {times[k][-1]:.1f} s", flush=True)
+    sweep["lenscope_s"], sweep["lenscope_all_s"] = min(times["lenscope"]), times["lenscope"]
+    raw = outs["lenscope"].raw
+    for k, name in (("transformer_lens_loop", "transformer_lens"), ("transformer_lens_batched", "transformer_lens_batched")):
+        if k not in outs:
+            continue
+        o = outs[k].detach().float().cpu()
+        diff = float((o - raw).abs().max())
+        suffix = "" if name == "transformer_lens" else "_batched"
+        sweep.update({f"{name}_s": min(times[k]), f"{name}_all_s": times[k],
+                      f"max_abs_diff_logit_diff{suffix}": diff, f"equal_to_1e_4{suffix}": diff <= 1e-4,
+                      f"speedup{suffix}": min(times[k]) / sweep["lenscope_s"]})
     res["resid_patching_sweep"] = sweep
     print(json.dumps(sweep, indent=1), flush=True)
 
@@ -188,20 +250,17 @@ def main(argv=None) -> None:
     ap.add_argument("--fact", default="|".join(FACT), help="prompt|subject|target")
     ap.add_argument("--skip-trace", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true", help="only the causal-tracing comparison")
+    ap.add_argument("--tl-batch", type=int, default=64, help="rows per run_with_hooks of the batched TransformerLens sweep")
+    ap.add_argument("--tl-site", default=None, help="site-packages of a venv holding transformer_lens (appended to sys.path)")
     args = ap.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    res = {"model": "smollm2 (SmolLM2-135M-Instruct, float32)", "cpu": cpu_name(), "threads": torch.get_num_threads(),
-           "avx512_bf16": bf16_native(),
-           "torch": torch.__version__, "loadavg_start": os.getloadavg()}
+    if args.tl_site:
+        sys.path.append(str(Path(args.tl_site).resolve()))
+    res = {"machine": record(), "model": "smollm2 (SmolLM2-135M-Instruct, float32)"}
     lm = lenscope.load("smollm2")
     c_ids, x_ids = encode(lm, CLEAN), encode(lm, CORRUPTED)
     tid, fid = resolve_token(lm, TARGET), resolve_token(lm, FOIL)
     L, P = lm.anatomy.n_layers, c_ids.numel()
-
-    # 1. residual patching sweep (TransformerLens's bridge wraps lm.model's modules: the tracing comparison
-    # is better run in its own process, --skip-sweep)
-    if not args.skip_sweep:
-        run_sweep(args, lm, res, c_ids, x_ids, tid, fid, L, P)
 
     # 2. causal tracing: batched vs one forward per restored state
     if not args.skip_trace:
@@ -217,6 +276,10 @@ def main(argv=None) -> None:
                                "speedup": loop_t / b_t, "max_abs_diff_aie": diff,
                                "p_corrupted_batched": tr.p_corrupted, "p_corrupted_loop": p_corr}
         print(json.dumps(res["causal_trace"], indent=1), flush=True)
+
+    # 1. residual patching sweep (after the tracing: TransformerLens is imported only here)
+    if not args.skip_sweep:
+        run_sweep(args, lm, res, c_ids, x_ids, tid, fid, L, P)
     res["loadavg_end"] = os.getloadavg()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))

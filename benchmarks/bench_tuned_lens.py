@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import record
 
 import lenscope
 from lenscope.lenses import LogitLens, TrainSettings, read_text, split_text, token_sequences, train_tuned_lens
@@ -47,11 +51,14 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--optimizer", default="adam")
     ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                    help="unembedding matmuls of training: auto (bf16 where native or measured faster), fp32, bf16")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--keep-best", action="store_true",
                     help="hold out validation sequences and keep each layer's best translator (off: the library "
                          "trains on exactly these ids, so lenscope does too)")
     args = ap.parse_args()
+    machine = record()
 
     lm = lenscope.load(args.model)
     if args.ids is not None:
@@ -66,7 +73,8 @@ def main() -> None:
     train = train[: -(-args.tokens // train.shape[1])]
     evals = evals[: args.eval_tokens // evals.shape[1]]
     settings = TrainSettings(tokens=args.tokens, seq_len=train.shape[1], batch_size=args.batch_size,
-                             optimizer=args.optimizer, lr=args.lr, keep_best=args.keep_best)
+                             optimizer=args.optimizer, lr=args.lr, keep_best=args.keep_best,
+                             bf16={"auto": None, "fp32": False, "bf16": True}[args.precision])
     t0 = time.perf_counter()
     lens = train_tuned_lens(lm, train, settings, out=args.out, progress=False)
     seconds = time.perf_counter() - t0
@@ -77,7 +85,9 @@ def main() -> None:
         "tokens_per_s": round(lens.training_info["tokens_seen"] / seconds, 2),
         "mean_kl_tuned": sum(tuned) / len(tuned), "mean_kl_logit": sum(logit) / len(logit),
         "kl_per_layer_tuned": tuned, "kl_per_layer_logit": logit, "steps": lens.training_info["steps"],
-        "optimizer": args.optimizer, "eval_tokens": int(evals.numel()),
+        "optimizer": args.optimizer, "lr": settings.base_lr(), "batch_size": args.batch_size,
+        "precision": lens.training_info.get("precision"), "keep_best": args.keep_best,
+        "eval_tokens": int(evals.numel()), "machine": machine,
     }))
 
 

