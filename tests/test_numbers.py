@@ -38,6 +38,9 @@ LEGACY: dict[str, str] = {
         "tuned-lens library training run (10 min in a separate .venv-tunedlens); CPU, threads and load are in "
         "docs/lenses.md's benchmark section",
     "docs/results/bench-lenscope.json": "the lenscope half of the same comparison (same reason)",
+    "docs/results/bench-report-smollm2-xeon.json":
+        "benchmarks/bench_report.py's first run (commit be3263f), on an Intel Xeon with native bfloat16 that this "
+        "project no longer runs on; its cpu, threads and load average are top-level fields",
     "docs/results/smollm2-lens-eval-fp32-15min.json":
         "a 15-minute float32 training run plus its evaluation; the JSON's training.fp32_wall15.precision names the CPU",
     "docs/results/smollm2-lens-eval-issue11.json":
