@@ -3,13 +3,18 @@ interleaved, medians), with the closed-form IG and with the paper's numeric IG (
 the cost grows with length. Prints a table and writes JSON.
 
     .venv/bin/python benchmarks/bench_mixing.py --out docs/results/bench-mixing.json
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_mixing.py --models smollm2 --repeats 3 --lengths 16,32,64 \
+        --out docs/results/bench-mixing-smollm2.json | tee docs/results/bench-mixing-smollm2.txt
+
+The JSON carries ``benchmarks/machine.py``'s ``record()`` under ``"machine"`` (command, CPU, bf16, threads, load,
+date); the printed log starts with the same record, so a log and its JSON say which run they are.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -19,7 +24,7 @@ import torch
 import lenscope
 from lenscope.mixing.maps import context_mixing
 from lenscope.models.load import encode
-from machine import bf16_native, cpu_name  # benchmarks/machine.py
+from machine import record  # benchmarks/machine.py
 
 TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
 SENTENCE = ("The keys to the old wooden cabinet that my grandmother kept in the kitchen near the big window "
@@ -75,9 +80,8 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=512, help="skip longer sweeps (they take minutes)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    res = {"date": datetime.date.today().isoformat(), "cpu": cpu_name(), "threads": torch.get_num_threads(),
-           "avx512_bf16": bf16_native(), "torch": torch.__version__,
-           "models": {}}
+    res = {"machine": record(), "models": {}}
+    print("# " + json.dumps(res["machine"]), flush=True)
     for name in args.models.split(","):
         lm = lenscope.load(name)
         ids = encode(lm, SENTENCE)[:30]
@@ -91,7 +95,8 @@ def main() -> None:
             print(f"  {n:>4} tokens: forward {row['forward_s'] * 1e3:8.1f} ms  all scopes {row['all_scopes_s']:8.2f} s"
                   f"  ratio {row['ratio']:7.1f}", flush=True)
         res["models"][name] = entry
-    print(json.dumps(res, indent=1))
+    res["load_1min_after"] = round(os.getloadavg()[0], 2)
+    print("# load average (1 min) at the end:", res["load_1min_after"])
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1))
 

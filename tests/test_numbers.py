@@ -7,8 +7,8 @@ from the repository root) and the value's key path in it::
     1.5 MB<!-- docs/results/bench-report-smollm2.json: best.bytes * 1e-6 -->
     0.44<!-- docs/results/bench-tuned-lens-library.json: mean_kl_tuned / mean_kl_logit -->
 
-The key path is dot-separated (an integer indexes a list); ``/ PATH`` divides by a second value of the same
-file and ``* FACTOR`` scales (units: ``* 1e-6`` for bytes to MB, ``* 100`` for a percentage). The quoted number
+The key path is dot-separated (an integer indexes a list; a key may hold any character but a dot or a space);
+`` / PATH`` (spaces around the slash) divides by a second value of the same file and `` * FACTOR`` scales (units: ``* 1e-6`` for bytes to MB, ``* 100`` for a percentage). The quoted number
 is the last number on the line before the marker (signs ``+ - −``, thousands commas and exponents allowed, a
 unit or ``**`` may sit between it and the marker). It matches when the value, rounded to the decimals the
 number is written with, is the number (``14.0`` matches 14.03; ``8e-8`` matches 7.6e-8).
@@ -47,10 +47,10 @@ LEGACY: dict[str, str] = {
         "four lens trainings of 15 min to 1 h; its 'machine' is a hand-written string (CPU, load 8-13, threads)",
 }
 
-MARKER = re.compile(r"<!--\s*(?P<file>[\w./-]+\.json)\s*:\s*(?P<expr>[^>]*?)\s*-->")
+MARKER = re.compile(r"<!--\s*(?P<file>[\w./-]+\.json)\s*:\s*(?P<expr>.*?)\s*-->")
 NUMBER = re.compile(r"(?<![\w.])[+\-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+\-−]?\d+)?")
 CODE_SPAN = re.compile(r"`[^`]*`")
-EXPR = re.compile(r"^(?P<key>[\w.\-]+)(?:\s*/\s*(?P<div>[\w.\-]+))?(?:\s*\*\s*(?P<scale>[0-9.eE+\-]+))?$")
+EXPR = re.compile(r"^(?P<key>\S+)(?:\s+/\s+(?P<div>\S+))?(?:\s+\*\s+(?P<scale>\S+))?$")
 
 
 @dataclass
