@@ -41,6 +41,9 @@ LEGACY: dict[str, str] = {
     "docs/results/bench-report-smollm2-xeon.json":
         "benchmarks/bench_report.py's first run (commit be3263f), on an Intel Xeon with native bfloat16 that this "
         "project no longer runs on; its cpu, threads and load average are top-level fields",
+    **{f"docs/results/mixing/{run}/summary.json":
+       "`lenscope mixing study` over 200-872 sentences (docs/mixing.md gives each command), 3-10 min of one core each; "
+       "written before record() existed" for run in ("minilm-sst2", "minilm-wikitext", "smollm2-sst2", "gemma3-sst2")},
     "docs/results/smollm2-lens-eval-fp32-15min.json":
         "a 15-minute float32 training run plus its evaluation; the JSON's training.fp32_wall15.precision names the CPU",
     "docs/results/smollm2-lens-eval-issue11.json":
