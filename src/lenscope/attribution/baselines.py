@@ -12,8 +12,9 @@ norms and the like are added by the model itself, so they are part of ``f``, not
 
 - ``grad_norm``: ``||df/de_j||_2``.
 - ``grad_x_input``: ``sum_d df/de_j,d * e_j,d`` (signed).
-- ``integrated_gradients``: ``sum_d e_j,d * int_0^1 df/de_j,d(alpha e) d alpha`` with a zero baseline, the
-  integral by Gauss-Legendre quadrature, all nodes in one batched forward and backward pass.
+- ``integrated_gradients``: ``sum_d (e_j,d - b_d) * int_0^1 df/de_j,d(b + alpha (e - b)) d alpha`` from a
+  baseline ``b`` (zero by default; the pad token's or the mean input embedding on request), the integral by
+  Gauss-Legendre quadrature, all nodes in one batched forward and backward pass.
 - ``erasure``: ``f(input) - f(input without token j)``, all ablated sequences in one batch.
 
 Every function returns an :class:`~lenscope.attribution.explanation.Explanation` whose ``scores`` have
@@ -42,7 +43,8 @@ from ..errors import InputError, NotApplicableError
 from ..models.load import LoadedModel, resolve_token, token_ids, token_str
 from .explanation import Explanation
 
-__all__ = ["erasure", "grad_norm", "grad_x_input", "integrated_gradients"]
+__all__ = ["IG_BASELINES", "erasure", "grad_norm", "grad_x_input", "ig_baseline", "integrated_gradients",
+           "integrated_gradients_rows"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -178,17 +180,151 @@ def grad_x_input(lm: LoadedModel, text: str | list[int] | Tensor, target: str | 
     return pr.explanation(scores, {"f": f})
 
 
+IG_BASELINES = ("zero", "pad", "mean")
+
+
+def ig_baseline(lm: LoadedModel, baseline: str | Tensor = "zero") -> tuple[Tensor | None, dict]:
+    """The baseline embedding ``(d_model,)`` that integrated gradients starts from, and what it is.
+
+    - ``"zero"``: the zero vector (returned as None: the path is ``alpha * e``, exactly as before baselines
+      were selectable);
+    - ``"pad"``: the input embedding of the tokenizer's pad token, or of its unk token where there is no pad
+      token (an :class:`InputError` where it has neither);
+    - ``"mean"``: the mean input embedding over every row of the input-embedding matrix (the model's whole
+      vocabulary, including any rows the tokenizer never produces);
+    - a tensor ``(d_model,)``: that vector.
+
+    Embeddings are read through the model's own input-embedding module, as ``e`` is (Gemma's scale included),
+    and the same vector is used at every position. The second value is ``info`` for the explanation:
+    ``{"baseline": name}`` plus ``baseline_token``/``baseline_token_id`` for ``"pad"``.
+    """
+    from ..models.devices import main_device
+
+    if isinstance(baseline, Tensor):
+        if baseline.dim() != 1:
+            raise InputError(f"a baseline tensor must be one embedding vector (d_model,), got shape "
+                             f"{tuple(baseline.shape)}")
+        return baseline.detach().float().to(main_device(lm.model)), {"baseline": "custom"}
+    if baseline not in IG_BASELINES:
+        raise InputError(f"unknown integrated-gradients baseline {baseline!r}; choose from {', '.join(IG_BASELINES)}")
+    if baseline == "zero":
+        return None, {"baseline": "zero"}
+    emb = lm.model.get_input_embeddings()
+    device = main_device(lm.model)
+    if baseline == "pad":
+        tok = lm.tokenizer
+        for kind in ("pad", "unk"):
+            tid = getattr(tok, f"{kind}_token_id", None)
+            if tid is not None:
+                break
+        else:
+            raise InputError(f"{lm.name}'s tokenizer has neither a pad nor an unk token, so there is no pad "
+                             "baseline; use baseline 'zero' or 'mean' (or give an embedding vector)")
+        with torch.no_grad():
+            vec = emb(torch.tensor([int(tid)], device=device))[0].detach().float()
+        return vec, {"baseline": "pad", "baseline_token": token_str(lm, int(tid)), "baseline_token_id": int(tid),
+                     "baseline_token_kind": kind}
+    V = emb.weight.shape[0]
+    total = None
+    with torch.no_grad():
+        for s in range(0, V, 8192):  # chunks: a 262k x d_model float copy at once is too much
+            part = emb(torch.arange(s, min(s + 8192, V), device=device)).double().sum(0)
+            total = part if total is None else total + part
+    return (total / V).float(), {"baseline": "mean"}
+
+
+def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target: Tensor, foil: Tensor | None = None, *,
+                              position: int = -1, steps: int = 16, baseline: str | Tensor = "zero",
+                              rows_per_pass: int | None = None, last_only: bool = False) -> dict:
+    """Integrated gradients for a batch of equal-length examples, the one implementation behind
+    :func:`integrated_gradients` (one example) and the evaluation's batched runs.
+
+    ``ids (batch, pos)``; ``target``/``foil (batch,)`` token ids (no foil: the target's logit alone); the
+    prediction at ``position``. ``scores[b, j] = sum_d (e_bj,d - b_d) * int_0^1 df_b/de_bj,d(b + alpha (e_b - b))
+    d alpha`` with ``b`` the baseline (:func:`ig_baseline`), the integral by ``steps``-node Gauss-Legendre
+    quadrature; every (example, node) pair is one row, ``rows_per_pass`` rows per forward and backward pass
+    (default all). ``last_only`` (causal models, ``position`` the last one): the model computes the last
+    position's logits only.
+
+    Returns ``{"ig": (batch, pos) float32 CPU, "f_input", "f_baseline", "sum", "completeness_error",
+    "completeness_abs": (batch,) float64 CPU, "info": the baseline's info}`` where ``completeness_abs =
+    |sum_j scores[b, j] - (f(input) - f(baseline))|`` and ``completeness_error`` is that divided by
+    ``max(|f(input) - f(baseline)|, 1e-6)`` (relative).
+    """
+    from ..models.devices import main_device
+
+    device = main_device(lm.model)
+    ids = torch.as_tensor(ids, dtype=torch.long).to(device)
+    B, n = ids.shape
+    t = torch.as_tensor(target, dtype=torch.long).to(device).reshape(B)
+    f = None if foil is None else torch.as_tensor(foil, dtype=torch.long).to(device).reshape(B)
+    at = -1 if last_only else int(position)
+    base, binfo = ig_baseline(lm, baseline)
+
+    def objective(logits: Tensor, rb: Tensor) -> Tensor:
+        vec = logits[:, at]
+        rows = torch.arange(vec.shape[0], device=vec.device)
+        out = vec[rows, t[rb]]
+        return out if f is None else out - vec[rows, f[rb]]
+
+    with torch.no_grad():
+        e = lm.model.get_input_embeddings()(ids).detach()
+    diff = e.float() if base is None else e.float() - base
+    nodes, weights = np.polynomial.legendre.leggauss(int(steps))
+    alphas = torch.as_tensor((nodes + 1) / 2, dtype=torch.float32, device=e.device)
+    w = torch.as_tensor(weights / 2, dtype=torch.float64, device=e.device)
+    rows_b = torch.arange(B, device=e.device).repeat_interleave(steps)  # row -> example
+    rows_s = torch.arange(steps, device=e.device).repeat(B)  # row -> node
+    chunk = B * steps if rows_per_pass is None else max(1, int(rows_per_pass))
+    integral = torch.zeros(e.shape, dtype=torch.float64, device=e.device)
+    with _eval_mode(lm.model):
+        for s in range(0, B * steps, chunk):
+            rb, rs = rows_b[s : s + chunk], rows_s[s : s + chunk]
+            path = alphas[rs, None, None] * diff[rb]
+            x = (path if base is None else base + path).to(e.dtype).requires_grad_(True)
+            with torch.enable_grad():
+                obj = objective(_logits(lm, inputs_embeds=x, last_only=last_only), rb)
+                (g,) = torch.autograd.grad(obj.sum(), x)
+            part = w[rs, None, None] * g.detach().double()
+            if B == 1:
+                integral[0] += part.sum(0)
+            else:
+                integral.index_add_(0, rb, part)
+        with torch.no_grad():  # the two ends of the path, for completeness
+            b_emb = torch.zeros_like(e) if base is None else base.to(e.dtype).expand_as(e)
+            rows = torch.arange(B, device=e.device)
+            if B == 1:  # one pass for a single example, two for a batch: each caller's grouping of old, so
+                # that f (and the completeness error) are bit-identical to the numbers computed before
+                ends = objective(_logits(lm, inputs_embeds=torch.cat([e, b_emb]), last_only=last_only),
+                                 rows.repeat(2))
+            else:
+                ends = torch.cat([objective(_logits(lm, inputs_embeds=x, last_only=last_only), rows)
+                                  for x in (e, b_emb)])
+            ends = ends.double()
+    scores = (integral * diff.double()).sum(-1)
+    f_input, f_base = ends[:B], ends[B:]
+    total = scores.sum(-1)
+    delta = f_input - f_base
+    err_abs = (total - delta).abs()
+    return {"ig": scores.float().cpu(), "f_input": f_input.cpu(), "f_baseline": f_base.cpu(), "sum": total.cpu(),
+            "completeness_abs": err_abs.cpu(), "completeness_error": (err_abs / delta.abs().clamp_min(1e-6)).cpu(),
+            "info": binfo}
+
+
 def integrated_gradients(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int,
                          foil: str | int | None = None, *, position: int = -1, steps: int = 16,
-                         batch_size: int | None = None) -> Explanation:
-    """Integrated gradients from a zero embedding baseline along the straight path.
+                         batch_size: int | None = None, baseline: str | Tensor = "zero") -> Explanation:
+    """Integrated gradients from a baseline embedding along the straight path.
 
-    ``scores[j] = sum_d e_j,d * int_0^1 df/de_j,d(alpha * e) d alpha``, the integral by ``steps``-node
-    Gauss-Legendre quadrature on [0, 1]; all nodes go through the model in one batched forward and backward
-    pass (in chunks of ``batch_size`` rows when given). Position embeddings and the like, which the model adds
-    to ``inputs_embeds`` itself, stay in the baseline. ``info`` holds ``f_input``, ``f_baseline``,
-    ``sum_attributions`` and ``completeness_error = |sum - (f_input - f_baseline)| / max(|f_input -
-    f_baseline|, 1e-6)`` (small when ``steps`` is enough for this input).
+    ``scores[j] = sum_d (e_j,d - b_d) * int_0^1 df/de_j,d(b + alpha * (e - b)) d alpha``, the integral by
+    ``steps``-node Gauss-Legendre quadrature on [0, 1]; all nodes go through the model in one batched forward
+    and backward pass (in chunks of ``batch_size`` rows when given). ``baseline`` (:func:`ig_baseline`):
+    ``"zero"`` (default), ``"pad"`` (the pad token's input embedding, else the unk token's), ``"mean"`` (the
+    mean input embedding over the vocabulary) or a ``(d_model,)`` tensor, the same vector at every position.
+    Position embeddings and the like, which the model adds to ``inputs_embeds`` itself, stay in the baseline.
+    ``info`` holds ``f_input``, ``f_baseline``, ``sum_attributions``, ``completeness_abs = |sum - (f_input -
+    f_baseline)|`` and ``completeness_error = completeness_abs / max(|f_input - f_baseline|, 1e-6)`` (relative;
+    small when ``steps`` is enough for this input).
     """
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise InputError(f"steps must be a positive integer, got {steps!r}")
@@ -197,40 +333,25 @@ def integrated_gradients(lm: LoadedModel, text: str | list[int] | Tensor, target
         raise InputError(f"batch_size must be a positive integer or None, got {batch_size!r}")
     pr = _Problem(lm, "ig", text, target, foil, position)
     steps = int(steps)
-    e = _embed(pr)
-    nodes, weights = np.polynomial.legendre.leggauss(steps)
-    alphas = torch.as_tensor((nodes + 1) / 2, dtype=torch.float32, device=e.device)
-    w = torch.as_tensor(weights / 2, dtype=torch.float64, device=e.device)
-    chunk = steps if batch_size is None else int(batch_size)
-
-    integral = torch.zeros(e.shape, dtype=torch.float64, device=e.device)
-    with _eval_mode(lm.model):
-        for s in range(0, steps, chunk):  # one pass unless batch_size < steps
-            a = alphas[s : s + chunk]
-            x = (a[:, None, None] * e[None].float()).to(e.dtype).requires_grad_(True)  # (step, pos, d_model)
-            with torch.enable_grad():
-                f = pr.objective(_logits(lm, inputs_embeds=x))
-                (g,) = torch.autograd.grad(f.sum(), x)
-            integral += (w[s : s + chunk, None, None] * g.detach().double()).sum(0)
-        with torch.no_grad():  # the two ends of the path, for completeness
-            ends = pr.objective(_logits(lm, inputs_embeds=torch.stack([e, torch.zeros_like(e)])))
-    f_input, f_baseline = float(ends[0]), float(ends[1])
-    scores = (integral * e.double()).sum(-1)
-    total = float(scores.sum())
+    res = integrated_gradients_rows(lm, pr.ids[None], torch.tensor([pr.t_id]),
+                                    None if pr.f_id is None else torch.tensor([pr.f_id]), position=pr.p, steps=steps,
+                                    baseline=baseline, rows_per_pass=batch_size)
+    f_input, f_baseline = float(res["f_input"][0]), float(res["f_baseline"][0])
+    total, err = float(res["sum"][0]), float(res["completeness_error"][0])
     delta = f_input - f_baseline
-    err = abs(total - delta) / max(abs(delta), 1e-6)
     info = {
         "f": f_input, "f_input": f_input, "f_baseline": f_baseline, "sum_attributions": total,
-        "completeness_error": err, "steps": steps, "baseline": "zero", "quadrature": "gauss-legendre",
+        "completeness_error": err, "completeness_abs": float(res["completeness_abs"][0]), "steps": steps,
+        **res["info"], "quadrature": "gauss-legendre",
     }
     if err > 1e-2:
         info["note"] = (
             f"the scores sum to {total:.4g} but f(input) - f(baseline) = {delta:.4g} ({err:.1%} off): the path from "
-            f"the zero baseline is too nonlinear for {steps} steps; raise steps. (Where every norm rescales tiny "
-            "inputs, e.g. Gemma's sandwich RMSNorms, f jumps right next to the zero baseline and more steps do not "
-            "help.)"
+            f"the {info['baseline']} baseline is too nonlinear for {steps} steps; raise steps. (Where every norm "
+            "rescales tiny inputs, e.g. Gemma's sandwich RMSNorms, f jumps right next to the zero baseline and more "
+            "steps do not help.)"
         )
-    return pr.explanation(scores, info)
+    return pr.explanation(res["ig"][0], info)
 
 
 def erasure(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, foil: str | int | None = None, *,

@@ -23,13 +23,20 @@ def register(app: typer.Typer) -> None:
     def alignment_cmd(
         model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
         dataset: list[str] | None = typer.Option(None, "--dataset", "-d", help=DATASET_HELP),  # noqa: B008
-        methods: str = typer.Option("logit,alti-logit,grad-norm,grad-x-input,ig,erasure", "--methods",
-                                    help="Comma-separated: logit, alti-logit, grad-norm, grad-x-input, ig, erasure."),
+        methods: str = typer.Option("logit,alti-logit,grad-norm,grad-x-input,ig,erasure,first,recent", "--methods",
+                                    help="Comma-separated: logit, alti-logit, grad-norm, grad-x-input, ig, erasure, "
+                                    "and the positional rankings first (earliest token first) and recent (nearest "
+                                    "token first), which need no model computation."),
         limit: int = typer.Option(None, "--limit", help="Use the first N examples of each dataset."),
         out: str = typer.Option(None, "--out", help="Folder for per-example records, summary, tables and figures; "
                                 "a rerun with the same folder resumes."),
         restart: bool = typer.Option(False, "--restart", help="Discard the records already in --out."),
         ig_steps: int = typer.Option(16, "--ig-steps", help="Integrated-gradients quadrature nodes."),
+        baseline: str = typer.Option("zero", "--baseline", help="Integrated gradients' baseline: zero, pad (the pad "
+                                     "token's input embedding, else the unk token's) or mean (the mean input "
+                                     "embedding over the vocabulary)."),
+        force: bool = typer.Option(False, "--force", help="Resume into a folder whose records were written by "
+                                   "another code version (the table then mixes versions)."),
         batch_size: int = typer.Option(16, "--batch-size", help="Examples of equal length per batched pass."),
         block: int = typer.Option(50, "--block", help="Rows per round: rows 0..BLOCK-1 of every dataset run first, "
                                   "so an interrupted run holds complete --limit BLOCK, 2*BLOCK, ... prefixes."),
@@ -58,6 +65,8 @@ def register(app: typer.Typer) -> None:
             fail("--block must be at least 1")
         if restart and out is None:
             fail("--restart needs --out")
+        if baseline not in ("zero", "pad", "mean"):
+            fail(f"unknown --baseline {baseline!r}; choose from zero, pad, mean")
         meths = check_methods(methods)
         for spec in dataset:  # malformed files fail before the model loads
             if spec != "blimp:all11":
@@ -66,7 +75,7 @@ def register(app: typer.Typer) -> None:
         check_model(lm)
         summary = run_alignment(lm, dataset, meths, out=out, limit=limit, ig_steps=ig_steps, batch_size=batch_size,
                                 progress=progress, restart=restart, block=block, ray=ray_target(ray, ray_address),
-                                workers=workers)
+                                workers=workers, baseline=baseline, force=force)
         if as_json:
             from ..evaluate.alignment import _clean
 
@@ -74,6 +83,11 @@ def register(app: typer.Typer) -> None:
             return
         typer.echo(f"{summary.model}: MRR by dataset and method (95% bootstrap interval in --out/table.md)")
         typer.echo(summary.table("mrr", ci=False))
+        comp = {d: ds["ig_completeness"] for d, ds in summary.datasets.items()
+                if (ds.get("ig_completeness") or {}).get("n")}
+        if comp:
+            typer.echo("integrated gradients' relative completeness error (median / max): " + ", ".join(
+                f"{d} {c['median']:.2g} / {c['max']:.2g}" for d, c in comp.items()))
         t = summary.timing.get("per_example")
         if t:
             typer.echo("seconds per example: " + ", ".join(f"{k} {v:.3f}" for k, v in t.items()))

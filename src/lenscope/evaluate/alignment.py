@@ -30,7 +30,8 @@ from .datasets import Example, expand_specs, load_dataset
 from .evidence import prepare
 from .metrics import alignment, mean_ci, paired_difference, random_rr
 
-EVAL_METHODS = ("logit", "alti-logit", "grad-norm", "grad-x-input", "ig", "erasure")
+EVAL_METHODS = ("logit", "alti-logit", "grad-norm", "grad-x-input", "ig", "erasure", "first", "recent")
+POSITIONAL = ("first", "recent")  # trivial rankings by position: no model computation beyond the tokenisation
 TIMERS = ("trace", "logit", "alti-logit", "gradients", "ig", "erasure", "forward")
 
 
@@ -42,6 +43,24 @@ def check_methods(methods) -> list[str]:
     if bad:
         raise InputError(f"unknown method {bad[0]!r} for eval alignment; choose from {', '.join(EVAL_METHODS)}")
     return list(dict.fromkeys(methods))
+
+
+def positional_scores(n: int, method: str) -> list[float]:
+    """The ranking score vector of a positional method over ``n`` context positions: ``first`` scores position
+    ``j`` with ``n - j`` (the earliest token first), ``recent`` with ``j + 1`` (the token nearest the prediction
+    first). Both are positive, so their dot product with the evidence is the evidence's share of the total
+    score; there are no ties."""
+    if method == "first":
+        return [float(n - j) for j in range(n)]
+    if method == "recent":
+        return [float(j + 1) for j in range(n)]
+    raise ValueError(f"not a positional method: {method!r}")
+
+
+def positional_metrics(rec: dict, method: str) -> dict:
+    """``alignment`` of a positional ranking from a record's own fields (``tokens``, ``evidence``, ``rankable``):
+    what :func:`evaluate_examples` stores, recomputed for records written before these methods existed."""
+    return alignment(positional_scores(len(rec["tokens"]), method), rec["evidence"], rec["rankable"])
 
 
 def check_model(lm) -> None:
@@ -60,7 +79,7 @@ def _floats(t) -> list:
 
 
 def evaluate_examples(lm, examples: list[Example], methods=EVAL_METHODS, *, ig_steps: int = 16,
-                      max_tokens: int = 1024) -> list[dict]:
+                      max_tokens: int = 1024, baseline: str = "zero") -> list[dict]:
     """One JSON-able record per example (same order). Nothing global is read or written: the result depends
     only on the model, the examples and the options, so batches can run anywhere (another process, a Ray
     worker) and their records be merged.
@@ -72,18 +91,26 @@ def evaluate_examples(lm, examples: list[Example], methods=EVAL_METHODS, *, ig_s
     ``scores[method]`` (per token), ``metrics[method] = {rr, probes, dot, rank}``, ``errors[method]`` (a
     method that refused, e.g. an invariant check), ``layers`` (per-layer attention and MLP updates of the
     logit difference, Ferrando et al. §5), ``time[stage]`` and ``cpu[stage]`` (wall-clock and process CPU
-    seconds, this example's share of each batch).
+    seconds, this example's share of each batch); with ``ig``, ``info`` holds ``ig_completeness_error``
+    (relative: ``|sum of scores - (f(x) - f(baseline))| / max(|f(x) - f(baseline)|, 1e-6)``),
+    ``ig_completeness_abs`` (the numerator), ``ig_f_input``, ``ig_f_baseline`` and ``ig_baseline``;
+    ``version`` is the code version (:func:`lenscope.version.code_version`). The positional methods
+    ``first``/``recent`` score position ``j`` with ``n - j`` / ``j + 1`` (:func:`positional_scores`).
     """
+    from ..attribution.baselines import ig_baseline
     from ..attribution.context import alti_logit_explanation, logit_explanation
+    from ..version import code_version
     from . import batched
 
     check_model(lm)
     methods = check_methods(methods)
+    base = ig_baseline(lm, baseline)[0] if "ig" in methods else None  # once per call (the mean is a vocab pass)
+    version = code_version()
     preps = [prepare(lm, ex) for ex in examples]
     recs: list[dict] = []
     for ex, p in zip(examples, preps):
         r = {"id": ex.id, "dataset": ex.dataset, "group": ex.group, "prefix": ex.prefix, "target": ex.target,
-             "foil": ex.foil, "methods": methods, "usable": p.usable, "skip": p.skip}
+             "foil": ex.foil, "methods": methods, "usable": p.usable, "skip": p.skip, "version": version}
         if ex.info.get("sentence_pair"):
             r["pair"] = True
         elif p.usable:
@@ -158,14 +185,21 @@ def evaluate_examples(lm, examples: list[Example], methods=EVAL_METHODS, *, ig_s
                         recs[i]["scores"][m] = g[m][k]
         if "ig" in methods:
             ig = timed("ig", idx, batched.integrated_gradients, lm, ids, t, f, steps=ig_steps,
-                       max_tokens=max_tokens)
+                       max_tokens=max_tokens, baseline=baseline if base is None else base)
             for k, i in enumerate(idx):
                 recs[i]["scores"]["ig"] = ig["ig"][k]
                 recs[i]["info"]["ig_completeness_error"] = float(ig["completeness_error"][k])
+                recs[i]["info"].update(ig_completeness_abs=float(ig["completeness_abs"][k]),
+                                       ig_f_input=float(ig["f_input"][k]), ig_f_baseline=float(ig["f_baseline"][k]),
+                                       ig_baseline=baseline)
         if "erasure" in methods:
             er = timed("erasure", idx, batched.erasure, lm, ids, t, f, f_full=f_full, max_tokens=4 * max_tokens)
             for k, i in enumerate(idx):
                 recs[i]["scores"]["erasure"] = er["erasure"][k]
+        for m in POSITIONAL:
+            if m in methods:
+                for i in idx:
+                    recs[i]["scores"][m] = positional_scores(n, m)
         for i in idx:
             r, p = recs[i], preps[i]
             for m in methods:
@@ -180,8 +214,8 @@ def evaluate_examples(lm, examples: list[Example], methods=EVAL_METHODS, *, ig_s
 
 def batch_job(lm, item) -> list[dict]:
     """A sweep job (:func:`lenscope.distributed.run_sweep`): one batch of examples -> their records."""
-    batch, methods, ig_steps, max_tokens = item
-    return evaluate_examples(lm, batch, methods, ig_steps=ig_steps, max_tokens=max_tokens)
+    batch, methods, ig_steps, max_tokens, baseline = item
+    return evaluate_examples(lm, batch, methods, ig_steps=ig_steps, max_tokens=max_tokens, baseline=baseline)
 
 
 def evaluate_example(lm, example: Example, methods=EVAL_METHODS, **options) -> dict:
@@ -204,14 +238,18 @@ class AlignmentSummary:
                               "errors", "accuracy", "correct": {"n", "mrr", "mrr_ci", "probes", ...}}},
          "groups": {group: {"n", "n_accuracy", "accuracy", "accuracy_ci", "methods": {method: {...}}}},
          "layers": {"n", "attention": [per layer], "mlp": [per layer], "embed", "bias", "logit"},
-         "paired": {method: {"mean", "ci", "n"}}}       # ALTI-Logit's reciprocal rank minus method's
+         "paired": {method: {"mean", "ci", "n"}},       # ALTI-Logit's reciprocal rank minus method's
+         "ig_completeness": {"baseline", "n", "median", "max", "median_abs", "max_abs"}}   # with ig only
 
     ``n`` counts examples in the alignment, ``skipped`` those left out (reasons in ``skip_reasons``);
-    ``random_mrr`` is the MRR a uniformly random ranking would get on the same examples;
+    ``random_mrr`` is the MRR a uniformly random ranking would get on the same examples; the methods ``first``
+    and ``recent`` are the positional rankings (earliest token first, nearest token first), other trivial
+    answers reported like every method;
     ``accuracy`` is over all examples with a usable target/foil pair (``n_accuracy``). Intervals are 95%
     percentile bootstraps (1000 resamples, seed 0). ``timing``: wall-clock (``seconds``, ``per_example``) and
     process CPU (``cpu_seconds``, ``cpu_per_example``) seconds per stage over the examples computed in the runs
-    that produced the records (CPU time is the better measure on a shared machine).
+    that produced the records (CPU time is the better measure on a shared machine). ``info["versions"]``
+    counts the records of each code version (``"unrecorded"``: written before records carried one).
     """
 
     model: str
@@ -250,7 +288,9 @@ class AlignmentSummary:
             cells = [d, str(ds["n"]), str(ds["skipped"]), _fmt(ds["accuracy"])]
             vals = {m: ((ds["methods"].get(m) or {}).get("correct") if correct else ds["methods"].get(m)) or {}
                     for m in self.methods}
-            best = max((v.get(metric) for v in vals.values() if v.get(metric) is not None), default=None)
+            # the best explanation in bold; the positional rankings are references, like random
+            cand = [m for m in self.methods if m not in POSITIONAL] or self.methods
+            best = max((vals[m].get(metric) for m in cand if vals[m].get(metric) is not None), default=None)
             for m in self.methods:
                 v = vals[m].get(metric)
                 if v is None:
@@ -260,7 +300,7 @@ class AlignmentSummary:
                 if ci and vals[m].get(f"{metric}_ci"):
                     lo, hi = vals[m][f"{metric}_ci"]
                     s += f" [{_fmt(lo)}, {_fmt(hi)}]"
-                if metric != "probes" and best is not None and v == best and len(self.methods) > 1:
+                if metric != "probes" and best is not None and v == best and m in cand and len(cand) > 1:
                     s = f"**{s}**"
                 cells.append(s)
             if metric == "mrr":
@@ -317,6 +357,15 @@ class AlignmentSummary:
                  self.table("mrr"), "", "MRR, examples the model gets right:", "", self.table("mrr", correct=True),
                  "", "Probes needed (lower is better):", "", self.table("probes"), "",
                  "Dot product with the evidence (L1-normalised scores):", "", self.table("dot")]
+        comp = {d: ds["ig_completeness"] for d, ds in self.datasets.items() if (ds.get("ig_completeness") or {}).get("n")}
+        if comp:
+            parts += ["", "Integrated gradients' completeness error per example, relative "
+                      "(|sum of scores - (f(x) - f(baseline))| / max(|f(x) - f(baseline)|, 1e-6)) and absolute "
+                      "(logit units):", "", "| dataset | baseline | n | median | max | median abs | max abs |",
+                      "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+            for d, c in comp.items():
+                parts.append(f"| {d} | {c['baseline']} | {c['n']} | {_sci(c['median'])} | {_sci(c['max'])} | "
+                             f"{_sci(c['median_abs'])} | {_sci(c['max_abs'])} |")
         groups = [(d, ds["groups"]) for d, ds in self.datasets.items() if ds.get("groups")]
         for d, gs in groups:
             parts += ["", f"Groups of {d}:", "", "| group | n | accuracy | " + " | ".join(self.methods) + " |",
@@ -348,6 +397,10 @@ def _fmt(v) -> str:
     return f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
+def _sci(v) -> str:
+    return "—" if v is None else f"{v:.2g}"
+
+
 def _clean(x):
     if isinstance(x, float):
         return x if math.isfinite(x) else None
@@ -376,12 +429,22 @@ def summarise(model: str, datasets: dict[str, list[Example]], records: dict[str,
     """Dataset means (with bootstrap intervals), groups, per-layer contributions and timing from the records
     of ``datasets`` (examples without a record are reported as not evaluated)."""
     methods = list(methods)
+    pos = [m for m in POSITIONAL if m in methods]
+    if pos:  # positional metrics from the records' own fields where a record predates these methods
+        records = dict(records)
+        for k, r in records.items():
+            if r.get("usable") and r.get("skip") is None and "metrics" in r and any(m not in r["metrics"] for m in pos):
+                r = records[k] = {**r, "metrics": dict(r["metrics"])}
+                for m in pos:
+                    r["metrics"].setdefault(m, positional_metrics(r, m))
+    versions: Counter = Counter()
     out = {}
     seconds: Counter = Counter()
     cpu: Counter = Counter()
     n_timed = n_cpu = 0
     for name, exs in datasets.items():
         recs = [records[ex.id] for ex in exs if ex.id in records]
+        versions.update(r.get("version") or "unrecorded" for r in recs)
         for r in recs:
             if r.get("time"):
                 seconds.update(r["time"])
@@ -425,6 +488,16 @@ def summarise(model: str, datasets: dict[str, list[Example]], records: dict[str,
                     paired[m] = paired_difference([r["metrics"]["alti-logit"]["rr"] for r in both],
                                                   [r["metrics"][m]["rr"] for r in both])
         ds["paired"] = paired
+        if "ig" in methods:
+            ig = [r for r in align if "ig" in r.get("metrics", {})]
+            rel = [r["info"]["ig_completeness_error"] for r in ig if r.get("info", {}).get("ig_completeness_error")
+                   is not None]
+            ab = [r["info"]["ig_completeness_abs"] for r in ig if r["info"].get("ig_completeness_abs") is not None]
+            bases = sorted({r["info"].get("ig_baseline", "zero") for r in ig})
+            ds["ig_completeness"] = {
+                "baseline": ",".join(bases) if bases else None, "n": len(rel),
+                "median": float(np.median(rel)) if rel else None, "max": float(np.max(rel)) if rel else None,
+                "median_abs": float(np.median(ab)) if ab else None, "max_abs": float(np.max(ab)) if ab else None}
         out[name] = ds
     timing = {}
     if n_timed:
@@ -433,7 +506,8 @@ def summarise(model: str, datasets: dict[str, list[Example]], records: dict[str,
     if n_cpu:
         timing.update(cpu_examples=n_cpu, cpu_seconds=dict(cpu),
                       cpu_per_example={k: cpu[k] / n_cpu for k in TIMERS if k in cpu})
-    return AlignmentSummary(model=model, methods=methods, datasets=out, timing=timing)
+    return AlignmentSummary(model=model, methods=methods, datasets=out, timing=timing,
+                            info={"versions": dict(versions)})
 
 
 def _natural(s: str):
@@ -473,7 +547,8 @@ def _done(rec: dict | None, ex: Example, methods) -> bool:
         return False
     if not rec["usable"] or rec["skip"] is not None:
         return True
-    return set(methods) <= set(rec["methods"])
+    # the positional rankings need no model: summarise derives them from the record's tokens and evidence
+    return set(methods) - set(POSITIONAL) <= set(rec["methods"])
 
 
 def load_datasets(specs, limit: int | None = None) -> dict[str, list[Example]]:
@@ -489,7 +564,8 @@ def load_datasets(specs, limit: int | None = None) -> dict[str, list[Example]]:
 
 def run_alignment(lm, specs, methods=EVAL_METHODS, *, out: str | Path | None = None, limit: int | None = None,
                   ig_steps: int = 16, batch_size: int = 16, max_tokens: int = 1024, progress: bool = True,
-                  restart: bool = False, block: int = 50, ray=None, workers: int = 2) -> AlignmentSummary:
+                  restart: bool = False, block: int = 50, ray=None, workers: int = 2, baseline: str = "zero",
+                  force: bool = False) -> AlignmentSummary:
     """Evaluate ``methods`` on the datasets ``specs`` (see :func:`~lenscope.evaluate.datasets.load_dataset`).
 
     With ``out``, every example's record is appended to ``out/records.jsonl`` as soon as its batch finishes,
@@ -498,11 +574,23 @@ def run_alignment(lm, specs, methods=EVAL_METHODS, *, out: str | Path | None = N
     Examples run in blocks of ``block`` rows per dataset (rows 0..block-1 of every dataset first), so the
     records of an interrupted run hold complete ``--limit`` prefixes of every dataset. ``ray`` (True for a local
     Ray, or a cluster address) hands the batches to ``workers`` Ray workers; records and files are the same.
+    ``baseline``: integrated gradients' baseline (``zero``, ``pad`` or ``mean``, see
+    :func:`lenscope.attribution.baselines.ig_baseline`); a folder holds one baseline.
+
+    Every record carries the code version (:func:`lenscope.version.code_version`). A resume that would add
+    records to a folder holding records of another version (or records from before versions were recorded) is
+    refused with an :class:`InputError` unless ``force=True``; a rerun with nothing left to compute only
+    rewrites the summary, whose ``info["versions"]`` counts the records of each version.
     """
     from tqdm.auto import tqdm
 
+    from ..attribution.baselines import IG_BASELINES
+    from ..version import code_version
+
     check_model(lm)
     methods = check_methods(methods)
+    if baseline not in IG_BASELINES:
+        raise InputError(f"unknown --baseline {baseline!r}; choose from {', '.join(IG_BASELINES)}")
     if isinstance(ig_steps, bool) or not isinstance(ig_steps, int) or ig_steps < 1:
         raise InputError("--ig-steps must be a positive integer")
     if batch_size < 1:
@@ -511,6 +599,8 @@ def run_alignment(lm, specs, methods=EVAL_METHODS, *, out: str | Path | None = N
     records: dict[str, dict] = {}
     rec_path = None
     meta = {"model": lm.name, "ig_steps": ig_steps}
+    if baseline != "zero":  # a zero-baseline folder's run.json stays as it always was
+        meta["baseline"] = baseline
     if out is not None:
         outp = Path(out)
         outp.mkdir(parents=True, exist_ok=True)
@@ -534,6 +624,13 @@ def run_alignment(lm, specs, methods=EVAL_METHODS, *, out: str | Path | None = N
         raise InputError(f"example id {dup!r} occurs twice; give each dataset once")
     row = {ex.id: k for exs in datasets.values() for k, ex in enumerate(exs)}
     pending = [ex for ex in every if not _done(records.get(ex.id), ex, methods)]
+    version = code_version()
+    others = Counter(r.get("version") or "unrecorded" for r in records.values() if r.get("version") != version)
+    if pending and others and not force:
+        have = ", ".join(f"{n} of version {v}" for v, n in others.most_common())
+        raise InputError(f"{out} holds records of another code version ({have}; this is {version}): resuming "
+                         "would mix versions in one table. Use another --out, --restart to discard them, or --force "
+                         "to add to them anyway")
     # rows 0-49 of every dataset first, then 50-99, ... (an interrupted run leaves complete --limit blocks);
     # within a block, batches of equal token length, alignment examples and accuracy-only ones apart
     keyed = []
@@ -556,7 +653,7 @@ def run_alignment(lm, specs, methods=EVAL_METHODS, *, out: str | Path | None = N
     try:
         from ..distributed import run_sweep
 
-        items = [(batch, methods, ig_steps, max_tokens) for batch in batches]
+        items = [(batch, methods, ig_steps, max_tokens, baseline) for batch in batches]
         for k, recs in run_sweep(batch_job, items, lm=lm, ray=ray, workers=workers):
             batch = batches[k]
             for r in recs:
@@ -570,7 +667,7 @@ def run_alignment(lm, specs, methods=EVAL_METHODS, *, out: str | Path | None = N
     summary = summarise(lm.name, datasets, records, methods)
     summary.info = {"limit": limit, "ig_steps": ig_steps, "batch_size": batch_size, "computed_now": len(pending),
                     "wall_seconds_now": time.perf_counter() - t0, "specs": list(specs) if not isinstance(specs, str)
-                    else [specs]}
+                    else [specs], "baseline": baseline, "version": version, **summary.info}
     if out is not None:
         summary.save(out)
     return summary

@@ -8,8 +8,9 @@ definitions as :mod:`lenscope.attribution.baselines` (see that module and ``docs
 - :func:`traces`: one forward pass with hooks, cut into one :class:`~lenscope.models.trace.Trace` per row, for
   the Logit and ALTI-Logit explanations (the logits are kept at the last position only; other rows are NaN);
 - :func:`gradients`: ``grad-norm`` and ``grad-x-input`` from one forward and backward pass;
-- :func:`integrated_gradients`: zero baseline, Gauss-Legendre nodes, every (example, node) row in one batch
-  (in chunks of at most ``max_tokens`` tokens);
+- :func:`integrated_gradients`: :func:`lenscope.attribution.baselines.integrated_gradients_rows` (zero, pad
+  or mean baseline, Gauss-Legendre nodes, every (example, node) row in one batch, in chunks of at most
+  ``max_tokens`` tokens);
 - :func:`erasure`: every example's ``pos`` leave-one-out sequences in one batch (causal models).
 
 Only causal decoders with a language-model head are supported here (the evaluation predicts a next word).
@@ -17,11 +18,10 @@ Only causal decoders with a language-model head are supported here (the evaluati
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from ..attribution.baselines import _eval_mode, _logits
+from ..attribution.baselines import _eval_mode, _logits, integrated_gradients_rows
 from ..errors import UnsupportedModelError
 from ..models.families import family_for
 from ..models.trace import Trace, register_captures
@@ -139,37 +139,17 @@ def gradients(lm, ids, t, f) -> dict[str, Tensor]:
             "f": obj.detach().float().cpu()}
 
 
-def integrated_gradients(lm, ids, t, f, *, steps: int = 16, max_tokens: int = 1024) -> dict[str, Tensor]:
-    """Integrated gradients from the zero embedding, ``steps`` Gauss-Legendre nodes (as
-    :func:`lenscope.attribution.baselines.integrated_gradients`): ``{"ig": (batch, pos), "f_input",
-    "f_baseline", "completeness_error": (batch,)}``. The (example, node) rows run in chunks of at most
-    ``max_tokens`` tokens."""
+def integrated_gradients(lm, ids, t, f, *, steps: int = 16, max_tokens: int = 1024,
+                         baseline="zero") -> dict[str, Tensor]:
+    """Integrated gradients at the last position of every row, ``steps`` Gauss-Legendre nodes, from
+    ``baseline`` (``"zero"``, ``"pad"``, ``"mean"`` or a ``(d_model,)`` tensor): a call of
+    :func:`lenscope.attribution.baselines.integrated_gradients_rows`, the one implementation that
+    ``lenscope.explain`` uses too. ``{"ig": (batch, pos), "f_input", "f_baseline", "sum", "completeness_error",
+    "completeness_abs": (batch,), "info"}``. The (example, node) rows run in chunks of at most ``max_tokens``
+    tokens."""
     ids, t, f = _ids(lm, ids, t, f)
-    B, n = ids.shape
-    e = _embed(lm, ids)
-    nodes, weights = np.polynomial.legendre.leggauss(int(steps))
-    alphas = torch.as_tensor((nodes + 1) / 2, dtype=torch.float32, device=e.device)
-    w = torch.as_tensor(weights / 2, dtype=torch.float64, device=e.device)
-    rows_b = torch.arange(B, device=e.device).repeat_interleave(steps)  # row -> example
-    rows_s = torch.arange(steps, device=e.device).repeat(B)  # row -> node
-    chunk = max(1, int(max_tokens) // n)
-    integral = torch.zeros(e.shape, dtype=torch.float64, device=e.device)
-    with _eval_mode(lm.model):
-        for s in range(0, B * steps, chunk):
-            rb, rs = rows_b[s : s + chunk], rows_s[s : s + chunk]
-            x = (alphas[rs, None, None] * e[rb].float()).to(e.dtype).requires_grad_(True)
-            with torch.enable_grad():
-                obj = _objective(_logits(lm, inputs_embeds=x, last_only=True)[:, -1], t[rb], f[rb])
-                (g,) = torch.autograd.grad(obj.sum(), x)
-            integral.index_add_(0, rb, w[rs, None, None] * g.detach().double())
-        with torch.no_grad():
-            ends_in = _objective(_logits(lm, inputs_embeds=e, last_only=True)[:, -1], t, f).double()
-            ends_0 = _objective(_logits(lm, inputs_embeds=torch.zeros_like(e), last_only=True)[:, -1], t, f).double()
-    scores = (integral * e.double()).sum(-1)
-    delta = ends_in - ends_0
-    err = (scores.sum(-1) - delta).abs() / delta.abs().clamp_min(1e-6)
-    return {"ig": scores.float().cpu(), "f_input": ends_in.cpu(), "f_baseline": ends_0.cpu(),
-            "completeness_error": err.cpu()}
+    return integrated_gradients_rows(lm, ids, t, f, steps=int(steps), baseline=baseline,
+                                     rows_per_pass=max(1, int(max_tokens) // ids.shape[1]), last_only=True)
 
 
 @torch.no_grad()
