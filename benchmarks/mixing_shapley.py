@@ -29,7 +29,8 @@ from lenscope.mixing.algebra import ig_hidden  # noqa: E402
 from lenscope.mixing.maps import context_mixing  # noqa: E402
 from lenscope.models.anatomy import ACTIVATIONS  # noqa: E402
 from tests.conftest import tiny_with_layers  # noqa: E402
-from tests.mixing.test_maps import TEXT, activation_module, brute_ig, brute_parts, shapley, with_strong_mlp  # noqa: E402
+from tests.mixing.test_maps import (TEXT, activation_module, brute_ig, brute_parts, lin, shapley,  # noqa: E402
+                                    with_strong_mlp)
 
 
 def compare(lm) -> dict:
@@ -53,7 +54,10 @@ def compare(lm) -> dict:
                                    None if U is None else U[None, :-1], None if U is None else U[None, -1])
         ig = torch.cat([ig[0], ig_rest])
         rel.append(float((ig - phi).norm() / phi.norm()))
-        shap_map[i] = (phi[:n] @ W_out).norm(dim=-1)
+        f = phi[:n] @ W_out
+        if layer.ln_mlp_out is not None:  # Gemma's sandwich norm: part of atblnff, at the real output's scale
+            f = lin(layer.ln_mlp_out, f, tr.mlp_out[0][i])
+        shap_map[i] = f.norm(dim=-1)
     mask = torch.ones(n, n, dtype=torch.bool).tril()
     a, b = cm.maps[0].double()[mask], shap_map[mask]
     return {"tokens": n, "players": n + 1, "max_pre_activation": float(tr.mlp_pre[0].abs().max()),
