@@ -41,7 +41,8 @@ def test_encoder_default_scope_png_and_folder(tmp_path):
     lm.model.save_pretrained(tmp_path / "m")
     lm.tokenizer.save_pretrained(tmp_path / "m")
     r = run("mixing", TEXT, "--model", str(tmp_path / "m"), "--scope", "atb", "--json")
-    assert r.exit_code == 0, r.output and json.loads(r.stdout)["scope"] == "atb"
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["scope"] == "atb"
 
 
 def test_study_json_and_resume(tmp_path):

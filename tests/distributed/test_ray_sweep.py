@@ -14,7 +14,7 @@ from lenscope.cli import app
 from lenscope.distributed import run_sweep
 from lenscope.mixing.study import mixing_study
 
-from ..conftest import get_model
+from ..conftest import assert_json_close, get_model, jsonl_records
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'ray>=2.9' (./dev test installs it)")
 
@@ -43,8 +43,9 @@ def test_run_sweep_is_ordered_and_equal_to_sequential():
     seq = list(run_sweep(_job, texts, lm=lm))
     par = list(run_sweep(_job, texts, lm=lm, ray=True, workers=2))
     assert [i for i, _ in par] == list(range(len(texts)))
-    assert par == seq  # identical numbers: same weights (tiny models are seeded), same math
-    assert list(run_sweep(_job, texts, lm=lm, ray=True, workers=2, start=3)) == seq[3:]
+    # the same numbers up to float rounding (the workers may run other kernels or thread counts)
+    assert_json_close(par, seq)
+    assert_json_close(list(run_sweep(_job, texts, lm=lm, ray=True, workers=2, start=3)), seq[3:])
 
 
 def test_mixing_study_on_ray_writes_the_same_files(tmp_path):
@@ -52,8 +53,9 @@ def test_mixing_study_on_ray_writes_the_same_files(tmp_path):
     a, b = tmp_path / "seq", tmp_path / "ray"
     s1 = mixing_study(lm, SENTS, a, dataset="t", max_tokens=20, progress=False)
     s2 = mixing_study(lm, SENTS, b, dataset="t", max_tokens=20, progress=False, ray=True, workers=2)
-    assert (a / "records.jsonl").read_text() == (b / "records.jsonl").read_text()
-    assert s1.to_dict() == s2.to_dict() and s1.skipped == 2
+    assert_json_close(jsonl_records(b / "records.jsonl"), jsonl_records(a / "records.jsonl"))
+    assert_json_close(s2.to_dict(), s1.to_dict())
+    assert s1.skipped == 2
     # an interrupted Ray run resumes: keep 3 records, resume on Ray, get the same files
     lines = (b / "records.jsonl").read_text().splitlines()[:3]
     (b / "records.jsonl").write_text("".join(x + "\n" for x in lines))
@@ -68,8 +70,9 @@ def test_mixing_study_on_ray_writes_the_same_files(tmp_path):
     st["meta"]["n"] = len(SENTS)
     (b / "state.json").write_text(json.dumps(st))
     s4 = mixing_study(lm, SENTS, b, dataset="t", max_tokens=20, progress=False, resume=True, ray=True, workers=2)
-    assert (a / "records.jsonl").read_text() == (b / "records.jsonl").read_text()
-    assert s4.to_dict() == s1.to_dict() and s3.n_sentences + s3.skipped == 3
+    assert_json_close(jsonl_records(b / "records.jsonl"), jsonl_records(a / "records.jsonl"))
+    assert_json_close(s4.to_dict(), s1.to_dict())
+    assert s3.n_sentences + s3.skipped == 3
 
 
 def test_cli_mixing_study_ray(tmp_path):
@@ -81,7 +84,7 @@ def test_cli_mixing_study_ray(tmp_path):
     r2 = runner.invoke(app, ["mixing", "study", "--model", "tiny:gpt2", "--data", str(data), "--out",
                              str(tmp_path / "b"), "--ray", "--workers", "2", "--json"])
     assert r1.exit_code == 0 and r2.exit_code == 0, r2.output
-    assert json.loads(r1.stdout) == json.loads(r2.stdout)
+    assert_json_close(json.loads(r2.stdout), json.loads(r1.stdout))
 
 
 def test_without_ray_nothing_imports_it(tmp_path):
@@ -133,9 +136,9 @@ def test_eval_alignment_on_ray_matches(tmp_path):
                 r.pop(k)
         return recs
 
-    assert strip(tmp_path / "a") == strip(tmp_path / "b")
+    assert_json_close(strip(tmp_path / "b"), strip(tmp_path / "a"))
     da, db = a.to_dict(), b.to_dict()
     for d in (da, db):
         d.pop("timing", None)
         d.pop("info", None)
-    assert da == db
+    assert_json_close(db, da)

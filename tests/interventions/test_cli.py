@@ -98,7 +98,8 @@ def test_neurons_json_and_table(tmp_path):
     assert d["random_control"]["after"] == d["p_control_suppressed"]
     assert (tmp_path / "n.png").stat().st_size > 5000
     r2 = run("neurons", CLEAN, "--model", "tiny:gemma3", "--steps", "2", "--max-neurons", "2")
-    assert r2.exit_code == 0, r2.output and "knowledge neurons" in r2.stdout
+    assert r2.exit_code == 0, r2.output
+    assert "knowledge neurons" in r2.stdout
     r3 = run("neurons", CLEAN, "--model", "tiny:gemma3", "--target", " capital city")
     assert r3.exit_code == 2 and "not exactly one token" in r3.stderr
 

@@ -5,6 +5,7 @@ seconds (the test wraps ``kl_backward``), every validation another number, so th
 trainer plans must follow from those measured costs, never from how fast the test machine is.
 """
 
+import dataclasses
 import json
 import math
 
@@ -141,7 +142,9 @@ def test_time_budgeted_run_resumes_to_the_same_lens(monkeypatch, tmp_path):
                                clock=FakeClock(monkeypatch, step_s=9.0, start=5e6), progress=False)
     assert resumed.training_info["n_steps"] == n and resumed.training_info["complete"]
     assert torch.allclose(resumed.A, straight.A, atol=1e-6) and torch.allclose(resumed.b, straight.b, atol=1e-6)
-    assert resumed.training_info["precision"] == straight.training_info["precision"]
+    # the resumed run keeps the interrupted run's precision record (its timings included), never a new measurement
+    assert resumed.training_info["precision"] == part.training_info["precision"]
+    assert resumed.training_info["precision"]["bf16"] == straight.training_info["precision"]["bf16"]
 
 
 # ------------------------------------------------------------------ precision
@@ -207,8 +210,11 @@ def test_a_checkpoint_from_before_issue_11_resumes(tmp_path):
     seqs = _data(lm)
     s = TrainSettings(tokens=8 * 2 * 16, seq_len=16, batch_size=2, checkpoint_every=3, lr=1e-2, validation_tokens=32,
                       validate_every=2)
-    straight = train_tuned_lens(lm, seqs, s, progress=False)
-    train_tuned_lens(lm, seqs, s, out=tmp_path, progress=False, max_steps=5)
+    # before issue 11 every run multiplied in bfloat16 (the old default, bf16=True): the interrupted run and the
+    # straight run it must reproduce both did, on any CPU; the resume (automatic precision) keeps it
+    old = dataclasses.replace(s, bf16=True)
+    straight = train_tuned_lens(lm, seqs, old, progress=False)
+    train_tuned_lens(lm, seqs, old, out=tmp_path, progress=False, max_steps=5)
     info = json.loads((tmp_path / "checkpoint.json").read_text())
     for k in ("max_minutes", "mid"):
         del info["settings"][k]
@@ -217,6 +223,7 @@ def test_a_checkpoint_from_before_issue_11_resumes(tmp_path):
     (tmp_path / "checkpoint.json").write_text(json.dumps(info))
     resumed = train_tuned_lens(lm, seqs, s, out=tmp_path, resume=True, progress=False)
     assert resumed.training_info["precision"]["reason"] == "kept from the interrupted run"
+    assert resumed.training_info["precision"]["bf16"] is True
     assert torch.allclose(resumed.A, straight.A, atol=1e-6)
     assert "tokens" in T._settings_match(info["settings"], TrainSettings(tokens=65))
 
@@ -322,3 +329,63 @@ def test_cli_time_budget_precision_and_mid(tmp_path):
     assert len(json.loads(r.stdout)["mid_layers"]) == get_model("tiny:gpt2").anatomy.n_layers
     r = CliRunner().invoke(app, ["lens", "train", "--data", str(data), "--out", str(out), "--precision", "fp16"])
     assert r.exit_code != 0 and "--precision" in r.output + (r.stderr or "")
+
+
+# ------------------------------------------------------------------ both precision branches on every CPU
+
+
+@pytest.mark.parametrize("forced", ["0", "1"])
+def test_native_bf16_can_be_forced_either_way(monkeypatch, forced):
+    """``LENSCOPE_NATIVE_BF16`` decides the hardware question, so both branches run on any CPU."""
+    lm = get_model("tiny:llama")
+    monkeypatch.setenv(T.NATIVE_BF16_ENV, forced)
+    timer = lambda W, x, r: 2.0 if W.dtype == torch.bfloat16 else 0.5  # noqa: E731 (emulated bf16: slower)
+    rec = T.choose_precision(lm, None, timer=timer)
+    assert rec["native_bf16"] is (forced == "1") and rec["native_bf16_from"] == f"LENSCOPE_NATIVE_BF16={forced}"
+    if forced == "1":
+        assert rec["bf16"] and "natively" in rec["reason"] and "measured_s" not in rec
+    else:
+        assert not rec["bf16"] and rec["measured_s"]["bfloat16"] == 2.0 and rec["measured_s"]["float32"] == 0.5
+    lens = train_tuned_lens(lm, _data(lm), TrainSettings(tokens=64, seq_len=16, batch_size=2), progress=False)
+    assert lens.training_info["precision"]["native_bf16"] is (forced == "1")
+    if forced == "1":
+        assert lens.training_info["precision"]["unembed_dtype"] == "bfloat16"
+    monkeypatch.setenv(T.NATIVE_BF16_ENV, "yes")
+    with pytest.raises(lenscope.InputError, match="LENSCOPE_NATIVE_BF16"):
+        T.choose_precision(lm, None)
+
+
+def test_precision_probe_runs_once_per_model(monkeypatch):
+    """Two automatic decisions in one process (a run and its resume) rest on one measurement, so they agree."""
+    lm = get_model("tiny:gpt2")
+    monkeypatch.setenv(T.NATIVE_BF16_ENV, "0")
+    calls = []
+    real = T._time_block
+    monkeypatch.setattr(T, "_time_block", lambda W, x, r: calls.append(W.dtype) or real(W, x, r))
+    T._PROBES.clear()
+    a = T.choose_precision(lm, None)
+    b = T.choose_precision(lm, None)
+    assert a == b and len(calls) == 2  # float32 and bfloat16, measured once
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_bf16_training_gradient_matches_float32(family):
+    """The bfloat16 path (which trained the headline lenses) gives the float32 path's loss and gradient, to
+    bfloat16's precision: relative error of the gradient below 2e-2, of the loss below 1e-3 nats + 2%."""
+    lm = get_model(f"tiny:{family}")
+    cap = residual_states(lm, _data(lm)[:2])
+    states = cap["states"][: lm.anatomy.n_layers].flatten(1, 2)
+    final = cap["logits"].flatten(0, 1)
+    grads, losses = [], []
+    for bf16 in (False, True):
+        lens = TunedLens(lm.anatomy)
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(1)
+            lens.A.copy_(torch.randn(lens.A.shape, generator=g) * 0.3)
+            lens.b.copy_(torch.randn(lens.b.shape, generator=g) * 2.0)
+        losses.append(T.kl_backward(lm, lens, states, final, bf16=bf16))
+        grads.append(torch.cat([lens.A.grad.flatten(), lens.b.grad.flatten()]))
+    rel = (grads[1] - grads[0]).norm() / grads[0].norm()
+    assert losses[0] > 0.01  # (tiny random models' distributions are close to each other's: small KLs)
+    assert abs(losses[1] - losses[0]) <= 1e-3 + 2e-2 * losses[0]  # nats
+    assert 0 < rel < 2e-2, rel  # not zero: the bfloat16 path really ran in bfloat16
