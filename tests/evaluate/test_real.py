@@ -7,6 +7,7 @@ import pytest
 
 import lenscope
 from lenscope.evaluate import evaluate_examples, load_dataset
+from lenscope.evaluate.alignment import read_records
 from lenscope.evaluate.datasets import Example
 from lenscope.mixing.study import shared_data_dir
 
@@ -33,15 +34,35 @@ def test_smollm2_keys_example_matches_explain():
 @pytest.mark.slow
 @pytest.mark.skipif(shared_data_dir() is None, reason="shared data not present")
 def test_smollm2_on_a_few_blimp_and_ioi_examples():
+    """Four determiner-noun and four IOI rows: the evidence positions, ranks and reciprocal ranks are the ones
+    written here by hand from the tokens, and every number matches the committed smollm2 records
+    (docs/results/evaluation/smollm2/records.jsonl, computed by the full run)."""
     lm = get_model("smollm2")
     exs = load_dataset("blimp:determiner_noun_agreement_1", limit=4) + load_dataset("ioi", limit=4)
-    recs = evaluate_examples(lm, exs, ["logit", "alti-logit"])
+    recs = evaluate_examples(lm, exs, ["logit", "alti-logit", "first", "recent"])
     for ex, r in zip(exs, recs):
         assert r["usable"] and r["skip"] is None
         # the evidence token is the determiner / the indirect object, in the prefix
         assert "".join(r["tokens"][k] for k in r["evidence"]).strip() == ex.evidence[0]
-        assert 0 < r["metrics"]["logit"]["rr"] <= 1
-    assert sum(r["correct"] for r in recs) >= 6  # smollm2 gets these easy pairs right
+    # "Raymond is selling this" -> the determiner " this" is the last of 5 tokens (position 4), ...
+    assert [r["evidence"] for r in recs] == [[4], [3], [4], [4], [1, 2], [6, 7], [1, 2], [5]]
+    assert [len(r["tokens"]) for r in recs] == [5, 5, 5, 5, 18, 23, 17, 19]
+    assert [r["metrics"]["logit"]["rank"] for r in recs] == [1, 2, 3, 1, 1, 1, 1, 1]
+    assert [r["metrics"]["logit"]["rr"] for r in recs] == [1.0, 0.5, 1 / 3, 1.0, 1.0, 1.0, 1.0, 1.0]
+    assert [r["metrics"]["alti-logit"]["rank"] for r in recs] == [3, 4, 5, 4, 1, 1, 1, 1]
+    # the positional rankings, by hand: recent ranks position 4 of 5 first, position 3 second; first ranks
+    # the earliest evidence position e at rank e + 1 (every position is rankable: smollm2 has no BOS)
+    assert [r["metrics"]["recent"]["rank"] for r in recs] == [1, 2, 1, 1, 16, 16, 15, 14]
+    assert [r["metrics"]["first"]["rank"] for r in recs] == [5, 4, 5, 5, 2, 7, 2, 6]
+    committed = read_records(ROOT / "docs" / "results" / "evaluation" / "smollm2" / "records.jsonl")
+    for r in recs:
+        c = committed[r["id"]]
+        assert r["tokens"] == c["tokens"] and r["evidence"] == c["evidence"] and r["correct"] == c["correct"]
+        assert r["logit_diff"] == pytest.approx(c["logit_diff"], abs=1e-3)
+        for m in ("logit", "alti-logit"):
+            assert r["metrics"][m]["rank"] == c["metrics"][m]["rank"]
+            assert r["metrics"][m]["dot"] == pytest.approx(c["metrics"][m]["dot"], abs=1e-4)
+    assert [r["correct"] for r in recs] == [True, False, True, True, True, True, False, True]
 
 
 @pytest.mark.slow
