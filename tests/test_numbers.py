@@ -44,6 +44,9 @@ LEGACY: dict[str, str] = {
     **{f"docs/results/mixing/{run}/summary.json":
        "`lenscope mixing study` over 200-872 sentences (docs/mixing.md gives each command), 3-10 min of one core each; "
        "written before record() existed" for run in ("minilm-sst2", "minilm-wikitext", "smollm2-sst2", "gemma3-sst2")},
+    "docs/results/lens-detect/smollm2/detect.json":
+        "`lenscope lens detect` over 872 prompts with a lens trained for it (docs/lens-detect.md gives the commands); "
+        "written before record() existed",
     "docs/results/smollm2-lens-eval-fp32-15min.json":
         "a 15-minute float32 training run plus its evaluation; the JSON's training.fp32_wall15.precision names the CPU",
     "docs/results/smollm2-lens-eval-issue11.json":
