@@ -47,6 +47,9 @@ LEGACY: dict[str, str] = {
     "docs/results/lens-detect/smollm2/detect.json":
         "`lenscope lens detect` over 872 prompts with a lens trained for it (docs/lens-detect.md gives the commands); "
         "written before record() existed",
+    **{f"docs/results/{name}.json": "a lens training of 12-15 min plus a float32 evaluation (docs/lenses.md gives "
+       "the commands); written before record() existed"
+       for name in ("smollm2-lens-eval", "smollm2-lens-eval-keep-last", "gemma3-270m-lens-eval")},
     "docs/results/smollm2-lens-eval-fp32-15min.json":
         "a 15-minute float32 training run plus its evaluation; the JSON's training.fp32_wall15.precision names the CPU",
     "docs/results/smollm2-lens-eval-issue11.json":
