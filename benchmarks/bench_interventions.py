@@ -20,9 +20,12 @@ r"""Speed of lenscope's batched interventions on smollm2 (CPU), against
 
 One command writes docs/results/interventions/bench.json:
 
-    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_interventions.py --repeats 2 \
-        --samples 3 --fact "The capital of Czech Republic is|Czech Republic| Prague" \
+    OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_interventions.py --short --repeats 1 \
+        --samples 2 --fact "The capital of Czech Republic is|Czech Republic| Prague" \
         --tl-site .venv-tl/lib/python3.11/site-packages --out docs/results/interventions/bench.json
+
+(the sizes of the committed file: a 14-token prompt pair, one repeat, 2 noise samples, to fit a loaded 2-core
+machine; without ``--short`` the 20-token pair, ``--repeats 2 --samples 10`` the earlier sizes.)
 
 Equal results are checked to 1e-4 (patching, raw logit difference) and 1e-5 (causal tracing AIE). The three
 sweep timings are interleaved (one repeat of each in turn), best of ``--repeats``.
@@ -53,6 +56,9 @@ from machine import record
 CLEAN = "When David and Carol got a raspberry at the theater, Carol decided to give the raspberry to"
 CORRUPTED = "When Carol and David got a raspberry at the theater, David decided to give the raspberry to"
 TARGET, FOIL = " David", " Carol"
+# a shorter pair (14 tokens) for a loaded machine: --short
+SHORT = ("When Mary and John went to the store, John gave a drink to",
+         "When John and Mary went to the store, Mary gave a drink to", " Mary", " John")
 FACT = ("The Eiffel Tower is located in the city of", "The Eiffel Tower", " Paris")
 
 
@@ -193,10 +199,13 @@ def trace_loop(lm, prompt, subject, target, samples=10, window=10, seed=0):
 
 
 def run_sweep(args, lm, res, c_ids, x_ids, tid, fid, L, P) -> None:
-    def ours():
-        return activation_patching(lm, CLEAN, CORRUPTED, TARGET, FOIL, what="resid", batch_size=64)
+    clean, corrupted, target, foil = args.pair
 
-    sweep = {"prompt_clean": CLEAN, "prompt_corrupted": CORRUPTED, "n_tokens": P, "patches": L * P,
+    def ours():
+        return activation_patching(lm, clean, corrupted, target, foil, what="resid", batch_size=64)
+
+    sweep = {"prompt_clean": clean, "prompt_corrupted": corrupted, "target": target, "foil": foil,
+             "n_tokens": P, "patches": L * P,
              "lenscope_batch_size": 64, "tl_batch_size": args.tl_batch, "repeats": args.repeats}
     runners = {"lenscope": ours}
     try:
@@ -250,6 +259,7 @@ def main(argv=None) -> None:
     ap.add_argument("--fact", default="|".join(FACT), help="prompt|subject|target")
     ap.add_argument("--skip-trace", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true", help="only the causal-tracing comparison")
+    ap.add_argument("--short", action="store_true", help="the 14-token Mary/John pair instead of the 20-token one")
     ap.add_argument("--tl-batch", type=int, default=64, help="rows per run_with_hooks of the batched TransformerLens sweep")
     ap.add_argument("--tl-site", default=None, help="site-packages of a venv holding transformer_lens (appended to sys.path)")
     args = ap.parse_args(argv)
@@ -258,8 +268,9 @@ def main(argv=None) -> None:
         sys.path.append(str(Path(args.tl_site).resolve()))
     res = {"machine": record(), "model": "smollm2 (SmolLM2-135M-Instruct, float32)"}
     lm = lenscope.load("smollm2")
-    c_ids, x_ids = encode(lm, CLEAN), encode(lm, CORRUPTED)
-    tid, fid = resolve_token(lm, TARGET), resolve_token(lm, FOIL)
+    args.pair = SHORT if args.short else (CLEAN, CORRUPTED, TARGET, FOIL)
+    c_ids, x_ids = encode(lm, args.pair[0]), encode(lm, args.pair[1])
+    tid, fid = resolve_token(lm, args.pair[2]), resolve_token(lm, args.pair[3])
     L, P = lm.anatomy.n_layers, c_ids.numel()
 
     # 2. causal tracing: batched vs one forward per restored state

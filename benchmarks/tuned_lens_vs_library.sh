@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tokens="${1:-2048}"; eval_tokens="${2:-2048}"; seq_len="${3:-128}"
-out="${4:-docs/results/bench-tuned-lens-library.json}"
+out="${4:-docs/results/bench-tuned-lens-vs-library.json}"
 per_step=$((4 * seq_len))  # 4 sequences per optimizer step on both sides
 tmp="${BENCH_DIR:-$(mktemp -d)}"; mkdir -p "$tmp"
 common=(--tokens "$tokens" --eval-tokens "$eval_tokens" --seq-len "$seq_len")
