@@ -1,22 +1,29 @@
 """What one tuned-lens training step costs, and what each change to it saves (smollm2, one batch of 4 x 256).
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_lens_step.py --model smollm2 --repeats 3 [--fp32]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_lens_step.py --model smollm2 --repeats 3 [--fp32] \
+        [--batch 4] [--out docs/results/lens-training-step-bench.json]
 
 Times the objective's forward + backward over every state of one batch (``kl_backward``) in variants that
 switch the changes of issue 11 on one at a time, in this process's CPU time (best of ``--repeats``; on a
 shared machine CPU time is steadier than the wall clock, though caches and memory bandwidth are still
 shared). The variants give the same gradient up to bfloat16 rounding (printed: gradient norm). Also times the
-model's forward pass. Prints one JSON line.
+model's forward pass. Prints one JSON line and (``--out``) writes it, with ``benchmarks/machine.py``'s
+``record()`` under ``"machine"``. ``--batch`` sequences of 256 tokens (default 4, the training batch; fewer to
+keep a run short on a loaded or bf16-less machine: the cost is per token, so the ratios between variants hold).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import record
 
 import lenscope
 from lenscope.lenses import TunedLens, read_text, split_text, token_sequences
@@ -45,10 +52,13 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--fp32", action="store_true", help="also the float32 variants (slow where bf16 is native)")
+    ap.add_argument("--batch", type=int, default=4, help="sequences of 256 tokens in the batch")
+    ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
+    machine = record()
     lm = lenscope.load(args.model)
     seqs = token_sequences(lm, split_text(read_text(DEFAULT_TEXT), "train")[:100_000], 256)
-    batch = seqs[:4]
+    batch = seqs[: args.batch]
     L = lm.anatomy.n_layers
     t = time.process_time()
     cap = residual_states(lm, batch)
@@ -76,12 +86,14 @@ def main() -> None:
             r["cpu_s"].append(round(dt, 2))
             print(f"{name}: {dt:.2f} s (kl {kl:.4f}, |grad A| {r['grad_norm']:.5f})", flush=True)
     tokens = states.shape[1]
-    out = {"model": lm.name, "tokens_per_step": tokens, "states": L, "forward_cpu_s": round(fwd, 2),
+    out = {"machine": machine, "model": lm.name, "tokens_per_step": tokens, "repeats": args.repeats, "states": L, "forward_cpu_s": round(fwd, 2),
            "threads": torch.get_num_threads(), "native_bf16": T.cpu_features(),
            "variants": {k: {**v, "best_s": min(v["cpu_s"]),
                             "tokens_per_s_incl_forward": round(tokens / (min(v["cpu_s"]) + fwd), 1)}
                         for k, v in res.items()}}
     print(json.dumps(out))
+    if args.out is not None:
+        args.out.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":
