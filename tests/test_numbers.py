@@ -50,6 +50,9 @@ LEGACY: dict[str, str] = {
     **{f"docs/results/{name}.json": "a lens training of 12-15 min plus a float32 evaluation (docs/lenses.md gives "
        "the commands); written before record() existed"
        for name in ("smollm2-lens-eval", "smollm2-lens-eval-keep-last", "gemma3-270m-lens-eval")},
+    "docs/results/bench-mixing-minilm.json":
+        "benchmarks/bench_mixing.py's older run (cpu, threads, date as top-level fields); up to 512 tokens it takes "
+        "minutes of a core, not regenerated with smollm2's shortened run",
     "docs/results/smollm2-lens-eval-fp32-15min.json":
         "a 15-minute float32 training run plus its evaluation; the JSON's training.fp32_wall15.precision names the CPU",
     "docs/results/smollm2-lens-eval-issue11.json":
