@@ -5,7 +5,8 @@ every record holds. The summary (``summary.json``, ``table.md``, ``table.csv``, 
 (read from the old ``summary.json``); the records are not touched and no model is loaded.
 
 Every other method's numbers are checked to come out exactly as in the old summary (the script stops if not).
-The new ``summary.json`` says how it was made under ``info.positional`` (this command, the date, the machine)
+The new ``summary.json`` says how it was made under ``info.positional`` and ``machine`` (this command, the date,
+the machine)
 and holds two counts per dataset set under ``info.positional.counts``:
 
 - ``beats_every_method``: datasets where the positional ranking's MRR is above every attribution method's;
@@ -42,7 +43,7 @@ def counts(summary) -> dict:
         out["beats_every_method"][p] = {"count": len(names), "of": len(summary.datasets), "datasets": names}
     either = [d for d in summary.datasets if any(d in out["beats_every_method"][p]["datasets"]
                                                  for p in out["beats_every_method"])]
-    out["beats_every_method"]["first or recent"] = {"count": len(either), "of": len(summary.datasets),
+    out["beats_every_method"]["first_or_recent"] = {"count": len(either), "of": len(summary.datasets),
                                                     "datasets": either}
     if "alti-logit" in summary.methods:
         out["alti_logit_claim"] = summary.claim("alti-logit")
@@ -67,7 +68,8 @@ def main(argv=None) -> None:
         assert s.datasets[d]["random_mrr"] == ds["random_mrr"] and s.datasets[d]["accuracy"] == ds["accuracy"], d
     info.pop("positional", None)
     info.update(s.info)
-    info["positional"] = {**record(), "how": "first/recent derived from the records' tokens, evidence and rankable "
+    s.machine = record()
+    info["positional"] = {**s.machine, "how": "first/recent derived from the records' tokens, evidence and rankable "
                           "fields by benchmarks/eval_positional.py (no model run); every other number as computed "
                           "by the run", "counts": counts(s)}
     s.info = info

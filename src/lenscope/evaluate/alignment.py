@@ -257,10 +257,14 @@ class AlignmentSummary:
     datasets: dict
     timing: dict = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    machine: dict = field(default_factory=dict)  # set by a benchmark script (benchmarks/machine.py record())
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "methods": self.methods, "datasets": self.datasets, "timing": self.timing,
-                "info": self.info}
+        d = {"model": self.model, "methods": self.methods, "datasets": self.datasets, "timing": self.timing,
+             "info": self.info}
+        if self.machine:
+            d["machine"] = self.machine
+        return d
 
     def to_frame(self):
         """One row per (dataset, method) with n, skipped, accuracy and every metric (all and correct-only)."""
