@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/docs_numbers.py attribution --out docs/results/docs-attribution-keys.json
     .venv/bin/python benchmarks/docs_numbers.py devices --out docs/results/docs-devices-eps.json
     .venv/bin/python benchmarks/docs_numbers.py interventions --out docs/results/docs-interventions-smollm2.json
+    .venv/bin/python benchmarks/docs_numbers.py verify --out docs/results/docs-verify.json
 
 ``attribution``: docs/attribution.md's worked example ("The keys to the cabinet" -> " are" vs " is" on smollm2:
 the scores of logit, alti-logit, alti and erasure with their checks), the table of ``f(alpha * e)`` near the zero
@@ -12,6 +13,8 @@ baseline, and integrated gradients' completeness error at 16/32/64 steps (smollm
 worst relative (max-scaled) error over every sub-layer check, attention probabilities, logits / max |logit|,
 the context-mixing completeness over all scopes of layers 0, 5 and the last, and direct logit attribution's
 completeness / |logit|; for smollm2 and gemma3-270m in bfloat16 and float16 and every ``tiny:`` family.
+
+``verify``: the README's ``lenscope verify`` numbers: ``VerifyReport.to_dict()`` for smollm2 and gemma3-270m.
 
 ``interventions``: docs/interventions.md's single-prompt examples on smollm2 (``lenscope patch``, ``causal-trace``,
 ``path-patch``, ``neurons`` with their defaults): each result's ``to_dict()`` and its wall time.
@@ -171,7 +174,7 @@ def interventions() -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["attribution", "devices", "interventions"])
+    ap.add_argument("what", choices=["attribution", "devices", "interventions", "verify"])
     ap.add_argument("--models", default="smollm2,gemma3-270m,tiny", help="devices: the models ('tiny': every family)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
@@ -179,6 +182,7 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     machine = record()
     res = {"attribution": attribution, "interventions": interventions,
+           "verify": lambda: {m: lenscope.verify(lenscope.load(m)).to_dict() for m in ("smollm2", "gemma3-270m")},
            "devices": lambda: devices(a.models.split(","))}[a.what]()
     res["machine"] = machine
     Path(a.out).write_text(json.dumps(res, indent=1, default=lambda x: None if isinstance(x, float) and
