@@ -52,3 +52,37 @@ def test_a_skip_off_the_list_fails_ci_only(tmp_path):
     assert ci.returncode == 1, ci.stdout[-2000:]
     assert "skips that CI does not allow" in ci.stdout and "no chromium" in ci.stdout
     assert "test_b" not in ci.stdout.split("skips that CI does not allow")[1]
+
+
+def _asserts_that_cannot_fail(source: str) -> list[tuple[int, str]]:
+    """Assertions that pass whatever the code under test does: a check written into the assertion's message
+    (``assert a, b == c`` never evaluates ``b == c`` when ``a`` holds), a constant or a non-empty tuple as the
+    test, or an expression compared with itself."""
+    import ast
+
+    bad = []
+    for n in ast.walk(ast.parse(source)):
+        if not isinstance(n, ast.Assert):
+            continue
+        if n.msg is not None and isinstance(n.msg, (ast.Compare, ast.BoolOp)):
+            bad.append((n.lineno, "a check in the message"))
+        if isinstance(n.test, ast.Constant) or (isinstance(n.test, ast.Tuple) and n.test.elts):
+            bad.append((n.lineno, "a constant test"))
+        if isinstance(n.test, ast.Compare) and len(n.test.ops) == 1 and isinstance(n.test.ops[0], (ast.Eq, ast.LtE, ast.GtE, ast.Is)):
+            if ast.dump(n.test.left) == ast.dump(n.test.comparators[0]):
+                bad.append((n.lineno, "an expression compared with itself"))
+    return bad
+
+
+def test_the_checker_finds_asserts_that_cannot_fail():
+    src = "def t(r, x):\n    assert r.ok, r.out and x == 2\n    assert (x, 'why')\n    assert x == x\n    assert x == 2, x\n"
+    assert [ln for ln, _ in _asserts_that_cannot_fail(src)] == [2, 3, 4]
+
+
+def test_no_assert_in_the_suite_cannot_fail():
+    from pathlib import Path
+
+    found = []
+    for p in sorted(Path(__file__).resolve().parent.rglob("*.py")):
+        found += [f"{p.name}:{ln}: {why}" for ln, why in _asserts_that_cannot_fail(p.read_text())]
+    assert not found, found
