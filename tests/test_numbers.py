@@ -53,6 +53,9 @@ LEGACY: dict[str, str] = {
     "docs/results/bench-mixing-minilm.json":
         "benchmarks/bench_mixing.py's older run (cpu, threads, date as top-level fields); up to 512 tokens it takes "
         "minutes of a core, not regenerated with smollm2's shortened run",
+    "docs/results/interventions/ioi-heads.json":
+        "30 IOI prompts, 18 min of one core (docs/interventions.md gives the command); cpu and threads are top-level "
+        "fields, written before record() existed",
     "docs/results/smollm2-lens-eval-fp32-15min.json":
         "a 15-minute float32 training run plus its evaluation; the JSON's training.fp32_wall15.precision names the CPU",
     "docs/results/smollm2-lens-eval-issue11.json":
