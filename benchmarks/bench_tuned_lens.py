@@ -75,14 +75,15 @@ def main() -> None:
     settings = TrainSettings(tokens=args.tokens, seq_len=train.shape[1], batch_size=args.batch_size,
                              optimizer=args.optimizer, lr=args.lr, keep_best=args.keep_best,
                              bf16={"auto": None, "fp32": False, "bf16": True}[args.precision])
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     lens = train_tuned_lens(lm, train, settings, out=args.out, progress=False)
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
     tuned = kl_per_layer(lm, lens, evals)
     logit = kl_per_layer(lm, LogitLens(lm.anatomy), evals)
     print(json.dumps({
         "impl": "lenscope", "train_tokens": lens.training_info["tokens_seen"], "train_seconds": round(seconds, 3),
         "tokens_per_s": round(lens.training_info["tokens_seen"] / seconds, 2),
+        "train_cpu_seconds": round(cpu, 3), "tokens_per_cpu_s": round(lens.training_info["tokens_seen"] / cpu, 2),
         "mean_kl_tuned": sum(tuned) / len(tuned), "mean_kl_logit": sum(logit) / len(logit),
         "kl_per_layer_tuned": tuned, "kl_per_layer_logit": logit, "steps": lens.training_info["steps"],
         "optimizer": args.optimizer, "lr": settings.base_lr(), "batch_size": args.batch_size,

@@ -9,7 +9,8 @@
 # lenscope's per-layer selection (--keep-best) is off in all runs (the library has none; it would hold out text).
 # Prints a table and writes every run's JSON (with benchmarks/machine.py's record() under "machine") into OUT.
 # Needs .venv (./dev) and .venv-tunedlens (see the docstring of reference_tuned_lens.py).
-# Usage: benchmarks/tuned_lens_vs_library.sh [TOKENS] [EVAL_TOKENS] [SEQ_LEN] [OUT]
+# Usage: [BENCH_DIR=DIR] [PARALLEL=1] benchmarks/tuned_lens_vs_library.sh [TOKENS] [EVAL_TOKENS] [SEQ_LEN] [OUT]
+# (with BENCH_DIR holding ids.safetensors and ref.json from an earlier run, run 1 is not repeated)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tokens="${1:-2048}"; eval_tokens="${2:-2048}"; seq_len="${3:-128}"
@@ -19,17 +20,26 @@ tmp="${BENCH_DIR:-$(mktemp -d)}"; mkdir -p "$tmp"
 common=(--tokens "$tokens" --eval-tokens "$eval_tokens" --seq-len "$seq_len")
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 # 1. library defaults (it writes the token ids every other run trains and evaluates on)
-.venv-tunedlens/bin/python benchmarks/reference_tuned_lens.py "${common[@]}" --tokens-per-step "$per_step" \
-  --batch-size 1 --out "$tmp/ref-lens" --save-ids "$tmp/ids.safetensors" > "$tmp/ref.json"
-# 2. lenscope defaults
-.venv/bin/python benchmarks/bench_tuned_lens.py --ids "$tmp/ids.safetensors" --tokens "$tokens" \
-  --eval-tokens "$eval_tokens" --out "$tmp/ours-lens" > "$tmp/ours.json"
-# 3. library, lenscope's recipe, 4 sequences per forward, no accumulation
-.venv-tunedlens/bin/python benchmarks/reference_tuned_lens.py "${common[@]}" --tokens-per-step "$per_step" \
-  --batch-size 4 --recipe lenscope > "$tmp/ref-matched.json"
-# 4. lenscope, the same recipe in float32
-.venv/bin/python benchmarks/bench_tuned_lens.py --ids "$tmp/ids.safetensors" --tokens "$tokens" \
-  --eval-tokens "$eval_tokens" --precision fp32 > "$tmp/ours-matched.json"
+if [ ! -s "$tmp/ids.safetensors" ]; then
+  .venv-tunedlens/bin/python benchmarks/reference_tuned_lens.py "${common[@]}" --tokens-per-step "$per_step" \
+    --batch-size 1 --out "$tmp/ref-lens" --save-ids "$tmp/ids.safetensors" > "$tmp/ref.json"
+fi
+# 2. lenscope defaults; 3. library with lenscope's recipe, 4 sequences per forward, no accumulation;
+# 4. lenscope, the same recipe in float32. PARALLEL=1 runs 2-4 at the same time (each one thread; on a loaded
+# machine compare the CPU seconds, which the runs also record).
+run2() { .venv/bin/python benchmarks/bench_tuned_lens.py --ids "$tmp/ids.safetensors" --tokens "$tokens" \
+  --eval-tokens "$eval_tokens" --out "$tmp/ours-lens" > "$tmp/ours.json"; }
+run3() { .venv-tunedlens/bin/python benchmarks/reference_tuned_lens.py "${common[@]}" --tokens-per-step "$per_step" \
+  --batch-size 4 --recipe lenscope > "$tmp/ref-matched.json"; }
+run4() { .venv/bin/python benchmarks/bench_tuned_lens.py --ids "$tmp/ids.safetensors" --tokens "$tokens" \
+  --eval-tokens "$eval_tokens" --precision fp32 > "$tmp/ours-matched.json"; }
+if [ "${PARALLEL:-0}" = 1 ]; then
+  run2 & p2=$!; run3 & p3=$!; run4 & p4=$!
+  wait $p2; wait $p3; wait $p4
+else
+  run2; run3; run4
+fi
+while [ ! -s "$tmp/ref.json" ]; do sleep 10; done  # run 1 may still be going (started by an earlier invocation)
 .venv/bin/python - "$tmp" "$out" "$0 $*" <<'PY'
 import json, sys
 from pathlib import Path
@@ -44,14 +54,17 @@ machine["load_1min_at_start"] = runs["ref"]["machine"]["load_1min"]
 res = {"machine": machine,
        "defaults": {"tuned-lens": runs["ref"], "lenscope": runs["ours"]},
        "matched": {"tuned-lens": runs["ref-matched"], "lenscope": runs["ours-matched"]}}
-print(f"{'':24}{'tokens/s':>10}{'train s':>10}{'mean KL tuned':>15}{'mean KL logit':>15}")
+machine["parallel"] = __import__("os").environ.get("PARALLEL", "0") == "1"
+print(f"{'':24}{'tokens/s':>10}{'train s':>10}{'tok/CPU s':>10}{'mean KL tuned':>15}{'mean KL logit':>15}")
 for part in ("defaults", "matched"):
     r, o = res[part]["tuned-lens"], res[part]["lenscope"]
     for name, x in (("tuned-lens", r), ("lenscope", o)):
-        print(f"{part + ' ' + name:24}{x['tokens_per_s']:>10.1f}{x['train_seconds']:>10.1f}"
+        print(f"{part + ' ' + name:24}{x['tokens_per_s']:>10.1f}{x['train_seconds']:>10.1f}{x.get('tokens_per_cpu_s', float('nan')):>10.1f}"
               f"{x['mean_kl_tuned']:>15.3f}{x['mean_kl_logit']:>15.3f}")
     res[part]["speed_ratio"] = o["tokens_per_s"] / r["tokens_per_s"]
     res[part]["kl_ratio"] = o["mean_kl_tuned"] / r["mean_kl_tuned"]
+    if "tokens_per_cpu_s" in r and "tokens_per_cpu_s" in o:
+        res[part]["cpu_speed_ratio"] = o["tokens_per_cpu_s"] / r["tokens_per_cpu_s"]
     print(f"{part}: speed ratio lenscope / tuned-lens {res[part]['speed_ratio']:.2f}x; "
           f"held-out mean KL ratio (lenscope / tuned-lens) {res[part]['kl_ratio']:.3f}")
 out.write_text(json.dumps(res, indent=1) + "\n")
