@@ -8,8 +8,14 @@
 """
 
 from .attribution import ComponentAttribution, Explanation, direct_logit_attribution, explain, explain_all
-from .errors import (InputError, LenscopeError, MissingDependencyError, NotApplicableError, UnknownModelError,
-                     UnsupportedModelError)
+from .errors import (
+    InputError,
+    LenscopeError,
+    MissingDependencyError,
+    NotApplicableError,
+    UnknownModelError,
+    UnsupportedModelError,
+)
 from .models.anatomy import Anatomy
 from .models.load import LoadedModel, available_names, load
 from .models.trace import Trace, trace
@@ -18,7 +24,7 @@ from .models.verify import VerifyReport, verify
 __version__ = "0.1.0"
 
 __all__ = [
-    "Anatomy", "ComponentAttribution", "Explanation", "InputError", "LenscopeError", "LoadedModel", "MissingDependencyError",
-    "NotApplicableError", "Trace", "UnknownModelError", "UnsupportedModelError", "VerifyReport", "available_names",
-    "direct_logit_attribution", "explain", "explain_all", "load", "trace", "verify",
+    "Anatomy", "ComponentAttribution", "Explanation", "InputError", "LenscopeError", "LoadedModel",
+    "MissingDependencyError", "NotApplicableError", "Trace", "UnknownModelError", "UnsupportedModelError",
+    "VerifyReport", "available_names", "direct_logit_attribution", "explain", "explain_all", "load", "trace", "verify",
 ]

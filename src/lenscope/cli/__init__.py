@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import components, explain, lens, mixing, models
-from . import evaluate, interventions, report
+from . import components, evaluate, explain, interventions, lens, mixing, models, report
 
 app = typer.Typer(
     name="lenscope",

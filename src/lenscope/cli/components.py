@@ -48,6 +48,7 @@ def register(app: typer.Typer) -> None:
             color = "green" if r["value"] >= 0 else "red"
             table.add_row(r["name"], f"{r['value']:+.3f}", f"[{color}]{bar}[/{color}]")
         con.print(table)
-        con.print(f"sum {res.total:+.4f}  model logit {res.logit:+.4f}  completeness error {res.completeness_error:.1e}")
+        con.print(f"sum {res.total:+.4f}  model logit {res.logit:+.4f}  "
+                  f"completeness error {res.completeness_error:.1e}")
         if png:
             con.print(f"plot saved to {png}")

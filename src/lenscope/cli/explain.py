@@ -14,17 +14,20 @@ def register(app: typer.Typer) -> None:
     @app.command("explain")
     @handle_errors
     def explain_cmd(
-        text: str = typer.Argument(..., help="The text; the prediction at its last token (or --position) is explained."),
+        text: str = typer.Argument(
+            ..., help="The text; the prediction at its last token (or --position) is explained."),
         model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
         dtype: str = DTYPE_OPTION,
         device_map: str = DEVICE_MAP_OPTION,
         target: str = typer.Option(None, "--target", "-t", help="Target token: its text (e.g. ' are') or #ID."),
         foil: str = typer.Option(None, "--foil", "-f", help="Foil token: explain target versus foil (contrastive)."),
         method: str = typer.Option("alti-logit", "--method", help=METHOD_HELP),
-        position: int = typer.Option(-1, "--position", help="Token position whose prediction is explained (default: last)."),
+        position: int = typer.Option(
+            -1, "--position", help="Token position whose prediction is explained (default: last)."),
         steps: int = typer.Option(None, "--steps", help="Integrated gradients: quadrature steps (default 16)."),
         html: str = typer.Option(None, "--html", help="Write a page with the tokens coloured by score."),
-        png: str = typer.Option(None, "--png", help="Write a layer × token heat map (bars for methods without layers)."),
+        png: str = typer.Option(
+            None, "--png", help="Write a layer × token heat map (bars for methods without layers)."),
         save: str = typer.Option(None, "--save", help="Save the result (.safetensors) to reload later."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ):

@@ -1,11 +1,11 @@
-"""``lenscope patch``, ``path-patch``, ``causal-trace`` and ``neurons``: interventions on the real model's forward pass."""
+"""``lenscope patch``, ``path-patch``, ``causal-trace`` and ``neurons``: interventions on the real model's
+forward pass."""
 
 from __future__ import annotations
 
 import typer
 
-from .common import (DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, emit, fail, handle_errors, load_model,
-                     print_json)
+from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, emit, fail, handle_errors, load_model, print_json
 from .sweeps import ray_address_option, ray_option, ray_target, workers_option
 
 
@@ -22,8 +22,10 @@ def register(app: typer.Typer) -> None:
         foil: str = typer.Option(None, "--foil", "-f", help="Foil token (needed for --metric logit_diff)."),
         what: str = typer.Option("resid", "--what", help="resid | attn | mlp | heads"),
         metric: str = typer.Option("logit_diff", "--metric", help="logit_diff (share restored) | prob"),
-        noising: bool = typer.Option(False, "--noising", help="Patch corrupted -> clean (default: clean -> corrupted)."),
-        position: int = typer.Option(-1, "--position", help="Token position whose prediction is measured (default: last)."),
+        noising: bool = typer.Option(
+            False, "--noising", help="Patch corrupted -> clean (default: clean -> corrupted)."),
+        position: int = typer.Option(
+            -1, "--position", help="Token position whose prediction is measured (default: last)."),
         head_position: int = typer.Option(None, "--head-position", help="--what heads: patch at this position only."),
         batch_size: int = typer.Option(32, "--batch-size", help="Patches per forward pass."),
         png: str = typer.Option(None, "--png", help="Write the heat map (layer × position, or layer × head)."),
@@ -51,14 +53,17 @@ def register(app: typer.Typer) -> None:
     def causal_trace_cmd(
         prompt: str = typer.Argument(..., help="The prompt, e.g. 'The Eiffel Tower is located in the city of'."),
         subject: str = typer.Option(..., "--subject", "-s", help="The subject (a substring of the prompt) to corrupt."),
-        target: str = typer.Option(None, "--target", "-t", help="Target token (text or #ID; default: the model's top prediction)."),
+        target: str = typer.Option(
+            None, "--target", "-t", help="Target token (text or #ID; default: the model's top prediction)."),
         model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
         dtype: str = DTYPE_OPTION,
         device_map: str = DEVICE_MAP_OPTION,
         samples: int = typer.Option(10, "--samples", help="Noise samples (each restoration is averaged over them)."),
         window: int = typer.Option(10, "--window", help="Layers restored together for the MLP and attention traces."),
-        noise: float = typer.Option(None, "--noise", help="Noise scale ν (default: 3 × the std of the input embeddings on the corpus)."),
-        corpus: str = typer.Option(None, "--corpus", help="Text file whose embeddings give the std (default: the package's tiny corpus)."),
+        noise: float = typer.Option(
+            None, "--noise", help="Noise scale ν (default: 3 × the std of the input embeddings on the corpus)."),
+        corpus: str = typer.Option(
+            None, "--corpus", help="Text file whose embeddings give the std (default: the package's tiny corpus)."),
         seed: int = typer.Option(0, "--seed", help="Seed of the noise."),
         batch_size: int = typer.Option(64, "--batch-size", help="Rows per forward pass."),
         png: str = typer.Option(None, "--png", help="Write the three heat maps (layer × position)."),
@@ -146,7 +151,8 @@ def register(app: typer.Typer) -> None:
         senders: str = typer.Option("heads", "--senders", help="heads | attn | mlp"),
         receiver: str = typer.Option(None, "--receiver", help="LAYER.HEAD.q|k|v (default: the logits)."),
         metric: str = typer.Option("logit_diff", "--metric", help="logit_diff (share restored) | prob"),
-        noising: bool = typer.Option(False, "--noising", help="Patch corrupted -> clean (default: clean -> corrupted)."),
+        noising: bool = typer.Option(
+            False, "--noising", help="Patch corrupted -> clean (default: clean -> corrupted)."),
         batch_size: int = typer.Option(32, "--batch-size", help="Senders per forward pass."),
         png: str = typer.Option(None, "--png", help="Write the heat map."),
         save: str = typer.Option(None, "--save", help="Save the result (.safetensors)."),
@@ -176,7 +182,8 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def neurons_cmd(
         prompt: str = typer.Argument(..., help="The prompt, e.g. 'The capital of France is'."),
-        target: str = typer.Option(None, "--target", "-t", help="Target token (text or #ID; default: the top prediction)."),
+        target: str = typer.Option(
+            None, "--target", "-t", help="Target token (text or #ID; default: the top prediction)."),
         model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
         dtype: str = DTYPE_OPTION,
         device_map: str = DEVICE_MAP_OPTION,

@@ -32,7 +32,8 @@ def _sequences(lm, data: str, part: str, seq_len: int, tokens: int | None):
 @handle_errors
 def train_cmd(
     data: str = typer.Option(..., "--data", help="Plain text file (e.g. ../shared/data/wikitext2/wiki.test.raw)."),
-    out: str = typer.Option(..., "--out", help="Directory for the lens (config.json + params.safetensors) and checkpoints."),
+    out: str = typer.Option(
+        ..., "--out", help="Directory for the lens (config.json + params.safetensors) and checkpoints."),
     model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
     max_minutes: float = typer.Option(None, "--max-minutes",
                                       help="Time budget in minutes, model loading included (default 15 unless --tokens "
@@ -41,7 +42,8 @@ def train_cmd(
     tokens: int = typer.Option(None, "--tokens", help="Training token budget (alone: a fixed budget, no time limit)."),
     seq_len: int = typer.Option(256, "--seq-len", help="Tokens per sequence."),
     batch_size: int = typer.Option(4, "--batch-size", help="Sequences per optimizer step."),
-    part: str = typer.Option("train", "--part", help="Which part of the file: train (first 80%), eval (last 20%), all."),
+    part: str = typer.Option(
+        "train", "--part", help="Which part of the file: train (first 80%), eval (last 20%), all."),
     optimizer: str = typer.Option("adam", "--optimizer", help="adam (default) or sgd (Nesterov, as in the paper)."),
     lr: float = typer.Option(None, "--lr", help="Peak learning rate (default 2e-3 adam, 1.0 sgd)."),
     precision: str = typer.Option("auto", "--precision",
@@ -104,11 +106,13 @@ def train_cmd(
         if sel:
             backed = [i for i, f in enumerate(sel["step_size_factor"]) if f < 1.0]
             typer.echo("validation KL per layer (identity -> kept): " + ", ".join(
-                f"{i}: {a:.2f}->{b:.2f}" for i, (a, b) in enumerate(zip(sel["validation_kl_identity"], sel["validation_kl"]))))
+                f"{i}: {a:.2f}->{b:.2f}"
+                for i, (a, b) in enumerate(zip(sel["validation_kl_identity"], sel["validation_kl"]))))
             if sel.get("mid"):
                 m = sel["mid"]
                 typer.echo("mid-layer states (identity -> kept): " + ", ".join(
-                    f"{i}.mid: {a:.2f}->{b:.2f}" for i, (a, b) in enumerate(zip(m["validation_kl_identity"], m["validation_kl"]))))
+                    f"{i}.mid: {a:.2f}->{b:.2f}"
+                    for i, (a, b) in enumerate(zip(m["validation_kl_identity"], m["validation_kl"]))))
             typer.echo(f"layers that backed off to a smaller step: {backed or 'none'}")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -15,17 +14,18 @@ from .common import MODEL_HELP, handle_errors, load_model, print_json
 @handle_errors
 def detect_cmd(
     model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
-    lens: Optional[List[str]] = typer.Option(
+    lens: list[str] | None = typer.Option(
         None, "--lens", help="'logit' or a tuned-lens directory; repeat to compare lenses on one forward pass "
                              "(default: logit)."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="At most N prompts per class (clean, injected); "
-                                                              "default: all of SST-2 dev (436 per class)."),
-    data: Optional[str] = typer.Option(None, "--data", help="SST-2 dev.tsv (default: sst2/dev.tsv under the shared "
-                                                            "data folder, or $LENSCOPE_DATA)."),
-    out: Optional[str] = typer.Option(None, "--out", help="Folder for labelled_set.jsonl, features.safetensors, "
-                                                          "detect.safetensors, detect.json and two PNGs."),
+    limit: int | None = typer.Option(None, "--limit", help="At most N prompts per class (clean, injected); "
+                                                          "default: all of SST-2 dev (436 per class)."),
+    data: str | None = typer.Option(None, "--data", help="SST-2 dev.tsv (default: sst2/dev.tsv under the shared "
+                                                        "data folder, or $LENSCOPE_DATA)."),
+    out: str | None = typer.Option(None, "--out", help="Folder for labelled_set.jsonl, features.safetensors, "
+                                                      "detect.safetensors, detect.json and two PNGs."),
     seed: int = typer.Option(0, "--seed", help="Seeds the labelled set, the splits, the detectors and the bootstrap."),
-    splits: int = typer.Option(5, "--splits", help="Random clean train/test splits (AUROC averaged, intervals pooled)."),
+    splits: int = typer.Option(
+        5, "--splits", help="Random clean train/test splits (AUROC averaged, intervals pooled)."),
     train_fraction: float = typer.Option(0.5, "--train-fraction", help="Share of the clean prompts the detectors "
                                                                        "are fitted on."),
     bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples per split."),

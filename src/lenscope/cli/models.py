@@ -59,14 +59,16 @@ def register(app: typer.Typer) -> None:
             if lm.device_map:
                 where += (f", placed on {', '.join(sorted({str(v) for v in lm.device_map.values()}))}; "
                           f"recomputed on {', '.join(sorted(set(rep.devices)))}")
-            table = Table(title=f"verify {rep.model}: {rep.family}, {rep.n_layers} layers, {rep.n_tokens} tokens{where}")
+            table = Table(
+                title=f"verify {rep.model}: {rep.family}, {rep.n_layers} layers, {rep.n_tokens} tokens{where}")
             for col in ("layer", "norms", "attn probs", "attn out", "mlp", "block"):
                 table.add_column(col, justify="right")
             for r in rep.layers:
                 norms = max(v for k, v in r.items() if k.startswith("ln_"))
                 mlp = max(v for k, v in r.items() if k.startswith("mlp_"))
                 block = max(v for k, v in r.items() if k.startswith("resid_"))
-                table.add_row(str(r["layer"]), *(f"{v:.1e}" for v in (norms, r["attn_probs"], r["attn_out"], mlp, block)))
+                table.add_row(str(r["layer"]),
+                              *(f"{v:.1e}" for v in (norms, r["attn_probs"], r["attn_out"], mlp, block)))
             con.print(table)
             logit = "n/a (no LM head)" if rep.max_abs_logit_error is None else f"{rep.max_abs_logit_error:.2e}"
             if rep.nonfinite:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import typer
 
@@ -34,7 +33,8 @@ def report_cmd(
 
     con = Console(stderr=True, soft_wrap=True)
     t0 = time.perf_counter()
-    con.print(f"lenscope report: loading [bold]{model}[/] (an embedded model is converted once on first use, about a minute)")
+    con.print(f"lenscope report: loading [bold]{model}[/] "
+              "(an embedded model is converted once on first use, about a minute)")
     lm = load_model(model, dtype=dtype, device_map=device_map)
     tuned = None
     if lens is not None and lens != "logit":

@@ -5,18 +5,13 @@ Hooks that replace activations live in :mod:`.hooks`; they use only the modules 
 """
 
 from .hooks import Edit, run
+from .neurons import KnowledgeNeurons, RefinedNeurons, knowledge_neurons, neuron_attributions, refined_knowledge_neurons
 from .patching import PatchingResult, activation_patching
-
-__all__ = ["Edit", "PatchingResult", "activation_patching", "run"]
+from .paths import path_patching
 from .tracing import CausalTrace, causal_trace, embedding_std, subject_positions
 
+__all__ = ["Edit", "PatchingResult", "activation_patching", "run"]
 __all__ += ["CausalTrace", "causal_trace", "embedding_std", "subject_positions"]
-from .paths import path_patching
-
 __all__ += ["path_patching"]
-from .neurons import KnowledgeNeurons, knowledge_neurons, neuron_attributions
-
 __all__ += ["KnowledgeNeurons", "knowledge_neurons", "neuron_attributions"]
-from .neurons import RefinedNeurons, refined_knowledge_neurons
-
 __all__ += ["RefinedNeurons", "refined_knowledge_neurons"]

@@ -117,7 +117,8 @@ class PatchingResult(Result):
 
     def __repr__(self) -> str:
         return (f"PatchingResult(what={self.what!r}, metric={self.metric!r}, noising={self.noising}, "
-                f"shape={tuple(self.values.shape)}, clean={self.clean_metric:.4f}, corrupted={self.corrupted_metric:.4f})")
+                f"shape={tuple(self.values.shape)}, clean={self.clean_metric:.4f}, "
+                f"corrupted={self.corrupted_metric:.4f})")
 
 
 def share_restored(raw: Tensor, m_clean: float, m_corr: float, metric: str) -> Tensor:

@@ -31,7 +31,7 @@ from .patching import _check_decoder, _tokens
 
 KINDS = ("resid", "mlp", "attn")
 DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "models" / "tiny_corpus.txt"
-_STD_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {(corpus, ...): std}
+_STD_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(corpus, ...): std}
 
 
 @dataclass(repr=False)

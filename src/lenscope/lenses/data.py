@@ -71,5 +71,6 @@ def token_sequences(lm: LoadedModel, text: str, seq_len: int, max_tokens: int | 
     if n == 0:
         raise InputError(f"the text has {len(ids)} tokens, fewer than one sequence of {seq_len}")
     seqs = torch.tensor(ids[: n * body], dtype=torch.long).reshape(n, body)
-    parts = [torch.tensor(pre, dtype=torch.long).expand(n, -1), seqs, torch.tensor(post, dtype=torch.long).expand(n, -1)]
+    parts = [torch.tensor(pre, dtype=torch.long).expand(n, -1), seqs,
+             torch.tensor(post, dtype=torch.long).expand(n, -1)]
     return torch.cat(parts, dim=1)

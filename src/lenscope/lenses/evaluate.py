@@ -68,8 +68,9 @@ class LensEvaluation(Result):
 
     def layers(self) -> list[dict]:
         return [
-            {"layer": i, "kl": float(self.kl[i]), "ce": float(self.ce[i]), "perplexity": _finite(float(self.ce[i].exp())),
-             "entropy": float(self.entropy[i]), "top1_agreement": float(self.top1[i])}
+            {"layer": i, "kl": float(self.kl[i]), "ce": float(self.ce[i]),
+             "perplexity": _finite(float(self.ce[i].exp())), "entropy": float(self.entropy[i]),
+             "top1_agreement": float(self.top1[i])}
             for i in range(self.kl.shape[0])
         ]
 

@@ -175,7 +175,8 @@ def forced_native_bf16() -> bool | None:
     if not v:
         return None
     if v not in ("0", "1"):
-        raise InputError(f"{NATIVE_BF16_ENV} must be 1 (native bfloat16) or 0 (not), not {v!r}; unset it to ask the CPU")
+        raise InputError(
+            f"{NATIVE_BF16_ENV} must be 1 (native bfloat16) or 0 (not), not {v!r}; unset it to ask the CPU")
     return v == "1"
 
 
@@ -194,9 +195,9 @@ def choose_precision(lm: LoadedModel, bf16: bool | None = None, *, native: bool 
     ``bf16`` True/False is the user's choice. None (automatic): bfloat16 where the hardware runs it natively
     (a CUDA device, or a CPU with AVX512-BF16 or AMX), else a one-off measurement of one block of the
     objective in both dtypes decides (bfloat16 only if at least 10% faster; bfloat16 is timed on a sixteenth
-    of the block first, and the probe stops there when that alone, scaled up, is over twice float32's time). Without native support CPUs
-    emulate bfloat16 and it is usually slower than float32 (issue 11: 2.06 s against 0.49 s for a
-    512 x 576 x 49152 matmul on a Xeon without AVX512-BF16).
+    of the block first, and the probe stops there when that alone, scaled up, is over twice float32's time).
+    Without native support CPUs emulate bfloat16 and it is usually slower than float32 (issue 11: 2.06 s
+    against 0.49 s for a 512 x 576 x 49152 matmul on a Xeon without AVX512-BF16).
     """
     W = lm.anatomy.unembed.W_U
     rec: dict = {}
@@ -700,7 +701,8 @@ refits no more). ``max_steps`` stops
     prec = ddp.broadcast(prec, d)  # every rank computes in rank 0's precision
     bf16 = bool(prec["bf16"])
     say(f"unembedding matmuls in {prec['unembed_dtype']}: {prec['reason']}"
-        + (f" ({prec['cpu']}; avx512_bf16={prec.get('avx512_bf16')}, amx_bf16={prec.get('amx_bf16')})" if "cpu" in prec else ""))
+        + (f" ({prec['cpu']}; avx512_bf16={prec.get('avx512_bf16')}, amx_bf16={prec.get('amx_bf16')})"
+           if "cpu" in prec else ""))
     best = _BestPerState(lm, lens, best_val, bf16, s.backoff, s.patience) if best_val is not None else None
     if resume:
         state = load_checkpoint(out, lens, opt, s, fp, best)
@@ -810,7 +812,8 @@ refits no more). ``max_steps`` stops
         L = A.n_layers
         sel = lambda t: [round(float(x), 6) for x in t]
         selection = {"validation_tokens": int(best.states.shape[1]), "validate_every": state.every,
-                     "selected_step": best.step[:L].tolist(), "validation_kl": [round(x, 4) for x in best.kl[:L].tolist()],
+                     "selected_step": best.step[:L].tolist(),
+                     "validation_kl": [round(x, 4) for x in best.kl[:L].tolist()],
                      "validation_kl_identity": [round(x, 4) for x in best.identity_kl[:L].tolist()],
                      "step_size_factor": sel(best.lr_scale[:L])}
         if lens.has_mid_translators:
@@ -822,7 +825,8 @@ refits no more). ``max_steps`` stops
     if budgeted:
         budget = {"max_minutes": s.max_minutes, "token_cap": s.tokens or None,
                   "wall_s": round(clock() - started, 2), "fits": state.fits,
-                  "seconds_per_step": round(sum(step_times[1:]) / max(1, len(step_times) - 1), 4) if len(step_times) > 1 else None,
+                  "seconds_per_step": (round(sum(step_times[1:]) / max(1, len(step_times) - 1), 4)
+                                       if len(step_times) > 1 else None),
                   "warmup_steps": state.warm}
     lens.training_info = {
         "settings": asdict(s), "steps": state.step, "n_steps": n_steps, "tokens_seen": state.step * per_step,

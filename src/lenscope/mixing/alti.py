@@ -5,8 +5,9 @@ position ``i`` and give a contribution matrix ``C[i, j]`` (rows non-negative, su
 composes the layers: ``M^0 = C^0``, ``M^l = C^l M^{l-1}``.
 
 - ALTI (computed in float64: a contribution is a difference of two L1 norms, which cancels badly in
-  float32 when a row's contributions are small): the state after attention + residual (Post-LN: + its LayerNorm) decomposed exactly by
-  :mod:`lenscope.mixing.algebra` (``"sources"`` convention): ``y_i = sum_j T~_i(j) + rest_i``;
+  float32 when a row's contributions are small): the state after attention + residual (Post-LN: + its
+  LayerNorm) decomposed exactly by :mod:`lenscope.mixing.algebra` (``"sources"`` convention):
+  ``y_i = sum_j T~_i(j) + rest_i``;
   ``c_ij = max(0, ||y_i||_1 - ||y_i - T~_i(j)||_1)``, rows normalised. The MLP does not mix tokens.
 - Value zeroing: the whole block recomputed with source ``j``'s value vectors zeroed in every head;
   ``c_ij = 1 - cos(out_i, out_i^{-j})`` of the block's output, clipped at 0, rows normalised.
@@ -22,8 +23,15 @@ from torch import Tensor
 from ..models.anatomy import Anatomy, astype
 from ..models.trace import Trace, prefix_trace
 from ..results import Result
-from .algebra import (activation_scale, attention_input_parts, f32, layer_input, relative_gap, resid_mid_parts,
-                      value_writes)
+from .algebra import (
+    activation_scale,
+    attention_input_parts,
+    f32,
+    layer_input,
+    relative_gap,
+    resid_mid_parts,
+    value_writes,
+)
 
 CHUNK_BYTES = 128 * 2**20
 

@@ -29,8 +29,19 @@ from torch import Tensor
 from ..errors import InputError, InvariantError
 from ..models.trace import Trace, prefix_trace
 from ..results import Result
-from .algebra import (Decomposition, Factored, activation_scale, add_residual, attention_parts, combine, f32, ff_step,
-                      layer_input, norm_step, relative_gap)
+from .algebra import (
+    Decomposition,
+    Factored,
+    activation_scale,
+    add_residual,
+    attention_parts,
+    combine,
+    f32,
+    ff_step,
+    layer_input,
+    norm_step,
+    relative_gap,
+)
 
 PRE_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbln", "atblnff", "atblnffres", "atblnffres_nextln")
 POST_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbff", "atbffres", "atbffresln")
@@ -160,7 +171,8 @@ class MixingMaps(Result):
         return pd.DataFrame({
             "layer": [self.layers[i] for i in idx[:, 0].tolist()], "pos": idx[:, 1].numpy(),
             "src": idx[:, 2].numpy(), "token": [self.tokens[i] for i in idx[:, 1].tolist()],
-            "source_token": [self.tokens[i] for i in idx[:, 2].tolist()], "value": self.maps.reshape(-1).double().numpy(),
+            "source_token": [self.tokens[i] for i in idx[:, 2].tolist()],
+            "value": self.maps.reshape(-1).double().numpy(),
         })
 
     def plot(self, layers=None, cols: int = 4):

@@ -208,7 +208,7 @@ class MixingStudy:
         return out
 
     @classmethod
-    def load(cls, out_dir: str | Path) -> "MixingStudy":
+    def load(cls, out_dir: str | Path) -> MixingStudy:
         p = Path(out_dir) / "summary.json"
         if not p.exists():
             raise InputError(f"no study in {out_dir} (summary.json missing)")
@@ -294,7 +294,7 @@ def mixing_study(lm, sentences: list[str], out_dir: str | Path | None = None, *,
     from ..distributed import run_sweep
 
     items = [(i, s, max_tokens) for i, s in enumerate(sentences)]
-    for idx, (rec, sums, n) in run_sweep(study_job, items, lm=lm, ray=ray, workers=workers, start=len(records)):
+    for _idx, (rec, sums, n) in run_sweep(study_job, items, lm=lm, ray=ray, workers=workers, start=len(records)):
         if sums is not None:
             absum += sums.double()
             tokens_seen += n

@@ -12,8 +12,9 @@ Tensors are views of the real model's parameters where possible (detached, no co
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -168,7 +169,7 @@ class Norm:
         y = self.linear(x, self.scale(x))
         return y + self.bias if self.bias is not None else y
 
-    def to(self, dtype: torch.dtype) -> "Norm":
+    def to(self, dtype: torch.dtype) -> Norm:
         """The same norm with its parameters in ``dtype``."""
         return astype(self, dtype)
 

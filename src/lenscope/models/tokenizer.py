@@ -3,14 +3,14 @@ lenscope so that tests and demos never need a hub."""
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 TINY_VOCAB = 512
 SPECIALS = ["<|endoftext|>", "<pad>", "<s>", "</s>", "<mask>"]
 
 
-@lru_cache(maxsize=None)
+@cache
 def _tokenizer_json() -> str:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -32,7 +32,8 @@ def tiny_tokenizer(encoder: bool = False):
     tok = Tokenizer.from_str(_tokenizer_json())
     if encoder:
         s, e = tok.token_to_id("<s>"), tok.token_to_id("</s>")
-        tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", s), ("</s>", e)])
+        tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>",
+                                                           special_tokens=[("<s>", s), ("</s>", e)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<pad>",
                                    bos_token="<s>" if encoder else "<|endoftext|>", mask_token="<mask>")
     return fast

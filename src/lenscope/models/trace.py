@@ -160,7 +160,8 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torc
 
     def put(key, value):
         if key in seen:
-            raise UnsupportedModelError(f"hook {key} fired twice in one forward pass; this model variant is not supported")
+            raise UnsupportedModelError(
+                f"hook {key} fired twice in one forward pass; this model variant is not supported")
         seen.add(key)
         if value is None:
             raise UnsupportedModelError(
@@ -273,7 +274,8 @@ def residual_states(lm: LoadedModel, ids: Tensor, *, mid: bool = False,
             if mid and placement in ("pre", "sandwich"):
                 handles.append(lh.norms["ln_mlp"].register_forward_pre_hook(lambda m, a, i=i: keep(("mid", i), a[0])))
             elif mid and placement == "post":
-                handles.append(lh.norms["ln_attn"].register_forward_hook(lambda m, a, o, i=i: keep(("mid", i), _first(o))))
+                handles.append(lh.norms["ln_attn"].register_forward_hook(
+                    lambda m, a, o, i=i: keep(("mid", i), _first(o))))
             elif mid:  # parallel: what attention wrote, added to the block input below
                 handles.append(lh.attn_out.register_forward_hook(lambda m, a, o, i=i: keep(("attn", i), _first(o))))
         last = hooks.layers[-1].block

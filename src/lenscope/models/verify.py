@@ -133,7 +133,8 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         logit_ok = self.max_abs_logit_error is None or self.max_abs_logit_error <= self.logit_tol
-        return not self.nonfinite and logit_ok and self.max_rel_resid_error <= self.resid_tol and self.max_rel_sublayer_error <= self.resid_tol
+        return (not self.nonfinite and logit_ok and self.max_rel_resid_error <= self.resid_tol
+                and self.max_rel_sublayer_error <= self.resid_tol)
 
     def to_dict(self) -> dict:
         d = asdict(self)

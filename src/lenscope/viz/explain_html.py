@@ -48,8 +48,8 @@ h1 { font-size:19px; font-weight:650; margin:0 0 4px; }
 .seg button:last-child { border-right:0; }
 .seg button.on { background:var(--accent); color:#fff; }
 .label { color:var(--muted); font-size:12px; margin-right:6px; }
-.card { background:var(--card); border:1px solid var(--line); border-radius:12px; margin:8px 26px 18px; padding:16px 18px;
-  box-shadow:0 1px 2px rgba(16,24,40,.04); }
+.card { background:var(--card); border:1px solid var(--line); border-radius:12px; margin:8px 26px 18px;
+  padding:16px 18px; box-shadow:0 1px 2px rgba(16,24,40,.04); }
 .tokens { font-family:ui-monospace,"DejaVu Sans Mono",Menlo,monospace; font-size:15px; line-height:2.1; }
 .tok { padding:3px 2px; border-radius:4px; white-space:pre; cursor:default; }
 .tok.query { outline:2px solid #111827; outline-offset:1px; }
@@ -86,10 +86,12 @@ _SCRIPT = r"""
   }
   var tip = el("div"); tip.id = "tip"; document.body.appendChild(tip);
   var head = el("header"); head.appendChild(el("h1", "", DATA.title));
-  head.appendChild(el("div", "sub", "Each input token is coloured by how much it contributes to the prediction at the outlined position. Blue raises the target (or the score), red lowers it."));
+  head.appendChild(el("div", "sub", "Each input token is coloured by how much it contributes to the prediction " +
+    "at the outlined position. Blue raises the target (or the score), red lowers it."));
   document.body.appendChild(head);
   var bar = el("div", "bar"); document.body.appendChild(bar);
-  var mseg = el("div", "seg"); var mlab = el("span", "label", "method"); var mw = el("span"); mw.appendChild(mlab); mw.appendChild(mseg);
+  var mseg = el("div", "seg"); var mlab = el("span", "label", "method"); var mw = el("span");
+  mw.appendChild(mlab); mw.appendChild(mseg);
   bar.appendChild(mw);
   var lw = el("span"); lw.appendChild(el("span", "label", "layer"));
   var sel = el("select"); lw.appendChild(sel); bar.appendChild(lw);
@@ -110,14 +112,17 @@ _SCRIPT = r"""
     Array.prototype.forEach.call(mseg.children, function (b, i) { b.classList.toggle("on", i === cur); });
     sel.textContent = "";
     var all = el("option", "", "all layers (total)"); all.value = "-1"; sel.appendChild(all);
-    if (e.layers) e.layers.forEach(function (_, l) { var o = el("option", "", "layer " + l); o.value = String(l); sel.appendChild(o); });
+    if (e.layers) e.layers.forEach(function (_, l) {
+      var o = el("option", "", "layer " + l); o.value = String(l); sel.appendChild(o);
+    });
     sel.value = String(layer); sel.disabled = !e.layers;
     var v = values(e), vmax = 0, signed = false;
     v.forEach(function (x) { if (x !== null) { vmax = Math.max(vmax, Math.abs(x)); if (x < -1e-12) signed = true; } });
     legend.textContent = "";
     var ramp = el("span", "ramp");
-    ramp.style.background = signed ? "linear-gradient(90deg," + colour(-1, 1, true) + ",#fff," + colour(1, 1, true) + ")"
-                                   : "linear-gradient(90deg,#fff," + colour(1, 1, false) + ")";
+    ramp.style.background = signed
+      ? "linear-gradient(90deg," + colour(-1, 1, true) + ",#fff," + colour(1, 1, true) + ")"
+      : "linear-gradient(90deg,#fff," + colour(1, 1, false) + ")";
     legend.appendChild(el("span", "", signed ? (-vmax).toPrecision(3) : "0")); legend.appendChild(ramp);
     legend.appendChild(el("span", "", vmax.toPrecision(3)));
     toks.textContent = "";
@@ -126,8 +131,10 @@ _SCRIPT = r"""
       s.style.background = colour(v[j], vmax, signed);
       if (j === e.position) s.classList.add("query");
       s.addEventListener("mousemove", function (ev) {
-        tip.textContent = "#" + j + " " + JSON.stringify(t) + "  score " + (v[j] === null ? "n/a" : v[j].toPrecision(4));
-        tip.style.display = "block"; tip.style.left = (ev.clientX + 12) + "px"; tip.style.top = (ev.clientY + 12) + "px";
+        tip.textContent = "#" + j + " " + JSON.stringify(t) + "  score " +
+          (v[j] === null ? "n/a" : v[j].toPrecision(4));
+        tip.style.display = "block";
+        tip.style.left = (ev.clientX + 12) + "px"; tip.style.top = (ev.clientY + 12) + "px";
       });
       s.addEventListener("mouseleave", function () { tip.style.display = "none"; });
       toks.appendChild(s);
@@ -143,7 +150,8 @@ _SCRIPT = r"""
     var order = v.map(function (x, j) { return j; }).filter(function (j) { return v[j] !== null; })
                  .sort(function (a, b) { return v[b] - v[a]; }).slice(0, 5);
     order.forEach(function (j) { var tr = el("tr"); tr.appendChild(el("td", "", "#" + j));
-      tr.appendChild(el("td", "t", JSON.stringify(e.tokens[j]))); tr.appendChild(el("td", "", v[j].toPrecision(4))); top.appendChild(tr); });
+      tr.appendChild(el("td", "t", JSON.stringify(e.tokens[j]))); tr.appendChild(el("td", "", v[j].toPrecision(4)));
+      top.appendChild(tr); });
   }
   render();
 })();

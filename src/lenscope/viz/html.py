@@ -82,7 +82,8 @@ h1 { font-size: 19px; font-weight: 650; margin: 0 0 6px; letter-spacing: -0.01em
   background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: 6px 10px;
   display: inline-block; max-width: 100%; white-space: pre-wrap; word-break: break-word; }
 .bar { display: flex; flex-wrap: wrap; align-items: center; gap: 14px 26px; margin: 12px 0 4px; }
-.seg { display: inline-flex; border: 1px solid var(--line); border-radius: 8px; overflow: hidden; background: var(--card); }
+.seg { display: inline-flex; border: 1px solid var(--line); border-radius: 8px; overflow: hidden;
+  background: var(--card); }
 .seg button { font: inherit; font-size: 12.5px; border: 0; background: transparent; padding: 5px 13px; cursor: pointer;
   color: var(--muted); border-right: 1px solid var(--line); }
 .seg button:last-child { border-right: 0; }
@@ -99,8 +100,9 @@ main { display: flex; flex-wrap: wrap; gap: 18px; padding: 10px 26px 30px; align
 .panel h2 { margin: 0 0 2px; font-size: 14.5px; font-weight: 650; }
 .panel .meta { color: var(--muted); font-size: 11.5px; margin-bottom: 8px; }
 .grid { display: grid; gap: 1px; width: max-content; }
-.cell { width: var(--cell-w); height: var(--cell-h); border-radius: 2px; font-size: var(--cell-font); line-height: var(--cell-h);
-  text-align: center; overflow: hidden; white-space: pre; text-overflow: ellipsis; padding: 0 2px; cursor: default;
+.cell { width: var(--cell-w); height: var(--cell-h); border-radius: 2px; font-size: var(--cell-font);
+  line-height: var(--cell-h); text-align: center; overflow: hidden; white-space: pre; text-overflow: ellipsis;
+  padding: 0 2px; cursor: default;
   font-family: ui-monospace, "DejaVu Sans Mono", Menlo, monospace; letter-spacing: -0.02em; }
 .cell.hit { font-weight: 700; text-decoration: underline; text-underline-offset: 2px; }
 .cell:hover, .cell.peer { outline: 2px solid #111827; outline-offset: -1px; position: relative; z-index: 1; }
@@ -126,7 +128,8 @@ main { display: flex; flex-wrap: wrap; gap: 18px; padding: 10px 26px 30px; align
 #tip table { border-collapse: collapse; width: 100%; }
 #tip td { padding: 2px 0; vertical-align: middle; }
 #tip td.p { text-align: right; width: 52px; font-variant-numeric: tabular-nums; color: #d1d5db; }
-#tip .track { width: 90px; height: 7px; background: rgba(255,255,255,.1); border-radius: 4px; overflow: hidden; margin-left: 8px; }
+#tip .track { width: 90px; height: 7px; background: rgba(255,255,255,.1); border-radius: 4px; overflow: hidden;
+  margin-left: 8px; }
 #tip .fill { height: 100%; background: #7dd3fc; border-radius: 4px; }
 #tip .stats { display: flex; gap: 16px; margin-top: 8px; padding-top: 7px; border-top: 1px solid rgba(255,255,255,.12);
   color: #d1d5db; font-variant-numeric: tabular-nums; }
@@ -169,7 +172,9 @@ _SCRIPT = r"""
   function range(v) {
     if (v === "prob") return [0, 1];
     var hi = 1e-6;
-    TR.forEach(function (t) { t[VALUES[v].key].forEach(function (row) { row.forEach(function (x) { if (x > hi) hi = x; }); }); });
+    TR.forEach(function (t) {
+      t[VALUES[v].key].forEach(function (row) { row.forEach(function (x) { if (x > hi) hi = x; }); });
+    });
     return [0, hi];
   }
   function el(tag, cls, text) {
@@ -196,7 +201,9 @@ _SCRIPT = r"""
     return node;
   }
   function fmt(x, d) { return (Math.abs(x) < 1e-4 && x !== 0) ? x.toExponential(1) : x.toFixed(d); }
-  function pct(p) { return p >= 0.995 ? (p * 100).toFixed(0) + "%" : p >= 0.001 ? (p * 100).toFixed(1) + "%" : "<0.1%"; }
+  function pct(p) {
+    return p >= 0.995 ? (p * 100).toFixed(0) + "%" : p >= 0.001 ? (p * 100).toFixed(1) + "%" : "<0.1%";
+  }
 
   // ---------------------------------------------------------------- page
   var header = el("header");
@@ -241,7 +248,8 @@ _SCRIPT = r"""
     var targets = t.causal ? t.tokens.slice(1).concat([null]) : t.tokens.slice();
     var panel = el("section", "panel");
     panel.appendChild(el("h2", null, t.lens + " lens"));
-    panel.appendChild(el("div", "meta", t.model + " \u00b7 " + (S) + " states \u00d7 " + P + " positions \u00b7 top-" + t.k));
+    panel.appendChild(el("div", "meta",
+      t.model + " \u00b7 " + (S) + " states \u00d7 " + P + " positions \u00b7 top-" + t.k));
     var grid = el("div", "grid");
     grid.style.gridTemplateColumns = "auto repeat(" + P + ", var(--cell-w))";
     var mine = [], rows = [], cols = [];
@@ -288,20 +296,24 @@ _SCRIPT = r"""
     grid.addEventListener("mouseleave", hide);
   });
   var foot = el("footer", null, "Made with lenscope. States: the residual stream entering each block " +
-    "(embed = token embeddings, output = the model\u2019s last residual); \u201cmid\u201d = after the block\u2019s attention, " +
+    "(embed = token embeddings, output = the model\u2019s last residual); " +
+    "\u201cmid\u201d = after the block\u2019s attention, " +
     "read with the logit lens. KL(final \u2016 lens) compares with the model\u2019s own output distribution.");
   document.body.appendChild(foot);
 
   function setValue(v) {
     current = v;
     var spec = VALUES[v], rg = range(v);
-    Array.prototype.forEach.call(seg.children, function (b) { b.className = b.getAttribute("data-value") === v ? "on" : ""; });
+    Array.prototype.forEach.call(seg.children, function (b) {
+      b.className = b.getAttribute("data-value") === v ? "on" : "";
+    });
     TR.forEach(function (t, ti) {
       var vals = t[spec.key];
       cells[ti].forEach(function (row, s) {
         row.forEach(function (cell, p) {
           var x = vals[s][p];
-          var c = colour(spec.stops, spec.log ? Math.log1p(Math.max(0, x)) / Math.log1p(rg[1]) : (x - rg[0]) / (rg[1] - rg[0]));
+          var c = colour(spec.stops,
+                         spec.log ? Math.log1p(Math.max(0, x)) / Math.log1p(rg[1]) : (x - rg[0]) / (rg[1] - rg[0]));
           cell.style.background = "rgb(" + c.join(",") + ")";
           cell.style.color = luminance(c) > 0.22 ? "#111827" : "#f9fafb";
         });

@@ -57,7 +57,8 @@ def plot_study(study) -> dict:
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.2 * len(kinds), 3.8), squeeze=False, layout="constrained")
     for ax, kind in zip(axes[0], kinds):
         for pair, vals in study.cc[kind].items():
-            ax.plot(x, [float("nan") if v is None else v for v in vals], marker="o", ms=3, label=pair.replace("->", " → "))
+            ax.plot(x, [float("nan") if v is None else v for v in vals], marker="o", ms=3,
+                    label=pair.replace("->", " → "))
         ax.set_xlabel("layer")
         ax.set_ylabel("contextualization change (1 − Spearman ρ)")
         ax.set_title(f"{'full maps' if kind == 'full' else 'lower triangle'}", fontsize=9)

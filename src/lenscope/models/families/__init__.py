@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -94,7 +94,7 @@ def layer_norm(mod: nn.Module) -> Norm:
     """A ``torch.nn.LayerNorm`` (or an equivalent with ``weight``, ``bias``, ``eps``)."""
     eps = getattr(mod, "eps", None)
     if eps is None:
-        eps = getattr(mod, "variance_epsilon")
+        eps = mod.variance_epsilon
     return Norm("layernorm", t(getattr(mod, "weight", None)), t(getattr(mod, "bias", None)), float(eps))
 
 
@@ -102,7 +102,7 @@ def rms_norm(mod: nn.Module, *, offset: float = 0.0) -> Norm:
     """An RMSNorm; ``offset=1`` for Gemma's ``(1 + weight)`` convention."""
     eps = getattr(mod, "variance_epsilon", None)
     if eps is None:
-        eps = getattr(mod, "eps")
+        eps = mod.eps
     w = mod.weight.detach()
     if offset:
         w = w.float() + offset

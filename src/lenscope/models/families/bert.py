@@ -4,8 +4,7 @@ bidirectional attention; the masked-LM head (dense, activation, LayerNorm, decod
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import (Family, LayerHooks, ModelHooks, layer_norm, linear_in_out, split_bias, split_heads_in,
-               split_heads_out, t)
+from . import Family, LayerHooks, ModelHooks, layer_norm, linear_in_out, split_bias, split_heads_in, split_heads_out, t
 
 
 def _base(model):
@@ -45,12 +44,14 @@ def read(model) -> Anatomy:
         mlp = MLP(W_in=linear_in_out(blk.intermediate.dense), b_in=t(blk.intermediate.dense.bias),
                   W_out=linear_in_out(blk.output.dense), b_out=t(blk.output.dense.bias),
                   act=activation_name(cfg.hidden_act))
-        layers.append(Layer("post", attn, mlp, ln_attn=layer_norm(o.LayerNorm), ln_mlp=layer_norm(blk.output.LayerNorm)))
+        layers.append(Layer("post", attn, mlp,
+                            ln_attn=layer_norm(o.LayerNorm), ln_mlp=layer_norm(blk.output.LayerNorm)))
     e = base.embeddings
     pad = getattr(e, "padding_idx", None)
     offset = pad + 1 if cfg.model_type == "roberta" and pad is not None else 0
     embed = Embedding(W_E=e.word_embeddings.weight.detach(), W_pos=e.position_embeddings.weight.detach(),
-                      pos_offset=offset, type_row=e.token_type_embeddings.weight.detach()[0], norm=layer_norm(e.LayerNorm))
+                      pos_offset=offset, type_row=e.token_type_embeddings.weight.detach()[0],
+                      norm=layer_norm(e.LayerNorm))
     return Anatomy(
         family="bert", model_type=cfg.model_type, d_model=d, n_ctx=cfg.max_position_embeddings - offset,
         vocab_size=cfg.vocab_size, embed=embed, layers=layers, final_norm=None,

@@ -4,8 +4,18 @@ attention, local (sliding-window) and global layers with their own rotary bases,
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import (Family, LayerHooks, ModelHooks, linear_in_out, rms_norm, rotary, split_bias, split_heads_in,
-               split_heads_out, t)
+from . import (
+    Family,
+    LayerHooks,
+    ModelHooks,
+    linear_in_out,
+    rms_norm,
+    rotary,
+    split_bias,
+    split_heads_in,
+    split_heads_out,
+    t,
+)
 
 
 def _base(model):
@@ -15,7 +25,7 @@ def _base(model):
 def read(model) -> Anatomy:
     cfg = model.config
     base = _base(model)
-    d, H, KV, dh = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    d, H, KV = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
     layers = []
     for i, blk in enumerate(base.layers):
         a = blk.self_attn
@@ -39,7 +49,8 @@ def read(model) -> Anatomy:
                   act=activation_name(cfg.hidden_activation))
         layers.append(Layer(
             "sandwich", attn, mlp,
-            ln_attn=rms_norm(blk.input_layernorm, offset=1.0), ln_mlp=rms_norm(blk.pre_feedforward_layernorm, offset=1.0),
+            ln_attn=rms_norm(blk.input_layernorm, offset=1.0),
+            ln_mlp=rms_norm(blk.pre_feedforward_layernorm, offset=1.0),
             ln_attn_out=rms_norm(blk.post_attention_layernorm, offset=1.0),
             ln_mlp_out=rms_norm(blk.post_feedforward_layernorm, offset=1.0),
         ))

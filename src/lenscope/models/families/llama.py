@@ -4,8 +4,18 @@ attention, SwiGLU, optional q/k/v biases (Qwen2), q/k norms (Qwen3) and sliding 
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import (Family, LayerHooks, ModelHooks, linear_in_out, rms_norm, rotary, split_bias, split_heads_in,
-               split_heads_out, t)
+from . import (
+    Family,
+    LayerHooks,
+    ModelHooks,
+    linear_in_out,
+    rms_norm,
+    rotary,
+    split_bias,
+    split_heads_in,
+    split_heads_out,
+    t,
+)
 
 
 def layer_window(cfg, i: int) -> int | None:

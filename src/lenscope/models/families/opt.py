@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import (Family, LayerHooks, ModelHooks, layer_norm, linear_in_out, require, split_bias, split_heads_in,
-               split_heads_out, t)
+from . import (
+    Family,
+    LayerHooks,
+    ModelHooks,
+    layer_norm,
+    linear_in_out,
+    require,
+    split_bias,
+    split_heads_in,
+    split_heads_out,
+    t,
+)
 
 
 def read(model) -> Anatomy:

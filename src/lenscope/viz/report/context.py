@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
-import torch
 from torch import Tensor
 
 from ...errors import InputError

@@ -94,12 +94,14 @@ def render(report) -> str:
                                     if s["key"] in SECTION_KEYS and "note" not in s]
     return "".join([
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n<meta name="generator" content="lenscope">\n',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
+        '<meta name="generator" content="lenscope">\n',
         f"<title>{html.escape(title)}</title>\n<style>\n", asset("report.css"), "</style>\n</head>\n<body>\n",
         f'<header class="top"><h1>How {html.escape(meta["model"])} arrives at its prediction</h1>',
         f'<div class="sub">lenscope {html.escape(meta["versions"]["lenscope"])} · {html.escape(meta["created"])}</div>',
         _prompt(meta), "</header>\n", "".join(toc), "\n<main>\n", "\n".join(cards), "\n</main>\n",
-        '<footer>Made with lenscope. Self-contained: this file fetches nothing. Hover any cell for its numbers.</footer>\n',
+        '<footer>Made with lenscope. Self-contained: this file fetches nothing. '
+        'Hover any cell for its numbers.</footer>\n',
         '<script type="application/json" id="lenscope-data">', script_json(payload), "</script>\n",
         "".join(f"<script>\n{s}\n</script>\n" for s in scripts),
         "<script>LS.start();</script>\n</body>\n</html>\n",

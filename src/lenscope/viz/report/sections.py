@@ -57,7 +57,8 @@ def _need_logits(ctx: ReportContext, what: str) -> str | None:
 class Prediction(Section):
     key = "prediction"
     title = "Prediction"
-    blurb = "The model's most likely next tokens at the last position, and whether lenscope's math reproduces the model."
+    blurb = ("The model's most likely next tokens at the last position, "
+             "and whether lenscope's math reproduces the model.")
 
     def compute(self, ctx: ReportContext) -> dict:
         from ...models.verify import verify
