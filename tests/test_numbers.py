@@ -56,6 +56,9 @@ LEGACY: dict[str, str] = {
     "docs/results/interventions/ioi-heads.json":
         "30 IOI prompts, 18 min of one core (docs/interventions.md gives the command); cpu and threads are top-level "
         "fields, written before record() existed",
+    "docs/results/interventions/facts-average-s5.json":
+        "causal tracing of 38 facts, 31 min of one core (docs/interventions.md gives the command); cpu and threads are "
+        "top-level fields, written before record() existed",
     "docs/results/smollm2-lens-eval-fp32-15min.json":
         "a 15-minute float32 training run plus its evaluation; the JSON's training.fp32_wall15.precision names the CPU",
     "docs/results/smollm2-lens-eval-issue11.json":
