@@ -7,7 +7,7 @@ from the repository root) and the value's key path in it::
     1.5 MB<!-- docs/results/bench-report-smollm2.json: best.bytes * 1e-6 -->
     0.44<!-- docs/results/bench-tuned-lens-library.json: mean_kl_tuned / mean_kl_logit -->
 
-The key path is dot-separated (an integer indexes a list; a key may hold any character but a dot or a space);
+The key path is dot-separated (an integer indexes a list; a key may hold dots, the longest matching key wins, but no spaces);
 `` / PATH`` (spaces around the slash) divides by a second value of the same file and `` * FACTOR`` scales (units: ``* 1e-6`` for bytes to MB, ``* 100`` for a percentage). The quoted number
 is the last number on the line before the marker (signs ``+ - −``, thousands commas and exponents allowed, a
 unit or ``**`` may sit between it and the marker). It matches when the value, rounded to the decimals the
@@ -103,16 +103,21 @@ def quotes(path: Path) -> list[Quote]:
 
 
 def resolve(data, key: str):
-    """``a.b.0.c`` in nested dicts and lists."""
-    for part in key.split("."):
+    """``a.b.0.c`` in nested dicts and lists; a dict key may itself hold dots (the longest key that matches wins)."""
+    parts = key.split(".")
+    i = 0
+    while i < len(parts):
         if isinstance(data, list):
-            data = data[int(part)]
+            data, i = data[int(parts[i])], i + 1
         elif isinstance(data, dict):
-            if part not in data:
-                raise KeyError(f"no key {part!r} (has {sorted(data)[:12]})")
-            data = data[part]
+            for j in range(len(parts), i, -1):
+                if ".".join(parts[i:j]) in data:
+                    data, i = data[".".join(parts[i:j])], j
+                    break
+            else:
+                raise KeyError(f"no key {parts[i]!r} (has {sorted(data)[:12]})")
         else:
-            raise KeyError(f"{part!r}: {data!r} is not a dict or list")
+            raise KeyError(f"{parts[i]!r}: {data!r} is not a dict or list")
     return data
 
 
@@ -185,13 +190,15 @@ def test_legacy_files_exist_and_lack_a_record():
 
 
 def test_checker_rejects_wrong_markers(tmp_path):
-    res = {"machine": {"command": "python x.py"}, "rows": [{"seconds": 14.03, "bytes": 1477989}], "a": 3.0}
+    res = {"machine": {"command": "python x.py"}, "rows": [{"seconds": 14.03, "bytes": 1477989}], "a": 3.0,
+           "path_23.3.q": {"v": [0.5]}}
     (tmp_path / "r.json").write_text(json.dumps(res))
     (tmp_path / "old.json").write_text(json.dumps({"x": 2.0}))
     doc = tmp_path / "doc.md"
     doc.write_text(
         "took 14.0 s<!-- r.json: rows.0.seconds --> and 1.5 MB<!-- r.json: rows.0.bytes * 1e-6 -->\n"  # right
         "| ratio | **4.68**<!-- r.json: rows.0.seconds / a --> |\n"  # right: 14.03 / 3 = 4.677
+        "dotted key 0.50<!-- r.json: path_23.3.q.v.0 -->\n"  # right: a key holding dots
         "took 14.1 s<!-- r.json: rows.0.seconds -->\n"  # wrong value
         "took 14 s<!-- r.json: rows.0.minutes -->\n"  # no such key
         "took 14 s<!-- r.json: rows.3.seconds -->\n"  # no such row
@@ -200,12 +207,12 @@ def test_checker_rejects_wrong_markers(tmp_path):
         "took −1,477,989 bytes<!-- r.json: rows.0.bytes -->\n"  # sign differs
     )
     qs = quotes(doc)
-    assert [q.written for q in qs] == ["14.0", "1.5", "4.68", "14.1", "14", "14", "14", "2", "−1,477,989"]
+    assert [q.written for q in qs] == ["14.0", "1.5", "4.68", "0.50", "14.1", "14", "14", "14", "2", "−1,477,989"]
     errors = [check(q, tmp_path) for q in qs]
-    assert errors[:3] == [None, None, None]
-    assert all(errors[3:]), errors
-    assert "says 14.03" in errors[3] and "minutes" in errors[4] and "missing" in errors[6]
-    assert "machine" in errors[7]
+    assert errors[:4] == [None, None, None, None]
+    assert all(errors[4:]), errors
+    assert "says 14.03" in errors[4] and "minutes" in errors[5] and "missing" in errors[7]
+    assert "machine" in errors[8]
 
 
 @pytest.mark.parametrize("written,value,ok", [
