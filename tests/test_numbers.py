@@ -49,7 +49,8 @@ LEGACY: dict[str, str] = {
         "written before record() existed",
     **{f"docs/results/{name}.json": "a lens training of 12-15 min plus a float32 evaluation (docs/lenses.md gives "
        "the commands); written before record() existed"
-       for name in ("smollm2-lens-eval", "smollm2-lens-eval-keep-last", "gemma3-270m-lens-eval")},
+       for name in ("smollm2-lens-eval", "smollm2-lens-eval-keep-last", "gemma3-270m-lens-eval",
+                    "smollm2-lens-eval-transfer-sst2")},
     "docs/results/bench-mixing-minilm.json":
         "benchmarks/bench_mixing.py's older run (cpu, threads, date as top-level fields); up to 512 tokens it takes "
         "minutes of a core, not regenerated with smollm2's shortened run",
