@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 import torch
+from machine import record  # benchmarks/machine.py
 
 import lenscope
 from lenscope.mixing.maps import context_mixing
 from lenscope.models.load import encode
-from machine import record  # benchmarks/machine.py
 
 TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
 SENTENCE = ("The keys to the old wooden cabinet that my grandmother kept in the kitchen near the big window "

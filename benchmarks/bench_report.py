@@ -1,7 +1,9 @@
 """Time ``lenscope report`` per section and measure the page, on a real model.
 
-    .venv/bin/python benchmarks/bench_report.py --model smollm2 --tokens 30 --threads 1 --out docs/results/bench-report-smollm2.json
-    .venv/bin/python benchmarks/bench_report.py --model smollm2 --demo --threads 1 --out docs/results/bench-report-smollm2-demo.json
+    .venv/bin/python benchmarks/bench_report.py --model smollm2 --tokens 30 --threads 1 \
+        --out docs/results/bench-report-smollm2.json
+    .venv/bin/python benchmarks/bench_report.py --model smollm2 --demo --threads 1 \
+        --out docs/results/bench-report-smollm2-demo.json
 
 ``--tokens N``: the last N tokens of a longer sentence, the model's own top prediction explained. ``--demo``:
 ``./dev demo``'s sentence, target and foil instead. Records ``benchmarks/machine.py``'s ``record()`` under

@@ -29,8 +29,7 @@ from lenscope.mixing.algebra import ig_hidden  # noqa: E402
 from lenscope.mixing.maps import context_mixing  # noqa: E402
 from lenscope.models.anatomy import ACTIVATIONS  # noqa: E402
 from tests.conftest import tiny_with_layers  # noqa: E402
-from tests.mixing.test_maps import (TEXT, activation_module, brute_ig, brute_parts, lin, shapley,  # noqa: E402
-                                    with_strong_mlp)
+from tests.mixing.test_maps import TEXT, activation_module, brute_ig, brute_parts, lin, shapley, with_strong_mlp  # noqa: E402
 
 
 def compare(lm) -> dict:

@@ -29,9 +29,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from machine import record  # noqa: E402
 
-
-DEMO = [".venv/bin/lenscope", "report", "When Mary and John went to the store, John gave a drink to", "--model", "smollm2",
-        "--target", " Mary", "--foil", " John", "--out", "out/report.html"]  # as in ./dev
+DEMO = [".venv/bin/lenscope", "report", "When Mary and John went to the store, John gave a drink to",  # as in ./dev
+        "--model", "smollm2", "--target", " Mary", "--foil", " John", "--out", "out/report.html"]
 
 
 def timed(cmd: list[str], cwd: Path, env: dict) -> dict:

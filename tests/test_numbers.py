@@ -7,11 +7,13 @@ from the repository root) and the value's key path in it::
     1.5 MB<!-- docs/results/bench-report-smollm2.json: best.bytes * 1e-6 -->
     0.44<!-- docs/results/bench-tuned-lens-library.json: mean_kl_tuned / mean_kl_logit -->
 
-The key path is dot-separated (an integer indexes a list; a key may hold dots, the longest matching key wins, but no spaces);
-`` / PATH`` (spaces around the slash) divides by a second value of the same file and `` * FACTOR`` scales (units: ``* 1e-6`` for bytes to MB, ``* 100`` for a percentage). The quoted number
-is the last number on the line before the marker (signs ``+ - −``, thousands commas and exponents allowed, a
-unit or ``**`` may sit between it and the marker). It matches when the value, rounded to the decimals the
-number is written with, is the number (``14.0`` matches 14.03; ``8e-8`` matches 7.6e-8).
+The key path is dot-separated (an integer indexes a list; a key may hold dots: the longest matching key
+wins; no spaces). `` / PATH`` (spaces around the slash) divides by a second value of the same file and
+`` * FACTOR`` scales (units: ``* 1e-6`` for bytes to MB, ``* 100`` for a percentage). The quoted number is the
+last number on the line before the marker (signs ``+ - −``, thousands commas and exponents allowed; a unit or
+``**`` may sit between it and the marker); markers in code blocks and code spans are examples, not quotes. It
+matches when the value, rounded to the decimals the number is written with, is the number (``14.0`` matches
+14.03; ``8e-8`` matches 7.6e-8).
 
 Every results file a marker names carries a ``"machine"`` record (``benchmarks/machine.py``'s ``record()``:
 the command, the CPU, bf16, threads, load, date), except the few files in ``LEGACY`` written before that
