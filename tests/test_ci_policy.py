@@ -68,14 +68,16 @@ def _asserts_that_cannot_fail(source: str) -> list[tuple[int, str]]:
             bad.append((n.lineno, "a check in the message"))
         if isinstance(n.test, ast.Constant) or (isinstance(n.test, ast.Tuple) and n.test.elts):
             bad.append((n.lineno, "a constant test"))
-        if isinstance(n.test, ast.Compare) and len(n.test.ops) == 1 and isinstance(n.test.ops[0], (ast.Eq, ast.LtE, ast.GtE, ast.Is)):
+        if (isinstance(n.test, ast.Compare) and len(n.test.ops) == 1
+                and isinstance(n.test.ops[0], (ast.Eq, ast.LtE, ast.GtE, ast.Is))):
             if ast.dump(n.test.left) == ast.dump(n.test.comparators[0]):
                 bad.append((n.lineno, "an expression compared with itself"))
     return bad
 
 
 def test_the_checker_finds_asserts_that_cannot_fail():
-    src = "def t(r, x):\n    assert r.ok, r.out and x == 2\n    assert (x, 'why')\n    assert x == x\n    assert x == 2, x\n"
+    src = ("def t(r, x):\n    assert r.ok, r.out and x == 2\n    assert (x, 'why')\n"
+           "    assert x == x\n    assert x == 2, x\n")
     assert [ln for ln, _ in _asserts_that_cannot_fail(src)] == [2, 3, 4]
 
 

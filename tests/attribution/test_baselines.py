@@ -135,7 +135,7 @@ def test_ids_and_text_agree_and_model_is_left_alone():
     ids = ids_of(lm)
     lm.model.train()  # gpt2 has dropout 0.1: the methods must run in eval mode and give the flag back
     try:
-        ref = grad_x_input(lm, TEXT, " Mary", "#%d" % tid(lm, " John"))
+        ref = grad_x_input(lm, TEXT, " Mary", f"#{tid(lm, ' John')}")
         for text in (ids, ids.tolist()):
             for name, method in METHODS.items():
                 a = method(lm, TEXT, " Mary", " John", position=7)
@@ -314,7 +314,7 @@ def test_bad_input(name):
     with pytest.raises(InputError, match="foil"):
         method(lm, TEXT, " Mary", " Mary")
     with pytest.raises(InputError, match="foil"):
-        method(lm, TEXT, " Mary", "#%d" % tid(lm, " Mary"))
+        method(lm, TEXT, " Mary", f"#{tid(lm, ' Mary')}")
     for position in (n, -n - 1, 10**6):
         with pytest.raises(InputError, match="outside"):
             method(lm, TEXT, " Mary", position=position)

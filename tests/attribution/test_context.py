@@ -100,7 +100,8 @@ def brute_value_zeroing(lm, tr):
         for j in range(n):
             v = attn.values(z).clone()
             v[:, j] = 0
-            o = torch.einsum("hqk,hke->qhe", tr.attn_probs[l].double(), v).reshape(n, -1) @ attn.W_O.reshape(-1, A.d_model)
+            o = (torch.einsum("hqk,hke->qhe", tr.attn_probs[l].double(), v).reshape(n, -1)
+                 @ attn.W_O.reshape(-1, A.d_model))
             if attn.b_O is not None:
                 o = o + attn.b_O
             out = layer.after_attention(x, o)["resid_post"]

@@ -19,7 +19,8 @@ def run(*args):
 
 @pytest.mark.parametrize("method", ["logit", "alti-logit"])
 def test_logit_methods_json(method):
-    r = run("explain", TEXT, "--model", "tiny:llama", "--target", " capital", "--foil", " of", "--method", method, "--json")
+    r = run("explain", TEXT, "--model", "tiny:llama", "--target", " capital", "--foil", " of", "--method", method,
+            "--json")
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     for k in ("tokens", "scores", "method", "target", "foil", "layers", "attention_update", "invariant_error"):

@@ -107,7 +107,8 @@ def test_bad_workers_is_a_clear_error():
 def test_ray_address_argument_forms():
     from lenscope.cli.sweeps import ray_target, split_ray_address
 
-    assert split_ray_address(["eval", "--ray", "auto", "--json"]) == ["eval", "--ray", "--ray-address", "auto", "--json"]
+    assert split_ray_address(["eval", "--ray", "auto", "--json"]) == [
+        "eval", "--ray", "--ray-address", "auto", "--json"]
     assert split_ray_address(["x", "--ray", "--workers", "2"]) == ["x", "--ray", "--workers", "2"]
     assert split_ray_address(["x", "--ray=ray://h:10001"]) == ["x", "--ray", "--ray-address", "ray://h:10001"]
     assert split_ray_address(["x", "--ray", "10.0.0.1:6379"])[-1] == "10.0.0.1:6379"

@@ -51,7 +51,8 @@ def test_patch_noising_ids_png_save_table(tmp_path):
 
 
 @pytest.mark.parametrize("args,msg", [
-    (["patch", CLEAN, "The capital of the Republic of France is", "--target", " capital", "--foil", " of"], "same number of tokens"),
+    (["patch", CLEAN, "The capital of the Republic of France is", "--target", " capital", "--foil", " of"],
+     "same number of tokens"),
     (["patch", CLEAN, CORRUPT, "--target", " capital city", "--foil", " of"], "not exactly one token"),
     (["patch", CLEAN, CORRUPT, "--target", " capital", "--foil", " of", "--what", "neurons"], "unknown --what"),
     (["causal-trace", CLEAN, "--subject", "Germany", "--target", " capital"], "does not occur"),

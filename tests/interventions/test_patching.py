@@ -61,7 +61,8 @@ def clean_acts(lm, ids, what):
     for i, lh in enumerate(hooks):
         if what == "resid":
             hs.append(lh.block.register_forward_pre_hook(
-                lambda m, a, k, i=i: store.__setitem__(i, (a[0] if a else k["hidden_states"])[0].clone()), with_kwargs=True))
+                lambda m, a, k, i=i: store.__setitem__(i, (a[0] if a else k["hidden_states"])[0].clone()),
+                with_kwargs=True))
         elif what == "heads":
             H = lm.anatomy.layers[i].attn.W_O.shape[0]
             hs.append(lh.attn_out.register_forward_pre_hook(
@@ -140,7 +141,8 @@ def test_patch_all_positions_layer0_restores_exactly(tiny_decoder):
     assert c.numel() == x.numel() and int((c != x).sum()) == 2
     _, got = run(lm, c[None], capture=[("resid", 0)])
     P = c.numel()
-    lg, _ = run(lm, x[None], [Edit("resid", 0, torch.zeros(P, dtype=torch.long), torch.arange(P), got[("resid", 0)][0])])
+    lg, _ = run(lm, x[None],
+                [Edit("resid", 0, torch.zeros(P, dtype=torch.long), torch.arange(P), got[("resid", 0)][0])])
     lc, _ = run(lm, c[None])
     assert torch.allclose(lg[0, -1], lc[0, -1], atol=1e-5)
 

@@ -115,7 +115,8 @@ def _llama_slices(lm, layer, which, head):
     return lm.model.model.layers[layer].self_attn.q_proj, slice(head * dh, (head + 1) * dh)
 
 
-@pytest.mark.parametrize("name,which", [("tiny:gpt2", "q"), ("tiny:gpt2", "k"), ("tiny:gpt2", "v"), ("tiny:llama", "q")])
+@pytest.mark.parametrize("name,which",
+                         [("tiny:gpt2", "q"), ("tiny:gpt2", "k"), ("tiny:gpt2", "v"), ("tiny:llama", "q")])
 def test_receiver_equals_brute_force(name, which):
     lm = get_model(name)
     tid, fid = resolve_token(lm, " capital"), resolve_token(lm, " of")

@@ -105,7 +105,8 @@ def test_batched_equals_loop(tiny_decoder):
     clean = {k: {i: got[(k, i)][0] for i in range(lm.anatomy.n_layers)} for k in ("resid", "attn", "mlp")}
     g = torch.Generator().manual_seed(3)
     eps = torch.randn(samples, len(subj), lm.anatomy.d_model, generator=g) * res.noise_scale
-    p_corr = sum(one_row_prob(lm, ids, subj, eps[s], ("none", -1, 0), clean, window, tid) for s in range(samples)) / samples
+    p_corr = sum(one_row_prob(lm, ids, subj, eps[s], ("none", -1, 0), clean, window, tid)
+                 for s in range(samples)) / samples
     assert res.p_corrupted == pytest.approx(p_corr, abs=1e-6)
     L, P = res.resid.shape
     for kind in ("resid", "mlp", "attn"):

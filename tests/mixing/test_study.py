@@ -8,8 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lenscope.errors import InputError
-from lenscope.mixing.analysis import (average_ranks, column_normalize, contextualization_change, ff_amp, spearman,
-                                      top_pairs)
+from lenscope.mixing.analysis import (
+    average_ranks,
+    column_normalize,
+    contextualization_change,
+    ff_amp,
+    spearman,
+    top_pairs,
+)
 from lenscope.mixing.study import MixingStudy, load_sentences, mixing_study
 
 from ..conftest import get_model
@@ -77,8 +83,8 @@ def test_study_resumes_to_the_same_result(tmp_path):
     assert len(full.cc_ff) == L
     # cc_ff is the mean over sentences of 1 - Spearman(pre-FF map, post-FF map), recomputed here from the
     # public maps of each sentence (sentences of fewer than 3 tokens are skipped by the study)
-    from lenscope.mixing.maps import context_mixing
     from lenscope.mixing.analysis import pre_post_ff
+    from lenscope.mixing.maps import context_mixing
 
     pre, post = pre_post_ff(lm.anatomy.placement)
     per = []

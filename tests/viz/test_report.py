@@ -62,7 +62,7 @@ def test_decoder_report_matches_the_methods(family):
     assert total == pytest.approx(diff, abs=1e-3) and comp["logit"] == pytest.approx(diff, abs=1e-4)
     heads = torch.tensor(comp["heads"])
     dla = lenscope.direct_logit_attribution(lm, TEXT, " capital", " of", by_head=True)
-    for name, l, h, v in zip(dla.names, dla.layers, dla.heads, dla.values.tolist()):
+    for _name, l, h, v in zip(dla.names, dla.layers, dla.heads, dla.values.tolist()):
         if h >= 0:
             assert float(heads[l, h]) == pytest.approx(v, abs=1e-5)
 

@@ -102,7 +102,8 @@ def test_report_renders_and_reacts(browser, tmp_path):
 
         # the logit switch of direct logit attribution redraws the bars
         bars = _fills(page, "#sec-components svg.dla-layers rect")
-        heights = page.eval_on_selector_all("#sec-components svg.dla-layers rect", "els => els.map(e => e.getAttribute('height'))")
+        heights = page.eval_on_selector_all("#sec-components svg.dla-layers rect",
+                                            "els => els.map(e => e.getAttribute('height'))")
         page.click("#sec-components .seg button[data-value=foil]")
         assert page.eval_on_selector_all("#sec-components svg.dla-layers rect",
                                          "els => els.map(e => e.getAttribute('height'))") != heights and bars
