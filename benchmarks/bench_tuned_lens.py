@@ -40,6 +40,30 @@ def kl_per_layer(lm, lens, seqs: torch.Tensor, batch: int = 4) -> list[float]:
     return (total[:-1] / count).tolist()  # the lens layers (the output state is 0 for every lens)
 
 
+def combine(folder: Path, out: Path, command: str) -> None:
+    """One results file from the runs of ``tuned_lens_vs_library.sh`` in ``folder`` (ref, ours, ref-matched,
+    ours-matched .json), for when the script's own combining step cannot run (a run that did not finish in time
+    is recorded as such, never filled in)."""
+    runs = {}
+    for k in ("ref", "ours", "ref-matched", "ours-matched"):
+        f = folder / f"{k}.json"
+        lines = f.read_text().strip().splitlines() if f.exists() else []
+        runs[k] = json.loads(lines[-1]) if lines else {"did_not_finish": True}
+    machine = record()
+    machine["command"] = command
+    res = {"machine": machine, "defaults": {"tuned-lens": runs["ref"], "lenscope": runs["ours"]},
+           "matched": {"tuned-lens": runs["ref-matched"], "lenscope": runs["ours-matched"]}}
+    for part in ("defaults", "matched"):
+        r, o = res[part]["tuned-lens"], res[part]["lenscope"]
+        if "tokens_per_s" in r and "tokens_per_s" in o:
+            res[part]["speed_ratio"] = o["tokens_per_s"] / r["tokens_per_s"]
+            res[part]["kl_ratio"] = o["mean_kl_tuned"] / r["mean_kl_tuned"]
+        if "tokens_per_cpu_s" in r and "tokens_per_cpu_s" in o:
+            res[part]["cpu_speed_ratio"] = o["tokens_per_cpu_s"] / r["tokens_per_cpu_s"]
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"wrote {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
@@ -57,7 +81,14 @@ def main() -> None:
     ap.add_argument("--keep-best", action="store_true",
                     help="hold out validation sequences and keep each layer's best translator (off: the library "
                          "trains on exactly these ids, so lenscope does too)")
+    ap.add_argument("--combine", type=Path, default=None,
+                    help="only combine the run files of tuned_lens_vs_library.sh in this folder into --results")
+    ap.add_argument("--results", type=Path, default=Path("docs/results/bench-tuned-lens-vs-library.json"))
     args = ap.parse_args()
+    if args.combine is not None:
+        import shlex
+
+        return combine(args.combine, args.results, "python " + " ".join(shlex.quote(a) for a in sys.argv))
     machine = record()
 
     lm = lenscope.load(args.model)
