@@ -76,7 +76,8 @@ def test_ioi_generator_is_seeded_and_positions_are_right():
         # ABBA: the IO is named before the subject; BABA: after it; the subject is repeated last
         assert (io[0] < s1[0]) == (g["pattern"] == "ABBA") and s2[0] > io[0]
     exs = load_dataset("ioi-gen", limit=10)
-    assert len(exs) == 10 and exs[0].id == "ioi-gen/0" and exs[1].group == "BABA" and exs[0].evidence == (exs[0].target,)
+    assert len(exs) == 10 and exs[0].id == "ioi-gen/0" and exs[1].group == "BABA"
+    assert exs[0].evidence == (exs[0].target,)
     assert load_dataset("ioi-gen:3", limit=2)[0].prefix == a[0]["prefix"]
 
 

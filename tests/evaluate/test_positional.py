@@ -5,8 +5,15 @@ import json
 
 import pytest
 
-from lenscope.evaluate.alignment import (POSITIONAL, evaluate_examples, positional_metrics, positional_scores,
-                                         read_records, run_alignment, summarise)
+from lenscope.evaluate.alignment import (
+    POSITIONAL,
+    evaluate_examples,
+    positional_metrics,
+    positional_scores,
+    read_records,
+    run_alignment,
+    summarise,
+)
 from lenscope.evaluate.datasets import Example, load_dataset
 from lenscope.evaluate.metrics import alignment
 

@@ -361,7 +361,8 @@ class AlignmentSummary:
                  self.table("mrr"), "", "MRR, examples the model gets right:", "", self.table("mrr", correct=True),
                  "", "Probes needed (lower is better):", "", self.table("probes"), "",
                  "Dot product with the evidence (L1-normalised scores):", "", self.table("dot")]
-        comp = {d: ds["ig_completeness"] for d, ds in self.datasets.items() if (ds.get("ig_completeness") or {}).get("n")}
+        comp = {d: ds["ig_completeness"] for d, ds in self.datasets.items()
+                if (ds.get("ig_completeness") or {}).get("n")}
         if comp:
             parts += ["", "Integrated gradients' completeness error per example, relative "
                       "(|sum of scores - (f(x) - f(baseline))| / max(|f(x) - f(baseline)|, 1e-6)) and absolute "

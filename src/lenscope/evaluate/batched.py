@@ -55,10 +55,12 @@ def traces(lm, ids: Tensor) -> list[Trace]:
 
     def put(key, value):
         if key in seen:
-            raise UnsupportedModelError(f"hook {key} fired twice in one forward pass; this model variant is not supported")
+            raise UnsupportedModelError(f"hook {key} fired twice in one forward pass; this model variant is not "
+                                        "supported")
         seen.add(key)
         if value is None:
-            raise UnsupportedModelError(f"{key[0]} was not returned by the model; load it with attn_implementation='eager'")
+            raise UnsupportedModelError(f"{key[0]} was not returned by the model; load it with "
+                                        "attn_implementation='eager'")
         value = value.detach()
         if value.dim() == 2 and value.shape[0] == B * n:  # (batch * pos, d) layouts (OPT's MLP)
             value = value.reshape(B, n, value.shape[-1])
