@@ -126,7 +126,8 @@ def main(folder: str) -> None:
     print("\nreduced trajectories (-logodds: per-state log-odds of the two answers; -inner: no output state, no KL):")
     for r in ps2["results"]:
         if r["features"].endswith("-logodds") or r["features"].endswith("-inner"):
-            print(f"  {r['features']:16s} {r['detector']:12s} {r['auroc']:.3f} [{r['auroc_ci'][0]:.3f}, {r['auroc_ci'][1]:.3f}]")
+            lo, hi = r["auroc_ci"]
+            print(f"  {r['features']:16s} {r['detector']:12s} {r['auroc']:.3f} [{lo:.3f}, {hi:.3f}]")
     sg = subgroups(feats, rows)
     (folder / "subgroups.json").write_text(json.dumps(sg, indent=2) + "\n")
     names = [k for k in next(iter(sg["groups"].values())) if k != "n"]

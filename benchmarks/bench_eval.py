@@ -107,7 +107,8 @@ def main() -> None:
                 p = prepare(lm, ex)
                 for m in EVAL_METHODS:
                     t0, c0 = time.perf_counter(), time.process_time()
-                    explain(lm, p.ids, p.target_id, p.foil_id, method=m, **({"steps": args.ig_steps} if m == "ig" else {}))
+                    explain(lm, p.ids, p.target_id, p.foil_id, method=m,
+                            **({"steps": args.ig_steps} if m == "ig" else {}))
                     wall[m] += time.perf_counter() - t0
                     cpu[m] += time.process_time() - c0
         res["unbatched"] = {"wall_per_example": {m: wall[m] / n_align for m in EVAL_METHODS},
@@ -125,7 +126,8 @@ def main() -> None:
     if "unbatched" in res:
         print("one example and method at a time (lenscope.explain), seconds per example (CPU / wall):")
         for m in EVAL_METHODS:
-            print(f"  {m:<12} {res['unbatched']['cpu_per_example'][m]:.3f} / {res['unbatched']['wall_per_example'][m]:.3f}")
+            un = res["unbatched"]
+            print(f"  {m:<12} {un['cpu_per_example'][m]:.3f} / {un['wall_per_example'][m]:.3f}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(res, indent=1))

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from machine import cpu_name  # benchmarks/machine.py
 
 import lenscope
 from lenscope.interventions import activation_patching, causal_trace, path_patching
 from lenscope.models.load import encode
-from machine import cpu_name  # benchmarks/machine.py
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results" / "interventions"
@@ -236,7 +236,8 @@ def summarize_ioi(rows: list[dict], skipped: dict, seconds: float) -> None:
         "ld_clean_mean": float(ld_c.mean()), "ld_corrupted_mean": float(ld_x.mean()),
         "ld_clean_positive_share": float((ld_c > 0).mean()),
         "top_heads_by_activation_patching": table,
-        "axes": ["layer", "head"], "heads_mean": np.round(mean_h, 4).tolist(), "path_mean": np.round(mean_p, 4).tolist(),
+        "axes": ["layer", "head"], "heads_mean": np.round(mean_h, 4).tolist(),
+        "path_mean": np.round(mean_p, 4).tolist(),
         "cpu": cpu_name(), "threads": torch.get_num_threads(), "seconds_this_run": round(seconds, 1),
         "seconds_per_prompt_mean": round(float(np.mean([r["seconds"] for r in rows])), 1),
     }
@@ -352,8 +353,9 @@ def run_ioi_head_positions(args) -> None:
                     else "other")
             roles.setdefault(role, []).append(float(share[k]))
     out = {"head": args.head, "n_prompts": len(pairs), "cpu": cpu_name(),
-           "share_restored_by_position_role": {r: {"mean": round(float(np.mean(v)), 4), "max": round(float(np.max(v)), 4),
-                                                   "n": len(v)} for r, v in roles.items()}}
+           "share_restored_by_position_role": {
+               r: {"mean": round(float(np.mean(v)), 4), "max": round(float(np.max(v)), 4), "n": len(v)}
+               for r, v in roles.items()}}
     (OUT / f"ioi-{args.head}-positions.json").write_text(json.dumps(out, indent=1))
     print(json.dumps(out, indent=1))
 
@@ -436,7 +438,8 @@ def main(argv=None) -> None:
     k.add_argument("--steps", type=int, default=20)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    {"facts": run_facts, "ioi": run_ioi, "ioi-receiver": run_ioi_receiver, "ioi-head-at": run_ioi_head_at, "ioi-head-positions": run_ioi_head_positions, "neurons": run_neurons}[args.cmd](args)
+    {"facts": run_facts, "ioi": run_ioi, "ioi-receiver": run_ioi_receiver, "ioi-head-at": run_ioi_head_at,
+     "ioi-head-positions": run_ioi_head_positions, "neurons": run_neurons}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,8 @@ def main() -> None:
           f"mean prediction depth tuned {t.mean_depth:.2f}, logit {g.mean_depth:.2f}")
     print(json.dumps({"model": lm.name, "n_tokens": t.n_tokens, "mean_kl_tuned": t.mean_kl, "mean_kl_logit": g.mean_kl,
                       "ratio": t.mean_kl / g.mean_kl, "below_every_layer": below,
-                      "training": {k: v for k, v in TunedLens.load(args.lens, lm).training_info.items() if k != "history"},
+                      "training": {k: v for k, v in TunedLens.load(args.lens, lm).training_info.items()
+                                   if k != "history"},
                       "tuned": t.to_dict(), "logit": g.to_dict()}))
 
 
