@@ -165,7 +165,7 @@ def test_precision_decision(monkeypatch):
     n_rows = max(16, min(256, int(2e8 // (lm.anatomy.vocab_size * 16))))  # the probe's block
     slow16 = T.choose_precision(lm, None, native=False, timer=timer(2.0, 0.5))
     assert not slow16["bf16"] and slow16["unembed_dtype"] == "float32"
-    # clearly slower on the first sixteenth already: the probe stopped there and scaled it up
+    # clearly slower on the first 64th already: the probe stopped there and scaled it up
     part = n_rows // T.PROBE_FIRST_PART
     assert slow16["measured_s"] == {"bfloat16": 2.0, "float32": 0.5, "rows": n_rows, "bfloat16_from_rows": part}
     assert rows == [(torch.float32, n_rows), (torch.bfloat16, part)]

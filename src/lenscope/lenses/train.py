@@ -181,7 +181,7 @@ def forced_native_bf16() -> bool | None:
 
 
 # The precision probe times bfloat16 on 1/PROBE_FIRST_PART of its block first (see choose_precision).
-PROBE_FIRST_PART = 16
+PROBE_FIRST_PART = 64
 
 # One measurement per unembedding and device in a process: runs that follow (a resume, a second lens) take the
 # same decision instead of a new timing that could fall on the other side of the threshold.
@@ -194,7 +194,7 @@ def choose_precision(lm: LoadedModel, bf16: bool | None = None, *, native: bool 
 
     ``bf16`` True/False is the user's choice. None (automatic): bfloat16 where the hardware runs it natively
     (a CUDA device, or a CPU with AVX512-BF16 or AMX), else a one-off measurement of one block of the
-    objective in both dtypes decides (bfloat16 only if at least 10% faster; bfloat16 is timed on a sixteenth
+    objective in both dtypes decides (bfloat16 only if at least 10% faster; bfloat16 is timed on a 64th
     of the block first, and the probe stops there when that alone, scaled up, is over twice float32's time).
     Without native support CPUs emulate bfloat16 and it is usually slower than float32 (issue 11: 2.06 s
     against 0.49 s for a 512 x 576 x 49152 matmul on a Xeon without AVX512-BF16).
@@ -225,7 +225,7 @@ def choose_precision(lm: LoadedModel, bf16: bool | None = None, *, native: bool 
             ref = torch.randint(0, W.shape[1], (rows,), generator=g).to(W.device)
             t32 = fn(W.float().contiguous(), x, ref)
             # emulated bfloat16 can be 100x slower than float32 (issue 22: 42 s for one block on an AMD EPYC):
-            # time a sixteenth of the block first and stop there when it is clearly slower already
+            # time a 64th of the block first and stop there when it is clearly slower already
             W16 = W.to(torch.bfloat16).contiguous()
             part = max(1, rows // PROBE_FIRST_PART)
             t16 = fn(W16, x[:part], ref[:part]) * rows / part
