@@ -248,7 +248,8 @@ def main():
     }
     log(f"fair: reference set-up {ref['setup_cpu_seconds']:.2f} CPU s, closure {ref['eval_cpu_seconds']:.2f} CPU s; "
         f"lenscope set-up {ours['setup_cpu_seconds']:.2f} CPU s, eval {ours['eval_cpu_seconds']:.2f} CPU s; "
-        f"per eval {res['fair']['eval_cpu_ratio']:.1f}x; {n_evals} evals with set-ups {res['fair']['total_cpu_ratio']:.1f}x")
+        f"per eval {res['fair']['eval_cpu_ratio']:.1f}x; "
+        f"{n_evals} evals with set-ups {res['fair']['total_cpu_ratio']:.1f}x")
     res["eval_value_lenscope"], res["eval_value_reference"] = val, ref_val
     # the reference differentiates -sigma(v / |v|): compare with lenscope's gradient on the sphere's tangent
     tangent = g - (g @ v) * v

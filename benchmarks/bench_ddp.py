@@ -1,7 +1,8 @@
 """Tuned-lens training throughput: N torchrun processes (data-parallel, gloo on CPU) against one process with one
 thread and against one process with N threads (the fair baseline: the same cores, torch's own threading).
 
-    .venv/bin/python benchmarks/bench_ddp.py --model smollm2 --tokens 2048 --ranks 2 --out docs/results/bench-ddp-smollm2.json
+    .venv/bin/python benchmarks/bench_ddp.py --model smollm2 --tokens 2048 --ranks 2 \
+        --out docs/results/bench-ddp-smollm2.json
 
 Each configuration trains the same global batch (4 sequences of 256 tokens) for ``--tokens`` tokens, float32
 unembedding matmuls (the same precision everywhere); tokens/s is the lens's own training record (model loading

@@ -46,9 +46,9 @@ import time
 from pathlib import Path
 
 import torch
+from machine import bf16_native, cpu_name, record  # benchmarks/machine.py
 
 import lenscope
-from machine import bf16_native, cpu_name, record  # benchmarks/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TEXT = ROOT.parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"

@@ -96,7 +96,8 @@ def load_tl(lm):
         for name in ("HuggingFaceTB/SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M"):
             try:
                 m = HookedTransformer.from_pretrained_no_processing(name, **kw)
-                return m, f"HookedTransformer.from_pretrained_no_processing({name!r}, hf_model=copy of lm.model)", errors
+                how = f"HookedTransformer.from_pretrained_no_processing({name!r}, hf_model=copy of lm.model)"
+                return m, how, errors
             except Exception as e:  # noqa: BLE001 - recorded in the JSON
                 errors.append(f"from_pretrained_no_processing({name!r}): {type(e).__name__}: {str(e)[:400]}")
     try:
@@ -191,7 +192,8 @@ def trace_loop(lm, prompt, subject, target, samples=10, window=10, seed=0):
                     if kind == "resid":
                         edits.append(Edit("resid", layer, one, pt, clean[("resid", layer)][pt]))
                     else:
-                        edits += [Edit(kind, lw, one, pt, clean[(kind, lw)][pt]) for lw in window_layers(layer, window, L)]
+                        edits += [Edit(kind, lw, one, pt, clean[(kind, lw)][pt])
+                                  for lw in window_layers(layer, window, L)]
                     acc += prob(edits)
                     n_runs += 1
                 maps[kind][layer, p] = acc / samples - p_corr
@@ -238,7 +240,8 @@ def run_sweep(args, lm, res, c_ids, x_ids, tid, fid, L, P) -> None:
             print(f"  {k}: {times[k][-1]:.1f} s", flush=True)
     sweep["lenscope_s"], sweep["lenscope_all_s"] = min(times["lenscope"]), times["lenscope"]
     raw = outs["lenscope"].raw
-    for k, name in (("transformer_lens_loop", "transformer_lens"), ("transformer_lens_batched", "transformer_lens_batched")):
+    for k, name in (("transformer_lens_loop", "transformer_lens"),
+                    ("transformer_lens_batched", "transformer_lens_batched")):
         if k not in outs:
             continue
         o = outs[k].detach().float().cpu()
@@ -260,8 +263,10 @@ def main(argv=None) -> None:
     ap.add_argument("--skip-trace", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true", help="only the causal-tracing comparison")
     ap.add_argument("--short", action="store_true", help="the 14-token Mary/John pair instead of the 20-token one")
-    ap.add_argument("--tl-batch", type=int, default=64, help="rows per run_with_hooks of the batched TransformerLens sweep")
-    ap.add_argument("--tl-site", default=None, help="site-packages of a venv holding transformer_lens (appended to sys.path)")
+    ap.add_argument("--tl-batch", type=int, default=64,
+                    help="rows per run_with_hooks of the batched TransformerLens sweep")
+    ap.add_argument("--tl-site", default=None,
+                    help="site-packages of a venv holding transformer_lens (appended to sys.path)")
     args = ap.parse_args(argv)
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     if args.tl_site:

@@ -86,7 +86,8 @@ def main() -> None:
             r["cpu_s"].append(round(dt, 2))
             print(f"{name}: {dt:.2f} s (kl {kl:.4f}, |grad A| {r['grad_norm']:.5f})", flush=True)
     tokens = states.shape[1]
-    out = {"machine": machine, "model": lm.name, "tokens_per_step": tokens, "repeats": args.repeats, "states": L, "forward_cpu_s": round(fwd, 2),
+    out = {"machine": machine, "model": lm.name, "tokens_per_step": tokens, "repeats": args.repeats, "states": L,
+           "forward_cpu_s": round(fwd, 2),
            "threads": torch.get_num_threads(), "native_bf16": T.cpu_features(),
            "variants": {k: {**v, "best_s": min(v["cpu_s"]),
                             "tokens_per_s_incl_forward": round(tokens / (min(v["cpu_s"]) + fwd), 1)}
