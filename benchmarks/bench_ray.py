@@ -28,11 +28,11 @@ import lenscope  # noqa: E402
 
 def run(kind, lm, items, out, ray=None, workers=2):
     if kind == "mixing":
-        from lenscope.mixing.study import mixing_study
+        from lenscope.sweeps.mixing_study import mixing_study
 
         mixing_study(lm, items, out, dataset="bench", progress=False, ray=ray, workers=workers)
     else:
-        from lenscope.interventions.sweep import causal_trace_sweep
+        from lenscope.sweeps.causal_trace import causal_trace_sweep
 
         causal_trace_sweep(lm, items, out, samples=3, window=5, progress=False, ray=ray, workers=workers)
     return (Path(out) / "records.jsonl").read_text()
@@ -48,11 +48,11 @@ def main() -> None:
     a = ap.parse_args()
     lm = lenscope.load(a.model)
     if a.sweep == "mixing":
-        from lenscope.mixing.study import load_sentences
+        from lenscope.sweeps.mixing_study import load_sentences
 
         items = load_sentences("sst2", a.n)[1]
     else:
-        from lenscope.interventions.sweep import load_facts
+        from lenscope.sweeps.causal_trace import load_facts
 
         items = load_facts("facts", a.n)
     res = {"model": a.model, "sweep": a.sweep, "n": len(items), "workers": a.workers, "cpu": cpu_name(),

@@ -25,8 +25,8 @@ import torch  # noqa: E402
 from machine import record  # noqa: E402
 
 import lenscope  # noqa: E402
-from lenscope.mixing.algebra import ig_hidden  # noqa: E402
 from lenscope.mixing.maps import context_mixing  # noqa: E402
+from lenscope.models.algebra import ig_hidden  # noqa: E402
 from lenscope.models.anatomy import ACTIVATIONS  # noqa: E402
 from tests.conftest import tiny_with_layers  # noqa: E402
 from tests.mixing.test_maps import TEXT, activation_module, brute_ig, brute_parts, lin, shapley, with_strong_mlp  # noqa: E402

@@ -1,5 +1,5 @@
 """Logit, ALTI-Logit, ALTI and value zeroing: exactness on every family, against brute-force loops written
-here from the papers' equations (independent of lenscope.mixing.algebra)."""
+here from the papers' equations (independent of lenscope.models.algebra)."""
 
 import dataclasses
 import json

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from lenscope.cli import app
 from lenscope.distributed import run_sweep
-from lenscope.mixing.study import mixing_study
+from lenscope.sweeps.mixing_study import mixing_study
 
 from ..conftest import assert_json_close, get_model, jsonl_records
 
@@ -88,7 +88,7 @@ def test_cli_mixing_study_ray(tmp_path):
 
 
 def test_without_ray_nothing_imports_it(tmp_path):
-    code = ("import sys, lenscope\nfrom lenscope.mixing.study import mixing_study\nimport lenscope.cli\n"
+    code = ("import sys, lenscope\nfrom lenscope.sweeps.mixing_study import mixing_study\nimport lenscope.cli\n"
             "lm = lenscope.load('tiny:gpt2')\n"
             "mixing_study(lm, ['The cat sat on the mat.', 'Dogs bark loudly.'], progress=False)\n"
             "assert 'ray' not in sys.modules, 'ray was imported'\nprint('ok')")

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from lenscope.data.datasets import load_dataset
 from lenscope.evaluate.alignment import read_records, run_alignment, summarise
-from lenscope.evaluate.datasets import load_dataset
 
 from ..conftest import get_model
 

@@ -6,9 +6,9 @@ import torch
 
 import lenscope
 from lenscope.attribution.explain import explain
+from lenscope.data.datasets import Example
 from lenscope.evaluate import batched
 from lenscope.evaluate.alignment import evaluate_example, evaluate_examples
-from lenscope.evaluate.datasets import Example
 from lenscope.evaluate.metrics import alignment
 
 from ..conftest import DECODERS, get_model, tiny_with_layers

@@ -6,8 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lenscope.errors import InputError
-from lenscope.evaluate.datasets import (
+from lenscope.data.datasets import (
     BLIMP11,
     expand_specs,
     load_dataset,
@@ -15,8 +14,9 @@ from lenscope.evaluate.datasets import (
     read_contrastive_csv,
     read_sva,
 )
-from lenscope.evaluate.ioi import generate_ioi
-from lenscope.mixing.study import shared_data_dir
+from lenscope.data.ioi import generate_ioi
+from lenscope.data.shared import shared_data_dir
+from lenscope.errors import InputError
 
 DATA = Path(__file__).with_name("data")
 SHARED = shared_data_dir()

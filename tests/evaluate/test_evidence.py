@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lenscope.evaluate.datasets import Example
+from lenscope.data.datasets import Example
 from lenscope.evaluate.evidence import evidence_positions, prepare, word_spans
 from lenscope.models.tokenizer import tiny_tokenizer
 

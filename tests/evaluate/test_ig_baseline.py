@@ -8,10 +8,10 @@ import torch
 
 import lenscope
 from lenscope.attribution.baselines import ig_baseline
+from lenscope.data.datasets import Example
 from lenscope.errors import InputError
 from lenscope.evaluate import batched
 from lenscope.evaluate.alignment import evaluate_examples, run_alignment
-from lenscope.evaluate.datasets import Example
 
 from ..conftest import get_model
 from .test_alignment import DATA

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from lenscope.data.datasets import Example, load_dataset
 from lenscope.evaluate.alignment import (
     POSITIONAL,
     evaluate_examples,
@@ -14,7 +15,6 @@ from lenscope.evaluate.alignment import (
     run_alignment,
     summarise,
 )
-from lenscope.evaluate.datasets import Example, load_dataset
 from lenscope.evaluate.metrics import alignment
 
 from ..conftest import get_model

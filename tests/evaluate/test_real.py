@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 import lenscope
+from lenscope.data.datasets import Example
+from lenscope.data.shared import shared_data_dir
 from lenscope.evaluate import evaluate_examples, load_dataset
 from lenscope.evaluate.alignment import read_records
-from lenscope.evaluate.datasets import Example
-from lenscope.mixing.study import shared_data_dir
 
 from ..conftest import get_model
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 import lenscope
 from lenscope.cli import app
 from lenscope.interventions import causal_trace
-from lenscope.interventions.sweep import GROUPS, causal_trace_sweep, grouped, load_facts, position_groups
+from lenscope.sweeps.causal_trace import GROUPS, causal_trace_sweep, grouped, load_facts, position_groups
 
 from ..conftest import assert_json_close, get_model, jsonl_records
 

@@ -16,7 +16,7 @@ from lenscope.mixing.analysis import (
     spearman,
     top_pairs,
 )
-from lenscope.mixing.study import MixingStudy, load_sentences, mixing_study
+from lenscope.sweeps.mixing_study import MixingStudy, load_sentences, mixing_study
 
 from ..conftest import get_model
 
@@ -122,7 +122,7 @@ def test_datasets(tmp_path, monkeypatch):
                  "He had a guest-starring role on the television series The Bill in 2000 ."]
     monkeypatch.setenv("LENSCOPE_DATA", str(tmp_path / "nowhere"))
     monkeypatch.chdir(tmp_path)
-    import lenscope.mixing.study as study
+    import lenscope.data.shared as study
 
     monkeypatch.setattr(study, "__file__", str(tmp_path / "pkg" / "study.py"))
     with pytest.raises(InputError, match="LENSCOPE_DATA"):
@@ -140,7 +140,7 @@ def test_datasets(tmp_path, monkeypatch):
 
 
 def test_real_shared_data():
-    from lenscope.mixing.study import shared_data_dir
+    from lenscope.data.shared import shared_data_dir
 
     if shared_data_dir() is None or not (shared_data_dir() / "sst2" / "dev.tsv").exists():
         pytest.skip("the shared data folder (../shared/data or LENSCOPE_DATA) is not next to this clone")

@@ -3,7 +3,7 @@
 For a decoder explaining the logit of ``w`` (minus foil ``f``) at position ``t``, with the final norm affine
 given its traced scale at ``t``, the residual-stream read-out direction is
 ``d = final_norm.pullback(U_w - U_f, s_t)``. Layer ``l``'s attention writes ``sum_j T^l_{t,j}(x_j) + rest``
-(:mod:`lenscope.mixing.algebra`), so
+(:mod:`lenscope.models.algebra`), so
 
     Logit:       Delta^l_j = T^l_{t,j}(x_j) . d                  (per head as well; Eq. 8-9)
     ALTI-Logit:  sum_l Delta^l M^{l-1}   with the ALTI rollout M (M^{-1} = identity; Eq. 10-11)
@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, InvariantError, NotApplicableError
-from ..mixing.algebra import attention_logit_parts, f32
 from ..mixing.alti import mixing_matrices
+from ..models.algebra import attention_logit_parts, f32
 from ..models.load import LoadedModel, resolve_token, token_str
 from ..models.trace import Trace, prefix_trace, trace
 from .explanation import Explanation

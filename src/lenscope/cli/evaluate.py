@@ -50,8 +50,8 @@ def register(app: typer.Typer) -> None:
     ):
         """Rank each example's context tokens with every method and score the ranking against the evidence
         words (MRR, probes needed, dot product), with model accuracy and per-layer attention/MLP updates."""
+        from ..data.datasets import load_dataset
         from ..evaluate.alignment import check_methods, check_model, run_alignment
-        from ..evaluate.datasets import load_dataset
 
         if not dataset:
             fail("give at least one --dataset (" + DATASET_HELP.split(". Repeatable")[0] + ")")

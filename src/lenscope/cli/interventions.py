@@ -108,7 +108,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the averages as JSON."),
     ):
         """Causal tracing averaged over a fact set (per layer and ROME's position groups), resumable, on Ray."""
-        from ..interventions.sweep import causal_trace_sweep, load_facts
+        from ..sweeps.causal_trace import causal_trace_sweep, load_facts
 
         if resume and out is None:
             fail("--resume needs the --out folder of the interrupted sweep")

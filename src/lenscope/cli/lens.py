@@ -23,7 +23,7 @@ def get_lens(lm, spec: str | None):
 
 
 def _sequences(lm, data: str, part: str, seq_len: int, tokens: int | None):
-    from ..lenses import read_text, split_text, token_sequences
+    from ..data.text import read_text, split_text, token_sequences
 
     return token_sequences(lm, split_text(read_text(data), part), seq_len, max_tokens=tokens)
 

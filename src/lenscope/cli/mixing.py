@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _study(model, data, limit, out, resume, max_tokens, as_json, ray=None, workers=2, dtype=None, device_map=None):
-    from ..mixing.study import load_sentences, mixing_study
+    from ..sweeps.mixing_study import load_sentences, mixing_study
 
     if data is None:
         fail("`lenscope mixing study` needs --data (sst2, wikitext or a file with one sentence per line)")
@@ -85,7 +85,7 @@ def _study(model, data, limit, out, resume, max_tokens, as_json, ray=None, worke
     if out:
         st.save(out)
     if as_json:
-        from ..mixing.study import _clean
+        from ..sweeps.mixing_study import _clean
 
         print_json(_clean(st.to_dict()))
         return

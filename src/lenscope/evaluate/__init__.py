@@ -2,6 +2,8 @@
 evidence, alignment metrics (MRR, probes needed, dot product), model accuracy and the per-layer attention/MLP
 analysis of Ferrando et al. (2023)."""
 
+from ..data.datasets import BLIMP11, Example, load_dataset, read_contrastive_csv, read_sva
+from ..data.ioi import generate_ioi
 from .alignment import (
                         EVAL_METHODS,
                         AlignmentSummary,
@@ -11,9 +13,7 @@ from .alignment import (
                         run_alignment,
                         summarise,
 )
-from .datasets import BLIMP11, Example, load_dataset, read_contrastive_csv, read_sva
 from .evidence import prepare
-from .ioi import generate_ioi
 from .metrics import alignment, bootstrap_ci
 
 __all__ = ["BLIMP11", "EVAL_METHODS", "AlignmentSummary", "Example", "alignment", "bootstrap_ci", "evaluate_example",

@@ -3,7 +3,7 @@ versus foil? (Yin & Neubig 2022; Ferrando et al. 2023, §3-5.)
 
 The run is organised so that it can be resumed and, later, distributed:
 
-1. datasets -> a list of :class:`~lenscope.evaluate.datasets.Example` with stable ids;
+1. datasets -> a list of :class:`~lenscope.data.datasets.Example` with stable ids;
 2. :func:`evaluate_examples` (importable, no global state): examples -> one JSON-able record each. Examples of
    equal token length share batched passes: one trace per example (cut from one batched forward pass) serves
    Logit, ALTI-Logit, the model's logit difference and the per-layer attention/MLP updates; gradients,
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..data.datasets import Example, expand_specs, load_dataset
 from ..errors import InputError, LenscopeError, NotApplicableError
-from .datasets import Example, expand_specs, load_dataset
 from .evidence import prepare
 from .metrics import alignment, mean_ci, paired_difference, random_rr
 
@@ -571,7 +571,7 @@ def run_alignment(lm, specs, methods=EVAL_METHODS, *, out: str | Path | None = N
                   ig_steps: int = 16, batch_size: int = 16, max_tokens: int = 1024, progress: bool = True,
                   restart: bool = False, block: int = 50, ray=None, workers: int = 2, baseline: str = "zero",
                   force: bool = False) -> AlignmentSummary:
-    """Evaluate ``methods`` on the datasets ``specs`` (see :func:`~lenscope.evaluate.datasets.load_dataset`).
+    """Evaluate ``methods`` on the datasets ``specs`` (see :func:`~lenscope.data.datasets.load_dataset`).
 
     With ``out``, every example's record is appended to ``out/records.jsonl`` as soon as its batch finishes,
     and a rerun with the same model skips the examples already there (``restart=True`` starts afresh); the

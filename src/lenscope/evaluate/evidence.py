@@ -1,4 +1,4 @@
-"""From an :class:`~lenscope.evaluate.datasets.Example` to what a model needs: token ids of the context, the
+"""From an :class:`~lenscope.data.datasets.Example` to what a model needs: token ids of the context, the
 target and foil token ids, and the token positions of the evidence.
 
 - The continuation is the word after a space: the tokens that ``prefix + " " + word`` has beyond the prefix's
@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .datasets import Example
+from ..data.datasets import Example
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Logit lens and tuned lens: training, evaluation, trajectories, lens files."""
 
+from ..data.text import read_text, split_text, token_sequences
 from .cbe import CausalBasis, causal_bases, causal_basis
-from .data import read_text, split_text, token_sequences
 from .depth import DepthStats, TokenDepths, corpus_depths, text_depths
 from .evaluate import LensEvaluation, evaluate_lens, evaluate_lenses
 from .lenses import Lens, LogitLens, TunedLens, decode, fingerprint

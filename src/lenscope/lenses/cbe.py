@@ -609,7 +609,7 @@ class CausalBasis(Result):
 
 
 def _sequences(lm: LoadedModel, data, tokens: int, seq_len: int) -> Tensor:
-    from .data import token_sequences
+    from ..data.text import token_sequences
 
     if isinstance(data, str):
         return token_sequences(lm, data, seq_len, max_tokens=tokens)

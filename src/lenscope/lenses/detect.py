@@ -62,7 +62,7 @@ PLACEMENTS = ("end", "start", "middle")
 
 def shared_data_dir() -> Path | None:
     """Where the shared data lives (``$LENSCOPE_DATA`` or ``../shared/data``), as the mixing study finds it."""
-    from ..mixing.study import shared_data_dir as find
+    from ..data.shared import shared_data_dir as find
 
     return find()
 

@@ -6,7 +6,7 @@ composes the layers: ``M^0 = C^0``, ``M^l = C^l M^{l-1}``.
 
 - ALTI (computed in float64: a contribution is a difference of two L1 norms, which cancels badly in
   float32 when a row's contributions are small): the state after attention + residual (Post-LN: + its
-  LayerNorm) decomposed exactly by :mod:`lenscope.mixing.algebra` (``"sources"`` convention):
+  LayerNorm) decomposed exactly by :mod:`lenscope.models.algebra` (``"sources"`` convention):
   ``y_i = sum_j T~_i(j) + rest_i``;
   ``c_ij = max(0, ||y_i||_1 - ||y_i - T~_i(j)||_1)``, rows normalised. The MLP does not mix tokens.
 - Value zeroing: the whole block recomputed with source ``j``'s value vectors zeroed in every head;
@@ -20,10 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..models.anatomy import Anatomy, astype
-from ..models.trace import Trace, prefix_trace
-from ..results import Result
-from .algebra import (
+from ..models.algebra import (
     activation_scale,
     attention_input_parts,
     f32,
@@ -32,6 +29,9 @@ from .algebra import (
     resid_mid_parts,
     value_writes,
 )
+from ..models.anatomy import Anatomy, astype
+from ..models.trace import Trace, prefix_trace
+from ..results import Result
 
 CHUNK_BYTES = 128 * 2**20
 

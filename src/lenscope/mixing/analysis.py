@@ -1,7 +1,7 @@
 """Analyses of context-mixing maps (Kobayashi et al. 2024, §5-6): contextualization change, FF-amp, the norm
 of the FF output against what the residual connection bypasses, and LN's weights against the FF output.
 
-The per-sentence functions here are pure tensor math; :mod:`lenscope.mixing.study` runs them over a dataset.
+The per-sentence functions here are pure tensor math; :mod:`lenscope.sweeps.mixing_study` runs them over a dataset.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 For every layer and scope, an ``(pos, src)`` map whose cell ``(i, j)`` is ``||F_i(x_j)||_2``: the norm of the
 part of output ``i`` that comes from the layer's input ``x_j``. The parts come from
-:mod:`lenscope.mixing.algebra` (``"remainder"`` convention: every bias goes to the remainder), carried one
+:mod:`lenscope.models.algebra` (``"remainder"`` convention: every bias goes to the remainder), carried one
 sub-layer at a time; each scope's parts plus its remainder add up to the real activation read from the
 trace, and the result reports how closely (``completeness_error``: the worst position's error norm relative
 to the RMS of the activation's vector norms).
@@ -27,9 +27,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, InvariantError
-from ..models.trace import Trace, prefix_trace
-from ..results import Result
-from .algebra import (
+from ..models.algebra import (
     Decomposition,
     Factored,
     activation_scale,
@@ -42,6 +40,8 @@ from .algebra import (
     norm_step,
     relative_gap,
 )
+from ..models.trace import Trace, prefix_trace
+from ..results import Result
 
 PRE_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbln", "atblnff", "atblnffres", "atblnffres_nextln")
 POST_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbff", "atbffres", "atbffresln")

@@ -41,7 +41,7 @@ def plot_maps(res, layers=None, cols: int = 4):
 
 
 def plot_study(study) -> dict:
-    """The figures of a :class:`~lenscope.mixing.study.MixingStudy`: contextualization change per layer and
+    """The figures of a :class:`~lenscope.sweeps.mixing_study.MixingStudy`: contextualization change per layer and
     scope pair (paper Fig. 3/6), FF output norm against the bypassed residual (Fig. 7), and the LN-weight
     analysis (Fig. 8)."""
     import matplotlib

@@ -36,8 +36,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..models.anatomy import Anatomy, Attention, Layer
-from ..models.trace import Trace
+from .anatomy import Anatomy, Attention, Layer
+from .trace import Trace
 
 Convention = Literal["sources", "remainder", "input"]
 
@@ -368,7 +368,7 @@ def ff_step(dec, mlp, *, nodes: int = 32, numeric_steps: int | None = None) -> t
     """Carry a decomposition of the MLP's input (dense or :class:`Factored`, which projects to the hidden
     units without expanding over ``d_model``) through the whole MLP (output with its bias), splitting the
     activation among the sources with :func:`ig_hidden`. Returns it and the quadrature error estimate."""
-    from ..models.anatomy import ACTIVATIONS
+    from .anatomy import ACTIVATIONS
 
     dt = dec.rest.dtype
     act = ACTIVATIONS[mlp.act]

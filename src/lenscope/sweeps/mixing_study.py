@@ -21,29 +21,25 @@ from pathlib import Path
 
 import torch
 
+from ..data.shared import shared_data_dir
 from ..errors import InputError
+from ..mixing.analysis import (
+    contextualization_change,
+    ff_amp,
+    pearson,
+    pre_post_ff,
+    scope_pairs,
+    spearman,
+    top_pairs,
+)
+from ..mixing.maps import check_scopes, layer_decompositions
 from ..models.trace import trace
-from .analysis import contextualization_change, ff_amp, pearson, pre_post_ff, scope_pairs, spearman, top_pairs
-from .maps import check_scopes, layer_decompositions
 
 DATASETS = ("sst2", "wikitext")
 
 
 # ----------------------------------------------------------------------------------------------
 # data
-
-
-def shared_data_dir() -> Path | None:
-    """Where the shared evaluation data lives: ``$LENSCOPE_DATA``, else ``../shared/data`` next to the
-    repository or the working directory."""
-    cands = [os.environ.get("LENSCOPE_DATA")]
-    here = Path(__file__).resolve()
-    cands += [str(p / "shared" / "data") for p in list(here.parents)[:6]]
-    cands += [str(Path.cwd().parent / "shared" / "data"), str(Path.cwd() / "shared" / "data")]
-    for c in cands:
-        if c and Path(c).is_dir():
-            return Path(c)
-    return None
 
 
 def _named(name: str, rel: str) -> Path:

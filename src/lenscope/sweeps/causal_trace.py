@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from ..interventions.tracing import KINDS, causal_trace, embedding_std
 from ..results import Result
-from .tracing import KINDS, causal_trace, embedding_std
 
 GROUPS = ["first subject token", "middle subject tokens", "last subject token", "first subsequent token",
           "further tokens", "last token"]
@@ -45,7 +45,7 @@ def grouped(m: Tensor, groups: list[list[int]]) -> Tensor:
 def load_facts(spec: str = "facts", limit: int | None = None) -> list[dict]:
     """Facts from ``facts`` (the shared fact set, ../shared/data/facts/facts.jsonl) or a JSON-lines file, taken
     round-robin over relations (so a ``limit`` covers every relation). A bad line is an error naming it."""
-    from ..mixing.study import shared_data_dir
+    from ..data.shared import shared_data_dir
 
     if spec == "facts":
         root = shared_data_dir()

@@ -10,7 +10,7 @@ Dataset specs (``load_dataset``):
   by whole-sentence log-probability, BLiMP's own method);
 - ``blimp:all11``: the 11 subsets with evidence;
 - ``ioi``: ``logit_explanations/ioi_with_targets/ioi_dataset.csv`` (evidence: the indirect object);
-- ``ioi-gen`` / ``ioi-gen:SEED``: lenscope's own IOI sentences (:mod:`lenscope.evaluate.ioi`), 1000 per seed
+- ``ioi-gen`` / ``ioi-gen:SEED``: lenscope's own IOI sentences (:mod:`lenscope.data.ioi`), 1000 per seed
   (default seed 0), grouped by pattern (ABBA / BABA);
 - ``sva:FILE``: subject-verb agreement, one example per line,
   ``prefix<TAB>correct verb<TAB>wrong verb[<TAB>evidence[<TAB>group]]``;
@@ -19,7 +19,7 @@ Dataset specs (``load_dataset``):
 
 Evidence is one or more words or phrases separated by ``|``; each is looked up as a whole word (case-sensitive)
 everywhere in the prefix. An empty evidence field, ``NA`` or ``NaN`` means no evidence: the example counts for
-model accuracy only. The shared data are found with :func:`lenscope.mixing.study.shared_data_dir`
+model accuracy only. The shared data are found with :func:`lenscope.data.shared.shared_data_dir`
 (``$LENSCOPE_DATA`` or ``../shared/data``).
 """
 
@@ -82,7 +82,7 @@ def parse_evidence(value) -> tuple | None:
 
 
 def _shared(rel: str, what: str) -> Path:
-    from ..mixing.study import shared_data_dir
+    from .shared import shared_data_dir
 
     root = shared_data_dir()
     if root is None or not (root / rel).exists():
@@ -203,7 +203,7 @@ def _blimp_paradigm(subset: str) -> list[Example]:
 
 def blimp_paradigms() -> list[str]:
     """Every BLiMP paradigm in the shared data (empty when the data is absent)."""
-    from ..mixing.study import shared_data_dir
+    from .shared import shared_data_dir
 
     root = shared_data_dir()
     d = root / "blimp" / "data" if root else None
