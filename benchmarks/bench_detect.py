@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from lenscope.lenses.detect import (
+from lenscope.detect import (
     DetectionFeatures,
     anomaly_scores,
     auroc,

@@ -10,9 +10,7 @@ from sklearn.metrics import roc_auc_score
 from typer.testing import CliRunner
 
 from lenscope.cli import app
-from lenscope.errors import InputError, NotApplicableError
-from lenscope.lenses import LogitLens, TunedLens, decode
-from lenscope.lenses.detect import (
+from lenscope.detect import (
     DETECTORS,
     INJECTION_TEMPLATES,
     DetectionFeatures,
@@ -33,6 +31,8 @@ from lenscope.lenses.detect import (
     sst2_path,
     write_labelled_set,
 )
+from lenscope.errors import InputError, NotApplicableError
+from lenscope.lenses import LogitLens, TunedLens, decode
 from lenscope.lenses.trajectory import prediction_trajectory
 from lenscope.models.trace import residual_states
 from tests.conftest import get_model
@@ -163,7 +163,7 @@ def test_features_equal_the_lenses_computed_directly():
 
 
 def test_logp_other_keeps_precision():
-    from lenscope.lenses.detect import _distribution_stats
+    from lenscope.detect.features import _distribution_stats
 
     logits = torch.zeros(2, 1000)
     logits[0, :2] = -25.0  # answers unlikely: p(other) = 1 - ~2.8e-14, log p(other) ~ -2.8e-14

@@ -33,7 +33,7 @@ def detect_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Detect injected instructions from lens trajectories at the answer position (clean-only detectors)."""
-    from ..lenses.detect import detect, load_sst2
+    from ..detect import detect, load_sst2
     from .lens import get_lens
 
     if limit is not None and limit < 1:

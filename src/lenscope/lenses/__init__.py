@@ -12,14 +12,3 @@ __all__ = ["Lens", "LensEvaluation", "LogitLens", "TrainSettings", "TunedLens", 
            "evaluate_lenses", "fingerprint", "PredictionTrajectory", "prediction_trajectory", "read_text", "split_text",
            "token_sequences", "train_tuned_lens"]
 __all__ += ["CausalBasis", "causal_basis", "causal_bases", "DepthStats", "TokenDepths", "corpus_depths", "text_depths"]
-
-# prompt-injection detection (lenscope.lenses.detect) imports scikit-learn: loaded on first use
-_DETECT = ("DetectionFeatures", "DetectionResult", "build_labelled_set", "detection_features", "evaluate_detectors")
-
-
-def __getattr__(name):
-    if name in _DETECT:
-        from . import detect as _detect
-
-        return getattr(_detect, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """Plots of prompt-injection detection: AUROC per feature set and detector, mean trajectories by class.
 
-Only drawing happens here; the numbers come from :mod:`lenscope.lenses.detect`. Functions return the Figure.
+Only drawing happens here; the numbers come from :mod:`lenscope.detect`. Functions return the Figure.
 """
 
 from __future__ import annotations
