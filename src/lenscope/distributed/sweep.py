@@ -1,14 +1,17 @@
 """Dataset sweeps, here or on Ray workers, with the same results in the same order.
 
-A sweep is a module-level function ``job(lm, item) -> result`` applied to a list of items. :func:`run_sweep`
-yields ``(index, result)`` in input order, whichever way it runs:
+A sweep is a module-level function ``job(lm, item) -> result`` applied to a list of items. :func:`sweep_map`
+yields ``(index, result)`` as results complete; :func:`run_sweep` yields them in input order, whichever way it
+runs:
 
 - sequentially in this process (the default), or
 - on Ray (``ray=True`` for a local Ray on this machine, or a cluster address such as ``"auto"`` or
   ``"ray://head:10001"``): each worker is an actor that loads the model once (``lenscope.load(model)``) and
   takes items as they come. Results stream back as workers finish them and are released in input order
-  (the few that finish early wait in a small buffer), so a caller that appends each result to a file writes
-  the same file as the sequential run, and an interrupted run resumes from the same place.
+  (the few that finish early wait in a small buffer: :func:`lenscope.distributed.records.in_order`). A
+  resumable sweep hands :func:`sweep_map` to :class:`lenscope.distributed.records.Records`, which decides what
+  is left, orders and appends, so the file is the sequential run's and an interrupted run resumes from the
+  same place.
 
 Ray is imported only when ``ray`` is given. ``job`` and its items must be picklable (a function defined at
 module level; plain data).
@@ -23,6 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError, MissingDependencyError
+from .records import in_order
 
 
 def _ray():
@@ -69,22 +73,34 @@ def run_sweep(job: Callable, items: Sequence, *, lm=None, model: str | None = No
     """Yield ``(index, job(lm, items[index]))`` for ``index = start, start + 1, ...`` in order.
 
     Sequential: ``lm`` is used directly. With ``ray``: ``workers`` actors (one CPU each, ``threads_per_worker``
-    torch threads) each load ``model`` (default ``lm.name``) once; items are handed out as workers free up.
+    torch threads) each load ``model`` (default ``lm.name``) once; items are handed out as workers free up
+    (:func:`sweep_map`) and released in input order (:func:`lenscope.distributed.records.in_order`).
     ``progress(index)`` is called as each result is released.
     """
     n = len(items)
     if not 0 <= start <= n:
         raise InputError(f"start {start} is outside 0..{n}")
+    todo = list(range(start, n))
+    for i, r in in_order(sweep_map(job, items, todo, lm=lm, model=model, ray=ray, workers=workers,
+                                   threads_per_worker=threads_per_worker), todo):
+        if progress:
+            progress(i)
+        yield i, r
+
+
+def sweep_map(job: Callable, items: Sequence, todo: Sequence[int], *, lm=None, model: str | None = None, ray=None,
+              workers: int = 2, threads_per_worker: int = 1) -> Iterator[tuple[int, Any]]:
+    """Yield ``(index, job(lm, items[index]))`` for every ``index`` in ``todo`` as it completes: in order when
+    sequential, in completion order on Ray (what :meth:`lenscope.distributed.records.Records.run` takes as its
+    ``compute``). Closing the iterator cancels the Ray tasks still running and stops the workers."""
+    todo = list(todo)
     if not ray:
         if lm is None:
             import lenscope
 
             lm = lenscope.load(model)
-        for i in range(start, n):
-            r = job(lm, items[i])
-            if progress:
-                progress(i)
-            yield i, r
+        for i in todo:
+            yield i, job(lm, items[i])
         return
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise InputError(f"workers must be a positive integer, not {workers!r}")
@@ -97,13 +113,13 @@ def run_sweep(job: Callable, items: Sequence, *, lm=None, model: str | None = No
     # the workers load the model in the driver's dtype (each on its own machine's devices: no device map)
     dtype = getattr(lm, "dtype", None)
     load_kwargs = {"dtype": str(dtype).replace("torch.", "")} if dtype not in (None, torch.float32) else {}
-    pool = [actor.remote(name, threads_per_worker, load_kwargs) for _ in range(min(workers, max(1, n - start)))]
+    pool = [actor.remote(name, threads_per_worker, load_kwargs) for _ in range(min(workers, max(1, len(todo))))]
     job_ref = rr.put(job)
-    todo = iter(range(start, n))
+    left = iter(todo)
     running: dict = {}  # object ref -> the actor running it
 
     def submit(a) -> bool:
-        i = next(todo, None)
+        i = next(left, None)
         if i is None:
             return False
         running[a.run.remote(job_ref, i, items[i])] = a
@@ -112,22 +128,14 @@ def run_sweep(job: Callable, items: Sequence, *, lm=None, model: str | None = No
     for a in pool:  # two items in flight per worker, so a worker never waits for the driver
         submit(a)
         submit(a)
-    done: dict[int, Any] = {}
-    nxt = start
     try:
         while running:
             ready, _ = rr.wait(list(running), num_returns=1)
             for ref in ready:
                 a = running.pop(ref)
                 i, r = rr.get(ref)
-                done[i] = r
                 submit(a)
-            while nxt in done:
-                r = done.pop(nxt)
-                if progress:
-                    progress(nxt)
-                yield nxt, r
-                nxt += 1
+                yield i, r
     finally:
         for ref in running:
             rr.cancel(ref, force=True)

@@ -164,48 +164,36 @@ def causal_trace_sweep(lm, facts: list[dict], out_dir: str | Path | None = None,
     fixed once for the whole sweep (default: 3 × the std of the model's input embeddings)."""
     from tqdm.auto import tqdm
 
-    from ..distributed import run_sweep
+    from ..distributed.records import RECORDS, Records
+    from ..distributed.sweep import sweep_map
 
     if not facts:
         raise InputError("no facts to trace")
     nu = 3.0 * embedding_std(lm) if noise is None else float(noise)
     settings = {"samples": samples, "window": window, "noise": nu, "seed": seed, "batch_size": batch_size}
     meta = {"model": lm.name, "data": data, "n": len(facts), **settings}
-    records: list[dict] = []
-    rec_path = None
+    recs = Records(None)
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        rec_path, meta_path = out / "records.jsonl", out / "sweep.json"
-        if resume and meta_path.exists():
+        meta_path = out / "sweep.json"
+        resuming = resume and meta_path.exists()
+        if resuming:
             saved = json.loads(meta_path.read_text())
             if saved != meta:
                 raise InputError(f"{out} holds a sweep with other settings ({saved}); resume with the same model, "
                                  "data, limit and settings, or use a new --out folder")
-            if rec_path.exists():
-                for i, line in enumerate(rec_path.read_text().splitlines()):
-                    try:
-                        r = json.loads(line)
-                    except json.JSONDecodeError:  # a line torn by the interruption: redo that fact
-                        break
-                    if r.get("index") != i:
-                        break
-                    records.append(r)
-                rec_path.write_text("".join(json.dumps(r) + "\n" for r in records))
-        else:
-            if rec_path.exists():
-                rec_path.unlink()
+        recs = Records(out / RECORDS, key="index", resume=resuming)
         meta_path.write_text(json.dumps(meta))
     items = [(i, f, settings) for i, f in enumerate(facts)]
-    bar = tqdm(total=len(facts), initial=len(records), desc=f"causal tracing {lm.name}", unit="fact",
+    todo = recs.todo(list(range(len(facts))))
+    bar = tqdm(total=len(facts), initial=len(facts) - len(todo), desc=f"causal tracing {lm.name}", unit="fact",
                disable=not progress)
-    for _, rec in run_sweep(fact_job, items, lm=lm, ray=ray, workers=workers, start=len(records)):
-        records.append(rec)
-        if rec_path is not None:
-            with rec_path.open("a") as fh:
-                fh.write(json.dumps(rec) + "\n")
+    for _ in recs.run(todo, lambda t: sweep_map(fact_job, items, t, lm=lm, ray=ray, workers=workers)):
         bar.update(1)
     bar.close()
+    have = recs.by_key()
+    records = [have[i] for i in range(len(facts))]
     return summarize(lm.name, data, records, settings)
 
 

@@ -260,17 +260,21 @@ def mixing_study(lm, sentences: list[str], out_dir: str | Path | None = None, *,
     from safetensors.torch import load_file, save_file
     from tqdm.auto import tqdm
 
+    from ..distributed.records import RECORDS, Records
+    from ..distributed.sweep import sweep_map
+
     A = lm.anatomy
     L, d = A.n_layers, A.d_model
-    records: list[dict] = []
     absum = torch.zeros(L, d, dtype=torch.float64)
     tokens_seen = 0
-    rec_path = state_path = None
+    state_path = None
     meta = {"model": lm.name, "dataset": dataset, "n": len(sentences), "max_tokens": max_tokens}
-    if out_dir is not None:
+    if out_dir is None:
+        recs = Records(None)
+    else:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        rec_path, state_path = out / "records.jsonl", out / "state.safetensors"
+        state_path = out / "state.safetensors"
         if resume and state_path.exists():
             st = load_file(str(state_path))
             saved = json.loads((out / "state.json").read_text())
@@ -278,26 +282,27 @@ def mixing_study(lm, sentences: list[str], out_dir: str | Path | None = None, *,
                 raise InputError(f"{out} holds a study of {saved['meta']}; resume it with the same model, data, "
                                  "limit and --max-tokens, or use a new --out folder")
             absum, tokens_seen = st["absum"], saved["tokens"]
-            lines = rec_path.read_text().splitlines()[: saved["done"]]
-            records = [json.loads(x) for x in lines]
-            rec_path.write_text("".join(x + "\n" for x in lines))
-        elif not resume:
-            for p in (rec_path, state_path, out / "state.json"):
-                if p.exists():
-                    p.unlink()
+            recs = Records(out / RECORDS)
+            recs.keep(saved["done"])  # the records the saved sums include (a later one is written again)
+        else:
+            recs = Records(out / RECORDS, resume=False)
+            if not resume:
+                for p in (state_path, out / "state.json"):
+                    if p.exists():
+                        p.unlink()
+    records: list[dict] = list(recs.records)
     bar = tqdm(total=len(sentences), initial=len(records), desc=f"mixing study {lm.name}", unit="sent",
                disable=not progress)
-    from ..distributed import run_sweep
-
     items = [(i, s, max_tokens) for i, s in enumerate(sentences)]
-    for _idx, (rec, sums, n) in run_sweep(study_job, items, lm=lm, ray=ray, workers=workers, start=len(records)):
+    todo = list(range(len(records), len(items)))
+    for _idx, (rec, sums, n) in recs.run(todo, lambda t: sweep_map(study_job, items, t, lm=lm, ray=ray,
+                                                                   workers=workers),
+                                         to_records=lambda res: [_clean(res[0])]):
         if sums is not None:
             absum += sums.double()
             tokens_seen += n
         records.append(rec)
-        if rec_path is not None:
-            with rec_path.open("a") as f:
-                f.write(json.dumps(_clean(rec)) + "\n")
+        if state_path is not None:
             save_file({"absum": absum}, str(state_path) + ".tmp")
             os.replace(str(state_path) + ".tmp", state_path)
             (out / "state.json").write_text(json.dumps({"meta": meta, "done": len(records), "tokens": tokens_seen}))
