@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from machine import record  # noqa: E402
 
 import lenscope  # noqa: E402
-from lenscope.viz.report import build_report  # noqa: E402
+from lenscope.report import build_report  # noqa: E402
 
 BASE = ("When Mary and John went to the store on a sunny afternoon after school, John gave a bottle of fresh "
         "cold milk and a small cake from the bakery to")

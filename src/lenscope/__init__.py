@@ -20,8 +20,7 @@ from .models.anatomy import Anatomy
 from .models.load import LoadedModel, available_names, load
 from .models.trace import Trace, trace
 from .models.verify import VerifyReport, verify
-
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 __all__ = [
     "Anatomy", "ComponentAttribution", "Explanation", "InputError", "LenscopeError", "LoadedModel",

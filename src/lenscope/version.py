@@ -7,14 +7,15 @@ import functools
 import subprocess
 from pathlib import Path
 
+__version__ = "0.1.0"
+"""The package version (``lenscope.__version__`` is this one)."""
+
 
 @functools.lru_cache(maxsize=1)
 def code_version() -> str:
     """``"0.1.0+git.<12-hex commit>"`` when the installed package lives in a git checkout (an editable install
     of this repository), else just ``"0.1.0"``. Uncommitted changes are not part of it. Computed once per
     process."""
-    from . import __version__
-
     here = Path(__file__).resolve().parent
     try:
         out = subprocess.run(["git", "-C", str(here), "rev-parse", "--show-toplevel", "HEAD"], capture_output=True,

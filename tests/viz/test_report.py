@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import lenscope
 from lenscope.cli import app
-from lenscope.viz.report import SECTION_KEYS, build_report, packed, unpack
+from lenscope.report import SECTION_KEYS, build_report, packed, unpack
 
 from ..conftest import DECODERS, ENCODERS, get_model
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lenscope.viz.report import build_report
+from lenscope.report import build_report
 
 from ..conftest import get_model
 

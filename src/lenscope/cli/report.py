@@ -46,7 +46,7 @@ def report_cmd(
         keys = [s.strip() for s in sections.split(",") if s.strip()]
         if not keys:
             raise InputError("--sections is empty")
-    from ..viz.report import build_report
+    from ..report import build_report
 
     with con.status("computing") as status:
         def progress(key, title):

@@ -11,8 +11,12 @@ from importlib import resources
 from ..html import script_json
 
 
+def _assets():
+    return resources.files(__package__).joinpath("assets")
+
+
 def asset(name: str) -> str:
-    return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
+    return _assets().joinpath(name).read_text(encoding="utf-8")
 
 
 def _fmt(v) -> str:
@@ -34,8 +38,8 @@ def _prompt(meta: dict) -> str:
     return "".join(parts)
 
 
-def _run_card(report) -> str:
-    m, t = report.meta, report.timings
+def _run_card(report: dict) -> str:
+    m, t = report["meta"], report["timings"]
     v = m["versions"]
     what = ("the model's own top prediction" if m.get("target_is_top_prediction") else "given") \
         if m.get("target") is not None else "no language-model head"
@@ -51,7 +55,7 @@ def _run_card(report) -> str:
     ]
     kv = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(str(val))}</td></tr>" for k, val in rows)
     checks = []
-    for c in report.checks:
+    for c in report["checks"]:
         if c["ok"] is None:
             badge = '<span class="badge info">reported</span>'
         elif c["ok"]:
@@ -61,24 +65,25 @@ def _run_card(report) -> str:
         tol = "–" if c["tolerance"] is None else f"≤ {c['tolerance']:g}"
         checks.append(f"<tr><td>{html.escape(c['section'])}</td><td>{html.escape(c['name'])}</td>"
                       f'<td class="num">{_fmt(c["value"])}</td><td class="num">{tol}</td><td>{badge}</td></tr>')
-    verdict = ('<span class="badge ok">every check passed</span>' if report.ok
+    ok = report["ok"]
+    verdict = ('<span class="badge ok">every check passed</span>' if ok
                else '<span class="badge bad">a check failed: do not trust the views marked FAILED</span>')
     return (f'<section class="card" id="sec-run"><h2>Run</h2><p class="blurb">What ran, and every number that '
             f'says whether a view is exact (each decomposition\'s parts against the real activation or logit).</p>'
-            f'<table class="kv">{kv}</table><details{" open" if not report.ok else ""}><summary>{len(report.checks)} '
+            f'<table class="kv">{kv}</table><details{" open" if not ok else ""}><summary>{len(report["checks"])} '
             f'exactness checks</summary> {verdict}<table class="checks"><tr><th>view</th><th>check</th>'
             f'<th>value</th><th>tolerance</th><th></th></tr>{"".join(checks)}</table></details></section>')
 
 
-def render(report) -> str:
-    """The page's HTML."""
-    from .sections import SECTION_KEYS
-
-    meta = report.meta
+def render(report: dict) -> str:
+    """The page's HTML from a report's plain data: ``meta``, ``sections`` (each ``key``, ``title``, ``blurb`` and
+    ``data`` or a ``note``), ``checks``, ``timings`` and ``ok`` (:meth:`lenscope.report.Report.to_dict`). A section
+    is drawn by ``assets/<key>.js``."""
+    meta = report["meta"]
     title = f"lenscope report · {meta['model']}"
     toc = ['<nav class="toc"><a href="#sec-run">Run</a>']
     cards = [_run_card(report)]
-    for s in report.sections:
+    for s in report["sections"]:
         cls = ' class="skipped"' if "note" in s else ""
         toc.append(f'<a href="#sec-{s["key"]}"{cls}>{html.escape(s["title"])}</a>')
         if "note" in s:
@@ -89,9 +94,9 @@ def render(report) -> str:
                      f'<h2>{html.escape(s["title"])}</h2>{inner}</section>')
     toc.append("</nav>")
     payload = {"meta": meta, "sections": [{k: v for k, v in s.items() if k in ("key", "data", "note")}
-                                          for s in report.sections]}
-    scripts = [asset("core.js")] + [asset(f"{s['key']}.js") for s in report.sections
-                                    if s["key"] in SECTION_KEYS and "note" not in s]
+                                          for s in report["sections"]]}
+    scripts = [asset("core.js")] + [asset(f"{s['key']}.js") for s in report["sections"]
+                                    if "note" not in s and _assets().joinpath(f"{s['key']}.js").is_file()]
     return "".join([
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n',

@@ -11,8 +11,8 @@ from functools import cached_property
 import numpy as np
 from torch import Tensor
 
-from ...errors import InputError
-from ...models.load import LoadedModel, token_ids
+from ..errors import InputError
+from ..models.load import LoadedModel, token_ids
 
 
 def packed(x: Tensor | np.ndarray, digits: int | None = None) -> dict:
@@ -79,7 +79,7 @@ class ReportContext:
 
     @cached_property
     def trace(self):
-        from ...models.trace import trace
+        from ..models.trace import trace
 
         return trace(self.lm, self.ids)
 
@@ -100,7 +100,7 @@ class ReportContext:
     @cached_property
     def target_id(self) -> int | None:
         """The token to explain: the one given, else the model's own top prediction at the last position."""
-        from ...models.load import resolve_token
+        from ..models.load import resolve_token
 
         if not self.has_logits:
             return None
@@ -110,7 +110,7 @@ class ReportContext:
 
     @cached_property
     def foil_id(self) -> int | None:
-        from ...models.load import resolve_token
+        from ..models.load import resolve_token
 
         return None if self.foil is None else resolve_token(self.lm, self.foil)
 

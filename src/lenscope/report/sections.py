@@ -1,6 +1,6 @@
 """The report's views, one class each. A section says whether it applies to the model (else a one-line note
 takes its place), computes a JSON-able payload from the shared :class:`ReportContext`, records its exactness
-checks there, and names the script (``assets/<key>.js``) that draws it. Adding a view is one class here, one
+checks there; the script ``lenscope/viz/report/assets/<key>.js`` draws it. Adding a view is one class here, one
 script, and one entry in :data:`SECTIONS`; no other section changes."""
 
 from __future__ import annotations
@@ -11,14 +11,12 @@ import torch
 
 from .context import ReportContext, packed
 
-INVARIANT_TOLERANCE = 1e-3  # the tolerance the attribution and mixing methods refuse beyond (float32 models)
-
 
 def _tol(ctx: ReportContext) -> float:
     """The methods' own limit for this model (larger for bfloat16 / float16 models: their rounding)."""
-    from ...models.verify import completeness_tolerance
+    from ..models.verify import completeness_tolerance
 
-    return completeness_tolerance(ctx.lm, INVARIANT_TOLERANCE)
+    return completeness_tolerance(ctx.lm)
 
 
 def _r(x: float, digits: int = 5) -> float | None:
@@ -61,7 +59,7 @@ class Prediction(Section):
              "and whether lenscope's math reproduces the model.")
 
     def compute(self, ctx: ReportContext) -> dict:
-        from ...models.verify import verify
+        from ..models.verify import verify
 
         rep = verify(ctx.lm, tr=ctx.trace)
         ctx.check(self.key, "verify: largest relative residual error", rep.max_rel_resid_error, rep.resid_tol)
@@ -91,8 +89,8 @@ class Trajectory(Section):
         return _need_logits(ctx, "logit lens")
 
     def compute(self, ctx: ReportContext) -> dict:
-        from ...lenses import LogitLens
-        from ...lenses.trajectory import prediction_trajectory
+        from ..lenses import LogitLens
+        from ..lenses.trajectory import prediction_trajectory
 
         lenses = [LogitLens(ctx.lm.anatomy, model_name=ctx.lm.name)]
         if ctx.lens is not None:
@@ -127,7 +125,7 @@ class Components(Section):
         return {"target": ctx.token_text(ctx.target_id), "foil": ctx.token_text(ctx.foil_id), "views": views}
 
     def _view(self, ctx: ReportContext, t_id: int, f_id: int | None) -> dict:
-        from ...attribution.dla import direct_logit_attribution
+        from ..attribution.dla import direct_logit_attribution
 
         res = direct_logit_attribution(ctx.lm, ctx.ids, t_id, f_id, by_head=True, tr=ctx.trace)
         what = ctx.token_text(t_id) if f_id is None else f"{ctx.token_text(t_id)} - {ctx.token_text(f_id)}"
@@ -162,7 +160,7 @@ class Attribution(Section):
     methods = ("alti-logit", "logit", "grad-x-input", "grad-norm", "ig", "erasure", "alti", "value-zeroing")
 
     def compute(self, ctx: ReportContext) -> dict:
-        from ...attribution.explain import explain
+        from ..attribution.explain import explain
 
         if ctx.has_logits and ctx.lm.anatomy.causal:
             methods = self.methods
@@ -202,7 +200,7 @@ class Mixing(Section):
              "input token j (Kobayashi et al.). Rows: positions; columns: sources.")
 
     def compute(self, ctx: ReportContext) -> dict:
-        from ...mixing.maps import context_mixing
+        from ..mixing.maps import context_mixing
 
         maps = context_mixing(ctx.lm, tr=ctx.trace)
         out = {"tokens": ctx.tokens, "scopes": list(maps), "maps": {}, "completeness_error": {}}
@@ -220,7 +218,7 @@ class Flow(Section):
              "draws on another's above the threshold.")
 
     def compute(self, ctx: ReportContext) -> dict:
-        from ...mixing.alti import mixing_matrices
+        from ..mixing.alti import mixing_matrices
 
         mm = mixing_matrices(ctx.lm.anatomy, ctx.trace, "alti", model_name=ctx.lm.name)
         ctx.check(self.key, "ALTI: decomposition error", mm.completeness_error, _tol(ctx))

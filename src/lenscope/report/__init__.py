@@ -1,0 +1,121 @@
+"""``lenscope report``: one self-contained HTML page with every view of one prediction.
+
+>>> rep = build_report(lm, "When Mary and John went to the store, John gave a drink to")   # doctest: +SKIP
+>>> rep.write("report.html")                                                             # doctest: +SKIP
+
+Each view is a :class:`~lenscope.report.sections.Section`; all of them share one trace of the text. This
+package computes the views' data (it calls the methods); :mod:`lenscope.viz.report` draws the page from that plain
+data, inlining its data, styles and scripts (nothing is fetched when it is viewed).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import InputError
+from .context import ReportContext, packed, unpack
+from .sections import SECTION_KEYS, SECTIONS, Section
+
+__all__ = ["Report", "build_report", "ReportContext", "Section", "SECTIONS", "SECTION_KEYS", "packed", "unpack"]
+
+
+@dataclass
+class Report:
+    """The computed report: ``meta`` (model, versions, text, target), per-section ``payloads`` (or a ``note``
+    where a view does not apply), every exactness ``checks`` entry and the ``timings`` (seconds per section,
+    the shared trace counted where it was first needed)."""
+
+    meta: dict
+    sections: list[dict]
+    checks: list[dict]
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """False when any check with a tolerance failed."""
+        return all(c["ok"] is not False for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {"meta": self.meta, "sections": self.sections, "checks": self.checks, "timings": self.timings,
+                "ok": self.ok}
+
+    def summary(self) -> dict:
+        """The report without its (large) payloads: what the CLI prints with ``--json``."""
+        return {"meta": self.meta, "ok": self.ok, "checks": self.checks, "timings": self.timings,
+                "sections": [{"key": s["key"], "title": s["title"], "note": s.get("note")} for s in self.sections]}
+
+    def html(self) -> str:
+        from ..viz.report import render
+
+        return render(self.to_dict())
+
+    def write(self, path: str | Path) -> Path:
+        from ..viz.html import write_page
+
+        return write_page(self.html(), path)
+
+    def __repr__(self) -> str:
+        shown = [s["key"] for s in self.sections if "note" not in s]
+        return f"Report(model={self.meta['model']!r}, sections={shown}, ok={self.ok})"
+
+
+def _versions() -> dict:
+    import torch
+    import transformers
+
+    from ..version import __version__
+
+    return {"lenscope": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
+
+
+def build_report(lm, text: str, target=None, foil=None, *, lens=None, sections=None, top_k: int = 10,
+                 progress=None) -> Report:
+    """Compute every view of the prediction at the last position of ``text``.
+
+    ``target``/``foil``: the token to explain (text, ``"#ID"`` or id) and an optional contrast; without a
+    target the model's own top prediction is explained. ``lens``: a tuned lens shown beside the logit lens.
+    ``sections``: keys to include (default all: ``prediction, trajectory, components, attribution, mixing,
+    flow``). ``progress(key, title)`` is called before each section.
+    """
+    if sections is None:
+        chosen = [cls() for cls in SECTIONS]
+    else:
+        unknown = [k for k in sections if k not in SECTION_KEYS]
+        if unknown:
+            raise InputError(f"unknown report section(s) {unknown}; choose from {', '.join(SECTION_KEYS)}")
+        chosen = [cls() for cls in SECTIONS if cls.key in sections]
+    t0 = time.perf_counter()
+    ctx = ReportContext(lm, text, target, foil, lens=lens, top_k=top_k)
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    ctx.trace  # noqa: B018 - the one shared forward pass, timed on its own
+    timings["trace"] = time.perf_counter() - t
+    out = []
+    for sec in chosen:
+        if progress is not None:
+            progress(sec.key, sec.title)
+        rec = {"key": sec.key, "title": sec.title, "blurb": sec.blurb}
+        reason = sec.skip_reason(ctx)
+        t = time.perf_counter()
+        if reason is not None:
+            rec["note"] = reason
+        else:
+            rec["data"] = sec.compute(ctx)
+        timings[sec.key] = time.perf_counter() - t
+        out.append(rec)
+    timings["total"] = time.perf_counter() - t0
+    A = lm.anatomy
+    meta = {
+        "model": lm.name, "family": A.family, "model_type": A.model_type, "n_layers": A.n_layers,
+        "d_model": A.d_model, "causal": A.causal, "placement": A.placement, "text": text, "tokens": ctx.tokens,
+        "target": ctx.token_text(ctx.target_id), "target_id": ctx.target_id, "foil": ctx.token_text(ctx.foil_id),
+        "foil_id": ctx.foil_id, "target_is_top_prediction": ctx.has_logits and not ctx.target_given,
+        "lens": None if lens is None else getattr(lens, "kind", type(lens).__name__),
+        "versions": _versions(), "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    return Report(meta=meta, sections=out, checks=[c.to_dict() for c in ctx.checks],
+                  timings={k: round(v, 3) for k, v in timings.items()})
