@@ -27,20 +27,21 @@ from machine import record
 
 import lenscope
 from lenscope.lenses import TunedLens, read_text, split_text, token_sequences
-from lenscope.lenses import train as T
+from lenscope.lenses import objective as O
+from lenscope.lenses.precision import cpu_features
 from lenscope.models.trace import residual_states
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
 
 
 def step(lm, lens, states, final, bf16: bool, ref_lse: bool, budget: float, pbar_bf16: bool) -> float:
-    W = T._unembed_weight(lm, bf16)
-    c, pbar = T.kl_to_final_terms(lm, final, W if pbar_bf16 else None)
+    W = O._unembed_weight(lm, bf16)
+    c, pbar = O.kl_to_final_terms(lm, final, W if pbar_bf16 else None)
     ref = final.argmax(-1) if ref_lse else None
     n_states, n_tokens = states.shape[:2]
     total = 0.0
-    for ss, ts in T.chunks(n_states, n_tokens, lm.anatomy.vocab_size, budget):
-        loss = T.lens_kl_loss(lm, lens, states[ss, ts], c[ts], pbar[ts], W, first_state=ss.start,
+    for ss, ts in O.chunks(n_states, n_tokens, lm.anatomy.vocab_size, budget):
+        loss = O.lens_kl_loss(lm, lens, states[ss, ts], c[ts], pbar[ts], W, first_state=ss.start,
                               ref=None if ref is None else ref[ts]) / (n_states * n_tokens)
         loss.backward()
         total += loss.item()
@@ -88,7 +89,7 @@ def main() -> None:
     tokens = states.shape[1]
     out = {"machine": machine, "model": lm.name, "tokens_per_step": tokens, "repeats": args.repeats, "states": L,
            "forward_cpu_s": round(fwd, 2),
-           "threads": torch.get_num_threads(), "native_bf16": T.cpu_features(),
+           "threads": torch.get_num_threads(), "native_bf16": cpu_features(),
            "variants": {k: {**v, "best_s": min(v["cpu_s"]),
                             "tokens_per_s_incl_forward": round(tokens / (min(v["cpu_s"]) + fwd), 1)}
                         for k, v in res.items()}}

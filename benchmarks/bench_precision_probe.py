@@ -21,14 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import record  # benchmarks/machine.py
 
 import lenscope
-from lenscope.lenses import train as T
+from lenscope.lenses import precision as P
 
 
 def probe(lm, first_part: int) -> dict:
-    T._PROBES.clear()
-    T.PROBE_FIRST_PART = first_part
+    P._PROBES.clear()
+    P.PROBE_FIRST_PART = first_part
     t0 = time.perf_counter()
-    rec = T.choose_precision(lm, None, native=False)
+    rec = P.choose_precision(lm, None, native=False)
     return {"seconds": round(time.perf_counter() - t0, 3), "decision": rec["unembed_dtype"],
             "measured_s": rec["measured_s"]}
 
@@ -44,10 +44,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     machine = record()
     lm = lenscope.load(args.model)
-    default = T.PROBE_FIRST_PART
+    default = P.PROBE_FIRST_PART
     early = probe(lm, default)
     whole = probe(lm, 1)
-    T.PROBE_FIRST_PART = default
+    P.PROBE_FIRST_PART = default
     out = {"machine": machine, "model": args.model, "first_part": default, "early_stop": early, "whole_block": whole,
            "speedup": round(whole["seconds"] / max(early["seconds"], 1e-9), 2),
            "load_1min_after": round(os.getloadavg()[0], 2)}

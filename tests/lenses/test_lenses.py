@@ -20,7 +20,7 @@ from lenscope.lenses import (
     train_tuned_lens,
 )
 from lenscope.lenses.evaluate import prediction_depth
-from lenscope.lenses.train import chunks, kl_backward
+from lenscope.lenses.objective import chunks, kl_backward
 from lenscope.models.trace import residual_states
 from tests.conftest import get_model
 
@@ -127,7 +127,7 @@ def test_training_beats_the_logit_lens_on_held_out_text(family):
 def test_keep_best_never_ends_worse_than_the_identity_on_validation():
     """A learning rate far too high wrecks some translators; per-state selection must fall back to the best
     validation point (the identity at worst), and the recorded validation KLs must be the lens's real ones."""
-    from lenscope.lenses.train import _BestPerState
+    from lenscope.lenses.selection import BestPerState
 
     lm = get_model("tiny:gpt2")
     train = token_sequences(lm, TEXT * 2, 32)
@@ -136,7 +136,7 @@ def test_keep_best_never_ends_worse_than_the_identity_on_validation():
     best = train_tuned_lens(lm, train, s, progress=False)
     sel = best.training_info["selection"]
     ident = torch.tensor(sel["validation_kl_identity"])
-    val = _BestPerState(lm, best, train[-3:], bf16=True, backoff=s.backoff)
+    val = BestPerState(lm, best, train[-3:], bf16=True, backoff=s.backoff)
     assert torch.allclose(val.state_kl(best), torch.tensor(sel["validation_kl"]), atol=1e-3)
     assert bool((torch.tensor(sel["validation_kl"]) <= ident + 1e-6).all())
     assert bool((val.state_kl(last) > ident).any())  # without selection, this lr does make some state worse
@@ -148,12 +148,12 @@ def test_keep_best_never_ends_worse_than_the_identity_on_validation():
 
 @pytest.mark.parametrize("patience", [1, 2])
 def test_a_state_that_gets_worse_goes_back_and_then_backs_off(patience):
-    from lenscope.lenses.train import _BestPerState
+    from lenscope.lenses.selection import BestPerState
 
     lm = get_model("tiny:llama")
     lens = TunedLens(lm.anatomy)
     opt = torch.optim.AdamW([lens.A, lens.b])
-    sel = _BestPerState(lm, lens, sequences(lm)[:2], bf16=False, backoff=0.5, patience=patience)
+    sel = BestPerState(lm, lens, sequences(lm)[:2], bf16=False, backoff=0.5, patience=patience)
     sel.update(lens, opt, 0)
     assert torch.equal(sel.kl, sel.identity_kl) and bool((sel.kl > 0).all())
     g = torch.Generator().manual_seed(0)

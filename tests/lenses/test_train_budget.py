@@ -24,6 +24,11 @@ from lenscope.lenses import (
     token_sequences,
     train_tuned_lens,
 )
+from lenscope.lenses import checkpoint as C
+from lenscope.lenses import objective as O
+from lenscope.lenses import plan as PL
+from lenscope.lenses import precision as PR
+from lenscope.lenses import selection as SEL
 from lenscope.lenses import train as T
 from lenscope.lenses.trajectory import prediction_trajectory
 from lenscope.models.trace import residual_states
@@ -41,7 +46,7 @@ class FakeClock:
         self.step_s = step_s  # a number, or a function of the number of steps done so far
         self.val_s = val_s
         self.steps = 0
-        real_kl, real_val = T.kl_backward, T._BestPerState.state_kl
+        real_kl, real_val = T.kl_backward, SEL.BestPerState.state_kl
 
         def kl_backward(*a, **k):
             self.now += self.step_s(self.steps) if callable(self.step_s) else self.step_s
@@ -53,7 +58,7 @@ class FakeClock:
             return real_val(sel, lens)
 
         monkeypatch.setattr(T, "kl_backward", kl_backward)
-        monkeypatch.setattr(T._BestPerState, "state_kl", state_kl)
+        monkeypatch.setattr(SEL.BestPerState, "state_kl", state_kl)
 
     def __call__(self) -> float:
         return self.now
@@ -82,8 +87,8 @@ def test_token_budget_follows_the_measured_speed(monkeypatch):
         n = info["n_steps"]
         every = info["selection"]["validate_every"]
         used = n * step_s + (math.ceil(n / every) + 1) * 2.0
-        assert used <= 300.0 * (1 - T.BUDGET_MARGIN) + 1e-6
-        assert used + step_s + 2.0 > 300.0 * (1 - T.BUDGET_MARGIN) - step_s  # ... and not much less
+        assert used <= 300.0 * (1 - PL.BUDGET_MARGIN) + 1e-6
+        assert used + step_s + 2.0 > 300.0 * (1 - PL.BUDGET_MARGIN) - step_s  # ... and not much less
         assert clock.now - 1000.0 <= 300.0  # the run really ended inside the budget
         assert info["tokens_seen"] == n * 2 * 16
         assert budget["warmup_steps"] == max(1, round(0.1 * n))  # the schedule is fitted to the plan
@@ -115,12 +120,12 @@ def test_budget_counts_time_spent_before_training(monkeypatch):
 
 
 def test_token_cap_and_fit_steps():
-    assert T._fit_steps(0, 100.0, 10.0) == 10
-    assert T._fit_steps(0, 100.0, 10.0, cap=4) == 4
-    assert T._fit_steps(7, 0.0, 10.0) == 7  # never fewer than done
-    assert T._fit_steps(0, 1.0, 10.0) == 1  # at least one step
+    assert PL.fit_steps(0, 100.0, 10.0) == 10
+    assert PL.fit_steps(0, 100.0, 10.0, cap=4) == 4
+    assert PL.fit_steps(7, 0.0, 10.0) == 7  # never fewer than done
+    assert PL.fit_steps(0, 1.0, 10.0) == 1  # at least one step
     # validations every 5 steps at 5 s each: 100 s -> n steps + (n / 5 + 1) validations
-    n = T._fit_steps(0, 100.0, 5.0, val_s=5.0, every=5)
+    n = PL.fit_steps(0, 100.0, 5.0, val_s=5.0, every=5)
     assert n * 5 + (n / 5 + 1) * 5 <= 100 < (n + 1) * 5 + ((n + 1) / 5 + 1) * 5
     with pytest.raises(lenscope.InputError, match="max_minutes"):
         TrainSettings(max_minutes=0).check()
@@ -152,7 +157,7 @@ def test_time_budgeted_run_resumes_to_the_same_lens(monkeypatch, tmp_path):
 
 def test_precision_decision(monkeypatch):
     lm = get_model("tiny:llama")
-    native = T.choose_precision(lm, None, native=True)
+    native = PR.choose_precision(lm, None, native=True)
     assert native["bf16"] and native["unembed_dtype"] == "bfloat16" and "natively" in native["reason"]
     rows = []
 
@@ -163,34 +168,35 @@ def test_precision_decision(monkeypatch):
         return t
 
     n_rows = max(16, min(256, int(2e8 // (lm.anatomy.vocab_size * 16))))  # the probe's block
-    slow16 = T.choose_precision(lm, None, native=False, timer=timer(2.0, 0.5))
+    slow16 = PR.choose_precision(lm, None, native=False, timer=timer(2.0, 0.5))
     assert not slow16["bf16"] and slow16["unembed_dtype"] == "float32"
     # clearly slower on the first 64th already: the probe stopped there and scaled it up
-    part = n_rows // T.PROBE_FIRST_PART
+    part = n_rows // PR.PROBE_FIRST_PART
     assert slow16["measured_s"] == {"bfloat16": 2.0, "float32": 0.5, "rows": n_rows, "bfloat16_from_rows": part}
     assert rows == [(torch.float32, n_rows), (torch.bfloat16, part)]
     rows.clear()
-    fast16 = T.choose_precision(lm, None, native=False, timer=timer(0.2, 0.5))
+    fast16 = PR.choose_precision(lm, None, native=False, timer=timer(0.2, 0.5))
     assert fast16["bf16"] and fast16["measured_s"] == {"bfloat16": 0.2, "float32": 0.5, "rows": n_rows}
     assert rows == [(torch.float32, n_rows), (torch.bfloat16, part), (torch.bfloat16, n_rows)]
-    close = T.choose_precision(lm, None, native=False, timer=timer(0.6, 0.5))  # not clearly slower: the whole block
+    close = PR.choose_precision(lm, None, native=False, timer=timer(0.6, 0.5))  # not clearly slower: the whole block
     assert not close["bf16"] and close["measured_s"]["bfloat16"] == pytest.approx(0.6)
-    user = T.choose_precision(lm, False, native=True)
+    user = PR.choose_precision(lm, False, native=True)
     assert not user["bf16"] and user["reason"] == "set by the user"
-    rec = T.choose_precision(lm, None)  # this machine, for real: a complete record either way
+    rec = PR.choose_precision(lm, None)  # this machine, for real: a complete record either way
     assert {"cpu", "avx512_bf16", "amx_bf16", "native_bf16", "unembed_dtype", "reason"} <= set(rec)
-    assert T._time_block(T._unembed_weight(lm, True), torch.randn(8, lm.anatomy.d_model),
+    assert PR._time_block(O._unembed_weight(lm, True), torch.randn(8, lm.anatomy.d_model),
                          torch.zeros(8, dtype=torch.long)) > 0
 
 
 def test_a_cpu_without_native_bf16_trains_in_float32(monkeypatch, tmp_path):
     lm = get_model("tiny:llama")
-    monkeypatch.delenv(T.NATIVE_BF16_ENV, raising=False)  # the CPU's answer, not the forced one
-    monkeypatch.setattr(T, "cpu_features", lambda: {"cpu": "Test CPU", "avx512_bf16": False, "amx_bf16": False})
-    monkeypatch.setattr(T, "_time_block", lambda W, x, r: 2.06 if W.dtype == torch.bfloat16 else 0.49)
+    monkeypatch.delenv(PR.NATIVE_BF16_ENV, raising=False)  # the CPU's answer, not the forced one
+    monkeypatch.setattr(PR, "cpu_features", lambda: {"cpu": "Test CPU", "avx512_bf16": False, "amx_bf16": False})
+    monkeypatch.setattr(PR, "_time_block", lambda W, x, r: 2.06 if W.dtype == torch.bfloat16 else 0.49)
     seen = []
-    real = T._unembed_weight
-    monkeypatch.setattr(T, "_unembed_weight", lambda lm_, bf16: seen.append(bf16) or real(lm_, bf16))
+    real = O._unembed_weight
+    for module in (O, SEL):  # the objective's and the selection's
+        monkeypatch.setattr(module, "_unembed_weight", lambda lm_, bf16: seen.append(bf16) or real(lm_, bf16))
     lens = train_tuned_lens(lm, _data(lm), TrainSettings(tokens=64, seq_len=16, batch_size=2), out=tmp_path,
                             progress=False)
     prec = lens.training_info["precision"]
@@ -210,15 +216,15 @@ def test_float32_fast_path_is_exact():
     with torch.no_grad():
         lens.A.normal_(0, 0.05)
         lens.b.normal_(0, 0.5)
-    c, pbar = T.kl_to_final_terms(lm, final)
+    c, pbar = O.kl_to_final_terms(lm, final)
     W = lm.anatomy.unembed.W_U
-    exact = T.lens_kl(lm, lens, states, c, pbar, W)
-    fast = T.lens_kl(lm, lens, states, c, pbar, W, ref=final.argmax(-1))
+    exact = O.lens_kl(lm, lens, states, c, pbar, W)
+    fast = O.lens_kl(lm, lens, states, c, pbar, W, ref=final.argmax(-1))
     assert torch.allclose(fast, exact, atol=1e-4)
     # a reference token whose probability underflows falls back to the most probable one
     x = torch.tensor([[0.0, 200.0, -200.0]])
     W3 = torch.eye(3)
-    assert torch.allclose(T._LogPartition.apply(x, W3, None, torch.tensor([2])), torch.logsumexp(x, -1), atol=1e-5)
+    assert torch.allclose(O._LogPartition.apply(x, W3, None, torch.tensor([2])), torch.logsumexp(x, -1), atol=1e-5)
 
 
 def test_a_checkpoint_from_before_issue_11_resumes(tmp_path):
@@ -242,7 +248,7 @@ def test_a_checkpoint_from_before_issue_11_resumes(tmp_path):
     assert resumed.training_info["precision"]["reason"] == "kept from the interrupted run"
     assert resumed.training_info["precision"]["bf16"] is True
     assert torch.allclose(resumed.A, straight.A, atol=1e-6)
-    assert "tokens" in T._settings_match(info["settings"], TrainSettings(tokens=65))
+    assert "tokens" in C._settings_match(info["settings"], TrainSettings(tokens=65))
 
 
 # ------------------------------------------------------------------ mid-layer translators
@@ -252,7 +258,7 @@ def test_mid_objective_matches_brute_force():
     lm = get_model("tiny:llama")
     L = lm.anatomy.n_layers
     cap = residual_states(lm, _data(lm)[:2], mid=True)
-    states = T._training_states(cap, L, True)
+    states = O._training_states(cap, L, True)
     assert states.shape[0] == 2 * L
     final = cap["logits"].flatten(0, 1)
     lens = TunedLens(lm.anatomy, mid_translators=True)
@@ -269,7 +275,7 @@ def test_mid_objective_matches_brute_force():
         kls.append((logp.exp() * (logp - logq)).sum(-1).mean())
     brute = torch.stack(kls).mean()
     brute.backward()
-    ours = T.kl_backward(lm, lens, states, final, bf16=False, budget_bytes=2e5)  # small blocks: many chunks
+    ours = O.kl_backward(lm, lens, states, final, bf16=False, budget_bytes=2e5)  # small blocks: many chunks
     assert ours == pytest.approx(brute.item(), rel=1e-4)
     for a, b in ((lens.A_mid, ref.A_mid), (lens.b_mid, ref.b_mid), (lens.A, ref.A)):
         assert torch.allclose(a.grad, b.grad, rtol=1e-3, atol=1e-6)
@@ -355,10 +361,10 @@ def test_cli_time_budget_precision_and_mid(tmp_path):
 def test_native_bf16_can_be_forced_either_way(monkeypatch, forced):
     """``LENSCOPE_NATIVE_BF16`` decides the hardware question, so both branches run on any CPU."""
     lm = get_model("tiny:llama")
-    monkeypatch.setenv(T.NATIVE_BF16_ENV, forced)
+    monkeypatch.setenv(PR.NATIVE_BF16_ENV, forced)
     rows = max(16, min(256, int(2e8 // (lm.anatomy.vocab_size * 16))))
     timer = lambda W, x, r: (2.0 if W.dtype == torch.bfloat16 else 0.5) * x.shape[0] / rows  # noqa: E731
-    rec = T.choose_precision(lm, None, timer=timer)
+    rec = PR.choose_precision(lm, None, timer=timer)
     assert rec["native_bf16"] is (forced == "1") and rec["native_bf16_from"] == f"LENSCOPE_NATIVE_BF16={forced}"
     if forced == "1":
         assert rec["bf16"] and "natively" in rec["reason"] and "measured_s" not in rec
@@ -368,22 +374,22 @@ def test_native_bf16_can_be_forced_either_way(monkeypatch, forced):
     assert lens.training_info["precision"]["native_bf16"] is (forced == "1")
     if forced == "1":
         assert lens.training_info["precision"]["unembed_dtype"] == "bfloat16"
-    monkeypatch.setenv(T.NATIVE_BF16_ENV, "yes")
+    monkeypatch.setenv(PR.NATIVE_BF16_ENV, "yes")
     with pytest.raises(lenscope.InputError, match="LENSCOPE_NATIVE_BF16"):
-        T.choose_precision(lm, None)
+        PR.choose_precision(lm, None)
 
 
 def test_precision_probe_runs_once_per_model(monkeypatch):
     """Two automatic decisions in one process (a run and its resume) rest on one measurement, so they agree."""
     lm = get_model("tiny:gpt2")
-    monkeypatch.setenv(T.NATIVE_BF16_ENV, "0")
+    monkeypatch.setenv(PR.NATIVE_BF16_ENV, "0")
     calls = []
-    real = T._time_block
-    monkeypatch.setattr(T, "_time_block", lambda W, x, r: calls.append(W.dtype) or real(W, x, r))
-    T._PROBES.clear()
-    a = T.choose_precision(lm, None)
+    real = PR._time_block
+    monkeypatch.setattr(PR, "_time_block", lambda W, x, r: calls.append(W.dtype) or real(W, x, r))
+    PR._PROBES.clear()
+    a = PR.choose_precision(lm, None)
     n = len(calls)
-    b = T.choose_precision(lm, None)
+    b = PR.choose_precision(lm, None)
     assert a == b and n in (2, 3) and len(calls) == n  # float32 and bfloat16 (a part, maybe all), measured once
 
 
@@ -402,7 +408,7 @@ def test_bf16_training_gradient_matches_float32(family):
             g = torch.Generator().manual_seed(1)
             lens.A.copy_(torch.randn(lens.A.shape, generator=g) * 0.3)
             lens.b.copy_(torch.randn(lens.b.shape, generator=g) * 2.0)
-        losses.append(T.kl_backward(lm, lens, states, final, bf16=bf16))
+        losses.append(O.kl_backward(lm, lens, states, final, bf16=bf16))
         grads.append(torch.cat([lens.A.grad.flatten(), lens.b.grad.flatten()]))
     rel = (grads[1] - grads[0]).norm() / grads[0].norm()
     assert losses[0] > 0.01  # (tiny random models' distributions are close to each other's: small KLs)

@@ -1,0 +1,157 @@
+"""Per-state model selection for tuned-lens training (``TrainSettings.keep_best``).
+
+:class:`BestPerState` judges every state's translator on a few sequences held out of the training text,
+keeps each state's best one and shrinks the step size of a state that got worse. Input: the model, the lens
+being trained, the held-out token ids; it reads the KL through :mod:`lenscope.lenses.objective`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..models.load import LoadedModel
+from ..models.trace import residual_states
+from .lenses import TunedLens
+from .objective import _groups, _training_states, _unembed_weight, chunks, kl_to_final_terms, lens_kl
+
+
+def split_validation(sequences: Tensor, validation_tokens: int) -> tuple[Tensor, Tensor | None]:
+    """``sequences (n_seq, seq_len)`` split into training and held-out sequences: the last ones, at least
+    ``validation_tokens`` tokens of them but never more than a fifth of the text; ``None`` when none are held
+    out."""
+    n_seq, S = sequences.shape
+    if validation_tokens <= 0:
+        return sequences, None
+    n_val = min(math.ceil(validation_tokens / S), n_seq // 5)  # never more than a fifth of the text
+    if n_val <= 0:
+        return sequences, None
+    return sequences[:-n_val], sequences[-n_val:]
+
+
+class BestPerState:
+    """Per-state model selection with step-size back-off, on sequences held out of the training text.
+
+    The objective is a sum of independent per-state terms, so each state can be judged on its own. At every
+    validation point a state whose KL improved keeps its new translator; a state that got worse goes back
+    to its best translator (the identity, at step 0, counts), its momentum is cleared and, after
+    ``patience`` failed checks in a row, its step size is multiplied by ``backoff``. Near-identity late
+    translators, which one learning rate for all layers makes worse on some models (gemma3-270m), so find
+    their own smaller step instead of ending wherever the last step left them; the early layers keep the
+    full rate. States are numbered like
+    :func:`~lenscope.lenses.objective.lens_kl`'s (mid-layer states after the regular ones).
+    """
+
+    def __init__(self, lm: LoadedModel, lens: TunedLens, val: Tensor, bf16: bool, backoff: float, patience: int = 1):
+        A = lm.anatomy
+        self.lm, self.W, self.backoff, self.patience = lm, _unembed_weight(lm, bf16), backoff, patience
+        self.mid = lens.has_mid_translators
+        n = A.n_layers * (2 if self.mid else 1)
+        self.fails = torch.zeros(n, dtype=torch.long)
+        cap = residual_states(lm, val, mid=self.mid)
+        self.states = _training_states(cap, A.n_layers, self.mid)
+        self.c, self.pbar = kl_to_final_terms(lm, cap["logits"].flatten(0, 1))
+        self.A, self.b = self._stack(lens)
+        self.kl = torch.full((n,), float("inf"))
+        self.step = torch.zeros(n, dtype=torch.long)
+        self.identity_kl = torch.full((n,), float("nan"))
+        self.lr_scale = torch.ones(n)
+
+    @staticmethod
+    def _stack(lens: TunedLens) -> tuple[Tensor, Tensor]:
+        g = _groups(lens)
+        return (torch.cat([a.detach() for a, _ in g]).clone(), torch.cat([b.detach() for _, b in g]).clone())
+
+    @staticmethod
+    def _write(lens: TunedLens, mask: Tensor, A: Tensor, b: Tensor) -> None:
+        """Set the translators of the states in ``mask`` to ``A[mask], b[mask]``."""
+        L = lens.n_layers
+        with torch.no_grad():
+            for gi, (pA, pb) in enumerate(_groups(lens)):
+                m = mask[gi * L : (gi + 1) * L]
+                pA[m] = A[gi * L : (gi + 1) * L][m]
+                pb[m] = b[gi * L : (gi + 1) * L][m]
+
+    def state_kl(self, lens) -> Tensor:
+        n_states, n_tokens = self.states.shape[:2]
+        kl = torch.zeros(n_states)
+        with torch.no_grad():
+            for ss, ts in chunks(n_states, n_tokens, self.lm.anatomy.vocab_size, split_at=self.lm.anatomy.n_layers):
+                kl[ss] += lens_kl(self.lm, lens, self.states[ss, ts], self.c[ts], self.pbar[ts], self.W,
+                                  first_state=ss.start).sum(1)
+        return kl / n_tokens
+
+    def update(self, lens: TunedLens, opt, step: int) -> None:
+        kl = self.state_kl(lens)
+        if step == 0:
+            self.identity_kl = kl.clone()
+        better = kl < self.kl
+        self.kl = torch.where(better, kl, self.kl)
+        self.step[better] = step
+        self.fails[better] = 0
+        now_A, now_b = self._stack(lens)
+        with torch.no_grad():
+            self.A[better] = now_A[better]
+            self.b[better] = now_b[better]
+            worse = ~better
+            if step > 0 and bool(worse.any()):
+                self._write(lens, worse, self.A, self.b)
+                self.fails[worse] += 1
+                shrink = worse & (self.fails >= self.patience)
+                self.lr_scale[shrink] *= self.backoff
+                self.fails[shrink] = 0
+                L = lens.n_layers
+                for gi, pair in enumerate(_groups(lens)):
+                    w = worse[gi * L : (gi + 1) * L]
+                    for p in pair:
+                        for key in ("exp_avg", "momentum_buffer"):
+                            buf = opt.state.get(p, {}).get(key)
+                            if buf is not None:
+                                buf[w] = 0.0
+
+    def step_scaled(self, opt, lens: TunedLens) -> None:
+        """``opt.step()`` with each state's change multiplied by its step-size factor."""
+        if bool((self.lr_scale == 1.0).all()):
+            opt.step()
+            return
+        groups = _groups(lens)
+        before = [(a.detach().clone(), b.detach().clone()) for a, b in groups]
+        opt.step()
+        L = lens.n_layers
+        with torch.no_grad():
+            for gi, ((pA, pb), (A0, b0)) in enumerate(zip(groups, before)):
+                f = self.lr_scale[gi * L : (gi + 1) * L]
+                pA.sub_(A0).mul_(f[:, None, None]).add_(A0)
+                pb.sub_(b0).mul_(f[:, None]).add_(b0)
+
+    def finish(self, lens: TunedLens, every: int) -> dict:
+        """Give every state its best translator; returns the ``selection`` record of the training info
+        (``every``: the steps between validations)."""
+        with torch.no_grad():
+            self._write(lens, torch.ones_like(self.kl, dtype=torch.bool), self.A, self.b)
+        L = lens.n_layers
+        sel = lambda t: [round(float(x), 6) for x in t]
+        selection = {"validation_tokens": int(self.states.shape[1]), "validate_every": every,
+                     "selected_step": self.step[:L].tolist(),
+                     "validation_kl": [round(x, 4) for x in self.kl[:L].tolist()],
+                     "validation_kl_identity": [round(x, 4) for x in self.identity_kl[:L].tolist()],
+                     "step_size_factor": sel(self.lr_scale[:L])}
+        if lens.has_mid_translators:
+            selection["mid"] = {"selected_step": self.step[L:].tolist(),
+                                "validation_kl": [round(x, 4) for x in self.kl[L:].tolist()],
+                                "validation_kl_identity": [round(x, 4) for x in self.identity_kl[L:].tolist()],
+                                "step_size_factor": sel(self.lr_scale[L:])}
+        return selection
+
+    def tensors(self) -> dict:
+        return {"best.A": self.A, "best.b": self.b, "best.kl": self.kl, "best.step": self.step,
+                "best.identity_kl": self.identity_kl, "best.lr_scale": self.lr_scale, "best.fails": self.fails}
+
+    def load(self, t: dict) -> None:
+        self.A, self.b, self.kl, self.step = t["best.A"], t["best.b"], t["best.kl"], t["best.step"]
+        self.identity_kl, self.lr_scale, self.fails = t["best.identity_kl"], t["best.lr_scale"], t["best.fails"]
+
+
+__all__ = ["BestPerState", "split_validation"]

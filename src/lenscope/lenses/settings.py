@@ -1,0 +1,76 @@
+"""What a tuned-lens training run is told (:class:`TrainSettings`) and what it has done so far (:class:`TrainState`).
+
+Both go into the checkpoint (:mod:`lenscope.lenses.checkpoint`) and the settings into the lens file's
+``training`` record; the planner (:mod:`lenscope.lenses.plan`) fills in the state's plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import InputError
+
+
+@dataclass
+class TrainSettings:
+    """Settings of :func:`~lenscope.lenses.train.train_tuned_lens` (all visible in the lens file's ``training``
+    record)."""
+
+    tokens: int = 32_768  # token budget (sequences x seq_len, rounded up to whole batches); with max_minutes
+    # the most tokens to use (0: no limit)
+    max_minutes: float | None = None  # time budget: the token budget follows from the measured speed
+    seq_len: int = 256
+    batch_size: int = 4  # sequences per optimizer step
+    optimizer: str = "adam"  # "adam" or "sgd" (Nesterov momentum, as in the paper)
+    lr: float | None = None  # default: 2e-3 for adam, 1.0 for sgd
+    momentum: float = 0.9
+    weight_decay: float = 1e-3
+    warmup_fraction: float = 0.1
+    seed: int = 0
+    bf16: bool | None = None  # None: bfloat16 where the CPU runs it natively or a measurement says it is faster
+    checkpoint_every: int = 0  # steps; 0 = no checkpoints
+    keep_best: bool = True  # per state, keep the translator with the lowest validation KL (identity included)
+    backoff: float = 0.3  # keep_best: a state worse than its best goes back to it, its step size times this
+    patience: int = 1  # keep_best: failed checks in a row before the step size shrinks (it always goes back);
+    # 2 is better on average but worse at some late layers (docs/lenses.md, issue 11), so not the default
+    validation_tokens: int = 512  # held out of the training sequences for keep_best
+    validate_every: int = 0  # steps between validations; 0 = about 12 per run
+    mid: bool = False  # also train translators for the mid-layer (after-attention) states
+
+    def base_lr(self) -> float:
+        if self.lr is not None:
+            return self.lr
+        return {"adam": 2e-3, "sgd": 1.0}[self.optimizer]
+
+    def check(self) -> None:
+        if self.optimizer not in ("adam", "sgd"):
+            raise InputError(f"optimizer must be 'adam' or 'sgd', not {self.optimizer!r}")
+        if self.patience < 1:
+            raise InputError(f"patience must be >= 1, not {self.patience}")
+        if not 0.0 < self.backoff <= 1.0:
+            raise InputError(f"backoff must be in (0, 1], not {self.backoff}")
+        if self.validation_tokens < 0 or self.validate_every < 0:
+            raise InputError("validation_tokens and validate_every must be >= 0")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise InputError(f"max_minutes must be positive, not {self.max_minutes}")
+        if self.tokens < (0 if self.max_minutes else 1) or self.seq_len < 2 or self.batch_size < 1:
+            raise InputError("tokens, seq_len (>= 2) and batch_size must be positive (tokens may be 0, no limit, "
+                             "with max_minutes)")
+
+
+@dataclass
+class TrainState:
+    """A run's progress: what a checkpoint restores."""
+
+    step: int = 0
+    seconds: float = 0.0
+    history: list = field(default_factory=list)  # [step, mean KL, seconds]
+    n_steps: int = 0  # planned steps (fixed by the token budget, fitted to the time budget)
+    warm: int = 0  # warm-up steps (0: warmup_fraction of n_steps)
+    every: int = 0  # steps between validations
+    precision: dict = field(default_factory=dict)  # the bfloat16 decision, kept on resume
+    timing: dict = field(default_factory=dict)  # time budget: measured seconds per step, validation, checkpoint
+    fits: list = field(default_factory=list)  # time budget: [step, planned steps, seconds per step] per (re)fit
+
+
+__all__ = ["TrainSettings", "TrainState"]
