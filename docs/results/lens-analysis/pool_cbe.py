@@ -19,7 +19,7 @@ for f in sorted(root.rglob("cbe-*-state*.safetensors")):
     groups.setdefault(r.lens, []).append(r)
 for rs in groups.values():
     rs.sort(key=lambda r: r.layer)
-save_figure(plot_fidelity(groups), root / "fidelity-pooled.png")
+save_figure(plot_fidelity(groups, rho={name: fidelity_spearman(rs) for name, rs in groups.items()}), root / "fidelity-pooled.png")
 layers = sorted({r.layer for rs in groups.values() for r in rs})
 for layer in layers:
     save_figure(plot_sigma([r for rs in groups.values() for r in rs if r.layer == layer]), root / f"sigma-state{layer}.png")

@@ -227,6 +227,7 @@ def _short(s) -> dict:
 def _write_cbe(out: Path, results: dict, summary: dict) -> None:
     import json
 
+    from ..lenses.cbe import fidelity_spearman
     from ..viz.lens_analysis_plots import plot_fidelity, plot_sigma
     from ..viz.plots import save_figure
 
@@ -238,5 +239,6 @@ def _write_cbe(out: Path, results: dict, summary: dict) -> None:
     for i, layer in enumerate(layers):
         save_figure(plot_sigma([rs[i] for rs in results.values()]), out / f"sigma-state{layer}.png")
     if any(r.model_sigma.numel() for rs in results.values() for r in rs):
-        save_figure(plot_fidelity(results), out / "fidelity.png")
+        rho = {name: fidelity_spearman(rs) for name, rs in results.items()}
+        save_figure(plot_fidelity(results, rho=rho), out / "fidelity.png")
     (out / "cbe.json").write_text(json.dumps(summary, indent=1))

@@ -1,6 +1,7 @@
 """Plots of causal bases (influence per direction, causal fidelity) and prediction depth.
 
-Only drawing happens here; the numbers come from :mod:`lenscope.lenses.cbe` and :mod:`lenscope.lenses.depth`.
+Only drawing happens here (nothing is imported from the methods); the numbers come from :mod:`lenscope.lenses.cbe`
+and :mod:`lenscope.lenses.depth`.
 Every function returns the matplotlib Figure (save it with :func:`lenscope.viz.plots.save_figure`).
 """
 
@@ -45,23 +46,26 @@ def plot_sigma(results, ax=None):
     return fig
 
 
-def plot_fidelity(groups: dict, ax=None):
+def plot_fidelity(groups: dict, ax=None, *, rho: dict | None = None):
     """Causal fidelity: lens influence (x) vs the model's influence (y) of every basis direction, log-log.
-    ``groups``: lens name -> list of :class:`CausalBasis` (one per state); the legend gives each lens's
-    Spearman correlation pooled over its states."""
-    from ..lenses.cbe import fidelity_spearman
-
+    ``groups``: lens name -> list of :class:`CausalBasis` (one per state). ``rho``: lens name -> its Spearman
+    correlation pooled over its states (:func:`lenscope.lenses.cbe.fidelity_spearman`, computed by the caller:
+    this module draws only), shown in the legend; without it the legend names the lenses only."""
     fig, ax = _figure(ax, (5.6, 5.0))
     lo, hi = float("inf"), 0.0
     for gi, (name, results) in enumerate(groups.items()):
         col = _color(name, gi)
-        rho = fidelity_spearman(results)
+        r_s = None if rho is None else rho.get(name)
         first = True
         for li, r in enumerate(results):
             if r.model_sigma is None or not r.model_sigma.numel():
                 continue
             x, y = r.sigma.numpy(), r.model_sigma.numpy()
-            lab = f"{name} lens (Spearman ρ = {rho:.2f})" if first and rho is not None else None
+            lab = None
+            if first and r_s is not None:
+                lab = f"{name} lens (Spearman ρ = {r_s:.2f})"
+            elif first and rho is None:
+                lab = f"{name} lens"
             ax.scatter(x, y, color=col, marker=MARKERS[li % len(MARKERS)], s=28, alpha=0.8, label=lab)
             first = False
             lo = min(lo, float(x.min()), float(y.min()))
