@@ -19,10 +19,12 @@ for f in sorted(root.rglob("cbe-*-state*.safetensors")):
     groups.setdefault(r.lens, []).append(r)
 for rs in groups.values():
     rs.sort(key=lambda r: r.layer)
-save_figure(plot_fidelity(groups, rho={name: fidelity_spearman(rs) for name, rs in groups.items()}), root / "fidelity-pooled.png")
+rho = {name: fidelity_spearman(rs) for name, rs in groups.items()}
+save_figure(plot_fidelity(groups, rho=rho), root / "fidelity-pooled.png")
 layers = sorted({r.layer for rs in groups.values() for r in rs})
 for layer in layers:
-    save_figure(plot_sigma([r for rs in groups.values() for r in rs if r.layer == layer]), root / f"sigma-state{layer}.png")
+    at_layer = [r for rs in groups.values() for r in rs if r.layer == layer]
+    save_figure(plot_sigma(at_layer), root / f"sigma-state{layer}.png")
 summary = {name: {"fidelity_spearman_pooled": fidelity_spearman(rs),
                   "states": {r.layer: {"fidelity_spearman": r.fidelity_spearman, "sigma": r.sigma.tolist(),
                                        "model_sigma": r.model_sigma.tolist(), "pca_sigma": r.pca_sigma.tolist(),
