@@ -529,12 +529,10 @@ class Unembed:
         return self.transform_norm(y)
 
     def __call__(self, x: Tensor) -> Tensor:
-        logits = torch.matmul(*_mix(_on(self.transform(x), self.W_U), self.W_U))
-        if self.b_U is not None:
-            logits = logits + self.b_U
-        if self.softcap is not None:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        """Logits of final-normed states ``x (..., d_model)`` (:class:`~lenscope.models.readout.Readout`)."""
+        from .readout import Readout
+
+        return Readout(None, self).logits(x)
 
 
 @dataclass(repr=False)
@@ -578,10 +576,9 @@ class Anatomy:
 
     def logits(self, resid: Tensor) -> Tensor:
         """Logits of final-layer residual states ``resid`` (..., d_model)."""
-        if self.unembed is None:
-            raise UnsupportedModelError("this model has no language-model head (no unembedding)")
-        x = self.final_norm(resid) if self.final_norm is not None else resid
-        return self.unembed(x)
+        from .readout import Readout
+
+        return Readout.from_anatomy(self).logits(resid)
 
     def __repr__(self) -> str:
         lines = [

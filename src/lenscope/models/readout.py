@@ -1,0 +1,412 @@
+"""The readout: the one way lenscope goes from a residual state to logits.
+
+A decoder reads its last residual state ``h (..., d_model)`` as
+
+    logits = cap( transform(final_norm(h)) @ W_U + b_U ),     cap(z) = c * tanh(z / c)  (when soft-capped)
+
+with ``final_norm`` using ``h``'s own statistics and ``transform`` an encoder's masked-LM head (the identity for
+decoders). :class:`Readout` holds the final norm and the unembedding and is the only code that writes this
+equation; everything that needs part of it (a lens decoding a state, direct logit attribution, the Logit
+explanations, prediction depth's top-1, causal basis extraction's influence, the tuned lens's training objective)
+calls one of its methods:
+
+- full readout: :meth:`Readout.logits` (states -> logits), :meth:`Readout.features` (what multiplies ``W_U``),
+  :meth:`Readout.unembed` (features -> logits), :meth:`Readout.cap` / :meth:`Readout.uncap`;
+- the linearised readout: with the final norm's per-token scale ``s`` taken from a trace the norm is affine,
+  ``final_norm(h) = linear(h, s) + beta``, so the logit of a target (minus a foil) is a sum over any split of
+  ``h`` into parts, ``sum_c linear(c, s) . u + const`` with ``u = W_U[:, target] - W_U[:, foil]`` and ``const``
+  the biases (:meth:`Readout.direction`, :meth:`Readout.part_logits`, :meth:`Readout.pullback`,
+  :meth:`Readout.constant`, :meth:`Readout.traced_logit`);
+- fused fast paths: :meth:`Readout.top1` (bfloat16 matmul made exact), :meth:`Readout.log_partition` (one
+  softmax pass, bfloat16 where it pays), :meth:`Readout.kl_terms` (the final distribution folded into a
+  ``(tokens, d_model)`` matrix), and the factored logits of a rank-one edit of the state
+  (:meth:`Readout.factored_base`, :meth:`Readout.ablated_log_partition`) that causal basis extraction
+  optimises over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from ..errors import UnsupportedModelError
+from .anatomy import Norm, Unembed, _mix, _on
+
+if TYPE_CHECKING:
+    from .anatomy import Anatomy
+
+__all__ = ["Readout"]
+
+
+# one converted unembedding (e.g. bfloat16) per process: converting a d_model x vocab matrix costs more than
+# decoding a short text, and runs that follow (a resume, a second lens, another text) reuse it
+_CONVERTED: dict = {}
+
+
+def _converted(W: Tensor, dtype: torch.dtype) -> dict:
+    key = (W.data_ptr(), tuple(W.shape), W.stride(), W._version, W.device, dtype)
+    if key not in _CONVERTED:
+        _CONVERTED.clear()
+        _CONVERTED[key] = {"W": W.to(dtype).contiguous()}
+    return _CONVERTED[key]
+
+
+@dataclass(repr=False)
+class Readout:
+    """The final norm (``None`` for a model without one) and the unembedding of a model, with the readout's
+    equations (see the module docstring). Named axes: ``d_model``, ``vocab``, ``tokens`` (any leading axes)."""
+
+    norm: Norm | None
+    head: Unembed
+
+    @classmethod
+    def from_anatomy(cls, anatomy: Anatomy) -> Readout:
+        """The readout of a model; raises :class:`UnsupportedModelError` when it has no language-model head."""
+        if anatomy.unembed is None:
+            raise UnsupportedModelError("this model has no language-model head (no unembedding)")
+        return cls(anatomy.final_norm, anatomy.unembed)
+
+    @property
+    def W_U(self) -> Tensor:
+        """``(d_model, vocab)``."""
+        return self.head.W_U
+
+    @property
+    def b_U(self) -> Tensor | None:
+        """``(vocab,)`` or None."""
+        return self.head.b_U
+
+    @property
+    def softcap(self) -> float | None:
+        return self.head.softcap
+
+    @property
+    def linear_head(self) -> bool:
+        """Whether the logits are ``final_norm(h) @ W_U + b_U`` exactly (no masked-LM transform, no soft-cap):
+        what the fused paths that work on the logits themselves need."""
+        return self.head.transform_W is None and self.head.softcap is None
+
+    # ------------------------------------------------------------------------------------- full readout
+
+    def features(self, h: Tensor) -> Tensor:
+        """What multiplies the unembedding, ``(..., d_model)``: the final norm of ``h (..., d_model)`` with its own
+        statistics, then an encoder's masked-LM transform."""
+        x = self.norm(h) if self.norm is not None else h
+        return self.head.transform(x)
+
+    def unembed(self, x: Tensor) -> Tensor:
+        """Logits ``(..., vocab)`` of features ``x (..., d_model)``: ``x @ W_U + b_U``, then the soft-cap."""
+        W = self.W_U
+        logits = torch.matmul(*_mix(_on(x, W), W))
+        if self.b_U is not None:
+            logits = logits + self.b_U
+        return self.cap(logits)
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Logits ``(..., vocab)`` of residual states ``h (..., d_model)`` (the final norm with their own
+        statistics)."""
+        return self.unembed(self.features(h))
+
+    def cap(self, logits: Tensor) -> Tensor:
+        """The final soft-cap ``c * tanh(z / c)`` (the identity without one)."""
+        c = self.softcap
+        return logits if c is None else torch.tanh(logits / c) * c
+
+    def uncap(self, logits: Tensor) -> Tensor:
+        """The inverse of :meth:`cap`: the logits before soft-capping (clamped inside the open interval)."""
+        c = self.softcap
+        return logits if c is None else torch.atanh((logits / c).clamp(-1 + 1e-7, 1 - 1e-7)) * c
+
+    # ------------------------------------------------------------------------------- linearised readout
+
+    def scale(self, final_in: Tensor) -> Tensor:
+        """The final norm's per-token scale ``(...)`` of its input ``final_in (..., d_model)`` (the traced
+        final residual state)."""
+        return self.norm.scale(final_in)
+
+    def linear(self, x: Tensor, scale: Tensor) -> Tensor:
+        """The final norm without its bias, given a (traced) per-token ``scale``: linear in ``x (..., d_model)``."""
+        return self.norm.linear(x, scale)
+
+    def pullback(self, u: Tensor, scale: Tensor) -> Tensor:
+        """A read-out direction ``u (d_model,)`` (e.g. :meth:`direction`) carried back through the final norm
+        given its traced ``scale``: ``linear(x, scale) . u == x . pullback(u, scale)`` for every ``x``."""
+        return self.norm.pullback(u, scale)
+
+    def direction(self, target: int, foil: int | None = None) -> Tensor:
+        """``W_U[:, target] - W_U[:, foil]`` in float32, ``(d_model,)`` (without a foil: the target's column)."""
+        W = self.W_U
+        u = W[:, target].float()
+        return u - W[:, foil].float() if foil is not None else u
+
+    def part_logits(self, parts: Tensor, scale: Tensor, u: Tensor) -> Tensor:
+        """What each part of a residual state contributes to the logit (difference) read along ``u``,
+        ``parts (..., d_model) -> (...)``, through the final norm made affine by its traced ``scale``."""
+        return self.linear(parts, scale) @ u
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether the linearised logit has a constant term (a final-norm bias or an unembedding bias)."""
+        return (self.norm is not None and self.norm.bias is not None) or self.b_U is not None
+
+    def constant(self, target: int, foil: int | None = None) -> float:
+        """The logit (difference)'s constant term: ``beta . u + b_U[target] - b_U[foil]``."""
+        u = self.direction(target, foil)
+        nb = self.norm.bias if self.norm is not None else None
+        const = float(nb.float() @ u.to(nb.device)) if nb is not None else 0.0
+        if self.b_U is not None:
+            b = self.b_U
+            const += float(b[target].float() - (b[foil].float() if foil is not None else 0))
+        return const
+
+    def traced_logit(self, logits: Tensor, target: int, foil: int | None = None) -> float:
+        """The model's logit of ``target`` (minus ``foil``) before any soft-capping, from its output logits
+        ``(vocab,)`` at one position: what the linearised parts add up to."""
+        z = self.uncap(logits.float())
+        return float(z[target] - (z[foil] if foil is not None else 0))
+
+    # ------------------------------------------------------------------------------ fast paths: top-1
+
+    def unembedding(self, dtype: torch.dtype) -> Tensor:
+        """``W_U`` as a contiguous matrix in ``dtype`` (converted once per model and dtype; ``W_U`` itself when it
+        already is one)."""
+        W = self.W_U
+        if W.dtype == dtype and W.is_contiguous():
+            return W
+        return _converted(W, dtype)["W"]
+
+    def _max_column_norm(self, W: Tensor) -> float:
+        entry = _converted(self.W_U, torch.bfloat16)
+        if "wmax" not in entry:
+            entry["wmax"] = float(W.norm(dim=0).max())
+        return entry["wmax"]
+
+    def top1(self, y: Tensor, *, exact: bool = False, candidates: int = 16) -> Tensor:
+        """The top-1 token ``(tokens,)`` of features ``y (tokens, d_model)`` (:meth:`features`), equal to the
+        argmax of the float32 logits (soft-capping is monotone and left out).
+
+        Fast path: a bfloat16 matmul, the ``candidates`` best of each row recomputed in float32, and a row
+        recomputed entirely in float32 unless its exact best beats every other token's bfloat16 logit by more
+        than a rounding-error bound. ``exact=True``: float32 throughout.
+        """
+        W = self.W_U.float()
+        b = self.b_U.float() if self.b_U is not None else None
+        if exact:
+            z = y @ W
+            return (z if b is None else z + b).argmax(-1)
+        Wb, wmax = self.unembedding(torch.bfloat16), self._max_column_norm(W)
+        m = min(candidates, W.shape[1])
+        z = (y.to(torch.bfloat16) @ Wb).float()
+        if b is not None:
+            z += b
+        top_v, top_i = z.topk(m, dim=-1)
+        ze = torch.einsum("nd,nmd->nm", y, W.T[top_i])  # exact logits of the candidates
+        if b is not None:
+            ze += b[top_i]
+        best = ze.amax(-1)
+        # exact ties go to the lowest token id, as argmax does
+        pick = torch.where(ze == best[:, None], top_i, W.shape[1]).amin(-1)
+        # |bf16 logit - exact| <= 2^-7 |y| max_v |W_v| (inputs rounded) + 2^-8 |z| (output rounded)
+        bound = 1.5 * (2.0**-7 * y.norm(dim=-1) * wmax + 2.0**-8 * z.abs().amax(-1)) + 1e-6
+        unsure = ~(best > top_v[:, -1] + bound) if m < W.shape[1] else torch.zeros_like(best, dtype=torch.bool)
+        if unsure.any():
+            zz = y[unsure] @ W
+            pick[unsure] = (zz if b is None else zz + b).argmax(-1)
+        return pick
+
+    # ------------------------------------------------------------------ fast paths: KL to a final output
+
+    def kl_terms(self, final_logits: Tensor, W: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Per-batch constants of ``KL(p || softmax z)`` for final logits ``(tokens, vocab)`` and lens logits
+        ``z = x W_U + b_U``: ``KL = c - x . pbar + lse(z)`` with ``c = sum p log p - p . b_U`` ``(tokens,)`` and
+        ``pbar = p W_U^T`` ``(tokens, d_model)``. ``W``: the unembedding in the dtype to multiply in (default:
+        float32)."""
+        logp = torch.log_softmax(final_logits.float(), dim=-1)
+        p = logp.exp()
+        c = (p * logp).sum(-1)
+        if self.b_U is not None:
+            c = c - p @ self.b_U.float()
+        if W is None or W.dtype == torch.float32:
+            return c, p @ self.W_U.T.float()
+        return c, (p.to(W.dtype) @ W.T).float()
+
+    def log_partition(self, x: Tensor, W: Tensor, ref: Tensor | None = None) -> Tensor:
+        """``logsumexp(x @ W + b_U)`` ``(...)`` of features ``x (..., d_model)``, differentiable in ``x``, with
+        ``W`` the unembedding in the dtype to multiply in (:meth:`unembedding`). float32 without ``ref``:
+        ``torch.logsumexp``; otherwise one fused softmax pass (:class:`LogPartition`), read at the token
+        ``ref (...)`` where given."""
+        if W.dtype == torch.float32 and ref is None:
+            z = x @ W
+            if self.b_U is not None:
+                z = z + self.b_U
+            return torch.logsumexp(z, dim=-1)
+        r = None if ref is None else ref.reshape(-1)
+        return LogPartition.apply(x.reshape(-1, x.shape[-1]), W, self.b_U, r).reshape(x.shape[:-1])
+
+    # ------------------------------------------------- fast paths: factored logits of a rank-one edit
+
+    def bias_logits(self) -> Tensor:
+        """``beta W_U + b_U`` ``(vocab,)``: what the final norm's bias and the unembedding bias add to every
+        logit (float32)."""
+        W = self.W_U.float()
+        zb = torch.zeros(W.shape[1])
+        if self.norm is not None and self.norm.bias is not None:
+            zb += self.norm.bias.float() @ W
+        if self.b_U is not None:
+            zb += self.b_U.float()
+        return zb
+
+    def gain(self, d: int) -> Tensor:
+        """The final norm's element-wise weight ``(d_model,)`` in float32 (ones without one)."""
+        n = self.norm
+        return n.weight.float() if n is not None and n.weight is not None else torch.ones(d)
+
+    def center(self, x: Tensor) -> Tensor:
+        """What the final norm centres: ``x - mean(x)`` for LayerNorm, ``x`` for RMSNorm or no norm."""
+        return self.norm.center(x) if self.norm is not None else x
+
+    def variance(self, xc: Tensor) -> Tensor:
+        """Per-token variance the final norm sees in centred states ``xc (tokens, d_model)``, eps included
+        (float64; ones without a norm): ``scale = 1 / sqrt(variance)``."""
+        if self.norm is None:
+            return torch.ones(xc.shape[0], dtype=torch.float64)
+        return xc.double().pow(2).mean(-1) + self.norm.eps
+
+    def factored_base(self, xc: Tensor, s0: Tensor, W: Tensor, zb: Tensor, rows: int, big: int) -> dict:
+        """The base quantities of :meth:`ablated_log_partition` for centred states ``xc (tokens, d_model)`` with
+        final-norm scales ``s0 (tokens,)``: ``R (tokens, vocab)`` the logits without ``zb``, ``lse0`` their
+        log-partition, ``lseb`` (float64) what :meth:`ablated_log_partition` gives for no edit (0 up to rounding),
+        ``praw = p . R`` (float64) and ``Pw = p W_U^T (tokens, d_model)``, computed in blocks of ``big`` rows
+        (and ``rows`` for the exact arithmetic of the ablated path)."""
+        N, d = xc.shape
+        V = W.shape[1]
+        g = self.gain(d)
+        R = torch.empty(N, V)
+        lse0 = torch.empty(N)
+        lseb = torch.empty(N, dtype=torch.float64)
+        praw = torch.empty(N, dtype=torch.float64)
+        Pw = torch.empty(N, d)
+        U3 = torch.stack([zb, torch.zeros(V), torch.ones(V)])
+        for i in range(0, N, big):
+            j = min(N, i + big)
+            Rb = torch.mm(xc[i:j] * g, W, out=R[i:j]).mul_(s0[i:j, None])
+            lse0[i:j] = torch.logsumexp(Rb + zb, -1)
+            for i2 in range(i, j, rows):  # exactly the arithmetic of the ablated path at r = a = 0
+                j2 = min(j, i2 + rows)
+                zero = torch.zeros(j2 - i2)
+                e = _shifted_exp(R[i2:j2], zero, zero, lse0[i2:j2], U3)
+                S = e.sum(-1)
+                lseb[i2:j2] = S.log().double()
+                p = e.div_(S[:, None])
+                praw[i2:j2] = (p * R[i2:j2]).sum(-1).double()
+                Pw[i2:j2] = p @ W.T
+        return {"R": R, "lse0": lse0, "lseb": lseb, "praw": praw, "Pw": Pw}
+
+    @staticmethod
+    def ablated_log_partition(r: Tensor, a: Tensor, u: Tensor, R: Tensor, lse0: Tensor, zb: Tensor, rows: int,
+                              need_grad: bool) -> Tensor:
+        """``sum_n log sum_v exp(z'[n, v] - lse0_n)`` for the logits of edited states ``z' = (1 + r_n) R[n, v] +
+        zb_v - a_n u_v`` (a rank-one change of the state and the norm's new scale), differentiable in ``r, a,
+        u`` (:class:`AblatedLogPartition`; ``R, lse0`` from :meth:`factored_base`, ``zb`` :meth:`bias_logits`)."""
+        return AblatedLogPartition.apply(r, a, u, R, lse0, zb, rows, need_grad)
+
+    def __repr__(self) -> str:
+        return (f"Readout(norm={self.norm!r}, W_U={tuple(self.W_U.shape)}, bias={self.b_U is not None}, "
+                f"softcap={self.softcap}, transform={self.head.transform_W is not None})")
+
+
+class LogPartition(torch.autograd.Function):
+    """``lse(x @ W + b)`` per row, with ``W`` in the dtype to multiply in (bfloat16 is fast on CPUs with
+    native support).
+
+    One fused softmax pass gives the probabilities ``q`` (kept in ``W``'s dtype for the backward, where the
+    gradient is ``q W^T``); the log-partition is read at one token, ``lse = z_k - log q_k``, which needs no
+    second exponential pass. ``ref (rows,)`` names that token (training passes the final distribution's top
+    token, which the lens's distribution rarely puts below float underflow); without it, or where ``q_k``
+    underflowed, the most probable token is used (one more pass over the vocabulary). Gradients flow to ``x``
+    only (the unembedding is frozen).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, W: Tensor, b: Tensor | None, ref: Tensor | None = None) -> Tensor:
+        z = x.to(W.dtype) @ W
+        if b is not None:
+            z += b.to(z.dtype)
+        q = torch.softmax(z, dim=-1)
+        if ref is None:
+            q_k, j = q.max(dim=-1)
+            lse = z.gather(-1, j[:, None]).squeeze(-1).float() - q_k.float().log()
+        else:
+            k = ref[:, None]
+            lse = z.gather(-1, k).squeeze(-1).float() - q.gather(-1, k).squeeze(-1).float().log()
+            bad = ~torch.isfinite(lse)
+            if bool(bad.any()):
+                q_k, j = q[bad].max(dim=-1)
+                lse[bad] = z[bad].gather(-1, j[:, None]).squeeze(-1).float() - q_k.float().log()
+        ctx.save_for_backward(q, W)
+        return lse
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        q, W = ctx.saved_tensors
+        return (q @ W.T).float() * g[:, None], None, None, None
+
+
+def _shifted_exp(R: Tensor, r: Tensor, a: Tensor, lse0: Tensor, U3: Tensor) -> Tensor:
+    """``exp(z' - lse0)`` for a chunk of tokens, where ``z' = (1 + r) R + zb - a u`` are the edited logits
+    (``U3 = [zb; u; 1]``, one rank-3 update after a row scaling: two passes over the chunk)."""
+    C = torch.stack([torch.ones_like(a), -a, -lse0], 1)
+    t = R.mul((1.0 + r)[:, None])
+    return t.addmm_(C, U3).exp_()
+
+
+class AblatedLogPartition(torch.autograd.Function):
+    """``sum_n log sum_v exp(z'[n, v] - lse0_n)`` for the edited logits ``z' = (1 + r_n) R[n, v] + zb_v -
+    a_n u_v`` (``R``: the base logits without ``zb``, ``lse0``: their log-partition), and its gradient in
+    ``r, a, u``.
+
+    ``R (tokens, vocab)``, ``lse0 (tokens,)`` and ``zb (vocab,)`` are constants. Shifting by the base
+    log-partition keeps the exponentials in range without a max pass (a chunk that overflows anyway is
+    recomputed the safe way). The gradient is computed in the same pass as the value (every caller that asks
+    for it needs both), chunked over tokens, so no other ``(tokens, vocab)`` tensor is kept.
+    """
+
+    @staticmethod
+    def forward(ctx, r: Tensor, a: Tensor, u: Tensor, R: Tensor, lse0: Tensor, zb: Tensor, rows: int,
+                need: bool):
+        N = R.shape[0]
+        total = torch.zeros((), dtype=torch.float64)
+        dr = torch.empty_like(r) if need else None
+        da = torch.empty_like(a) if need else None
+        du = torch.zeros_like(u) if need else None
+        U3 = torch.stack([zb, u, torch.ones_like(u)])
+        for i in range(0, N, rows):
+            j = min(N, i + rows)
+            e = _shifted_exp(R[i:j], r[i:j], a[i:j], lse0[i:j], U3)
+            S = e.sum(-1)
+            if not bool(torch.isfinite(S).all() and (S > 0).all()):  # out of float32 range: stabilise
+                t = R[i:j].mul((1.0 + r[i:j])[:, None]).add_(zb).addr_(a[i:j], u, alpha=-1.0)
+                m = t.amax(-1)
+                e = t.sub_(m[:, None]).exp_()
+                S = e.sum(-1)
+                logS = S.log() + (m - lse0[i:j])
+            else:
+                logS = S.log()
+            total += logS.double().sum()
+            if need:
+                inv = 1.0 / S  # q = e / S
+                du.addmv_(e.T, a[i:j] * inv, alpha=-1.0)
+                da[i:j] = -(e @ u) * inv
+                dr[i:j] = (e.mul_(R[i:j])).sum(-1) * inv
+        if need:
+            ctx.save_for_backward(dr, da, du)
+        return total
+
+    @staticmethod
+    def backward(ctx, g):
+        dr, da, du = ctx.saved_tensors
+        g = float(g)
+        return g * dr, g * da, g * du, None, None, None, None, None

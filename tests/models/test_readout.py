@@ -1,0 +1,203 @@
+"""The readout (final norm, unembedding, biases, soft-cap) against the real model and brute force: full logits on
+every decoder family, the linearised part readout with the traced scale, the soft-cap and its inverse, and the
+fused fast paths (top-1, log-partition, KL terms, the factored logits of a rank-one edit)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import lenscope
+from lenscope.models.anatomy import Norm, Unembed
+from lenscope.models.readout import Readout
+from tests.conftest import get_model
+
+TEXT = "When Mary and John went to the store, John gave a drink to"
+
+
+def _trace(lm):
+    return lenscope.trace(lm, TEXT)
+
+
+def brute_logits(A, h):
+    """Logits of residual states ``h`` in float64, straight from the weights."""
+    h = h.double()
+    n = A.final_norm
+    if n is not None:
+        x = h - h.mean(-1, keepdim=True) if n.kind == "layernorm" else h
+        var = x.pow(2).mean(-1, keepdim=True)
+        x = x / torch.sqrt(var + n.eps)
+        if n.weight is not None:
+            x = x * n.weight.double()
+        if n.bias is not None:
+            x = x + n.bias.double()
+    else:
+        x = h
+    z = x @ A.unembed.W_U.double()
+    if A.unembed.b_U is not None:
+        z = z + A.unembed.b_U.double()
+    c = A.unembed.softcap
+    return torch.tanh(z / c) * c if c is not None else z
+
+
+def test_readout_of_the_final_residual_is_the_models_logits(tiny_decoder):
+    lm = tiny_decoder
+    A = lm.anatomy
+    tr = _trace(lm)
+    ro = Readout.from_anatomy(A)
+    got = ro.logits(tr.final_in)
+    want = tr.logits.float()
+    scale = float(want.abs().max())
+    assert torch.allclose(got, want, rtol=0, atol=1e-5 * scale + 1e-6), float((got - want).abs().max())
+    assert torch.allclose(got.double(), brute_logits(A, tr.final_in), rtol=0, atol=1e-5 * scale + 1e-6)
+    assert torch.equal(A.logits(tr.final_in), got)  # Anatomy.logits is the readout
+    assert torch.equal(ro.unembed(ro.features(tr.final_in)), got)
+
+
+def test_linearised_parts_sum_to_the_logit_with_the_traced_scale(tiny_decoder):
+    lm = tiny_decoder
+    A = lm.anatomy
+    tr = _trace(lm)
+    ro = Readout.from_anatomy(A)
+    p = len(tr.tokens) - 1
+    s = ro.scale(tr.final_in[p])
+    # the residual stream's own parts: embeddings and every sub-layer's write
+    parts = torch.cat([tr.embed[p][None], tr.attn_write[:, p], tr.mlp_write[:, p]]).float()
+    assert torch.allclose(parts.sum(0), tr.final_in[p].float(), atol=1e-4)
+    g = torch.Generator().manual_seed(0)
+    noise = torch.randn(parts.shape, generator=g)
+    parts = torch.cat([parts, noise, -noise])  # any split of the state reads the same
+    for t, f in [(5, None), (5, 9), (int(tr.logits[p].argmax()), 3)]:
+        u = ro.direction(t, f)
+        want_u = A.unembed.W_U[:, t].double() - (A.unembed.W_U[:, f].double() if f is not None else 0)
+        assert torch.allclose(u.double(), want_u, atol=1e-6)
+        values = ro.part_logits(parts, s, u)
+        logit = ro.traced_logit(tr.logits[p], t, f)
+        total = float(values.double().sum()) + ro.constant(t, f)
+        assert total == pytest.approx(logit, abs=1e-4 * max(1.0, abs(logit)))
+        # the pulled-back direction reads the same parts
+        d = ro.pullback(u, s)
+        assert torch.allclose(parts @ d, values, atol=1e-5 * float(values.abs().max()) + 1e-6)
+        # brute force: the logit difference of the float64 readout
+        z = brute_logits(A, tr.final_in[p])
+        assert logit == pytest.approx(float(z[t] - (z[f] if f is not None else 0)), abs=1e-4 * max(1.0, abs(logit)))
+    assert ro.has_bias == (A.final_norm.bias is not None or A.unembed.b_U is not None)
+
+
+def test_soft_cap_and_its_inverse_round_trip():
+    g = torch.Generator().manual_seed(1)
+    W = torch.randn(8, 50, generator=g)
+    ro = Readout(Norm("rmsnorm", torch.ones(8), None, 1e-6), Unembed(W, torch.randn(50, generator=g), softcap=5.0))
+    z = torch.linspace(-12, 12, 101)
+    capped = ro.cap(z)
+    assert capped.abs().max() < 5.0
+    assert torch.allclose(capped, 5.0 * torch.tanh(z / 5.0))
+    assert torch.allclose(ro.uncap(capped), z, atol=2e-3 * 12)
+    assert torch.allclose(ro.uncap(capped[40:61]), z[40:61], atol=1e-5)  # well inside the cap: exact
+    y = torch.linspace(-4.9, 4.9, 51)
+    assert torch.allclose(ro.cap(ro.uncap(y)), y, atol=1e-5)
+    # the linearised logit of a soft-capped model is read before the cap
+    h = torch.randn(3, 8, generator=g)
+    logits = ro.logits(h)
+    assert torch.allclose(logits, 5.0 * torch.tanh((ro.norm(h) @ W + ro.b_U) / 5.0), atol=1e-6)
+    s = ro.scale(h[0])
+    u = ro.direction(4, 7)
+    got = float(ro.part_logits(h[0][None], s, u).sum()) + ro.constant(4, 7)
+    assert got == pytest.approx(ro.traced_logit(logits[0], 4, 7), abs=1e-4)
+    # no cap: both are the identity
+    plain = Readout(None, Unembed(W))
+    assert torch.equal(plain.cap(z), z) and torch.equal(plain.uncap(z), z)
+
+
+def test_soft_capped_decoder_parts_sum_to_the_uncapped_logit():
+    lm = get_model("tiny:gemma3")
+    A = lm.anatomy
+    tr = _trace(lm)
+    ro = Readout(A.final_norm, dataclasses.replace(A.unembed, softcap=0.5))
+    p = 3
+    logits = ro.logits(tr.final_in[p])
+    assert logits.abs().max() < 0.5
+    s = ro.scale(tr.final_in[p])
+    u = ro.direction(10, 20)
+    total = float(ro.part_logits(tr.final_in[p][None].float(), s, u).sum()) + ro.constant(10, 20)
+    assert total == pytest.approx(ro.traced_logit(logits, 10, 20), abs=2e-3)
+
+
+def test_no_head_is_refused():
+    A = dataclasses.replace(get_model("tiny:gpt2").anatomy, unembed=None)
+    with pytest.raises(lenscope.UnsupportedModelError, match="no language-model head"):
+        Readout.from_anatomy(A)
+
+
+@pytest.mark.parametrize("name", ["tiny:gpt2", "tiny:llama", "tiny:bert"])
+def test_top1_is_the_float32_argmax(name):
+    lm = get_model(name)
+    ro = Readout.from_anatomy(lm.anatomy)
+    g = torch.Generator().manual_seed(2)
+    y = ro.features(torch.randn(64, lm.anatomy.d_model, generator=g) * 3)
+    want = (y @ ro.W_U.float() + (ro.b_U.float() if ro.b_U is not None else 0)).argmax(-1)
+    assert torch.equal(ro.top1(y, exact=True), want)
+    assert torch.equal(ro.top1(y), want)
+    assert torch.equal(ro.top1(y, candidates=2), want)
+
+
+def test_log_partition_and_kl_terms():
+    lm = get_model("tiny:gpt2")
+    A = lm.anatomy
+    b_U = torch.randn(A.vocab_size, generator=torch.Generator().manual_seed(4))  # gpt2 has none: exercise one
+    ro = Readout(A.final_norm, dataclasses.replace(A.unembed, b_U=b_U))
+    tr = _trace(lm)
+    x = ro.features(tr.resid_pre[1].float())  # (pos, d_model)
+    z = x @ ro.W_U.float() + ro.b_U.float()
+    want = torch.logsumexp(z, -1)
+    W32 = ro.unembedding(torch.float32)
+    assert torch.allclose(ro.log_partition(x, W32), want, atol=1e-5)
+    assert torch.allclose(ro.log_partition(x, W32, tr.logits.argmax(-1)), want, atol=1e-4)
+    assert torch.allclose(ro.log_partition(x[None], W32, z.argmin(-1)[None])[0], want, atol=1e-3)
+    Wb = ro.unembedding(torch.bfloat16)
+    assert Wb.dtype == torch.bfloat16 and Wb.is_contiguous() and ro.unembedding(torch.bfloat16) is Wb
+    assert torch.allclose(ro.log_partition(x, Wb), want, atol=0.05 * float(want.abs().max()))
+    # KL(p || softmax z) = c - x . pbar + lse(z)
+    final = tr.logits.float()
+    c, pbar = ro.kl_terms(final)
+    logp = torch.log_softmax(final, -1)
+    kl = (logp.exp() * (logp - torch.log_softmax(z, -1))).sum(-1)
+    assert torch.allclose(c - (x * pbar).sum(-1) + want, kl, atol=1e-4)
+    # the gradient of the fused path is softmax(z) W^T
+    xx = x.clone().requires_grad_(True)
+    ro.log_partition(xx, W32, tr.logits.argmax(-1)).sum().backward()
+    assert torch.allclose(xx.grad, torch.softmax(z, -1) @ ro.W_U.float().T, atol=1e-5)
+
+
+def test_factored_logits_of_a_rank_one_edit_match_brute_force():
+    lm = get_model("tiny:opt")
+    ro = Readout.from_anatomy(lm.anatomy)
+    g = torch.Generator().manual_seed(3)
+    N, d = 40, lm.anatomy.d_model
+    X = torch.randn(N, d, generator=g) * 2
+    xc = ro.center(X)
+    var = ro.variance(xc)
+    s0 = torch.rsqrt(var).float()
+    assert torch.allclose(s0, ro.scale(X), rtol=1e-5)
+    W, zb = ro.W_U.float(), ro.bias_logits()
+    base = ro.factored_base(xc, s0, W, zb, rows=7, big=16)
+    logits = ro.logits(X)
+    assert torch.allclose(base["R"] + zb, logits, atol=1e-4)
+    assert torch.allclose(base["lse0"], torch.logsumexp(logits, -1), atol=1e-4)
+    assert float(base["lseb"].abs().max()) < 1e-5
+    p = torch.softmax(logits, -1)
+    assert torch.allclose(base["Pw"], p @ W.T, atol=1e-4)
+    # an edit: new scale (1 + r) and a rank-one move a u
+    r = (torch.rand(N, generator=g) - 0.5) * 0.2
+    a = torch.randn(N, generator=g)
+    u = torch.randn(W.shape[1], generator=g) * 0.1
+    rr, aa, uu = (t.clone().requires_grad_(True) for t in (r, a, u))
+    got = ro.ablated_log_partition(rr, aa, uu, base["R"], base["lse0"], zb, 7, True)
+    r64, a64, u64 = (t.double().requires_grad_(True) for t in (r, a, u))
+    zp = (1 + r64)[:, None] * base["R"].double() + zb.double() - a64[:, None] * u64
+    want = (torch.logsumexp(zp, -1) - base["lse0"].double()).sum()
+    assert float(got.detach()) == pytest.approx(float(want.detach()), abs=1e-4)
+    got.backward()
+    want.backward()
+    for mine, ref in ((rr, r64), (aa, a64), (uu, u64)):
+        assert torch.allclose(mine.grad.double(), ref.grad, atol=1e-4 * float(ref.grad.abs().max()) + 1e-6)
