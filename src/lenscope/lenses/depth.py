@@ -11,9 +11,9 @@ token; the token itself for masked-LM encoders): ``spearman_with_loss`` ranks ne
 every settled one (depth ``n_layers``), ``mean_depth`` averages the tokens that settle.
 
 Speed: only top-1 tokens are needed, so the lens states are decoded with a bfloat16 unembedding matmul
-(AMX/AVX-512) and made exact afterwards: the 16 best candidates of each row are recomputed in float32, and a
-row is recomputed entirely in float32 unless its exact best beats every other token's bfloat16 logit by more
-than a rounding-error bound (so the result equals the float32 argmax).
+(AMX/AVX-512) and made exact afterwards (:meth:`lenscope.models.readout.Readout.top1`): the 16 best candidates of
+each row are recomputed in float32, and a row is recomputed entirely in float32 unless its exact best beats every
+other token's bfloat16 logit by more than a rounding-error bound (so the result equals the float32 argmax).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
 from ..models.load import LoadedModel, encode
+from ..models.readout import Readout
 from ..models.trace import residual_states
 from ..results import Result
 from .evaluate import prediction_depth
@@ -39,27 +40,6 @@ NEVER = -1
 # ------------------------------------------------------------------------------------------- top-1
 
 
-def _readout(A, lens: Lens, h: Tensor, layer: int) -> Tensor:
-    """What multiplies the unembedding: final norm (and an encoder's head transform) of the translated state."""
-    x = lens.transform(h.float(), layer)
-    if A.final_norm is not None:
-        x = A.final_norm(x)
-    return A.unembed.transform(x)
-
-
-_BF16: dict = {}
-
-
-def _bf16_unembedding(W: Tensor) -> tuple[Tensor, float]:
-    """``W`` in bfloat16 and its largest column norm, kept for the last unembedding seen (converting a
-    ``d_model x vocab`` matrix costs more than decoding a short text)."""
-    key = (W.data_ptr(), tuple(W.shape), W._version)
-    if key not in _BF16:
-        _BF16.clear()
-        _BF16[key] = (W.to(torch.bfloat16), float(W.norm(dim=0).max()))
-    return _BF16[key]
-
-
 @torch.no_grad()
 def lens_top1(lm: LoadedModel, lens: Lens, h: Tensor, layer: int, *, exact: bool = False, candidates: int = 16,
               rows: int = 1024) -> Tensor:
@@ -68,35 +48,11 @@ def lens_top1(lm: LoadedModel, lens: Lens, h: Tensor, layer: int, *, exact: bool
     A = lm.anatomy
     if A.unembed is None:
         decode(A, torch.zeros(1, A.d_model))  # raises the NotApplicableError that says why
-    W = A.unembed.W_U.float()
-    b = A.unembed.b_U.float() if A.unembed.b_U is not None else None
+    readout = Readout.from_anatomy(A)
     out = torch.empty(h.shape[0], dtype=torch.long)
-    if exact:
-        for i in range(0, h.shape[0], rows):
-            z = _readout(A, lens, h[i : i + rows], layer) @ W
-            out[i : i + rows] = (z if b is None else z + b).argmax(-1)  # soft-capping is monotone
-        return out
-    Wb, wmax = _bf16_unembedding(W)
-    m = min(candidates, W.shape[1])
     for i in range(0, h.shape[0], rows):
-        y = _readout(A, lens, h[i : i + rows], layer)
-        z = (y.to(torch.bfloat16) @ Wb).float()
-        if b is not None:
-            z += b
-        top_v, top_i = z.topk(m, dim=-1)
-        ze = torch.einsum("nd,nmd->nm", y, W.T[top_i])  # exact logits of the candidates
-        if b is not None:
-            ze += b[top_i]
-        best = ze.amax(-1)
-        # exact ties go to the lowest token id, as argmax does
-        pick = torch.where(ze == best[:, None], top_i, W.shape[1]).amin(-1)
-        # |bf16 logit - exact| <= 2^-7 |y| max_v |W_v| (inputs rounded) + 2^-8 |z| (output rounded)
-        bound = 1.5 * (2.0**-7 * y.norm(dim=-1) * wmax + 2.0**-8 * z.abs().amax(-1)) + 1e-6
-        unsure = ~(best > top_v[:, -1] + bound) if m < W.shape[1] else torch.zeros_like(best, dtype=torch.bool)
-        if unsure.any():
-            zz = y[unsure] @ W
-            pick[unsure] = (zz if b is None else zz + b).argmax(-1)
-        out[i : i + rows] = pick
+        y = readout.features(lens.transform(h[i : i + rows].float(), layer))
+        out[i : i + rows] = readout.top1(y, exact=exact, candidates=candidates)
     return out
 
 

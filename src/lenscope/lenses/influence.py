@@ -1,0 +1,285 @@
+"""The influence of a residual-stream direction on a lens and on the model (Belrose et al. 2023, section 4).
+
+**Influence.** The influence of a unit direction ``v`` at state ``l`` on a readout ``f`` (a lens's output
+distribution, or the model's own final one) is
+
+    sigma(v; f) = E_h[ KL( f(h) || f(h - ((h - E[h]) . v) v) ) ]
+
+the expected KL divergence caused by *mean-ablating* the component of ``h`` along ``v`` (it is replaced by
+its mean over the corpus), estimated over the tokens of a text. :class:`InfluenceObjective` is the lens's
+``sigma`` (and its gradient, what causal basis extraction in :mod:`lenscope.lenses.cbe` maximises);
+:func:`model_influence` is the model's, measured by editing its residual stream.
+
+**Speed.** A lens is affine before the final norm, so mean-ablating ``v`` moves the (centred) pre-norm state
+by a rank-one term ``x' = x - c w`` with ``c = (h - mu) . v`` and ``w = centre(v M)``. The logits become
+``s' (Z - c u) + z_b`` with ``Z = (g * x) W_U`` computed once for all tokens, ``u = (g * w) W_U`` one vector
+per direction and ``s'`` the new per-token norm scale; the KL's cross term ``p . z'`` folds into one
+``(tokens, d_model)`` matrix ``p W_U^T``. One evaluation of ``sigma`` and its gradient is therefore a few
+passes over a ``(tokens, vocab)`` array, chunked over tokens, with no ``d_model x vocab`` matmul: ``sigma``'s
+gradient comes from a custom autograd function for the log-partition term. Both are fast paths of the model's
+readout (:meth:`lenscope.models.readout.Readout.factored_base`,
+:meth:`~lenscope.models.readout.Readout.ablated_log_partition`). Lenses that are not affine-then-norm-then-linear
+(encoders' masked-LM heads, soft-capped logits) use the plain chunked autograd path, which is also the tests'
+reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, NotApplicableError
+from ..models.load import LoadedModel
+from ..models.readout import Readout
+from .lenses import Lens, LogitLens, decode
+
+__all__ = ["InfluenceObjective", "influence_objective", "layer_states", "lens_influence", "model_influence"]
+
+
+# ---------------------------------------------------------------------------------------------- states
+
+
+@torch.no_grad()
+def layer_states(lm: LoadedModel, sequences: Tensor, layer: int, *, batch_size: int = 8,
+                 skip_first: bool = True) -> Tensor:
+    """Residual states ``(tokens, d_model)`` at state ``layer`` of every position of ``sequences (n_seq, pos)``
+    (float32; without each sequence's first position when ``skip_first``)."""
+    from ..interventions.hooks import run
+    from ..models.trace import residual_states
+
+    L = lm.anatomy.n_layers
+    if not 0 <= layer <= L:
+        raise InputError(f"layer {layer} is outside 0..{L}")
+    out = []
+    for s in range(0, sequences.shape[0], batch_size):
+        ids = sequences[s : s + batch_size]
+        if layer < L:
+            _, got = run(lm, ids, capture=[("resid", layer)], stop_after=("resid", layer), logits=False)
+            h = got[("resid", layer)]
+        else:
+            h = residual_states(lm, ids)["states"][-1]
+        out.append((h[:, 1:] if skip_first else h).float().reshape(-1, h.shape[-1]).cpu())
+    return torch.cat(out)
+
+
+# ------------------------------------------------------------------------------------------ objective
+
+
+def _rows_for(vocab: int, budget_bytes: float) -> int:
+    return max(1, int(budget_bytes // (vocab * 4)))
+
+
+class InfluenceObjective:
+    """``sigma(v)`` of a lens at one state over fixed residual ``states (tokens, d_model)``.
+
+    ``sigma(V)`` evaluates directions ``V (k, d_model)`` (no gradient); ``value_and_grad(v)`` returns the
+    influence of one unit direction and its gradient in ``v``. ``mean`` is ``E[h]`` (default: the states'
+    own mean). ``fast=None`` picks the factored path whenever the lens allows it.
+    """
+
+    def __init__(self, lm: LoadedModel, lens: Lens, layer: int, states: Tensor, *, mean: Tensor | None = None,
+                 fast: bool | None = None, budget_bytes: float = 3.2e6, general_rows: int = 256):
+        A = lm.anatomy
+        if A.unembed is None:
+            decode(A, torch.zeros(1, A.d_model))  # raises the NotApplicableError that says why
+        if lens.mid:
+            raise NotApplicableError("causal bases are defined on the regular residual states; this lens was trained "
+                                     "on mid-layer states")
+        if not 0 <= layer <= A.n_layers:
+            raise InputError(f"layer {layer} is outside 0..{A.n_layers}")
+        self.lm, self.lens, self.layer = lm, lens, layer
+        self.H = states.float()
+        self.N, self.d = self.H.shape
+        if self.N < 2:
+            raise InputError("mean ablation needs at least two token states")
+        self.mu = self.H.mean(0) if mean is None else mean.float()
+        self.Hc = self.H - self.mu
+        self.general_rows = general_rows
+        self.readout = Readout.from_anatomy(A)
+        can_fast = self.readout.linear_head
+        if fast and not can_fast:
+            raise InputError("the factored path needs a lens decoded by norm + linear unembedding (no masked-LM "
+                             "transform, no logit soft-capping)")
+        self.fast = can_fast if fast is None else bool(fast)
+        self.evals = 0
+        if self.fast:
+            self._prepare_fast(budget_bytes)
+        else:
+            self._prepare_general()
+
+    # ---------------------------------------------------------------- fast (factored) path
+
+    @torch.no_grad()
+    def _prepare_fast(self, budget_bytes: float) -> None:
+        ro = self.readout
+        d = self.d
+        t0 = self.lens.transform(torch.zeros(1, d), self.layer)[0].float()
+        M = self.lens.transform(torch.eye(d), self.layer).float() - t0  # the lens's linear part
+        X = self.H @ M + t0
+        if not torch.allclose(self.lens.transform(self.H[:4], self.layer).float(), X[:4], rtol=1e-4, atol=1e-4):
+            raise InputError("this lens is not affine; use fast=False")
+        self.M = M
+        self.norm = ro.norm
+        W = ro.W_U.float()  # (d, vocab)
+        V = W.shape[1]
+        self.W = W
+        self.g = ro.gain(d)
+        self.Xc = ro.center(X)
+        self.zb = ro.bias_logits()
+        self.rows = _rows_for(V, budget_bytes)
+        self.var0 = ro.variance(self.Xc)  # (N,) float64, eps included
+        s0 = torch.rsqrt(self.var0).float()
+        # R: base logits without zb; lse0: base log-partition; lseb: what the ablated path gives for no ablation
+        # (0 + rounding); praw: p . R; Pw: p W_U^T
+        base = ro.factored_base(self.Xc, s0, W, self.zb, self.rows, _rows_for(V, 2.5e8))
+        for name in ("R", "lse0", "lseb", "praw", "Pw"):
+            setattr(self, name, base[name])
+
+    def _sigma_fast(self, v: Tensor, need_grad: bool) -> Tensor:
+        c = self.Hc @ v  # (N,)
+        w = v @ self.M
+        wc = self.readout.center(w)
+        if self.norm is not None:  # new scale s' = s0 (1 + r), the variance change taken exactly
+            dvar = (-2.0 * c.double() * (self.Xc.double() @ wc.double()) + c.double().pow(2) * wc.double().pow(2).sum()
+                    ) / self.d
+            r = torch.expm1(-0.5 * torch.log1p(dvar / self.var0))
+            s1 = (torch.rsqrt(self.var0) * (1.0 + r)).float()
+            r = r.float()
+        else:
+            r, s1 = torch.zeros_like(c), torch.ones_like(c)
+        gw = wc * self.g
+        u = gw @ self.W  # (vocab,)
+        a = s1 * c
+        lse = self.readout.ablated_log_partition(r, a, u, self.R, self.lse0, self.zb, self.rows, need_grad)
+        pdelta = r.double() * self.praw - (a * (self.Pw @ gw)).double()  # p . (ablated - base logits)
+        return (lse - self.lseb.sum() - pdelta.sum()) / self.N
+
+    # ---------------------------------------------------------------- general path
+
+    def _prepare_general(self) -> None:
+        pass
+
+    def _sigma_general(self, v: Tensor, need_grad: bool) -> tuple[float, Tensor | None]:
+        A, lens, layer = self.lm.anatomy, self.lens, self.layer
+        total = 0.0
+        grad = torch.zeros_like(v) if need_grad else None
+        for a in range(0, self.N, self.general_rows):
+            b = min(self.N, a + self.general_rows)
+            h = self.H[a:b]
+            with torch.no_grad():
+                logp = torch.log_softmax(decode(A, lens.transform(h, layer)).float(), -1)
+            vv = v.detach().clone().requires_grad_(need_grad)
+            with torch.set_grad_enabled(need_grad):
+                c = self.Hc[a:b] @ vv
+                logq = torch.log_softmax(decode(A, lens.transform(h - c[:, None] * vv, layer)).float(), -1)
+                kl = (logp.exp() * (logp - logq)).sum()
+            if need_grad:
+                (g,) = torch.autograd.grad(kl, vv)
+                grad += g
+            total += float(kl.detach())
+        return total / self.N, (grad / self.N if need_grad else None)
+
+    # ---------------------------------------------------------------- public
+
+    def subset(self, step: int) -> InfluenceObjective:
+        """The same objective on every ``step``-th token (views, no copies; the mean stays the full one)."""
+        import copy
+
+        sub = copy.copy(self)
+        sl = slice(None, None, step)
+        for name in ("H", "Hc", "Xc", "var0", "R", "lse0", "lseb", "praw", "Pw"):
+            if getattr(self, name, None) is not None:
+                setattr(sub, name, getattr(self, name)[sl])
+        sub.N = sub.H.shape[0]
+        sub.evals = 0
+        return sub
+
+    def value_and_grad(self, v: Tensor) -> tuple[float, Tensor]:
+        """``sigma(v)`` and its gradient in ``v (d_model,)`` (``v`` is used as given: pass a unit vector)."""
+        self.evals += 1
+        v = v.detach().float()
+        if self.fast:
+            vv = v.clone().requires_grad_(True)
+            with torch.enable_grad():
+                sig = self._sigma_fast(vv, True)
+                (g,) = torch.autograd.grad(sig, vv)
+            return float(sig.detach()), g
+        val, g = self._sigma_general(v, True)
+        return val, g
+
+    @torch.no_grad()
+    def sigma(self, V: Tensor) -> Tensor:
+        """Influence of each unit direction ``V (k, d_model)`` -> ``(k,)`` (float32)."""
+        V = V.detach().float().reshape(-1, self.d)
+        out = torch.empty(V.shape[0])
+        for i, v in enumerate(V):
+            self.evals += 1
+            out[i] = float(self._sigma_fast(v, False)) if self.fast else self._sigma_general(v, False)[0]
+        return out
+
+
+def influence_objective(lm: LoadedModel, lens: Lens, layer: int, states: Tensor, **kw) -> InfluenceObjective:
+    """The :class:`InfluenceObjective` of ``lens`` at state ``layer`` over ``states (tokens, d_model)``."""
+    return InfluenceObjective(lm, lens, layer, states, **kw)
+
+
+def lens_influence(lm: LoadedModel, lens: Lens, layer: int, states: Tensor, directions: Tensor, *,
+                   mean: Tensor | None = None, fast: bool | None = None) -> Tensor:
+    """``sigma(v; lens)`` for each row of ``directions (k, d_model)`` (unit vectors) -> ``(k,)``."""
+    return InfluenceObjective(lm, lens, layer, states, mean=mean, fast=fast).sigma(directions)
+
+
+# ------------------------------------------------------------------------------------ model side
+
+
+@torch.no_grad()
+def model_influence(lm: LoadedModel, sequences: Tensor, layer: int, directions: Tensor, mean: Tensor, *,
+                    skip_first: bool = True, budget_bytes: float = 1.0e9) -> Tensor:
+    """``sigma(v; model)`` for each row of ``directions (k, d_model)``: mean-ablate ``v`` in the real model's
+    residual stream entering block ``layer`` (at every position, or every position but each sequence's first
+    when ``skip_first``), run the rest of the model, and average KL(final || ablated final) over the same
+    positions. Directions are batched: one forward pass runs several (sequence, direction) rows.
+
+    ``layer == n_layers`` (the last residual state, before the final norm) is the logit lens's influence there.
+    """
+    from ..interventions.hooks import Edit, run
+
+    A = lm.anatomy
+    L = A.n_layers
+    directions = directions.float()
+    k = directions.shape[0]
+    if layer == L:
+        states = layer_states(lm, sequences, L, skip_first=skip_first)
+        return lens_influence(lm, LogitLens(A), L, states, directions, mean=mean)
+    if not 0 <= layer < L:
+        raise InputError(f"layer {layer} is outside 0..{L}")
+    n_seq, P = sequences.shape
+    first = 1 if skip_first else 0
+    V = A.vocab_size
+    rows_per_pass = max(1, int(budget_bytes // (P * V * 4 * 3)))
+    total = torch.zeros(k, dtype=torch.float64)
+    count = 0
+    for s in range(0, n_seq, max(1, min(n_seq, rows_per_pass))):
+        ids = sequences[s : s + rows_per_pass]
+        B = ids.shape[0]
+        logits, got = run(lm, ids, capture=[("resid", layer)])
+        logp = torch.log_softmax(logits[:, first:].float(), -1)  # (B, P', V)
+        h = got[("resid", layer)].float()  # (B, P, d)
+        c = (h - mean) @ directions.T  # (B, P, k)
+        if skip_first:
+            c[:, 0] = 0.0
+        count += B * (P - first)
+        per = max(1, rows_per_pass // B)  # directions per forward pass
+        for d0 in range(0, k, per):
+            dirs = list(range(d0, min(k, d0 + per)))
+            G = len(dirs)
+            rep = ids.repeat(G, 1)  # row g * B + b: direction dirs[g], sequence b
+            delta = torch.stack([-c[:, :, j, None] * directions[j] for j in dirs]).reshape(G * B * P, -1)
+            rows = torch.arange(G * B).repeat_interleave(P)
+            pos = torch.arange(P).repeat(G * B)
+            edit = Edit("resid", layer, rows=rows, pos=pos, values=delta, mode="add")
+            out, _ = run(lm, rep, [edit])
+            logq = torch.log_softmax(out[:, first:].float(), -1).reshape(G, B, P - first, -1)
+            kl = (logp.exp()[None] * (logp[None] - logq)).sum(-1)  # (G, B, P')
+            total[dirs] += kl.double().sum((1, 2))
+    return (total / count).float()
