@@ -43,10 +43,10 @@ class _Worker:
     def __init__(self, model: str, threads: int, load_kwargs: dict):
         import torch
 
-        import lenscope
+        from ..models.load import load
 
         torch.set_num_threads(threads)
-        self.lm = lenscope.load(model, **load_kwargs)
+        self.lm = load(model, **load_kwargs)
 
     def run(self, job, index: int, item):
         return index, job(self.lm, item)
@@ -96,9 +96,9 @@ def sweep_map(job: Callable, items: Sequence, todo: Sequence[int], *, lm=None, m
     todo = list(todo)
     if not ray:
         if lm is None:
-            import lenscope
+            from ..models.load import load
 
-            lm = lenscope.load(model)
+            lm = load(model)
         for i in todo:
             yield i, job(lm, items[i])
         return
