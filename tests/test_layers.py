@@ -1,0 +1,230 @@
+"""Layers point down (docs/design.md, "Layers"): every import under src/lenscope goes from a package to one in
+the same or a lower layer, the package graph has no cycle, and viz never imports a method or an application.
+
+The layers, lowest first (a package is the first name under ``lenscope``; the single modules errors, results
+and version are layer 0, each its own node):
+
+    layer 0  errors, results, version
+    core     models, data, distributed
+    viz      draws results
+    methods  lenses, attribution, mixing, interventions
+    apps     report, evaluate, detect, sweeps
+    top      cli, lenscope/__init__.py (``__init__``), __main__
+
+Every import counts: module level and inside functions, ``import x`` and ``from x import y``, relative ones
+resolved against the importing module. Only imports under ``if TYPE_CHECKING:`` are left out (they never run;
+type hints may name a higher layer). A method's ``.plot()`` importing viz points down, so it is allowed.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "lenscope"
+
+LAYERS: dict[str, tuple[str, ...]] = {
+    "layer 0": ("errors", "results", "version"),
+    "core": ("models", "data", "distributed"),
+    "viz": ("viz",),
+    "methods": ("lenses", "attribution", "mixing", "interventions"),
+    "apps": ("report", "evaluate", "detect", "sweeps"),
+    "top": ("cli", "__init__", "__main__"),
+}
+RANK = {pkg: i for i, pkgs in enumerate(LAYERS.values()) for pkg in pkgs}
+LAYER_OF = {pkg: name for name, pkgs in LAYERS.items() for pkg in pkgs}
+
+
+# ---------------------------------------------------------------------------------------------- collecting
+
+
+def module_name(path: Path, root: Path) -> str:
+    """``root/mixing/alti.py`` -> ``lenscope.mixing.alti``; ``root/data/__init__.py`` -> ``lenscope.data``."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(["lenscope", *parts])
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+class _Imports(ast.NodeVisitor):
+    """Every imported module name (absolute, dotted) with its line; ``if TYPE_CHECKING:`` bodies skipped."""
+
+    def __init__(self, module: str, is_package: bool, root: Path):
+        self.package = module if is_package else module.rpartition(".")[0]
+        self.root = root
+        self.found: list[tuple[str, int]] = []
+
+    def visit_If(self, node: ast.If) -> None:
+        if _is_type_checking(node.test):
+            for child in node.orelse:  # the else branch runs
+                self.visit(child)
+            return
+        self.generic_visit(node)
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self.found.append((alias.name, node.lineno))
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            parts = self.package.split(".")
+            base = ".".join(parts[: len(parts) - (node.level - 1)])
+            base = f"{base}.{node.module}" if node.module else base
+        else:
+            base = node.module or ""
+        for alias in node.names:  # ``from pkg import sub`` imports the submodule pkg.sub when there is one
+            sub = f"{base}.{alias.name}"
+            self.found.append((sub if _exists(sub, self.root) else base, node.lineno))
+
+
+def _exists(module: str, root: Path) -> bool:
+    parts = module.split(".")
+    if parts[0] != "lenscope" or len(parts) < 2:
+        return False
+    p = root.joinpath(*parts[1:])
+    return p.with_suffix(".py").is_file() or (p / "__init__.py").is_file()
+
+
+def package_of(module: str) -> str | None:
+    """``lenscope.mixing.alti`` -> ``mixing``; ``lenscope`` -> ``__init__``; not lenscope -> None."""
+    parts = module.split(".")
+    if parts[0] != "lenscope":
+        return None
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def collect_edges(root: Path) -> dict[tuple[str, str], list[str]]:
+    """``(from package, to package) -> ["file:line imports module", ...]`` for every lenscope import between two
+    different packages under ``root`` (the ``src/lenscope`` folder)."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        module = module_name(path, root)
+        src_pkg = package_of(module)
+        if path.name == "__init__.py" and path.parent == root:
+            src_pkg = "__init__"
+        visitor = _Imports(module, path.name == "__init__.py", root)
+        visitor.visit(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+        for target, line in visitor.found:
+            dst_pkg = package_of(target)
+            if dst_pkg is None or dst_pkg == src_pkg:
+                continue
+            edges.setdefault((src_pkg, dst_pkg), []).append(f"{path.relative_to(root.parent)}:{line} imports {target}")
+    return edges
+
+
+# ---------------------------------------------------------------------------------------------- checking
+
+
+def find_cycle(edges) -> list[str] | None:
+    """One cycle of the package graph (``[a, b, ..., a]``), or None when it has none."""
+    graph: dict[str, list[str]] = {}
+    for a, b in sorted(edges):
+        graph.setdefault(a, []).append(b)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(n: str) -> list[str] | None:
+        state[n] = 1
+        path.append(n)
+        for m in graph.get(n, []):
+            if state.get(m) == 1:
+                return path[path.index(m):] + [m]
+            if m not in state:
+                found = visit(m)
+                if found:
+                    return found
+        path.pop()
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state:
+            found = visit(n)
+            if found:
+                return found
+    return None
+
+
+def violations(edges) -> list[str]:
+    """What breaks the layering: packages outside the table, imports that point up, viz importing a method or
+    an application, and a cycle."""
+    out = []
+    for pkg in sorted({p for e in edges for p in e} - set(RANK)):
+        out.append(f"package {pkg!r} is in no layer: add it to LAYERS here and to docs/design.md")
+    for (a, b), where in sorted(edges.items()):
+        if a not in RANK or b not in RANK:
+            continue
+        if a == "viz" and LAYER_OF[b] in ("methods", "apps"):
+            out.append(f"viz imports {LAYER_OF[b]} package {b!r} (viz draws results only): {where[0]}")
+        elif RANK[b] > RANK[a]:
+            out.append(f"{a!r} ({LAYER_OF[a]}) imports {b!r} ({LAYER_OF[b]}), a higher layer: {'; '.join(where)}")
+    cycle = find_cycle(edges)
+    if cycle:
+        steps = "; ".join(f"{x} -> {y}: {edges[(x, y)][0]}" for x, y in zip(cycle, cycle[1:]))
+        out.append(f"the package graph has a cycle {' -> '.join(cycle)} ({steps})")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the tests
+
+
+def test_every_package_is_in_a_layer():
+    on_disk = {p.name for p in SRC.iterdir() if (p / "__init__.py").is_file() or (p.is_dir() and any(p.glob("*.py")))}
+    on_disk |= {p.stem for p in SRC.glob("*.py")}
+    assert on_disk - set(RANK) == set(), "add the new package to LAYERS (and to docs/design.md)"
+
+
+def test_layers_point_down():
+    edges = collect_edges(SRC)
+    assert edges, "no imports found: the walker is broken"
+    assert ("mixing", "models") in edges  # sanity: a known downward import is seen
+    problems = violations(edges)
+    assert not problems, "\n".join(problems)
+
+
+def test_checker_finds_upward_edges_cycles_and_viz_imports():
+    edges = {("models", "lenses"): ["models/x.py:3 imports lenscope.lenses"],
+             ("lenses", "attribution"): ["lenses/a.py:1 imports lenscope.attribution"],
+             ("attribution", "lenses"): ["attribution/b.py:9 imports lenscope.lenses.c"],
+             ("viz", "detect"): ["viz/p.py:2 imports lenscope.detect"],
+             ("cli", "models"): ["cli/m.py:5 imports lenscope.models.load"],
+             ("newpkg", "errors"): ["newpkg/x.py:1 imports lenscope.errors"]}
+    problems = violations(edges)
+    assert any("'models' (core) imports 'lenses' (methods)" in p for p in problems)
+    assert any(p.startswith("viz imports apps package 'detect'") for p in problems)
+    assert any("cycle attribution -> lenses -> attribution" in p for p in problems)
+    assert any("'newpkg' is in no layer" in p for p in problems)
+    assert not any(p.startswith("'cli'") for p in problems)  # top -> core points down
+    assert find_cycle({("a", "b"): [], ("b", "c"): []}) is None
+    assert find_cycle({("a", "b"): [], ("b", "c"): [], ("c", "a"): []}) == ["a", "b", "c", "a"]
+
+
+def test_collector_resolves_relative_imports_and_skips_type_checking(tmp_path):
+    root = tmp_path / "lenscope"
+    for d in ("models", "viz", "lenses"):
+        (root / d).mkdir(parents=True)
+        (root / d / "__init__.py").write_text("")
+    (root / "__init__.py").write_text("from .models import load\n")
+    (root / "errors.py").write_text("")
+    (root / "models" / "load.py").write_text("from ..errors import X\n\ndef f():\n    from ..lenses import y\n")
+    (root / "viz" / "plots.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..lenses import Lens\nelse:\n"
+        "    import lenscope.errors\nfrom .. import errors\n")
+    edges = collect_edges(root)
+    assert set(edges) == {("__init__", "models"), ("models", "errors"), ("models", "lenses"), ("viz", "errors")}
+    assert edges[("models", "lenses")] == ["lenscope/models/load.py:4 imports lenscope.lenses"]
+    assert len(edges[("viz", "errors")]) == 2  # the else branch of TYPE_CHECKING counts; its body does not
+    assert [p for p in violations(edges) if "'models' (core) imports 'lenses'" in p]
+
+
+if __name__ == "__main__":  # pragma: no cover - print the package graph
+    for (a, b), where in sorted(collect_edges(SRC).items()):
+        print(f"{a:>14} -> {b:<14} {len(where)}")
+    pytest.main([__file__])
