@@ -1,8 +1,9 @@
 """The tuned lens's training objective: KL(final || lens) per state and token, and its gradient.
 
-This module is the one place where training goes from a residual state to logits (the final norm, the
-unembedding, its bias) and from logits to the KL; :mod:`lenscope.lenses.precision` times its log-partition and
-:mod:`lenscope.lenses.selection` evaluates it.
+Training goes from a residual state to logits through the model's readout
+(:class:`lenscope.models.readout.Readout`: the final norm, the unembedding, its bias, and the fused
+log-partition and KL terms), and from logits to the KL here; :mod:`lenscope.lenses.precision` times the
+log-partition and :mod:`lenscope.lenses.selection` evaluates the objective.
 
 Where the time goes: the model's forward pass is cheap next to decoding every layer's state through the
 unembedding (``state x tokens x d_model x vocab`` multiply-adds, forwards and backwards). So:
@@ -27,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..models.load import LoadedModel
+from ..models.readout import LogPartition, Readout
 from .lenses import TunedLens
 
 
@@ -37,53 +39,11 @@ def kl_to_final_terms(lm: LoadedModel, final_logits: Tensor, W: Tensor | None = 
     ``c = sum p log p - p . b_U`` (tokens,) and ``pbar = p W_U^T`` (tokens, d_model). ``W``: the unembedding
     in the dtype to multiply in (default: float32).
     """
-    U = lm.anatomy.unembed
-    logp = torch.log_softmax(final_logits.float(), dim=-1)
-    p = logp.exp()
-    c = (p * logp).sum(-1)
-    if U.b_U is not None:
-        c = c - p @ U.b_U.float()
-    if W is None or W.dtype == torch.float32:
-        return c, p @ U.W_U.T.float()
-    return c, (p.to(W.dtype) @ W.T).float()
+    return Readout.from_anatomy(lm.anatomy).kl_terms(final_logits, W)
 
 
-class _LogPartition(torch.autograd.Function):
-    """``lse(x @ W + b)`` per row, with ``W`` in the dtype to multiply in (bfloat16 is fast on CPUs with
-    native support).
-
-    One fused softmax pass gives the probabilities ``q`` (kept in ``W``'s dtype for the backward, where the
-    gradient is ``q W^T``); the log-partition is read at one token, ``lse = z_k - log q_k``, which needs no
-    second exponential pass. ``ref (rows,)`` names that token (training passes the final distribution's top
-    token, which the lens's distribution rarely puts below float underflow); without it, or where ``q_k``
-    underflowed, the most probable token is used (one more pass over the vocabulary). Gradients flow to ``x``
-    only (the unembedding is frozen).
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, W: Tensor, b: Tensor | None, ref: Tensor | None = None) -> Tensor:
-        z = x.to(W.dtype) @ W
-        if b is not None:
-            z += b.to(z.dtype)
-        q = torch.softmax(z, dim=-1)
-        if ref is None:
-            q_k, j = q.max(dim=-1)
-            lse = z.gather(-1, j[:, None]).squeeze(-1).float() - q_k.float().log()
-        else:
-            k = ref[:, None]
-            lse = z.gather(-1, k).squeeze(-1).float() - q.gather(-1, k).squeeze(-1).float().log()
-            bad = ~torch.isfinite(lse)
-            if bool(bad.any()):
-                q_k, j = q[bad].max(dim=-1)
-                lse[bad] = z[bad].gather(-1, j[:, None]).squeeze(-1).float() - q_k.float().log()
-        ctx.save_for_backward(q, W)
-        return lse
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        q, W = ctx.saved_tensors
-        return (q @ W.T).float() * g[:, None], None, None, None
-
+# the fused log-partition of the readout (lenscope.lenses.precision times it)
+_LogPartition = LogPartition
 
 
 def lens_kl_loss(lm: LoadedModel, lens: TunedLens, states: Tensor, c: Tensor, pbar: Tensor, W: Tensor,
@@ -114,22 +74,11 @@ def lens_kl(lm: LoadedModel, lens: TunedLens, states: Tensor, c: Tensor, pbar: T
     :func:`kl_to_final_terms` for the same tokens; ``W`` the unembedding in the dtype to multiply in (bfloat16
     for speed, float32 for exactness). ``ref (tokens,)``: the final distribution's top token, which makes the
     log-partition cheaper (training); without it the float32 path is ``torch.logsumexp``."""
-    A = lm.anatomy
+    readout = Readout.from_anatomy(lm.anatomy)
     n = states.shape[0]
     tA, tb = _translators(lens, first_state, n)
-    x = states + torch.bmm(states, tA) + tb[:, None]
-    if A.final_norm is not None:
-        x = A.final_norm(x)
-    x = A.unembed.transform(x)
-    d = x.shape[-1]
-    if W.dtype == torch.float32 and ref is None:
-        z = x @ W
-        if A.unembed.b_U is not None:
-            z = z + A.unembed.b_U
-        lse = torch.logsumexp(z, dim=-1)
-    else:
-        r = None if ref is None else ref.expand(n, -1).reshape(-1)
-        lse = _LogPartition.apply(x.reshape(-1, d), W, A.unembed.b_U, r).reshape(x.shape[:-1])
+    x = readout.features(states + torch.bmm(states, tA) + tb[:, None])
+    lse = readout.log_partition(x, W, None if ref is None else ref.expand(n, -1))
     return c - (x * pbar).sum(-1) + lse
 
 
@@ -153,19 +102,10 @@ def chunks(n_states: int, n_tokens: int, vocab: int, budget_bytes: float = 1.5e9
 TRAIN_BLOCK_BYTES = 1.5e9
 
 
-_W_CACHE: dict = {}
-
-
 def _unembed_weight(lm: LoadedModel, bf16: bool) -> Tensor:
     """The unembedding as a contiguous matrix in the training dtype, converted once per model."""
     W_U = lm.anatomy.unembed.W_U
-    if not bf16:
-        return W_U
-    key = (id(lm.anatomy), W_U.data_ptr())
-    if key not in _W_CACHE:
-        _W_CACHE.clear()
-        _W_CACHE[key] = W_U.to(torch.bfloat16).contiguous()
-    return _W_CACHE[key]
+    return Readout.from_anatomy(lm.anatomy).unembedding(torch.bfloat16) if bf16 else W_U
 
 
 def kl_backward(lm: LoadedModel, lens: TunedLens, states: Tensor, final_logits: Tensor, bf16: bool = True,
