@@ -21,6 +21,7 @@ from ..errors import InputError, InvariantError, NotApplicableError
 from ..mixing.alti import mixing_matrices
 from ..models.algebra import attention_logit_parts, f32
 from ..models.load import LoadedModel, resolve_token, token_str
+from ..models.readout import Readout
 from ..models.trace import Trace, prefix_trace, trace
 from .explanation import Explanation
 
@@ -57,21 +58,9 @@ def _tokens_and_trace(lm: LoadedModel, text, target, foil, position: int, tr: Tr
 def _readout(lm: LoadedModel, tr: Trace, p: int, t_id: int, f_id: int | None) -> tuple[Tensor, float, float]:
     """The residual-stream direction read by the logit difference at ``p``, the constant term (final-norm bias
     and unembedding bias), and the model's logit difference (before any final soft-capping)."""
-    A = lm.anatomy
-    W_U = A.unembed.W_U.float()
-    u = W_U[:, t_id] - (W_U[:, f_id] if f_id is not None else 0)
-    norm = A.final_norm
-    direction = norm.pullback(u, norm.scale(f32(tr.final_in[p])))
-    const = float(norm.bias.float() @ u) if norm.bias is not None else 0.0
-    if A.unembed.b_U is not None:
-        b = A.unembed.b_U.float()
-        const += float(b[t_id] - (b[f_id] if f_id is not None else 0))
-    logits = f32(tr.logits[p])
-    cap = A.unembed.softcap
-    if cap is not None:
-        logits = torch.atanh((logits / cap).clamp(-1 + 1e-7, 1 - 1e-7)) * cap
-    logit = float(logits[t_id] - (logits[f_id] if f_id is not None else 0))
-    return direction, const, logit
+    readout = Readout.from_anatomy(lm.anatomy)
+    direction = readout.pullback(readout.direction(t_id, f_id), readout.scale(f32(tr.final_in[p])))
+    return direction, readout.constant(t_id, f_id), readout.traced_logit(tr.logits[p], t_id, f_id)
 
 
 def _logit_parts(lm: LoadedModel, tr: Trace, p: int, t_id: int, f_id: int | None):

@@ -6,9 +6,11 @@ final norm's per-token scale ``s`` taken from the trace, the norm is affine, so 
 
     logit = sum_c  u . (w * s * center(c))  +  u . b_norm  +  b_U[t] - b_U[f],   u = W_U[:, t] - W_U[:, f]
 
-Each attention write splits further into its heads and its output bias (for Gemma's sandwich norms the
-post-attention norm is affine too, given its traced scale). The parts sum to the model's logit up to
-float error; ``completeness_error`` reports how far.
+Each attention write splits further into its heads and its output bias through the decomposition algebra
+(:func:`lenscope.models.algebra.attention_parts` with the attention weights from the trace, then
+:func:`~lenscope.models.algebra.norm_step` for Gemma's sandwich norm, affine given its traced scale); the final
+norm, the biases and the soft-cap are read through :class:`lenscope.models.readout.Readout`. The parts sum to
+the model's logit up to float error; ``completeness_error`` reports how far.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
+from ..models.algebra import attention_parts, norm_step
 from ..models.load import LoadedModel, resolve_token, token_str
+from ..models.readout import Readout
 from ..models.trace import Trace, trace
 from ..results import Result
 
@@ -92,6 +96,19 @@ def _check_decoder(lm: LoadedModel) -> None:
         )
 
 
+def _head_writes(A, tr: Trace, l: int, p: int) -> tuple[Tensor, Tensor]:
+    """What each head of layer ``l`` adds to the residual stream at position ``p``, ``(head, d_model)``, and the
+    part no head writes (the output bias; for a sandwich block, through the post-attention norm with its traced
+    scale, plus that norm's bias), ``(d_model,)``: the algebra's attention decomposition summed per head."""
+    rows = torch.tensor([p], device=tr.attn_probs[l].device)
+    dec = attention_parts(A, tr, l, rows, "sources", factored=True)
+    post = A.layers[l].ln_attn_out
+    if post is not None:
+        dec = norm_step(dec, post, tr.attn_out[l][rows])
+    heads = torch.einsum("hs,hsd->hd", dec.alpha[:, 0], dec.V) * dec.scale[0]  # diag is empty: no residual here
+    return heads, dec.rest[0]
+
+
 @torch.no_grad()
 def direct_logit_attribution(
     lm: LoadedModel,
@@ -117,15 +134,9 @@ def direct_logit_attribution(
         raise InputError(f"position {position} is outside the text's {n} tokens")
     p = position % n
 
-    W_U = A.unembed.W_U
-    u = (W_U[:, t_id] - (W_U[:, f_id] if f_id is not None else 0)).float()  # float32 from bf16/fp16 weights
-    norm = A.final_norm
-    s = norm.scale(tr.final_in[p])
-
-    def project(x: Tensor) -> Tensor:
-        """(..., d_model) -> (...): each part's contribution through the (affine, traced) final norm."""
-        return norm.linear(x, s) @ u
-
+    readout = Readout.from_anatomy(A)
+    u = readout.direction(t_id, f_id)  # float32 from bf16/fp16 weights
+    s = readout.scale(tr.final_in[p])
     names: list[str] = []
     layers: list[int] = []
     heads: list[int] = []
@@ -146,38 +157,22 @@ def direct_logit_attribution(
 
     for i, layer in enumerate(A.layers):
         if by_head:
-            attn = layer.attn
-            probs = tr.attn_probs[i][:, p : p + 1]  # (head, 1, src)
-            head_out = attn.head_outputs(probs, tr.attn_in[i])[:, 0]  # (head, d_model)
-            bias = attn.b_O if attn.b_O is not None else torch.zeros_like(head_out[0])
-            post = layer.ln_attn_out
-            if post is not None:  # sandwich: the post-attention norm is affine given its traced scale
-                s_post = post.scale(tr.attn_out[i][p])
-                head_out = post.linear(head_out, s_post)
-                bias = post.linear(bias, s_post) + (post.bias if post.bias is not None else 0)
-            for h in range(attn.n_heads):
+            head_out, bias = _head_writes(A, tr, i, p)
+            for h in range(layer.attn.n_heads):
                 add(f"L{i}.H{h}", i, h, head_out[h])
             add(f"L{i}.attn_bias", i, -1, bias)
         else:
             add(f"L{i}.attn", i, -1, tr.attn_write[i][p])
         add(f"L{i}.mlp", i, -1, tr.mlp_write[i][p])
 
-    values = project(torch.stack(parts))
-    const = float(norm.bias.float() @ u.to(norm.bias.device)) if norm.bias is not None else 0.0
-    b_U = A.unembed.b_U
-    if b_U is not None:
-        const += float(b_U[t_id].float() - (b_U[f_id].float() if f_id is not None else 0))
-    if norm.bias is not None or b_U is not None:
+    values = readout.part_logits(torch.stack(parts), s, u)
+    if readout.has_bias:
         names.append("bias")
         layers.append(-1)
         heads.append(-1)
-        values = torch.cat([values, values.new_tensor([const])])
+        values = torch.cat([values, values.new_tensor([readout.constant(t_id, f_id)])])
 
-    logits = tr.logits[p]
-    cap = A.unembed.softcap
-    if cap is not None:  # decompose the logit before soft-capping
-        logits = torch.atanh((logits / cap).clamp(-1 + 1e-7, 1 - 1e-7)) * cap
-    logit = float(logits[t_id] - (logits[f_id] if f_id is not None else 0))
+    logit = readout.traced_logit(tr.logits[p], t_id, f_id)  # the logit before soft-capping
     return ComponentAttribution(
         model=lm.name, tokens=tr.tokens, position=p, target=token_str(lm, t_id), target_id=t_id,
         foil=None if f_id is None else token_str(lm, f_id), foil_id=f_id, names=names, layers=layers, heads=heads,
