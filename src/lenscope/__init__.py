@@ -7,7 +7,11 @@
     ex = lenscope.explain(lm, "The keys to the cabinet", " are", foil=" is", method="alti-logit")
 """
 
-from .attribution import ComponentAttribution, Explanation, direct_logit_attribution, explain, explain_all
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
 from .errors import (
     InputError,
     LenscopeError,
@@ -16,11 +20,36 @@ from .errors import (
     UnknownModelError,
     UnsupportedModelError,
 )
-from .models.anatomy import Anatomy
-from .models.load import LoadedModel, available_names, load
-from .models.trace import Trace, trace
-from .models.verify import VerifyReport, verify
 from .version import __version__ as __version__
+
+if TYPE_CHECKING:
+    from .attribution import ComponentAttribution, Explanation, direct_logit_attribution, explain, explain_all
+    from .models.anatomy import Anatomy
+    from .models.load import LoadedModel, available_names, load
+    from .models.trace import Trace, trace
+    from .models.verify import VerifyReport, verify
+
+# The public names that need torch are imported on first use (``lenscope.load`` ...), so that ``import lenscope``
+# and the command line's ``--help`` stay fast: name -> the module that defines it.
+_LAZY = {
+    "ComponentAttribution": ".attribution", "Explanation": ".attribution", "direct_logit_attribution": ".attribution",
+    "explain": ".attribution", "explain_all": ".attribution", "Anatomy": ".models.anatomy",
+    "LoadedModel": ".models.load", "available_names": ".models.load", "load": ".models.load",
+    "Trace": ".models.trace", "trace": ".models.trace", "VerifyReport": ".models.verify", "verify": ".models.verify",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "Anatomy", "ComponentAttribution", "Explanation", "InputError", "LenscopeError", "LoadedModel",
