@@ -47,16 +47,19 @@ def _scores(e) -> dict:
 
 def f_of_alpha(lm, text, target, foil, alphas, dtype=torch.float32) -> list[float]:
     """``f(alpha e) = logit[target] - logit[foil]`` at the last position with input embeddings scaled by alpha."""
-    from lenscope.attribution.baselines import _embed, _logits, _Problem
+    from lenscope.attribution.baselines import model_logits
+    from lenscope.models.load import resolve_token, token_ids
 
-    pr = _Problem(lm, "ig", text, target, foil, -1)
-    e = _embed(pr)
+    t, f = resolve_token(lm, target), resolve_token(lm, foil)
+    with torch.no_grad():
+        e = lm.model.get_input_embeddings()(token_ids(lm, text)[None])[0].detach()
     out = []
     model = lm.model.to(dtype)
     try:
         with torch.no_grad():
             for a in alphas:
-                out.append(float(pr.objective(_logits(lm, inputs_embeds=(a * e.to(dtype))[None]))[0]))
+                vec = model_logits(lm, inputs_embeds=(a * e.to(dtype))[None])[:, -1]
+                out.append(float((vec[:, t] - vec[:, f])[0]))
     finally:
         lm.model.to(torch.float32)
     del model

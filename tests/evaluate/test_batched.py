@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import lenscope
+from lenscope.attribution.baselines import erasure_rows, gradient_rows, integrated_gradients_rows
 from lenscope.attribution.explain import explain
 from lenscope.data.datasets import Example
 from lenscope.evaluate import batched
@@ -28,9 +29,9 @@ def test_batched_rows_equal_single_example_methods(family):
     ids = _same_length_ids(lm, 6)
     t, f = torch.tensor([5, 7, 9]), torch.tensor([11, 13, 4])
     trs = batched.traces(lm, ids)
-    g = batched.gradients(lm, ids, t, f)
-    ig = batched.integrated_gradients(lm, ids, t, f, steps=4, max_tokens=20)  # several chunks
-    er = batched.erasure(lm, ids, t, f, max_tokens=12)
+    g = gradient_rows(lm, ids, t, f, last_only=True)
+    ig = integrated_gradients_rows(lm, ids, t, f, steps=4, max_tokens=20, last_only=True)  # several chunks
+    er = erasure_rows(lm, ids, t, f, max_tokens=12, last_only=True)
     for b in range(ids.shape[0]):
         row = ids[b].tolist()
         ref_tr = lenscope.trace(lm, row)

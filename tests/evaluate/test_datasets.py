@@ -100,8 +100,7 @@ def test_shared_blimp_and_ioi():
 
 @needs_shared
 def test_blimp_paradigm_without_one_prefix_form_is_scored_by_sentence_probability():
-    from lenscope.evaluate.alignment import evaluate_examples
-    from lenscope.evaluate.batched import sentence_logprob
+    from lenscope.evaluate.alignment import evaluate_examples, sentence_logprob
     from lenscope.evaluate.evidence import sentence_ids
 
     from ..conftest import get_model

@@ -9,13 +9,12 @@ from lenscope.data.datasets import Example, load_dataset
 from lenscope.evaluate.alignment import (
     POSITIONAL,
     evaluate_examples,
-    positional_metrics,
     positional_scores,
     read_records,
     run_alignment,
     summarise,
 )
-from lenscope.evaluate.metrics import alignment
+from lenscope.evaluate.metrics import alignment, positional_metrics
 
 from ..conftest import get_model
 from .test_alignment import DATA

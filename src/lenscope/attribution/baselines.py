@@ -20,7 +20,15 @@ norms and the like are added by the model itself, so they are part of ``f``, not
 Every function returns an :class:`~lenscope.attribution.explanation.Explanation` whose ``scores`` have
 shape ``(src,)`` and whose ``info["f"]`` is ``f`` on the full input. ``grad_x_input``, ``integrated_gradients``
 and ``erasure`` are linear in the explained scalar, so a contrastive score is the target's score minus the
-foil's; ``grad_norm`` is the norm of the contrastive gradient, not a difference. The model runs in its own
+foil's; ``grad_norm`` is the norm of the contrastive gradient, not a difference.
+
+Batches (captum's ``attribute()`` contract: one implementation per method, batching as an argument): each
+method has a ``*_rows`` form, the one implementation that the single-text function calls with a batch of one
+(:func:`gradient_rows`, :func:`integrated_gradients_rows`, :func:`erasure_rows`, and :func:`logit_diff_rows`
+for ``f`` alone). It takes ``ids (batch, pos)`` (equal-length rows, no padding), per-row ``target``/``foil
+(batch,)`` ids, the explained ``position``, ``internal_batch_size`` (rows per forward/backward pass) or
+``max_tokens`` (tokens per pass), and ``last_only`` (causal models at the last position: only the last logits
+are computed), and returns per-row scores ``(batch, pos)`` and ``f (batch,)``. The model runs in its own
 dtype (float32 unless loaded otherwise); scores come back as float32 on the CPU. The model is not changed:
 gradients are taken with respect to the embeddings only, and dropout is off while the methods run.
 
@@ -40,36 +48,30 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.load import LoadedModel, resolve_token, token_ids, token_str
+from ..models.algebra import gauss_legendre
+from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids, token_str
 from .explanation import Explanation
 
-__all__ = ["IG_BASELINES", "erasure", "grad_norm", "grad_x_input", "ig_baseline", "integrated_gradients",
-           "integrated_gradients_rows"]
+__all__ = ["IG_BASELINES", "erasure", "erasure_rows", "eval_mode", "grad_norm", "grad_x_input", "gradient_rows",
+           "ig_baseline", "integrated_gradients", "integrated_gradients_rows", "logit_diff_rows", "model_logits"]
 
 
 # ----------------------------------------------------------------------------------------------
 # shared plumbing
 
+_NO_TARGET = "use a method that needs no target, e.g. --method alti"
+
 
 class _Problem:
-    """A validated request: ids, the explained position and the target/foil ids."""
+    """A validated single-text request: ids, the explained position and the target/foil ids."""
 
     def __init__(self, lm: LoadedModel, method: str, text, target, foil, position: int):
-        A = lm.anatomy
-        if A.unembed is None:
-            raise NotApplicableError(
-                f"{method} explains a token's logit, but {lm.name} ({A.family}) has no language-model head; "
-                "use a method that needs no target, e.g. --method alti"
-            )
+        require_decoder(lm, method, instead=_NO_TARGET)
         self.lm = lm
         self.method = method
         self.ids = token_ids(lm, text)
         self.n = n = self.ids.numel()
-        if not isinstance(position, (int, np.integer)) or isinstance(position, bool):
-            raise InputError(f"position must be an integer, got {position!r}")
-        if not -n <= position < n:
-            raise InputError(f"position {position} is outside the text's {n} tokens (use -{n}..{n - 1})")
-        self.p = int(position) % n
+        self.p = _position(position, n)
         self.t_id = resolve_token(lm, target)
         self.f_id = resolve_token(lm, foil) if foil is not None else None
         if self.f_id is not None and self.f_id == self.t_id:
@@ -77,19 +79,10 @@ class _Problem:
                 f"the foil is the target ({token_str(lm, self.t_id)!r}, #{self.t_id}); a contrastive explanation "
                 "needs two different tokens (or leave the foil out)"
             )
-        from ..models.devices import main_device
 
-        self.device = main_device(lm.model)  # accelerate's execution device of a split model, never "meta"
-
-    def objective(self, logits: Tensor, at: Tensor | int | None = None) -> Tensor:
-        """``f`` per batch row from ``logits (batch, pos, vocab)`` read at position ``at`` (default: p)."""
-        at = self.p if at is None else at
-        rows = torch.arange(logits.shape[0], device=logits.device)
-        vec = logits[rows, at] if isinstance(at, Tensor) else logits[:, at]
-        f = vec[:, self.t_id]
-        if self.f_id is not None:
-            f = f - vec[:, self.f_id]
-        return f
+    def rows(self) -> tuple[Tensor, list[int], list[int] | None]:
+        """This text as a batch of one for the ``*_rows`` functions: ``ids (1, pos)``, target and foil ids."""
+        return self.ids[None], [self.t_id], None if self.f_id is None else [self.f_id]
 
     def explanation(self, scores: Tensor, info: dict) -> Explanation:
         lm = self.lm
@@ -102,8 +95,60 @@ class _Problem:
         )
 
 
+def _position(position, n: int) -> int:
+    if not isinstance(position, (int, np.integer)) or isinstance(position, bool):
+        raise InputError(f"position must be an integer, got {position!r}")
+    if not -n <= position < n:
+        raise InputError(f"position {position} is outside the text's {n} tokens (use -{n}..{n - 1})")
+    return int(position) % n
+
+
+def _rows(lm: LoadedModel, method: str, ids, target, foil, position: int,
+          last_only: bool) -> tuple[Tensor, Tensor, Tensor | None, int]:
+    """A validated batch: ``ids (batch, pos)`` on the model's device, ``target``/``foil (batch,)`` ids (foil None
+    for a plain logit) and the explained position ``p`` in ``0..pos-1``."""
+    from ..models.devices import main_device
+
+    require_decoder(lm, method, instead=_NO_TARGET)
+    device = main_device(lm.model)  # accelerate's execution device of a split model, never "meta"
+    ids = torch.as_tensor(ids, dtype=torch.long).to(device)
+    if ids.dim() != 2 or ids.shape[0] < 1 or ids.shape[1] < 1:
+        raise InputError(f"ids must be token ids of shape (batch, pos), got shape {tuple(ids.shape)}")
+    B, n = ids.shape
+    per_row = []
+    for name, x in (("target", target), ("foil", foil)):
+        x = None if x is None else torch.as_tensor(x, dtype=torch.long).to(device).reshape(-1)
+        if x is not None and x.numel() != B:
+            raise InputError(f"{name} must hold one token id per row ({B}), got {x.numel()}")
+        per_row.append(x)
+    p = _position(position, n)
+    if last_only and (p != n - 1 or not lm.anatomy.causal):
+        raise InputError("last_only reads the last position's logits only: it needs a causal model and the last "
+                         "position")
+    return ids, per_row[0], per_row[1], p
+
+
+def _chunk(rows: int, row_tokens: int, internal_batch_size: int | None, max_tokens: int | None) -> int:
+    """Rows per forward (and backward) pass: ``internal_batch_size``, else as many rows of ``row_tokens`` tokens
+    as fit in ``max_tokens``, else all ``rows``."""
+    if internal_batch_size is not None:
+        return max(1, int(internal_batch_size))
+    if max_tokens is not None:
+        return max(1, int(max_tokens) // max(1, row_tokens))
+    return max(1, rows)
+
+
+def _objective(logits: Tensor, at: Tensor | int, t: Tensor, f: Tensor | None) -> Tensor:
+    """``f = logit[t] - logit[f]`` per row from ``logits (rows, pos, vocab)`` read at position ``at`` (an int, or
+    ``(rows,)`` per row); ``t``/``f (rows,)`` per-row token ids (``f`` None: the target's logit alone)."""
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    vec = logits[rows, at] if isinstance(at, Tensor) else logits[:, at]
+    out = vec[rows, t]
+    return out if f is None else out - vec[rows, f]
+
+
 @contextmanager
-def _eval_mode(model):
+def eval_mode(model):
     """Run with dropout off; restore every module's training flag afterwards."""
     was = [(m, m.training) for m in model.modules()]
     model.eval()
@@ -114,8 +159,8 @@ def _eval_mode(model):
             m.training = flag
 
 
-def _logits(lm: LoadedModel, *, input_ids: Tensor | None = None, inputs_embeds: Tensor | None = None,
-            last_only: bool = False) -> Tensor:
+def model_logits(lm: LoadedModel, *, input_ids: Tensor | None = None, inputs_embeds: Tensor | None = None,
+                 last_only: bool = False) -> Tensor:
     """The real model's logits ``(batch, pos, vocab)`` (no padding, no cache); with ``last_only`` (causal
     models) only the last position's, ``(batch, 1, vocab)``, so a batch of long inputs stays small."""
     x = input_ids if input_ids is not None else inputs_embeds
@@ -138,46 +183,50 @@ def _logits(lm: LoadedModel, *, input_ids: Tensor | None = None, inputs_embeds: 
     return logits
 
 
-def _embed(pr: _Problem) -> Tensor:
-    """The input embeddings ``(pos, d_model)`` as the model's embedding module returns them (detached)."""
-    with torch.no_grad():
-        return pr.lm.model.get_input_embeddings()(pr.ids[None].to(pr.device))[0].detach()
-
-
-def _gradient(pr: _Problem, e: Tensor) -> tuple[Tensor, float]:
-    """``df/de (pos, d_model)`` and ``f`` at embeddings ``e``: one forward and one backward pass."""
-    x = e[None].clone().requires_grad_(True)
-    with _eval_mode(pr.lm.model), torch.enable_grad():
-        f = pr.objective(_logits(pr.lm, inputs_embeds=x))
-        (g,) = torch.autograd.grad(f.sum(), x)
-    return g[0].detach(), float(f.detach()[0])
-
-
 # ----------------------------------------------------------------------------------------------
-# the methods
+# the methods on a batch: the one implementation of each (the single-text functions below call these)
+#
+# Every ``*_rows`` function takes ``ids (batch, pos)`` (rows of equal length, no padding, so each row computes
+# what it computes alone), ``target``/``foil (batch,)`` per-row token ids (no foil: the target's logit alone)
+# and the explained ``position`` (the same in every row). ``last_only`` (causal models, ``position`` the last
+# one): the model computes the last position's logits only. ``internal_batch_size`` rows per forward (and
+# backward) pass, or as many as fit in ``max_tokens`` tokens; default all rows in one pass.
 
 
-def grad_norm(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, foil: str | int | None = None, *,
-              position: int = -1) -> Explanation:
-    """Gradient norm: ``scores[j] = ||df/de_j||_2`` with ``f = logit[target] - logit[foil]`` at ``position``.
-
-    ``target``/``foil`` are a token's text (``" Paris"``), ``"#ID"`` or an int id; ``text`` may be token ids.
-    """
-    pr = _Problem(lm, "grad-norm", text, target, foil, position)
-    e = _embed(pr)
-    g, f = _gradient(pr, e)
-    scores = g.float().norm(dim=-1)
-    return pr.explanation(scores, {"f": f})
+@torch.no_grad()
+def logit_diff_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: int = -1,
+                    last_only: bool = False) -> Tensor:
+    """``f = logit[position, target] - logit[position, foil]`` per row, ``(batch,)`` float64 CPU (one forward
+    pass, no gradient)."""
+    ids, t, f, p = _rows(lm, "the logit difference", ids, target, foil, position, last_only)
+    with eval_mode(lm.model):
+        logits = model_logits(lm, input_ids=ids, last_only=last_only)
+        return _objective(logits, -1 if last_only else p, t, f).double().cpu()
 
 
-def grad_x_input(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, foil: str | int | None = None,
-                 *, position: int = -1) -> Explanation:
-    """Gradient times input: ``scores[j] = sum_d df/de_j,d * e_j,d`` (signed), ``f`` as in :func:`grad_norm`."""
-    pr = _Problem(lm, "grad-x-input", text, target, foil, position)
-    e = _embed(pr)
-    g, f = _gradient(pr, e)
-    scores = (g.float() * e.float()).sum(-1)
-    return pr.explanation(scores, {"f": f})
+def gradient_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: int = -1, last_only: bool = False,
+                  internal_batch_size: int | None = None, max_tokens: int | None = None) -> dict[str, Tensor]:
+    """The gradient methods on a batch: ``{"grad-norm": (batch, pos), "grad-x-input": (batch, pos)}`` float32 CPU
+    with ``grad-norm[b, j] = ||df_b/de_bj||_2`` and ``grad-x-input[b, j] = sum_d df_b/de_bj,d * e_bj,d``, and
+    ``"f": (batch,)`` float64 CPU, from one forward and one backward pass per chunk of rows."""
+    ids, t, f, p = _rows(lm, "gradient attribution", ids, target, foil, position, last_only)
+    B, n = ids.shape
+    at = -1 if last_only else p
+    chunk = _chunk(B, n, internal_batch_size, max_tokens)
+    with torch.no_grad():
+        e = lm.model.get_input_embeddings()(ids).detach()  # (batch, pos, d_model)
+    grads, objs = [], []
+    with eval_mode(lm.model), torch.enable_grad():
+        for s in range(0, B, chunk):
+            x = e[s : s + chunk].clone().requires_grad_(True)
+            obj = _objective(model_logits(lm, inputs_embeds=x, last_only=last_only), at, t[s : s + chunk],
+                             None if f is None else f[s : s + chunk])
+            (g,) = torch.autograd.grad(obj.sum(), x)
+            grads.append(g.detach())
+            objs.append(obj.detach())
+    g = (grads[0] if len(grads) == 1 else torch.cat(grads)).float()
+    return {"grad-norm": g.norm(dim=-1).cpu(), "grad-x-input": (g * e.float()).sum(-1).cpu(),
+            "f": torch.cat(objs).double().cpu()}
 
 
 IG_BASELINES = ("zero", "pad", "mean")
@@ -233,57 +282,46 @@ def ig_baseline(lm: LoadedModel, baseline: str | Tensor = "zero") -> tuple[Tenso
     return (total / V).float(), {"baseline": "mean"}
 
 
-def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target: Tensor, foil: Tensor | None = None, *,
-                              position: int = -1, steps: int = 16, baseline: str | Tensor = "zero",
-                              rows_per_pass: int | None = None, last_only: bool = False) -> dict:
-    """Integrated gradients for a batch of equal-length examples, the one implementation behind
-    :func:`integrated_gradients` (one example) and the evaluation's batched runs.
+def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: int = -1, steps: int = 16,
+                              baseline: str | Tensor = "zero", last_only: bool = False,
+                              internal_batch_size: int | None = None, max_tokens: int | None = None) -> dict:
+    """Integrated gradients on a batch, the one implementation behind :func:`integrated_gradients` (one text)
+    and the evaluation.
 
-    ``ids (batch, pos)``; ``target``/``foil (batch,)`` token ids (no foil: the target's logit alone); the
-    prediction at ``position``. ``scores[b, j] = sum_d (e_bj,d - b_d) * int_0^1 df_b/de_bj,d(b + alpha (e_b - b))
-    d alpha`` with ``b`` the baseline (:func:`ig_baseline`), the integral by ``steps``-node Gauss-Legendre
-    quadrature; every (example, node) pair is one row, ``rows_per_pass`` rows per forward and backward pass
-    (default all). ``last_only`` (causal models, ``position`` the last one): the model computes the last
-    position's logits only.
+    ``scores[b, j] = sum_d (e_bj,d - b_d) * int_0^1 df_b/de_bj,d(b + alpha (e_b - b)) d alpha`` with ``b`` the
+    baseline (:func:`ig_baseline`), the integral by ``steps``-node Gauss-Legendre quadrature
+    (:func:`lenscope.models.algebra.gauss_legendre`); every (example, node) pair is one row of the forward and
+    backward passes (``internal_batch_size`` rows, or ``max_tokens`` tokens, per pass; default all).
 
     Returns ``{"ig": (batch, pos) float32 CPU, "f_input", "f_baseline", "sum", "completeness_error",
     "completeness_abs": (batch,) float64 CPU, "info": the baseline's info}`` where ``completeness_abs =
     |sum_j scores[b, j] - (f(input) - f(baseline))|`` and ``completeness_error`` is that divided by
     ``max(|f(input) - f(baseline)|, 1e-6)`` (relative).
     """
-    from ..models.devices import main_device
-
-    device = main_device(lm.model)
-    ids = torch.as_tensor(ids, dtype=torch.long).to(device)
+    ids, t, f, p = _rows(lm, "integrated gradients", ids, target, foil, position, last_only)
     B, n = ids.shape
-    t = torch.as_tensor(target, dtype=torch.long).to(device).reshape(B)
-    f = None if foil is None else torch.as_tensor(foil, dtype=torch.long).to(device).reshape(B)
-    at = -1 if last_only else int(position)
+    at = -1 if last_only else p
     base, binfo = ig_baseline(lm, baseline)
 
     def objective(logits: Tensor, rb: Tensor) -> Tensor:
-        vec = logits[:, at]
-        rows = torch.arange(vec.shape[0], device=vec.device)
-        out = vec[rows, t[rb]]
-        return out if f is None else out - vec[rows, f[rb]]
+        return _objective(logits, at, t[rb], None if f is None else f[rb])
 
     with torch.no_grad():
         e = lm.model.get_input_embeddings()(ids).detach()
     diff = e.float() if base is None else e.float() - base
-    nodes, weights = np.polynomial.legendre.leggauss(int(steps))
-    alphas = torch.as_tensor((nodes + 1) / 2, dtype=torch.float32, device=e.device)
-    w = torch.as_tensor(weights / 2, dtype=torch.float64, device=e.device)
+    nodes, weights = gauss_legendre(int(steps), torch.float64, e.device)
+    alphas, w = nodes.float(), weights
     rows_b = torch.arange(B, device=e.device).repeat_interleave(steps)  # row -> example
     rows_s = torch.arange(steps, device=e.device).repeat(B)  # row -> node
-    chunk = B * steps if rows_per_pass is None else max(1, int(rows_per_pass))
+    chunk = _chunk(B * steps, n, internal_batch_size, max_tokens)
     integral = torch.zeros(e.shape, dtype=torch.float64, device=e.device)
-    with _eval_mode(lm.model):
+    with eval_mode(lm.model):
         for s in range(0, B * steps, chunk):
             rb, rs = rows_b[s : s + chunk], rows_s[s : s + chunk]
             path = alphas[rs, None, None] * diff[rb]
             x = (path if base is None else base + path).to(e.dtype).requires_grad_(True)
             with torch.enable_grad():
-                obj = objective(_logits(lm, inputs_embeds=x, last_only=last_only), rb)
+                obj = objective(model_logits(lm, inputs_embeds=x, last_only=last_only), rb)
                 (g,) = torch.autograd.grad(obj.sum(), x)
             part = w[rs, None, None] * g.detach().double()
             if B == 1:
@@ -295,10 +333,10 @@ def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target: Tensor, foil
             rows = torch.arange(B, device=e.device)
             if B == 1:  # one pass for a single example, two for a batch: each caller's grouping of old, so
                 # that f (and the completeness error) are bit-identical to the numbers computed before
-                ends = objective(_logits(lm, inputs_embeds=torch.cat([e, b_emb]), last_only=last_only),
+                ends = objective(model_logits(lm, inputs_embeds=torch.cat([e, b_emb]), last_only=last_only),
                                  rows.repeat(2))
             else:
-                ends = torch.cat([objective(_logits(lm, inputs_embeds=x, last_only=last_only), rows)
+                ends = torch.cat([objective(model_logits(lm, inputs_embeds=x, last_only=last_only), rows)
                                   for x in (e, b_emb)])
             ends = ends.double()
     scores = (integral * diff.double()).sum(-1)
@@ -311,6 +349,82 @@ def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target: Tensor, foil
             "info": binfo}
 
 
+def erasure_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: int = -1,
+                 f_input: Tensor | None = None, last_only: bool = False, internal_batch_size: int | None = None,
+                 max_tokens: int | None = None) -> dict[str, Tensor]:
+    """Leave-one-out erasure on a batch, the one implementation behind :func:`erasure` (one text) and the
+    evaluation: ``{"erasure": (batch, pos) float32 CPU, "f": (batch,) float64 CPU}`` with ``erasure[b, j] =
+    f(ids[b]) - f(ids[b] without token j)`` (see :func:`erasure` for where ``f`` is read and which tokens score
+    0). Every example's ablated sequences are rows of one batch, in row order (example, erased token), each
+    ``pos - 1`` tokens long (``position`` in a causal model); ``f_input (batch,)``, ``f`` on the full inputs, is
+    computed (:func:`logit_diff_rows`) unless given. ``last_only`` applies to that pass; the ablated sequences
+    of a causal model always keep only their last logits.
+    """
+    ids, t, f, p = _rows(lm, "erasure", ids, target, foil, position, last_only)
+    B, n = ids.shape
+    causal = lm.anatomy.causal
+    if n < 2:
+        raise InputError("erasure needs at least 2 tokens: removing the only token leaves nothing to run")
+    if causal and p == 0:
+        raise InputError(
+            "erasure cannot explain position 0 of a causal model: removing that token leaves no context to "
+            "predict from; explain a later position"
+        )
+    # causal: the prediction at p depends on tokens 0..p only, so erase among those (the rest score 0)
+    m = p + 1 if causal else n
+    src = torch.arange(m, device=ids.device)
+    if not causal:
+        src = src[src != p]
+    S = len(src)
+    keep = ~torch.eye(m, dtype=torch.bool, device=ids.device)  # (erased j, pos)
+    ablated = ids[:, None, :m].expand(B, m, m)[:, keep].reshape(B, m, m - 1)[:, src].reshape(B * S, m - 1)
+    tt = t.repeat_interleave(S)
+    ff = None if f is None else f.repeat_interleave(S)
+    read = torch.where(src < p, p - 1, p).repeat(B)  # bidirectional: where the explained position ends up
+    chunk = _chunk(B * S, m - 1, internal_batch_size, max_tokens)
+    if f_input is None:
+        f_input = logit_diff_rows(lm, ids, t, f, position=p, last_only=last_only)
+    with eval_mode(lm.model), torch.no_grad():
+        parts = []
+        for s in range(0, B * S, chunk):
+            rows = slice(s, s + chunk)
+            if causal:  # every ablated sequence ends at the read position: keep only the last logits
+                logits, at = model_logits(lm, input_ids=ablated[rows], last_only=True), -1
+            else:
+                logits, at = model_logits(lm, input_ids=ablated[rows]), read[rows]
+            parts.append(_objective(logits, at, tt[rows], None if ff is None else ff[rows]))
+        f_ablated = torch.cat(parts)
+    f_input = torch.as_tensor(f_input).to(device=ids.device, dtype=torch.float64).reshape(B)
+    scores = torch.zeros(B, n, dtype=torch.float32)
+    scores[:, src.cpu()] = (f_input[:, None] - f_ablated.double().view(B, S)).float().cpu()
+    return {"erasure": scores, "f": f_input.cpu()}
+
+
+# ----------------------------------------------------------------------------------------------
+# the methods on one text
+
+
+def grad_norm(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, foil: str | int | None = None, *,
+              position: int = -1) -> Explanation:
+    """Gradient norm: ``scores[j] = ||df/de_j||_2`` with ``f = logit[target] - logit[foil]`` at ``position``.
+
+    ``target``/``foil`` are a token's text (``" Paris"``), ``"#ID"`` or an int id; ``text`` may be token ids.
+    A batch: :func:`gradient_rows`.
+    """
+    pr = _Problem(lm, "grad-norm", text, target, foil, position)
+    res = gradient_rows(lm, *pr.rows(), position=pr.p)
+    return pr.explanation(res["grad-norm"][0], {"f": float(res["f"][0])})
+
+
+def grad_x_input(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, foil: str | int | None = None,
+                 *, position: int = -1) -> Explanation:
+    """Gradient times input: ``scores[j] = sum_d df/de_j,d * e_j,d`` (signed), ``f`` as in :func:`grad_norm`.
+    A batch: :func:`gradient_rows`."""
+    pr = _Problem(lm, "grad-x-input", text, target, foil, position)
+    res = gradient_rows(lm, *pr.rows(), position=pr.p)
+    return pr.explanation(res["grad-x-input"][0], {"f": float(res["f"][0])})
+
+
 def integrated_gradients(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int,
                          foil: str | int | None = None, *, position: int = -1, steps: int = 16,
                          batch_size: int | None = None, baseline: str | Tensor = "zero") -> Explanation:
@@ -318,7 +432,8 @@ def integrated_gradients(lm: LoadedModel, text: str | list[int] | Tensor, target
 
     ``scores[j] = sum_d (e_j,d - b_d) * int_0^1 df/de_j,d(b + alpha * (e - b)) d alpha``, the integral by
     ``steps``-node Gauss-Legendre quadrature on [0, 1]; all nodes go through the model in one batched forward
-    and backward pass (in chunks of ``batch_size`` rows when given). ``baseline`` (:func:`ig_baseline`):
+    and backward pass (in chunks of ``batch_size`` rows when given; a batch: :func:`integrated_gradients_rows`).
+    ``baseline`` (:func:`ig_baseline`):
     ``"zero"`` (default), ``"pad"`` (the pad token's input embedding, else the unk token's), ``"mean"`` (the
     mean input embedding over the vocabulary) or a ``(d_model,)`` tensor, the same vector at every position.
     Position embeddings and the like, which the model adds to ``inputs_embeds`` itself, stay in the baseline.
@@ -333,9 +448,8 @@ def integrated_gradients(lm: LoadedModel, text: str | list[int] | Tensor, target
         raise InputError(f"batch_size must be a positive integer or None, got {batch_size!r}")
     pr = _Problem(lm, "ig", text, target, foil, position)
     steps = int(steps)
-    res = integrated_gradients_rows(lm, pr.ids[None], torch.tensor([pr.t_id]),
-                                    None if pr.f_id is None else torch.tensor([pr.f_id]), position=pr.p, steps=steps,
-                                    baseline=baseline, rows_per_pass=batch_size)
+    res = integrated_gradients_rows(lm, *pr.rows(), position=pr.p, steps=steps, baseline=baseline,
+                                    internal_batch_size=batch_size)
     f_input, f_baseline = float(res["f_input"][0]), float(res["f_baseline"][0])
     total, err = float(res["sum"][0]), float(res["completeness_error"][0])
     delta = f_input - f_baseline
@@ -364,49 +478,14 @@ def erasure(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, 
     cannot change it, so only the ``position + 1`` ablations of ``ids[:position + 1]`` are run, each of length
     ``position``: the same logits as the full-length sequences up to float error). In a bidirectional
     encoder erasing the explained position is undefined: its score is 0 (``info["note"]`` says so). All
-    ablated sequences run as one batch (chunks of ``batch_size``).
+    ablated sequences run as one batch (chunks of ``batch_size``). A batch: :func:`erasure_rows`.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
     pr = _Problem(lm, "erasure", text, target, foil, position)
-    n, p = pr.n, pr.p
-    causal = lm.anatomy.causal
-    if n < 2:
-        raise InputError("erasure needs at least 2 tokens: removing the only token leaves nothing to run")
-    if causal and p == 0:
-        raise InputError(
-            "erasure cannot explain position 0 of a causal model: removing that token leaves no context to "
-            "predict from; explain a later position"
-        )
-    ids = pr.ids.to(pr.device)
-    # causal: the prediction at p depends on tokens 0..p only, so erase among those (the rest score 0)
-    m = p + 1 if causal else n
-    src = torch.arange(m, device=pr.device)
-    if not causal:
-        src = src[src != p]
-    keep = torch.ones(m, m, dtype=torch.bool, device=pr.device)
-    keep[torch.arange(m), torch.arange(m)] = False
-    ablated = ids[:m].expand(m, m)[keep].view(m, m - 1)[src]  # (src, pos - 1)
-    read = torch.where(src < p, p - 1, p)
-    if causal:
-        read = torch.full_like(src, p - 1)  # j <= p always: the explained token moves one back or is gone
-
-    with _eval_mode(lm.model), torch.no_grad():
-        f_full = float(pr.objective(_logits(lm, input_ids=ids[None])))
-        if causal:  # every ablated sequence ends at the read position: keep only the last logits
-            f_ablated = torch.cat([
-                pr.objective(_logits(lm, input_ids=ablated[s : s + batch_size], last_only=True), -1)
-                for s in range(0, len(src), int(batch_size))
-            ])
-        else:
-            f_ablated = torch.cat([
-                pr.objective(_logits(lm, input_ids=ablated[s : s + batch_size]), read[s : s + batch_size])
-                for s in range(0, len(src), int(batch_size))
-            ])
-    scores = torch.zeros(n, dtype=torch.float32)
-    scores[src.cpu()] = (f_full - f_ablated.double()).float().cpu()
-    info: dict = {"f": f_full}
-    if not causal:
-        info["note"] = (f"erasing the explained position {p} itself is undefined in a bidirectional encoder; "
+    res = erasure_rows(lm, *pr.rows(), position=pr.p, internal_batch_size=batch_size)
+    info: dict = {"f": float(res["f"][0])}
+    if not lm.anatomy.causal:
+        info["note"] = (f"erasing the explained position {pr.p} itself is undefined in a bidirectional encoder; "
                         "its score is 0")
-    return pr.explanation(scores, info)
+    return pr.explanation(res["erasure"][0], info)

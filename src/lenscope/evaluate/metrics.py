@@ -11,7 +11,8 @@ For scores ``s`` over the rankable tokens and the evidence set ``E`` (non-empty,
 - **dot product** (Yin & Neubig): the explanation normalised to unit L1 norm, dotted with the binary evidence
   vector: ``sum_{e in E} s_e / sum_j |s_j|`` (in [-1, 1]; 0 for an all-zero explanation).
 - the **random baseline** of the reciprocal rank (:func:`random_rr`): its expectation under a uniformly random
-  ranking, which depends only on the context length and the number of evidence tokens.
+  ranking, which depends only on the context length and the number of evidence tokens;
+- the **positional rankings** ``first`` / ``recent`` (:func:`positional_scores`), trivial reference answers.
 
 Scores are ranked as signed values (a token that argues for the foil ranks low), as in the reference code of
 Ferrando et al.
@@ -80,3 +81,25 @@ def paired_difference(a, b, **kw) -> dict:
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
     m, ci = mean_ci(d.tolist(), **kw)
     return {"mean": m, "ci": ci, "n": int(d.size)}
+
+
+POSITIONAL = ("first", "recent")  # trivial rankings by position: no model computation beyond the tokenisation
+
+
+def positional_scores(n: int, method: str) -> list[float]:
+    """The ranking score vector of a positional method over ``n`` context positions: ``first`` scores position
+    ``j`` with ``n - j`` (the earliest token first), ``recent`` with ``j + 1`` (the token nearest the prediction
+    first). Both are positive, so their dot product with the evidence is the evidence's share of the total
+    score; there are no ties."""
+    if method == "first":
+        return [float(n - j) for j in range(n)]
+    if method == "recent":
+        return [float(j + 1) for j in range(n)]
+    raise ValueError(f"not a positional method: {method!r}")
+
+
+def positional_metrics(rec: dict, method: str) -> dict:
+    """``alignment`` of a positional ranking from a record's own fields (``tokens``, ``evidence``, ``rankable``):
+    what :func:`lenscope.evaluate.alignment.evaluate_examples` stores, recomputed for records written before these
+    methods existed."""
+    return alignment(positional_scores(len(rec["tokens"]), method), rec["evidence"], rec["rankable"])

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..errors import InputError, NotApplicableError
-from ..models.load import LoadedModel, resolve_token, token_ids, token_str
+from ..errors import InputError
+from ..models.engine import Edit, batches, run
+from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids, token_str
 from ..results import Result
-from .hooks import Edit, batches, n_heads, run
 
 WHATS = ("resid", "attn", "mlp", "heads")
 METRICS = ("logit_diff", "prob")
@@ -135,11 +135,6 @@ def share_restored(raw: Tensor, m_clean: float, m_corr: float, metric: str) -> T
     return (raw - m_corr) / denom
 
 
-def _check_decoder(lm: LoadedModel) -> None:
-    if lm.anatomy.unembed is None:
-        raise NotApplicableError(f"{lm.name} has no language-model head; patching reads the target's logit")
-
-
 def _tokens(lm, ids) -> list[str]:
     return lm.tokenizer.batch_decode([[int(i)] for i in ids])
 
@@ -163,7 +158,7 @@ def sweep_sites(what: str, lm: LoadedModel, P: int, head_position: int | None):
     """The patches of a sweep, as ``(layer, index)`` pairs: index = position, or head."""
     L = lm.anatomy.n_layers
     if what == "heads":
-        H = n_heads(lm, 0)
+        H = lm.anatomy.layers[0].attn.n_heads
         return [(layer, h) for layer in range(L) for h in range(H)], (L, H)
     return [(layer, p) for layer in range(L) for p in range(P)], (L, P)
 
@@ -185,7 +180,7 @@ def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *,
         raise InputError(f"unknown metric={metric!r}; choose one of {', '.join(METRICS)}")
     if batch_size < 1:
         raise InputError("batch_size must be at least 1")
-    _check_decoder(lm)
+    require_decoder(lm, "activation patching", instead="use a model with a language-model head")
     c_ids, x_ids = token_ids(lm, clean), token_ids(lm, corrupted)
     if c_ids.numel() != x_ids.numel():
         raise InputError(
@@ -201,7 +196,7 @@ def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *,
     pos = _position(position, P)
     hp = None if head_position is None else _position(head_position, P)
     L = lm.anatomy.n_layers
-    site = {"resid": "resid", "attn": "attn", "mlp": "mlp", "heads": "head"}[what]
+    site = {"resid": "resid_pre", "attn": "attn_out", "mlp": "mlp_out", "heads": "head"}[what]
     keys = [(site, layer) for layer in range(L)]
     src_ids, base_ids = (x_ids, c_ids) if noising else (c_ids, x_ids)
     logits, got = run(lm, torch.stack([c_ids, x_ids]), capture=keys)

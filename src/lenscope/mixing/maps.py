@@ -45,7 +45,6 @@ from ..results import Result
 
 PRE_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbln", "atblnff", "atblnffres", "atblnffres_nextln")
 POST_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbff", "atbffres", "atbffresln")
-COMPLETENESS_TOLERANCE = 1e-3  # refuse beyond this; float32 models land near 1e-6 .. 3e-5
 CHUNK_BYTES = 192 * 2**20
 
 
@@ -247,7 +246,7 @@ def context_mixing(lm, text=None, scopes=None, *, layers=None, tr: Trace | None 
             "quadrature_error": quad}
     from ..models.verify import completeness_tolerance
 
-    tol = completeness_tolerance(lm, COMPLETENESS_TOLERANCE)  # more for bfloat16 / float16 models
+    tol = completeness_tolerance(lm)  # models.verify.TOLERANCE; more for bfloat16 / float16 models
     out = {}
     for s in scopes:
         err = float(errs[s].max()) if len(layers) else 0.0

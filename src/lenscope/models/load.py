@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError, MissingDependencyError, UnknownModelError
+from ..errors import InputError, MissingDependencyError, NotApplicableError, UnknownModelError
 from .anatomy import Anatomy
 
 DEFAULT_MODEL = "smollm2"
@@ -427,6 +427,28 @@ def token_ids(lm: LoadedModel, text) -> torch.Tensor:
     if int(ids.min()) < 0 or int(ids.max()) >= A.vocab_size:
         raise InputError(f"token ids must lie in 0..{A.vocab_size - 1}")
     return ids.cpu()
+
+
+def require_decoder(lm: LoadedModel, what: str, *, instead: str, causal: bool = False,
+                    sum_of_blocks: bool = False) -> None:
+    """The one check that ``lm`` can explain a token's logit; raises :class:`NotApplicableError` otherwise.
+
+    Every model needs a language-model head (``anatomy.unembed``). ``sum_of_blocks``: the logit must also be a
+    sum of what the blocks wrote (a final norm, not a Post-LN encoder). ``causal``: a causal decoder with a
+    language-model head and a final norm (a next-token prediction). ``what`` names the method in the message,
+    ``instead`` says what to do instead (one line, e.g. ``"use --method alti"``).
+    """
+    A = lm.anatomy
+    if causal and (not A.causal or A.unembed is None or A.final_norm is None):
+        raise NotApplicableError(f"{what} explains a next-word prediction and needs a causal decoder with a "
+                                 f"language-model head; {lm.name} ({A.family}) is not one ({instead})")
+    if A.unembed is None:
+        raise NotApplicableError(f"{what} explains a token's logit, but {lm.name} ({A.family}) has no "
+                                 f"language-model head; {instead}")
+    if sum_of_blocks and (A.is_encoder or A.final_norm is None):
+        raise NotApplicableError(f"{what} does not apply to {lm.name} ({A.family}, Post-LN encoder): every block "
+                                 "ends in a LayerNorm of the whole residual stream, so a logit is not a sum of what "
+                                 f"the blocks wrote; {instead}")
 
 
 def resolve_token(lm: LoadedModel, spec: str | int) -> int:

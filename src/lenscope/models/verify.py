@@ -31,7 +31,9 @@ from .load import LoadedModel
 from .trace import Trace, trace
 
 DEFAULT_TEXT = "The capital of France is Paris, and the capital of Germany is Berlin. When Mary and John went out"
-LOGIT_TOL = 1e-3
+TOLERANCE = 1e-3  # the one float32 tolerance: verify's logit error, and the invariant / completeness error
+# beyond which every decomposition (attribution, mixing maps, the report) refuses (see completeness_tolerance)
+LOGIT_TOL = TOLERANCE  # verify's name for it (tests and docs/devices.md use it)
 RESID_TOL = 1e-4
 # reduced precision (bfloat16, float16): tolerances in units of the dtype's eps (torch.finfo(dtype).eps)
 # measured worst cases (docs/devices.md): smollm2 5.2 eps (bf16) / 3.9 eps (fp16) relative, 0.84 eps * max |logit|;
@@ -65,19 +67,19 @@ class Tolerances:
 
 def tolerances(dtype: torch.dtype | str = torch.float32) -> Tolerances:
     """The tolerances for a model running in ``dtype``: fixed for float32 / float64 (``LOGIT_TOL``, ``RESID_TOL``,
-    completeness 1e-3), ``FACTOR * torch.finfo(dtype).eps`` for bfloat16 / float16."""
+    completeness ``TOLERANCE`` = 1e-3), ``FACTOR * torch.finfo(dtype).eps`` for bfloat16 / float16."""
     from .devices import is_reduced, parse_dtype
 
     dtype = parse_dtype(dtype)
     eps = float(torch.finfo(dtype).eps)
     name = str(dtype).removeprefix("torch.")
     if not is_reduced(dtype):
-        return Tolerances(name, eps, LOGIT_TOL, RESID_TOL, 1e-3)
+        return Tolerances(name, eps, LOGIT_TOL, RESID_TOL, TOLERANCE)
     return Tolerances(name, eps, logit=LOGIT_FACTOR * eps, resid=RELATIVE_FACTOR * eps,
                       completeness=COMPLETENESS_FACTOR * eps, logit_rel=LOGIT_FACTOR * eps, error_scale="max")
 
 
-def completeness_tolerance(lm_or_dtype, floor: float = 1e-3) -> float:
+def completeness_tolerance(lm_or_dtype, floor: float = TOLERANCE) -> float:
     """The completeness error a decomposition may show for a model (a LoadedModel) or dtype: ``floor`` (the float32
     limit the methods use) or, for bfloat16 / float16, ``COMPLETENESS_FACTOR * eps`` when larger. A decomposition
     computed in float32 from a reduced-precision model misses the model's activations by its rounding."""
