@@ -17,28 +17,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..errors import InputError, InvariantError, NotApplicableError
+from ..errors import InputError, InvariantError
 from ..mixing.alti import mixing_matrices
 from ..models.algebra import attention_logit_parts, f32
-from ..models.load import LoadedModel, resolve_token, token_str
+from ..models.load import LoadedModel, require_decoder, resolve_token, token_str
 from ..models.readout import Readout
 from ..models.trace import Trace, prefix_trace, trace
 from .explanation import Explanation
-
-INVARIANT_TOLERANCE = 1e-3
-
-
-def _check_logit_decoder(lm: LoadedModel, method: str) -> None:
-    A = lm.anatomy
-    if A.unembed is None:
-        raise NotApplicableError(
-            f"{method} explains a logit, and {lm.name} has no language-model head; use --method alti (or "
-            "value-zeroing) for a context-mixing explanation")
-    if A.is_encoder or A.final_norm is None:
-        raise NotApplicableError(
-            f"{method} does not apply to {lm.name} ({A.family}, Post-LN encoder): each block ends in a LayerNorm "
-            "of the whole residual stream, so a logit is not a sum of per-layer updates; use alti, value-zeroing "
-            "or a gradient/erasure method")
 
 
 def _tokens_and_trace(lm: LoadedModel, text, target, foil, position: int, tr: Trace | None):
@@ -89,11 +74,11 @@ def _logit_parts(lm: LoadedModel, tr: Trace, p: int, t_id: int, f_id: int | None
 
 
 def tolerance(lm: LoadedModel) -> float:
-    """The largest invariant / completeness error a method accepts: :data:`INVARIANT_TOLERANCE` for float32
-    models, more for bfloat16 / float16 ones (their own rounding; see ``lenscope.models.verify.tolerances``)."""
+    """The largest invariant / completeness error a method accepts: :data:`lenscope.models.verify.TOLERANCE` for
+    float32 models, more for bfloat16 / float16 ones (their own rounding; see ``lenscope.models.verify.tolerances``)."""
     from ..models.verify import completeness_tolerance
 
-    return completeness_tolerance(lm, INVARIANT_TOLERANCE)
+    return completeness_tolerance(lm)
 
 
 def _refuse(inv: float, method: str, lm: LoadedModel) -> None:
@@ -108,7 +93,8 @@ def _refuse(inv: float, method: str, lm: LoadedModel) -> None:
 def _logit_request(lm: LoadedModel, method: str, title: str, text, target, foil, position: int, tr: Trace | None):
     """What both logit explanations start with: the checks, the trace, and the per-layer logit parts (refused
     when they do not add up). Returns ``(target_id, foil_id, trace, position, parts)``."""
-    _check_logit_decoder(lm, title)
+    require_decoder(lm, title, sum_of_blocks=True, instead="use --method alti or value-zeroing for a context-mixing "
+                    "explanation")
     if target is None:
         raise InputError(f"{title} needs a target token (--target)")
     t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)

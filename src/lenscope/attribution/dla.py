@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..errors import InputError, NotApplicableError
+from ..errors import InputError
 from ..models.algebra import attention_parts, norm_step
-from ..models.load import LoadedModel, resolve_token, token_str
+from ..models.load import LoadedModel, require_decoder, resolve_token, token_str
 from ..models.readout import Readout
 from ..models.trace import Trace, trace
 from ..results import Result
@@ -86,16 +86,6 @@ class ComponentAttribution(Result):
                 f"logit={self.logit:.4f}, completeness_error={self.completeness_error:.1e})")
 
 
-def _check_decoder(lm: LoadedModel) -> None:
-    A = lm.anatomy
-    if A.is_encoder or A.final_norm is None or A.unembed is None:
-        raise NotApplicableError(
-            f"direct logit attribution does not apply to {lm.name} ({A.family}, Post-LN encoder): every block "
-            "ends in a LayerNorm of the whole residual stream, so the output is not a sum of what the blocks "
-            "wrote. Use a decoder model (e.g. smollm2) for this view."
-        )
-
-
 def _head_writes(A, tr: Trace, l: int, p: int) -> tuple[Tensor, Tensor]:
     """What each head of layer ``l`` adds to the residual stream at position ``p``, ``(head, d_model)``, and the
     part no head writes (the output bias; for a sandwich block, through the post-attention norm with its traced
@@ -124,7 +114,8 @@ def direct_logit_attribution(
 
     ``target``/``foil`` are a token's text (``" Paris"``), ``"#ID"`` or an int id.
     """
-    _check_decoder(lm)
+    require_decoder(lm, "direct logit attribution", sum_of_blocks=True,
+                    instead="use a decoder model (e.g. smollm2) for this view")
     A = lm.anatomy
     t_id = resolve_token(lm, target)
     f_id = resolve_token(lm, foil) if foil is not None else None
