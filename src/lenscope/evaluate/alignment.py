@@ -222,27 +222,12 @@ def evaluate_example(lm, example: Example, methods=EVAL_METHODS, **options) -> d
 
 
 def read_records(path: Path) -> dict[str, dict]:
-    """``{id: record}`` from an append-only ``records.jsonl`` (a later line for the same id wins). A last
-    line cut short by an interruption is dropped (and removed from the file)."""
-    if not path.exists():
-        return {}
-    text = path.read_text(encoding="utf-8")
-    lines = text.splitlines(keepends=True)
-    recs: dict = {}
-    good = 0
-    for k, line in enumerate(lines):
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            if k == len(lines) - 1:  # interrupted while writing: drop it
-                with path.open("r+", encoding="utf-8") as fh:
-                    fh.truncate(good)
-                break
-            raise InputError(f"{path}: line {k + 1} is not a JSON record; the file is damaged (remove it, or use "
-                             "another --out)") from None
-        good += len(line.encode("utf-8"))
-        recs[r["id"]] = r
-    return recs
+    """``{id: record}`` from an append-only ``records.jsonl`` (a later line for the same id wins), read by the
+    records runner (:class:`lenscope.distributed.records.Records`): a last line cut short by an interruption is
+    dropped (and cut from the file); a damaged line elsewhere is an error naming it."""
+    from ..distributed.records import Records
+
+    return Records(path, key="id").by_key()
 
 
 def _done(rec: dict | None, ex: Example, methods) -> bool:
@@ -288,7 +273,8 @@ def run_alignment(lm, specs, methods=EVAL_METHODS, *, out: str | Path | None = N
     from tqdm.auto import tqdm
 
     from ..attribution.baselines import IG_BASELINES
-    from ..version import code_version
+    from ..distributed.records import RECORDS, Records
+    from ..distributed.sweep import sweep_map
 
     check_model(lm)
     methods = check_methods(methods)
@@ -299,26 +285,24 @@ def run_alignment(lm, specs, methods=EVAL_METHODS, *, out: str | Path | None = N
     if batch_size < 1:
         raise InputError("--batch-size must be at least 1")
     datasets = load_datasets(specs, limit)
-    records: dict[str, dict] = {}
-    rec_path = None
+    store = Records(None, key="id")
     meta = {"model": lm.name, "ig_steps": ig_steps}
     if baseline != "zero":  # a zero-baseline folder's run.json stays as it always was
         meta["baseline"] = baseline
     if out is not None:
         outp = Path(out)
         outp.mkdir(parents=True, exist_ok=True)
-        rec_path, run_path = outp / "records.jsonl", outp / "run.json"
-        if restart:
-            for p in (rec_path, run_path):
-                if p.exists():
-                    p.unlink()
+        run_path = outp / "run.json"
+        if restart and run_path.exists():
+            run_path.unlink()
         if run_path.exists():
             old = json.loads(run_path.read_text())
             if old != meta:
                 raise InputError(f"{outp} holds results for {old}, not {meta}; use another --out, or --restart to "
                                  "discard them")
         run_path.write_text(json.dumps(meta))
-        records = read_records(rec_path)
+        store = Records(outp / RECORDS, key="id", resume=not restart)
+    records = store.by_key()
 
     every = [ex for exs in datasets.values() for ex in exs]
     ids = [ex.id for ex in every]
@@ -326,14 +310,8 @@ def run_alignment(lm, specs, methods=EVAL_METHODS, *, out: str | Path | None = N
         dup = next(i for i, c in Counter(ids).items() if c > 1)
         raise InputError(f"example id {dup!r} occurs twice; give each dataset once")
     row = {ex.id: k for exs in datasets.values() for k, ex in enumerate(exs)}
-    pending = [ex for ex in every if not _done(records.get(ex.id), ex, methods)]
-    version = code_version()
-    others = Counter(r.get("version") or "unrecorded" for r in records.values() if r.get("version") != version)
-    if pending and others and not force:
-        have = ", ".join(f"{n} of version {v}" for v, n in others.most_common())
-        raise InputError(f"{out} holds records of another code version ({have}; this is {version}): resuming "
-                         "would mix versions in one table. Use another --out, --restart to discard them, or --force "
-                         "to add to them anyway")
+    pending = [every[i] for i in store.todo(ids, done=lambda rec, i: _done(rec, every[i], methods))]
+    version = store.check_version(bool(pending), force=force, where=out)
     # rows 0-49 of every dataset first, then 50-99, ... (an interrupted run leaves complete --limit blocks);
     # within a block, batches of equal token length, alignment examples and accuracy-only ones apart
     keyed = []
@@ -354,17 +332,15 @@ def run_alignment(lm, specs, methods=EVAL_METHODS, *, out: str | Path | None = N
     bar = tqdm(total=len(every), initial=len(every) - len(pending), desc=f"eval alignment {lm.name}", unit="ex",
                disable=not progress)
     try:
-        from ..distributed import run_sweep
-
         items = [(batch, methods, ig_steps, max_tokens, baseline) for batch in batches]
-        for k, recs in run_sweep(batch_job, items, lm=lm, ray=ray, workers=workers):
-            batch = batches[k]
+
+        def compute(todo):  # sequentially or on Ray; the runner decides what is left, orders and writes
+            return sweep_map(batch_job, items, todo, lm=lm, ray=ray, workers=workers)
+
+        for k, recs in store.run(range(len(items)), compute, to_records=lambda rs: [_clean(r) for r in rs]):
             for r in recs:
                 records[r["id"]] = r
-            if rec_path is not None:
-                with rec_path.open("a", encoding="utf-8") as fh:
-                    fh.write("".join(json.dumps(_clean(r)) + "\n" for r in recs))
-            bar.update(len(batch))
+            bar.update(len(batches[k]))
     finally:
         bar.close()
     summary = summarise(lm.name, datasets, records, methods)
