@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..errors import InputError, NotApplicableError
+from ..errors import InputError
 from ..lenses.lenses import Lens, LogitLens, decode
-from ..models.load import LoadedModel
+from ..models.load import LoadedModel, require_decoder
 from ..models.trace import residual_states
 from ..results import Result
 from .task import ANSWER_WORDS, answer_token_ids, first_token_ids, prompt_ids
@@ -150,11 +150,8 @@ def detection_features(lm: LoadedModel, rows: list[dict], lenses: dict[str, Lens
     from tqdm.auto import tqdm
 
     A = lm.anatomy
-    if not A.causal:
-        raise NotApplicableError("prompt-injection detection reads the next-token prediction at the answer "
-                                 "position, which needs a causal (decoder) model; this model is an encoder")
-    if A.unembed is None:
-        decode(A, torch.zeros(1, A.d_model))  # raises the error that says why
+    require_decoder(lm, "prompt-injection detection", causal=True, instead="it reads the next-token prediction at "
+                    "the answer position; use a decoder such as smollm2")
     if not rows:
         raise InputError("no examples: the labelled set is empty")
     if isinstance(batch_size, bool) or batch_size < 1:

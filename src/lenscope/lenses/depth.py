@@ -27,12 +27,12 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.load import LoadedModel, encode
+from ..models.load import LoadedModel, encode, require_decoder
 from ..models.readout import Readout
 from ..models.trace import residual_states
 from ..results import Result
 from .evaluate import prediction_depth
-from .lenses import Lens, LogitLens, decode
+from .lenses import Lens, LogitLens
 
 NEVER = -1
 
@@ -46,8 +46,7 @@ def lens_top1(lm: LoadedModel, lens: Lens, h: Tensor, layer: int, *, exact: bool
     """Top-1 token ``(n,)`` of ``lens`` at state ``layer`` for states ``h (n, d_model)``, equal to the argmax of
     the float32 logits (bfloat16 matmul plus exact check; ``exact=True``: float32 throughout)."""
     A = lm.anatomy
-    if A.unembed is None:
-        decode(A, torch.zeros(1, A.d_model))  # raises the NotApplicableError that says why
+    require_decoder(lm, "prediction depth", instead="use a model with a language-model head")
     readout = Readout.from_anatomy(A)
     out = torch.empty(h.shape[0], dtype=torch.long)
     for i in range(0, h.shape[0], rows):

@@ -39,10 +39,10 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, UnsupportedModelError
-from ..models.load import LoadedModel
+from ..models.load import LoadedModel, require_decoder
 from ..models.trace import residual_states
 from .checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
-from .lenses import TunedLens, decode, fingerprint
+from .lenses import TunedLens, fingerprint
 from .objective import _groups, _training_states, kl_backward
 from .plan import Planner, lr_at
 from .precision import NATIVE_BF16_ENV, choose_precision, cpu_features, describe, forced_native_bf16, resumed_precision
@@ -145,8 +145,7 @@ def train_tuned_lens(
     s = settings or TrainSettings()
     s.check()
     A = lm.anatomy
-    if A.unembed is None:
-        decode(A, torch.zeros(1, A.d_model))  # raises the clear error
+    require_decoder(lm, "tuned-lens training", instead="use a model with a language-model head")
     if A.unembed.softcap is not None:
         raise UnsupportedModelError("tuned-lens training does not support final-logit soft-capping yet")
     sequences = torch.as_tensor(sequences, dtype=torch.long)

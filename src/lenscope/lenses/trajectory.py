@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.load import LoadedModel, encode
+from ..models.load import LoadedModel, encode, require_decoder
 from ..models.trace import residual_states
 from ..results import Result
 from .lenses import Lens, LogitLens, decode
@@ -191,8 +191,7 @@ def prediction_trajectory(lm: LoadedModel, text: str, lens: Lens | None = None, 
         raise InputError("this lens was trained on mid-layer states; call prediction_trajectory with mid=True")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise InputError(f"k must be a positive integer, not {k!r}")
-    if A.unembed is None:
-        decode(A, torch.zeros(1, A.d_model))  # raises the NotApplicableError that says why
+    require_decoder(lm, "the prediction trajectory", instead="use a model with a language-model head")
 
     ids = encode(lm, text)
     cap = residual_states(lm, ids[None], mid=mid)

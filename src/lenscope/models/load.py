@@ -443,7 +443,7 @@ def require_decoder(lm: LoadedModel, what: str, *, instead: str, causal: bool = 
         raise NotApplicableError(f"{what} explains a next-word prediction and needs a causal decoder with a "
                                  f"language-model head; {lm.name} ({A.family}) is not one ({instead})")
     if A.unembed is None:
-        raise NotApplicableError(f"{what} explains a token's logit, but {lm.name} ({A.family}) has no "
+        raise NotApplicableError(f"{what} needs the model's logits, but {lm.name} ({A.family}) has no "
                                  f"language-model head; {instead}")
     if sum_of_blocks and (A.is_encoder or A.final_norm is None):
         raise NotApplicableError(f"{what} does not apply to {lm.name} ({A.family}, Post-LN encoder): every block "
