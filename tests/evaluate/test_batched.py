@@ -8,9 +8,9 @@ import lenscope
 from lenscope.attribution.baselines import erasure_rows, gradient_rows, integrated_gradients_rows
 from lenscope.attribution.explain import explain
 from lenscope.data.datasets import Example
-from lenscope.evaluate import batched
 from lenscope.evaluate.alignment import evaluate_example, evaluate_examples
 from lenscope.evaluate.metrics import alignment
+from lenscope.models.trace import batch_traces
 
 from ..conftest import DECODERS, get_model, tiny_with_layers
 
@@ -28,7 +28,7 @@ def test_batched_rows_equal_single_example_methods(family):
     lm = tiny_with_layers(family, 2)
     ids = _same_length_ids(lm, 6)
     t, f = torch.tensor([5, 7, 9]), torch.tensor([11, 13, 4])
-    trs = batched.traces(lm, ids)
+    trs = batch_traces(lm, ids)
     g = gradient_rows(lm, ids, t, f, last_only=True)
     ig = integrated_gradients_rows(lm, ids, t, f, steps=4, max_tokens=20, last_only=True)  # several chunks
     er = erasure_rows(lm, ids, t, f, max_tokens=12, last_only=True)

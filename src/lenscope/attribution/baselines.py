@@ -163,17 +163,9 @@ def model_logits(lm: LoadedModel, *, input_ids: Tensor | None = None, inputs_emb
                  last_only: bool = False) -> Tensor:
     """The real model's logits ``(batch, pos, vocab)`` (no padding, no cache); with ``last_only`` (causal
     models) only the last position's, ``(batch, 1, vocab)``, so a batch of long inputs stays small."""
-    x = input_ids if input_ids is not None else inputs_embeds
-    kwargs = {"attention_mask": torch.ones(x.shape[:2], dtype=torch.long, device=x.device)}
-    if input_ids is not None:
-        kwargs["input_ids"] = input_ids
-    else:
-        kwargs["inputs_embeds"] = inputs_embeds
-    if lm.anatomy.causal:
-        kwargs["use_cache"] = False
-        if last_only:
-            kwargs["logits_to_keep"] = 1
-    out = lm.model(**kwargs)
+    from ..models.engine import forward_kwargs
+
+    out = lm.model(**forward_kwargs(lm, input_ids, inputs_embeds=inputs_embeds, last_only=last_only))
     logits = getattr(out, "logits", None)
     if logits is None:
         raise NotApplicableError(

@@ -13,7 +13,7 @@ The run is organised so that it can be resumed and, later, distributed:
    (means, bootstrap intervals, groups, per-layer contributions, timing).
 
 The methods run through their batch forms (``lenscope.attribution.baselines.*_rows``, the same code as
-``lenscope.explain``); the trace-based ones on :func:`lenscope.evaluate.batched.traces`.
+``lenscope.explain``); the trace-based ones on :func:`lenscope.models.trace.batch_traces`.
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ def evaluate_examples(lm, examples: list[Example], methods=EVAL_METHODS, *, ig_s
     """
     from ..attribution import baselines as rows
     from ..attribution.context import alti_logit_explanation, logit_explanation
+    from ..models.trace import batch_traces
     from ..version import code_version
-    from . import batched
 
     check_model(lm)
     methods = check_methods(methods)
@@ -146,7 +146,7 @@ def evaluate_examples(lm, examples: list[Example], methods=EVAL_METHODS, *, ig_s
             continue
         for i in idx:
             recs[i].update(scores={}, metrics={}, errors={}, info={})
-        trs = timed("trace", idx, batched.traces, lm, ids)
+        trs = timed("trace", idx, batch_traces, lm, ids)
         f_full = torch.stack([tr.logits[-1, tt] - tr.logits[-1, ff] for tr, tt, ff in zip(trs, t, f)])
         for k, i in enumerate(idx):
             recs[i]["logit_diff"] = float(f_full[k])

@@ -1,10 +1,10 @@
 """Interventions: activation patching and causal tracing, batched, on every family.
 
-Hooks that replace activations live in :mod:`.hooks`; they use only the modules that
-``models/families`` names, so nothing here asks which family it runs on.
+Every method runs the model through the engine (:mod:`lenscope.models.engine`: sites, captures and edits), so
+nothing here asks which family it runs on.
 """
 
-from .hooks import Edit, run
+from ..models.engine import Edit, run
 from .neurons import KnowledgeNeurons, RefinedNeurons, knowledge_neurons, neuron_attributions, refined_knowledge_neurons
 from .patching import PatchingResult, activation_patching
 from .paths import path_patching

@@ -21,9 +21,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, encode, require_decoder, resolve_token, token_ids, token_str
 from ..results import Result
-from .hooks import Edit, batches, run
 from .patching import _position, _tokens
 
 
@@ -118,9 +118,9 @@ def neuron_attributions(lm: LoadedModel, ids: Tensor, tid: int, pos: int, *, ste
     layers = list(range(L)) if layers is None else [int(x) for x in layers]
     P = ids.numel()
     with torch.no_grad():
-        lg, got = run(lm, ids[None], capture=[("hidden", j) for j in layers])
+        lg, got = run(lm, ids[None], capture=[("mlp_hidden", j) for j in layers])
         p_full = float(_prob(lg, pos, tid)[0])
-    h = {j: got[("hidden", j)][0, pos] for j in layers}  # (d_mlp,)
+    h = {j: got[("mlp_hidden", j)][0, pos] for j in layers}  # (d_mlp,)
     d_mlp = h[layers[0]].shape[-1]
     alphas = torch.arange(1, steps + 1, dtype=torch.float32) / steps
     rows = [(j, k) for j in layers for k in range(steps)]  # one row per (layer, step)
@@ -134,7 +134,7 @@ def neuron_attributions(lm: LoadedModel, ids: Tensor, tid: int, pos: int, *, ste
         edits = []
         for j in lay.unique().tolist():
             r = (lay == j).nonzero()[:, 0]
-            edits.append(Edit("hidden", j, r, torch.full_like(r, pos), scaled[r]))
+            edits.append(Edit("mlp_hidden", j, r, torch.full_like(r, pos), scaled[r]))
         lg, _ = run(lm, ids[None].expand(n, P), edits, grad=True)
         p = _prob(lg, pos, tid)
         (g,) = torch.autograd.grad(p.sum(), scaled)
@@ -142,7 +142,7 @@ def neuron_attributions(lm: LoadedModel, ids: Tensor, tid: int, pos: int, *, ste
             grads[j] += gi.float().cpu()
     with torch.no_grad():  # P with the layer's units at pos set to 0, for the completeness check
         n = len(layers)
-        edits = [Edit("hidden", j, torch.tensor([i]), torch.tensor([pos]), torch.zeros(1, d_mlp))
+        edits = [Edit("mlp_hidden", j, torch.tensor([i]), torch.tensor([pos]), torch.zeros(1, d_mlp))
                  for i, j in enumerate(layers)]
         lg, _ = run(lm, ids[None].expand(n, P), edits)
         pz = _prob(lg, pos, tid)
@@ -214,7 +214,7 @@ def _edit_probs(lm, ids, tid, pos, sets, factors) -> list[float]:
             units = neurons[neurons[:, 0] == layer, 1]
             fac = torch.ones(1, lm_d_mlp(lm, layer))
             fac[0, units] = f
-            edits.append(Edit("hidden", layer, torch.tensor([row]), torch.tensor([pos]), fac, mode="scale"))
+            edits.append(Edit("mlp_hidden", layer, torch.tensor([row]), torch.tensor([pos]), fac, mode="scale"))
     lg, _ = run(lm, ids[None].expand(len(sets), P), edits)
     return _prob(lg, pos, tid).tolist()
 

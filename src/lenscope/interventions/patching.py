@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids, token_str
 from ..results import Result
-from .hooks import Edit, batches, n_heads, run
 
 WHATS = ("resid", "attn", "mlp", "heads")
 METRICS = ("logit_diff", "prob")
@@ -158,7 +158,7 @@ def sweep_sites(what: str, lm: LoadedModel, P: int, head_position: int | None):
     """The patches of a sweep, as ``(layer, index)`` pairs: index = position, or head."""
     L = lm.anatomy.n_layers
     if what == "heads":
-        H = n_heads(lm, 0)
+        H = lm.anatomy.layers[0].attn.n_heads
         return [(layer, h) for layer in range(L) for h in range(H)], (L, H)
     return [(layer, p) for layer in range(L) for p in range(P)], (L, P)
 
@@ -196,7 +196,7 @@ def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *,
     pos = _position(position, P)
     hp = None if head_position is None else _position(head_position, P)
     L = lm.anatomy.n_layers
-    site = {"resid": "resid", "attn": "attn", "mlp": "mlp", "heads": "head"}[what]
+    site = {"resid": "resid_pre", "attn": "attn_out", "mlp": "mlp_out", "heads": "head"}[what]
     keys = [(site, layer) for layer in range(L)]
     src_ids, base_ids = (x_ids, c_ids) if noising else (c_ids, x_ids)
     logits, got = run(lm, torch.stack([c_ids, x_ids]), capture=keys)

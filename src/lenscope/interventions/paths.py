@@ -6,12 +6,11 @@ at its base-run value, so the sender's change reaches the receiver through the r
 
 - ``receiver=None``: the receiver is the logits. The final residual is ``base + sender's change``, read by the
   final norm and the unembedding: the sender's direct effect.
-- ``receiver=(layer, head, "q" | "k" | "v")``: the receiver head's query (or key, or value) input is computed
-  from the residual stream that reaches it from the sender (norm ``ln_attn`` applied), its other inputs from the
-  base run; its output (``z``, the head's slice of the attention output projection's input) is then put into an
-  otherwise clean base run, whose later layers recompute. The receiver head is recomputed with lenscope's own
-  attention math (:class:`~lenscope.models.anatomy.Attention`, checked against the real model by ``verify``),
-  since the families name no hook inside the attention.
+- ``receiver=(layer, head, "q" | "k" | "v")``: the receiver head's query (or key, or value) input is the
+  projection of the residual stream that reaches it from the sender, its other inputs come from the base run, and
+  the rest of an otherwise clean base run recomputes after it. The engine's ``q``/``k``/``v`` sites carry the path
+  run's projection into the real attention module, which computes the pattern (rotary, ALiBi, soft-capping,
+  sliding window and q/k norms included).
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
+from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids, token_str
-from .hooks import Edit, batches, n_heads, run
 from .patching import METRICS, PatchingResult, _position, _tokens, metric_of, share_restored
 
 SENDERS = ("heads", "attn", "mlp")
@@ -32,11 +31,11 @@ def _freeze_edits(rows_layer: Tensor, rows: Tensor, base: dict, L_stop: int, P: 
     senders, from the next layer on) up to layer ``L_stop - 1``, at the base run's values (all positions)."""
     edits = []
     for j in range(L_stop):
-        for site in ("attn", "mlp"):
+        for site in ("attn_out", "mlp_out"):
             if what == "mlp":
                 sel = rows_layer < j
             else:
-                sel = rows_layer < j if site == "attn" else rows_layer <= j
+                sel = rows_layer < j if site == "attn_out" else rows_layer <= j
             r = rows[sel]
             if r.numel() == 0:
                 continue
@@ -46,33 +45,28 @@ def _freeze_edits(rows_layer: Tensor, rows: Tensor, base: dict, L_stop: int, P: 
     return edits
 
 
-def _receiver_z(lm: LoadedModel, layer: int, head: int, which: str, x_base: Tensor, x_path: Tensor) -> Tensor:
-    """The receiver head's output ``z (row, pos, d_head)`` with its ``which`` input from ``x_path (row, pos,
-    d_model)`` (normed attention input) and the others from ``x_base (pos, d_model)``."""
-    A = lm.anatomy.layers[layer].attn
-    positions = torch.arange(x_base.shape[0], device=x_base.device)
-    H = A.n_heads
+def _receiver_logits(lm: LoadedModel, ids: Tensor, edits: list[Edit], receiver: tuple[int, int, str]) -> Tensor:
+    """Logits of base runs ``ids (row, pos)`` where only the receiver head's ``which`` input comes from the path run
+    (the run with ``edits``). The real attention module computes the head: the path run's query (or key, or value)
+    projection is captured and set in a clean base run. A key/value head shared by a group of query heads
+    (grouped-query attention) would carry the path to the whole group, so there the receiver head's output is
+    computed in one more partial pass and set alone."""
+    rl, rh, which = receiver
+    at = lm.anatomy.layers[rl].attn
+    group = at.n_heads // at.n_kv_heads
+    h_in = rh // group if which in ("k", "v") else rh
+    n, P = ids.shape
+    rows, pos = torch.arange(n).repeat_interleave(P), torch.arange(P).repeat(n)
 
-    def one(xp):
-        xq = xp if which == "q" else x_base
-        xk = xp if which == "k" else x_base
-        xv = xp if which == "v" else x_base
-        q, _ = A.queries_keys(xq, positions)
-        _, k = A.queries_keys(xk, positions)
-        v = A.values(xv)
-        scores = torch.einsum("qe,ke->qk", q[head], k[head]) * A.scale
-        if A.softcap is not None:
-            scores = torch.tanh(scores / A.softcap) * A.softcap
-        if A.alibi is not None:
-            rel = (positions[None, :] - positions[:, None]).to(scores.dtype)
-            scores = scores + A.alibi.to(scores.dtype)[head] * rel
-        allowed = A.mask(xp.shape[0], xp.shape[0], xp.device)
-        probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")).float(), -1).to(xp.dtype)
-        return probs @ v[head]
+    def at_head(h, site, x):  # set head ``h`` of ``site`` at every row and position to ``x (row, pos, d_head)``
+        return Edit(site, rl, rows, pos, x.reshape(n * P, -1), head=torch.full((n * P,), h))
 
-    if not 0 <= head < H:
-        raise InputError(f"head {head} is outside 0..{H - 1}")
-    return torch.vmap(one)(x_path)
+    _, cap = run(lm, ids, edits, capture=[(which, rl)], stop_after=(which, rl))
+    set_input = at_head(h_in, which, cap[(which, rl)][:, :, h_in])
+    if which == "q" or group == 1:
+        return run(lm, ids, [set_input]).logits
+    _, cap = run(lm, ids, [set_input], capture=[("head", rl)], stop_after=("head", rl))
+    return run(lm, ids, [at_head(rh, "head", cap[("head", rl)][:, :, rh])]).logits
 
 
 @torch.no_grad()
@@ -96,8 +90,9 @@ def path_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, sende
         rl, rh, which = receiver
         if which not in ("q", "k", "v"):
             raise InputError("the receiver's input must be 'q', 'k' or 'v'")
-        if not (0 < rl < L and 0 <= rh < n_heads(lm, rl)):
-            raise InputError(f"receiver head ({rl}, {rh}) must lie in layers 1..{L - 1}, heads 0..{n_heads(lm, 1) - 1}")
+        if not (0 < rl < L and 0 <= rh < lm.anatomy.layers[rl].attn.n_heads):
+            H = lm.anatomy.layers[1].attn.n_heads
+            raise InputError(f"receiver head ({rl}, {rh}) must lie in layers 1..{L - 1}, heads 0..{H - 1}")
     c_ids, x_ids = token_ids(lm, clean), token_ids(lm, corrupted)
     if c_ids.numel() != x_ids.numel():
         raise InputError(f"the clean and corrupted prompts must have the same number of tokens; they have "
@@ -109,8 +104,8 @@ def path_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, sende
     P = c_ids.numel()
     pos = _position(position, P)
     src_ids, base_ids = (x_ids, c_ids) if noising else (c_ids, x_ids)
-    site = "head" if senders == "heads" else senders
-    keys = [(s, j) for s in ("attn", "mlp", "resid", site) for j in range(L)]
+    site = {"heads": "head", "attn": "attn_out", "mlp": "mlp_out"}[senders]
+    keys = [(s, j) for s in ("attn_out", "mlp_out", site) for j in range(L)]
     logits, got = run(lm, torch.stack([c_ids, x_ids]), capture=keys)
     m = metric_of(logits[:, pos], metric, tid, fid)
     m_clean, m_corr = float(m[0]), float(m[1])
@@ -118,14 +113,11 @@ def path_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, sende
     src = {k: v[si] for k, v in got.items()}
     base = {k: v[bi] for k, v in got.items()}
 
-    C = n_heads(lm, 0) if senders == "heads" else P
+    C = lm.anatomy.layers[0].attn.n_heads if senders == "heads" else P
     Ls = L if receiver is None else receiver[0]
     plist = torch.tensor([(j, c) for j in range(Ls) for c in range(C)], dtype=torch.long).reshape(-1, 2)
     raw = torch.full((L, C), float("nan"))
     out = torch.empty(len(plist))
-    if receiver is not None:
-        ln = lm.anatomy.layers[receiver[0]].ln_attn
-        x_base = ln(base[("resid", receiver[0])]) if ln is not None else base[("resid", receiver[0])]
     for s, e in batches(len(plist), batch_size):
         chunk = plist[s:e]
         n = e - s
@@ -142,16 +134,7 @@ def path_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, sende
                 edits.append(Edit(site, j, r, idx, src[(site, j)][idx]))
         edits += _freeze_edits(chunk[:, 0], rows, base, Ls, P, senders)
         ids = base_ids[None].expand(n, P)
-        if receiver is None:
-            lg, _ = run(lm, ids, edits)
-        else:
-            rl, rh, which = receiver
-            _, cap = run(lm, ids, edits, capture=[("resid", rl)], stop_after=("resid", rl))
-            x = cap[("resid", rl)]
-            x_path = ln(x) if ln is not None else x
-            z = _receiver_z(lm, rl, rh, which, x_base, x_path)  # (row, pos, d_head)
-            lg, _ = run(lm, ids, [Edit("head", rl, rows.repeat_interleave(P), torch.arange(P).repeat(n),
-                                       z.reshape(n * P, -1), head=torch.full((n * P,), rh))])
+        lg = run(lm, ids, edits).logits if receiver is None else _receiver_logits(lm, ids, edits, receiver)
         out[s:e] = metric_of(lg[:, pos], metric, tid, fid).cpu()
     raw[plist[:, 0], plist[:, 1]] = out
     values = share_restored(raw, m_clean, m_corr, metric)

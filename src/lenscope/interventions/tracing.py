@@ -24,12 +24,13 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, encode, require_decoder, resolve_token, token_str
 from ..results import Result
-from .hooks import Edit, batches, run
 from .patching import _tokens
 
 KINDS = ("resid", "mlp", "attn")
+SITE = {"resid": "resid_pre", "mlp": "mlp_out", "attn": "attn_out"}  # the engine's sites
 DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "models" / "tiny_corpus.txt"
 _STD_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(corpus, ...): std}
 
@@ -142,8 +143,8 @@ def embedding_std(lm: LoadedModel, corpus: str | Path | None = None, *, max_toke
     chunks = [torch.tensor(ids[s:e]) for s, e in batches(len(ids), seq_len)]
     states = []
     for c in chunks:
-        _, got = run(lm, c[None], capture=[("resid", 0)], stop_after=("resid", 0))
-        states.append(got[("resid", 0)].reshape(-1).float())
+        _, got = run(lm, c[None], capture=[("resid_pre", 0)], stop_after=("resid_pre", 0))
+        states.append(got[("resid_pre", 0)].reshape(-1).float())
     std = float(torch.cat(states).std())
     cache[key] = std
     return std
@@ -170,7 +171,7 @@ def causal_trace(lm: LoadedModel, prompt: str, subject: str, target=None, *, sam
     L = lm.anatomy.n_layers
     subj = subject_positions(lm, prompt, subject)
     nu = 3.0 * embedding_std(lm, corpus) if noise is None else float(noise)
-    keys = [(s, layer) for s in ("resid", "attn", "mlp") for layer in range(L)]
+    keys = [(SITE[s], layer) for s in ("resid", "attn", "mlp") for layer in range(L)]
     logits, clean = run(lm, ids[None], capture=keys)
     probs = logits[0, -1].float().softmax(-1)
     tid = int(probs.argmax()) if target is None else resolve_token(lm, target)
@@ -178,9 +179,9 @@ def causal_trace(lm: LoadedModel, prompt: str, subject: str, target=None, *, sam
     clean = {k: v[0] for k, v in clean.items()}  # (pos, d_model)
 
     g = torch.Generator().manual_seed(seed)
-    d = clean[("resid", 0)].shape[-1]
+    d = clean[("resid_pre", 0)].shape[-1]
     eps = torch.randn(samples, len(subj), d, generator=g) * nu  # (sample, subject token, d_model)
-    eps = eps.to(clean[("resid", 0)].device, clean[("resid", 0)].dtype)
+    eps = eps.to(clean[("resid_pre", 0)].device, clean[("resid_pre", 0)].dtype)
     subj_t = torch.tensor(subj)
 
     # restorations: (kind index, layer, pos); -1 = none (the corrupted run)
@@ -197,7 +198,7 @@ def causal_trace(lm: LoadedModel, prompt: str, subject: str, target=None, *, sam
         s_idx = rows_all[s:e] % samples
         local = torch.arange(n)
         # the noise first, then any restoration at the same site overrides it
-        edits = [Edit("resid", 0, local.repeat_interleave(len(subj)), subj_t.repeat(n),
+        edits = [Edit("resid_pre", 0, local.repeat_interleave(len(subj)), subj_t.repeat(n),
                       eps[s_idx].reshape(-1, d), mode="add")]
         sp = spec[r_idx]
         for k, kind in enumerate(KINDS):
@@ -208,10 +209,10 @@ def causal_trace(lm: LoadedModel, prompt: str, subject: str, target=None, *, sam
                 rows = sel[sp[sel, 1] == layer]
                 pos = sp[rows, 2]
                 if kind == "resid":
-                    edits.append(Edit("resid", layer, rows, pos, clean[("resid", layer)][pos]))
+                    edits.append(Edit("resid_pre", layer, rows, pos, clean[("resid_pre", layer)][pos]))
                 else:
                     for lw in window_layers(layer, window, L):
-                        edits.append(Edit(kind, lw, rows, pos, clean[(kind, lw)][pos]))
+                        edits.append(Edit(SITE[kind], lw, rows, pos, clean[(SITE[kind], lw)][pos]))
         lg, _ = run(lm, ids[None].expand(n, P), edits)
         out[s:e] = lg[:, -1].float().softmax(-1)[:, tid].cpu()
     per = out.reshape(R, samples).mean(1)

@@ -14,7 +14,7 @@ evaluations on all of them. The basis is finally sorted by ``sigma`` (a later di
 earlier one when the earlier search stopped at a local maximum); ``reordered`` says whether it had to.
 
 **Causal fidelity** ablates each basis direction in the *model's* residual stream at the same state (every
-position, mean ablation as above, through :func:`lenscope.interventions.hooks.run`) and measures the KL of
+position, mean ablation as above, through the engine, :func:`lenscope.models.engine.run`) and measures the KL of
 the model's final output: ``model_sigma``. A lens whose features are causally faithful ranks the directions
 the way the model does: ``fidelity_spearman`` is the Spearman correlation of ``sigma`` and ``model_sigma``.
 """

@@ -44,7 +44,7 @@ def layer_states(lm: LoadedModel, sequences: Tensor, layer: int, *, batch_size: 
                  skip_first: bool = True) -> Tensor:
     """Residual states ``(tokens, d_model)`` at state ``layer`` of every position of ``sequences (n_seq, pos)``
     (float32; without each sequence's first position when ``skip_first``)."""
-    from ..interventions.hooks import run
+    from ..models.engine import run
     from ..models.trace import residual_states
 
     L = lm.anatomy.n_layers
@@ -54,8 +54,8 @@ def layer_states(lm: LoadedModel, sequences: Tensor, layer: int, *, batch_size: 
     for s in range(0, sequences.shape[0], batch_size):
         ids = sequences[s : s + batch_size]
         if layer < L:
-            _, got = run(lm, ids, capture=[("resid", layer)], stop_after=("resid", layer), logits=False)
-            h = got[("resid", layer)]
+            _, got = run(lm, ids, capture=[("resid_pre", layer)], stop_after=("resid_pre", layer), logits=False)
+            h = got[("resid_pre", layer)]
         else:
             h = residual_states(lm, ids)["states"][-1]
         out.append((h[:, 1:] if skip_first else h).float().reshape(-1, h.shape[-1]).cpu())
@@ -242,7 +242,7 @@ def model_influence(lm: LoadedModel, sequences: Tensor, layer: int, directions: 
 
     ``layer == n_layers`` (the last residual state, before the final norm) is the logit lens's influence there.
     """
-    from ..interventions.hooks import Edit, run
+    from ..models.engine import Edit, run
 
     A = lm.anatomy
     L = A.n_layers
@@ -262,9 +262,9 @@ def model_influence(lm: LoadedModel, sequences: Tensor, layer: int, directions: 
     for s in range(0, n_seq, max(1, min(n_seq, rows_per_pass))):
         ids = sequences[s : s + rows_per_pass]
         B = ids.shape[0]
-        logits, got = run(lm, ids, capture=[("resid", layer)])
+        logits, got = run(lm, ids, capture=[("resid_pre", layer)])
         logp = torch.log_softmax(logits[:, first:].float(), -1)  # (B, P', V)
-        h = got[("resid", layer)].float()  # (B, P, d)
+        h = got[("resid_pre", layer)].float()  # (B, P, d)
         c = (h - mean) @ directions.T  # (B, P, k)
         if skip_first:
             c[:, 0] = 0.0
@@ -277,7 +277,7 @@ def model_influence(lm: LoadedModel, sequences: Tensor, layer: int, directions: 
             delta = torch.stack([-c[:, :, j, None] * directions[j] for j in dirs]).reshape(G * B * P, -1)
             rows = torch.arange(G * B).repeat_interleave(P)
             pos = torch.arange(P).repeat(G * B)
-            edit = Edit("resid", layer, rows=rows, pos=pos, values=delta, mode="add")
+            edit = Edit("resid_pre", layer, rows=rows, pos=pos, values=delta, mode="add")
             out, _ = run(lm, rep, [edit])
             logq = torch.log_softmax(out[:, first:].float(), -1).reshape(G, B, P - first, -1)
             kl = (logp.exp()[None] * (logp[None] - logq)).sum(-1)  # (G, B, P')

@@ -31,6 +31,9 @@ class LayerHooks:
     - ``act``: input = pre-activation of the (activated branch of the) MLP
     - ``up``: output = the linear branch of a gated MLP
     - ``norms``: slot name (as in :meth:`Layer.norms`) -> norm module (input and output captured)
+    - ``q``, ``k``, ``v``: the query, key and value projections (output = per-head q/k/v, heads concatenated), or
+    - ``qkv``: one fused projection, its output laid out as ``qkv_layout``: ``"blocks"`` (``[q | k | v]``, GPT-2)
+      or ``"heads"`` (per head ``[q k v]``, each ``d_head``: GPT-NeoX, BLOOM)
     """
 
     block: nn.Module
@@ -40,6 +43,11 @@ class LayerHooks:
     act: nn.Module
     norms: dict[str, nn.Module]
     up: nn.Module | None = None
+    q: nn.Module | None = None
+    k: nn.Module | None = None
+    v: nn.Module | None = None
+    qkv: nn.Module | None = None
+    qkv_layout: str = "blocks"
 
 
 @dataclass

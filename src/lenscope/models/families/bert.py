@@ -65,6 +65,7 @@ def hooks(model) -> ModelHooks:
         layers=[
             LayerHooks(block=b, attn=b.attention.self, attn_out=b.attention.output.dense, mlp_out=b.output.dense,
                        act=b.intermediate.intermediate_act_fn,
+                       q=b.attention.self.query, k=b.attention.self.key, v=b.attention.self.value,
                        norms={"ln_attn": b.attention.output.LayerNorm, "ln_mlp": b.output.LayerNorm})
             for b in base.encoder.layer
         ],

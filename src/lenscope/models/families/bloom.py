@@ -42,7 +42,8 @@ def hooks(model) -> ModelHooks:
     return ModelHooks(
         layers=[
             LayerHooks(block=b, attn=b.self_attention, attn_out=b.self_attention.dense, mlp_out=b.mlp.dense_4h_to_h,
-                       act=b.mlp.gelu_impl, norms={"ln_attn": b.input_layernorm, "ln_mlp": b.post_attention_layernorm})
+                       act=b.mlp.gelu_impl, qkv=b.self_attention.query_key_value,
+                       qkv_layout="heads", norms={"ln_attn": b.input_layernorm, "ln_mlp": b.post_attention_layernorm})
             for b in tr.h
         ],
         final_norm=tr.ln_f,

@@ -71,6 +71,7 @@ def hooks(model) -> ModelHooks:
         layers=[
             LayerHooks(block=b, attn=b.self_attn, attn_out=b.self_attn.o_proj, mlp_out=b.mlp.down_proj,
                        act=b.mlp.act_fn, up=b.mlp.up_proj,
+                       q=b.self_attn.q_proj, k=b.self_attn.k_proj, v=b.self_attn.v_proj,
                        norms={"ln_attn": b.input_layernorm, "ln_mlp": b.pre_feedforward_layernorm,
                               "ln_attn_out": b.post_attention_layernorm, "ln_mlp_out": b.post_feedforward_layernorm})
             for b in base.layers

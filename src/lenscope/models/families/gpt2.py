@@ -46,6 +46,7 @@ def hooks(model) -> ModelHooks:
     return ModelHooks(
         layers=[
             LayerHooks(block=b, attn=b.attn, attn_out=b.attn.c_proj, mlp_out=b.mlp.c_proj, act=b.mlp.act,
+                       qkv=b.attn.c_attn, qkv_layout="blocks",
                        norms={"ln_attn": b.ln_1, "ln_mlp": b.ln_2})
             for b in tr.h
         ],

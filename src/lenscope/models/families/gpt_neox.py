@@ -43,7 +43,8 @@ def hooks(model) -> ModelHooks:
     return ModelHooks(
         layers=[
             LayerHooks(block=b, attn=b.attention, attn_out=b.attention.dense, mlp_out=b.mlp.dense_4h_to_h,
-                       act=b.mlp.act, norms={"ln_attn": b.input_layernorm, "ln_mlp": b.post_attention_layernorm})
+                       act=b.mlp.act, qkv=b.attention.query_key_value, qkv_layout="heads",
+                       norms={"ln_attn": b.input_layernorm, "ln_mlp": b.post_attention_layernorm})
             for b in base.layers
         ],
         final_norm=base.final_layer_norm,

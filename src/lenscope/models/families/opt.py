@@ -53,6 +53,7 @@ def hooks(model) -> ModelHooks:
     return ModelHooks(
         layers=[
             LayerHooks(block=b, attn=b.self_attn, attn_out=b.self_attn.out_proj, mlp_out=b.fc2, act=b.activation_fn,
+                       q=b.self_attn.q_proj, k=b.self_attn.k_proj, v=b.self_attn.v_proj,
                        norms={"ln_attn": b.self_attn_layer_norm, "ln_mlp": b.final_layer_norm})
             for b in dec.layers
         ],

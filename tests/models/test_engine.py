@@ -1,0 +1,177 @@
+"""The engine: every site on every family, edits, selective capture, padding, gradients, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lenscope.errors import InputError, NotApplicableError
+from lenscope.models.engine import Edit, capture, run, site_key
+from lenscope.models.trace import trace, trace_sites
+from tests.conftest import get_model
+
+IDS = torch.tensor([[5, 17, 3, 42, 9, 11, 7]])
+
+
+def _attn_input(lm, cap, layer):
+    """What attention read in block ``layer``: the normed residual (the residual itself for Post-LN)."""
+    return cap[("resid_pre", layer)] if lm.anatomy.placement == "post" else cap[("ln_attn.out", layer)]
+
+
+def test_site_names():
+    assert site_key("resid_pre.3") == ("resid_pre", 3)
+    assert site_key(("resid", 2)) == ("resid_pre", 2)  # the interventions' first vocabulary
+    assert site_key("ln_attn.scale.0") == ("ln_attn.scale", 0)
+    assert site_key("ln_final.in") == ("ln_final.in", None)
+    with pytest.raises(InputError, match="unknown site"):
+        site_key("resid_middle.0")
+    with pytest.raises(InputError, match="needs a block index"):
+        site_key("q")
+    with pytest.raises(InputError, match="whole model"):
+        site_key(("logits", 0))
+
+
+def test_qkv_sites_are_the_projections(tiny):
+    """q, k, v of every family (fused or not) equal the anatomy's projections of what attention read."""
+    lm = tiny
+    A = lm.anatomy
+    for layer in range(A.n_layers):
+        cap = capture(lm, IDS, [(n, layer) for n in ("q", "k", "v", "resid_pre", "ln_attn.out")])
+        x = _attn_input(lm, cap, layer)[0]  # (pos, d)
+        at = A.layers[layer].attn
+        for name, W, b in (("q", at.W_Q, at.b_Q), ("k", at.W_K, at.b_K), ("v", at.W_V, at.b_V)):
+            want = torch.einsum("pd,hde->phe", x, W)
+            if b is not None:
+                want = want + b
+            got = cap[(name, layer)][0]
+            assert got.shape == want.shape, name
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"{lm.name} {name}{layer}")
+
+
+def test_head_site_composes_attn_out(tiny):
+    lm = tiny
+    at = lm.anatomy.layers[0].attn
+    cap = capture(lm, IDS, [("head", 0), ("attn_out", 0)])
+    z = cap[("head", 0)][0]  # (pos, head, d_head)
+    want = torch.einsum("phe,hed->pd", z, at.W_O) + (at.b_O if at.b_O is not None else 0)
+    torch.testing.assert_close(cap[("attn_out", 0)][0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_qkv_edits_reach_the_real_attention(tiny):
+    """Adding to one head's query changes that head's pattern only; adding to a value changes the outputs of the
+    heads that share it and no pattern: the fused layouts are split and written back in the right places."""
+    lm = tiny
+    at = lm.anatomy.layers[0].attn
+    H, Hk, dh = at.n_heads, at.n_kv_heads, at.d_head
+    sites = [("pattern", 0), ("head", 0), ("q", 0), ("v", 0)]
+    base = capture(lm, IDS, sites)
+    P = IDS.shape[1]
+    g = torch.Generator().manual_seed(0)
+    pos = torch.arange(P)
+    rows = torch.zeros(P, dtype=torch.long)
+    dq = torch.randn(P, dh, generator=g)
+    _, cap = run(lm, IDS, [Edit("q", 0, rows, pos, dq, head=torch.full((P,), 1), mode="add")], capture=sites)
+    torch.testing.assert_close(cap[("q", 0)][0, :, 1], base[("q", 0)][0, :, 1] + dq)
+    changed = (cap[("pattern", 0)] - base[("pattern", 0)]).abs().amax(dim=(0, 2, 3))
+    assert changed[1] > 1e-4 and (changed[torch.arange(H) != 1] == 0).all(), (lm.name, changed)
+    dv = torch.randn(P, dh, generator=g)
+    _, cap = run(lm, IDS, [Edit("v", 0, rows, pos, dv, head=torch.zeros(P, dtype=torch.long), mode="add")],
+                 capture=sites)
+    assert torch.equal(cap[("pattern", 0)], base[("pattern", 0)])
+    moved = (cap[("head", 0)] - base[("head", 0)]).abs().amax(dim=(0, 1, 3))
+    group = H // Hk
+    assert (moved[:group] > 1e-5).all() and (moved[group:] == 0).all(), (lm.name, moved)
+
+
+def test_selective_capture_keeps_only_what_is_asked(tiny):
+    lm = tiny
+    L = lm.anatomy.n_layers
+    logits, cap = run(lm, IDS, capture=[("resid_pre", i) for i in range(L)])
+    assert set(cap) == {("resid_pre", i) for i in range(L)}
+    st = cap.stacked("resid_pre")
+    assert st.shape == (L, 1, IDS.shape[1], lm.anatomy.d_model)
+    assert st[1].data_ptr() == cap[("resid_pre", 1)].data_ptr()  # one buffer, no second copy
+    full = trace(lm, IDS[0])
+    torch.testing.assert_close(st[:, 0], full.resid_pre)
+    assert logits is not None
+
+
+def test_norm_scale_site(tiny):
+    lm = tiny
+    cap = capture(lm, IDS, [("ln_mlp.in", 0), ("ln_mlp.scale", 0)])
+    want = lm.anatomy.layers[0].ln_mlp.scale(cap[("ln_mlp.in", 0)])
+    torch.testing.assert_close(cap[("ln_mlp.scale", 0)], want)
+
+
+def test_padding_is_never_read(tiny_decoder):
+    """Right-padded rows: real positions equal the unpadded run, padded positions are NaN."""
+    lm = tiny_decoder
+    short = IDS[:, :4]
+    batch = torch.cat([IDS, torch.cat([short, torch.zeros(1, 3, dtype=torch.long)], 1)])
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    sites = [("resid_post", 1), ("pattern", 0), ("mlp_hidden", 1)]
+    _, cap = run(lm, batch, capture=sites, attention_mask=mask)
+    alone = capture(lm, short, sites)
+    torch.testing.assert_close(cap[("resid_post", 1)][1, :4], alone[("resid_post", 1)][0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cap[("pattern", 0)][1, :, :4, :4], alone[("pattern", 0)][0], rtol=1e-4, atol=1e-5)
+    assert cap[("resid_post", 1)][1, 4:].isnan().all() and not cap[("resid_post", 1)][0].isnan().any()
+    assert cap[("pattern", 0)][1, :, 4:].isnan().all()
+    assert cap[("mlp_hidden", 1)][1, 4:].isnan().all()
+
+
+def test_edit_set_add_scale_and_stop():
+    lm = get_model("tiny:gpt2")
+    d = lm.anatomy.d_model
+    base = capture(lm, IDS, [("attn_out", 0), ("resid_post", 0)])
+    r, p = torch.tensor([0]), torch.tensor([2])
+    v = torch.ones(1, d)
+    a = base[("attn_out", 0)][0, 2]
+    for mode, want in (("set", v[0]), ("add", a + 1), ("scale", 2 * a)):
+        vals = torch.full((1,), 2.0) if mode == "scale" else v
+        _, cap = run(lm, IDS, [Edit("attn_out", 0, r, p, vals, mode=mode)], capture=[("attn_out", 0)])
+        torch.testing.assert_close(cap[("attn_out", 0)][0, 2], want)
+        torch.testing.assert_close(cap[("attn_out", 0)][0, 3], base[("attn_out", 0)][0, 3])
+    logits, cap = run(lm, IDS, capture=[("resid_pre", 1)], stop_after=("resid_pre", 1))
+    assert logits is None and ("resid_pre", 1) in cap
+    torch.testing.assert_close(cap[("resid_pre", 1)], base[("resid_post", 0)])
+
+
+def test_gradients_flow_through_captures():
+    lm = get_model("tiny:llama")
+    logits, cap = run(lm, IDS, capture=[("resid_pre", 1), ("attn_out", 1), ("q", 1)], grad=True)
+    x, a = cap[("resid_pre", 1)], cap[("attn_out", 1)]
+    assert x.requires_grad and a.requires_grad
+    gx, ga, gq = torch.autograd.grad(logits[0, -1, 3], [x, a, cap[("q", 1)]])
+    assert gx[0, -1].abs().sum() > 0 and ga[0, -1].abs().sum() > 0 and gq[0, -1].abs().sum() > 0
+    assert gq[0, :-1].abs().sum() == 0  # causal: earlier queries never reach the last position
+    assert gx[0, -1].sub(ga[0, -1]).abs().sum() > 0  # the residual reaches the output by more paths
+    with pytest.raises(NotApplicableError, match="no gradient"):
+        run(lm, IDS, capture=[("resid_mid", 0)], grad=True)
+    gpt2 = get_model("tiny:gpt2")  # fused q/k/v: the leaf is written back into the projection's output
+    logits, cap = run(gpt2, IDS, capture=[("k", 1)], grad=True)
+    (gk,) = torch.autograd.grad(logits[0, -1, 3], cap[("k", 1)])
+    assert gk[0, 0].abs().sum() > 0 and gk[0, -1].abs().sum() > 0
+
+
+def test_refusals():
+    gpt2 = get_model("tiny:gpt2")
+    one = torch.zeros(1, dtype=torch.long)
+    with pytest.raises(NotApplicableError, match="captured but not edited"):
+        run(gpt2, IDS, [Edit("pattern", 0, one, one, torch.zeros(1, 7), head=one)])
+    with pytest.raises(NotApplicableError, match="gated"):
+        capture(gpt2, IDS, [("mlp_up", 0)])
+    with pytest.raises(NotApplicableError, match="no norm 'ln_attn_out'"):
+        capture(gpt2, IDS, [("ln_attn_out.in", 0)])
+    with pytest.raises(InputError, match="block 9"):
+        capture(gpt2, IDS, [("resid_pre", 9)])
+    with pytest.raises(InputError, match="edit mode"):
+        Edit("resid_pre", 0, one, one, one, mode="replace")
+
+
+def test_trace_is_a_view_on_the_engine(tiny):
+    lm = tiny
+    tr = trace(lm, IDS[0])
+    cap = capture(lm, IDS, trace_sites(lm))
+    torch.testing.assert_close(tr.attn_probs, cap.stacked("pattern")[:, 0])
+    torch.testing.assert_close(tr.resid_mid, cap.stacked("resid_mid")[:, 0])
+    torch.testing.assert_close(tr.resid_post[-1], tr.final_resid if tr.final_in is None else tr.final_in)
