@@ -228,3 +228,14 @@ if __name__ == "__main__":  # pragma: no cover - print the package graph
     for (a, b), where in sorted(collect_edges(SRC).items()):
         print(f"{a:>14} -> {b:<14} {len(where)}")
     pytest.main([__file__])
+
+
+MAX_LINES = 600
+
+
+def test_no_source_file_over_max_lines():
+    """Issue 17: no module grows past MAX_LINES lines (split it along what it mixes)."""
+    src = Path(__file__).resolve().parents[1] / "src" / "lenscope"
+    long = {str(p.relative_to(src)): n for p in src.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"source files over {MAX_LINES} lines: {long}"
+    assert len(list(src.rglob("*.py"))) > 50  # the walk really saw the package
