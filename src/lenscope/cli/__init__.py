@@ -7,6 +7,7 @@ import typer
 from . import components, evaluate, explain, interventions, lens, mixing, models, report
 
 app = typer.Typer(
+    rich_markup_mode=None,
     name="lenscope",
     help="See how a transformer language model builds its prediction.",
     no_args_is_help=True,

@@ -9,8 +9,9 @@ import typer
 from ..errors import InputError
 from .common import MODEL_HELP, handle_errors, load_model, print_json
 
-lens_app = typer.Typer(help="Logit lens and tuned lens: train, evaluate, show prediction trajectories.",
-                       no_args_is_help=True)
+lens_app = typer.Typer(
+    rich_markup_mode=None, help="Logit lens and tuned lens: train, evaluate, show prediction trajectories.",
+    no_args_is_help=True)
 
 
 def get_lens(lm, spec: str | None):
