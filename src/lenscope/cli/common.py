@@ -9,13 +9,19 @@ import sys
 import typer
 
 from ..errors import LenscopeError
-
-MODEL_HELP = "Model: smollm2 (default), gemma3-270m, minilm, tiny:<family>, a transformers folder or a .gguf file."
+from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP  # noqa: F401 (re-exported for the commands)
 
 
 def fail(msg: str, code: int = 2):
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code)
+
+
+def at_least_one(**options: int | None) -> None:
+    """Fail on the first option (keyword = option name, ``_`` for ``-``) that is given and below 1."""
+    for name, value in options.items():
+        if value is not None and value < 1:
+            fail(f"--{name.replace('_', '-')} must be at least 1")
 
 
 def handle_errors(fn):
@@ -35,17 +41,6 @@ def handle_errors(fn):
 
 def print_json(obj) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
-
-
-DTYPE_HELP = ("Dtype the model runs in: float32 (default, exact), bfloat16 or float16 (lenscope still computes in "
-              "float32; verify's tolerances scale with the dtype's precision).")
-DEVICE_MAP_HELP = ("Split the model across devices with accelerate: auto, balanced, sequential, a JSON object "
-                   "{module: device} (devices: 0, cuda:1, cpu, disk) or a JSON file holding one.")
-
-# Reusable options: add ``dtype: str = DTYPE_OPTION, device_map: str = DEVICE_MAP_OPTION`` to a command and pass
-# them on as ``load_model(model, dtype=dtype, device_map=device_map)``.
-DTYPE_OPTION = typer.Option(None, "--dtype", help=DTYPE_HELP, metavar="bfloat16|float16|float32")
-DEVICE_MAP_OPTION = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP, metavar="MAP")
 
 
 def load_model(name: str, dtype: str | None = None, device_map: str | dict | None = None):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, emit, handle_errors, load_model
+from .common import emit, handle_errors, load_model
+from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -12,7 +13,7 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def components_cmd(
         text: str = typer.Argument(..., help="The text; the logit at its last token is decomposed."),
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        model: str = MODEL_OPTION,
         target: str = typer.Option(..., "--target", "-t", help="Target token: its text (e.g. ' Paris') or #ID."),
         foil: str = typer.Option(None, "--foil", "-f", help="Foil token: decompose target minus foil."),
         by_head: bool = typer.Option(False, "--by-head", help="Split each attention layer into its heads."),
@@ -20,7 +21,7 @@ def register(app: typer.Typer) -> None:
         top: int = typer.Option(None, "--top", help="Show only the largest components in the table/plot."),
         png: str = typer.Option(None, "--png", help="Save a bar plot to this PNG file."),
         save: str = typer.Option(None, "--save", help="Save the result (.safetensors) to reload later."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        as_json: bool = JSON_OPTION,
         dtype: str = DTYPE_OPTION,
         device_map: str = DEVICE_MAP_OPTION,
     ):

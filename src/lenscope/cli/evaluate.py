@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, fail, handle_errors, load_model, print_json
+from .common import at_least_one, fail, handle_errors, load_model, print_json
+from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_OPTION
 from .sweeps import ray_address_option, ray_option, ray_target, workers_option
 
 DATASET_HELP = ("blimp:SUBSET (one of the 11 with evidence, or any BLiMP paradigm for accuracy only), blimp:all11, "
@@ -14,14 +15,15 @@ DATASET_HELP = ("blimp:SUBSET (one of the 11 with evidence, or any BLiMP paradig
 
 def register(app: typer.Typer) -> None:
     """Add the ``eval`` group."""
-    ev = typer.Typer(help="Evaluate explanations against linguistic evidence (BLiMP, IOI, agreement).",
-                     no_args_is_help=True)
+    ev = typer.Typer(
+        rich_markup_mode=None, help="Evaluate explanations against linguistic evidence (BLiMP, IOI, agreement).",
+        no_args_is_help=True)
     app.add_typer(ev, name="eval")
 
     @ev.command("alignment")
     @handle_errors
     def alignment_cmd(
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        model: str = MODEL_OPTION,
         dataset: list[str] | None = typer.Option(None, "--dataset", "-d", help=DATASET_HELP),  # noqa: B008
         methods: str = typer.Option("logit,alti-logit,grad-norm,grad-x-input,ig,erasure,first,recent", "--methods",
                                     help="Comma-separated: logit, alti-logit, grad-norm, grad-x-input, ig, erasure, "
@@ -55,14 +57,7 @@ def register(app: typer.Typer) -> None:
 
         if not dataset:
             fail("give at least one --dataset (" + DATASET_HELP.split(". Repeatable")[0] + ")")
-        if limit is not None and limit < 1:
-            fail("--limit must be at least 1")
-        if ig_steps < 1:
-            fail("--ig-steps must be at least 1")
-        if batch_size < 1:
-            fail("--batch-size must be at least 1")
-        if block < 1:
-            fail("--block must be at least 1")
+        at_least_one(limit=limit, ig_steps=ig_steps, batch_size=batch_size, block=block)
         if restart and out is None:
             fail("--restart needs --out")
         if baseline not in ("zero", "pad", "mean"):

@@ -5,32 +5,39 @@ from __future__ import annotations
 
 import typer
 
-from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, emit, fail, handle_errors, load_model, print_json
+from .common import at_least_one, emit, fail, handle_errors, load_model, print_json
+from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION
 from .sweeps import ray_address_option, ray_option, ray_target, workers_option
+
+# what ``patch`` and ``path-patch`` share: the two prompts, the foil, the metric and the direction
+CLEAN_ARGUMENT = typer.Argument(..., help="The clean prompt.")
+CORRUPTED_ARGUMENT = typer.Argument(..., help="The corrupted prompt (same number of tokens).")
+FOIL_OPTION = typer.Option(None, "--foil", "-f", help="Foil token (needed for --metric logit_diff).")
+METRIC_OPTION = typer.Option("logit_diff", "--metric", help="logit_diff (share restored) | prob")
+NOISING_OPTION = typer.Option(False, "--noising", help="Patch corrupted -> clean (default: clean -> corrupted).")
 
 
 def register(app: typer.Typer) -> None:
     @app.command("patch")
     @handle_errors
     def patch_cmd(
-        clean: str = typer.Argument(..., help="The clean prompt."),
-        corrupted: str = typer.Argument(..., help="The corrupted prompt (same number of tokens)."),
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        clean: str = CLEAN_ARGUMENT,
+        corrupted: str = CORRUPTED_ARGUMENT,
+        model: str = MODEL_OPTION,
         dtype: str = DTYPE_OPTION,
         device_map: str = DEVICE_MAP_OPTION,
         target: str = typer.Option(..., "--target", "-t", help="Target token: its text (e.g. ' Mary') or #ID."),
-        foil: str = typer.Option(None, "--foil", "-f", help="Foil token (needed for --metric logit_diff)."),
+        foil: str = FOIL_OPTION,
         what: str = typer.Option("resid", "--what", help="resid | attn | mlp | heads"),
-        metric: str = typer.Option("logit_diff", "--metric", help="logit_diff (share restored) | prob"),
-        noising: bool = typer.Option(
-            False, "--noising", help="Patch corrupted -> clean (default: clean -> corrupted)."),
+        metric: str = METRIC_OPTION,
+        noising: bool = NOISING_OPTION,
         position: int = typer.Option(
             -1, "--position", help="Token position whose prediction is measured (default: last)."),
         head_position: int = typer.Option(None, "--head-position", help="--what heads: patch at this position only."),
         batch_size: int = typer.Option(32, "--batch-size", help="Patches per forward pass."),
         png: str = typer.Option(None, "--png", help="Write the heat map (layer × position, or layer × head)."),
-        save: str = typer.Option(None, "--save", help="Save the result (.safetensors)."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        save: str = SAVE_OPTION,
+        as_json: bool = JSON_OPTION,
     ):
         """Patch every (layer, position) — or (layer, head) — from one prompt's run into the other's."""
         from ..interventions.patching import METRICS, WHATS, activation_patching
@@ -39,8 +46,7 @@ def register(app: typer.Typer) -> None:
             fail(f"unknown --what {what!r}; choose one of {', '.join(WHATS)}")
         if metric not in METRICS:
             fail(f"unknown --metric {metric!r}; choose one of {', '.join(METRICS)}")
-        if batch_size < 1:
-            fail("--batch-size must be at least 1")
+        at_least_one(batch_size=batch_size)
         lm = load_model(model, dtype=dtype, device_map=device_map)
         res = activation_patching(lm, clean, corrupted, target, foil, what=what, metric=metric, noising=noising,
                                   position=position, head_position=head_position, batch_size=batch_size)
@@ -55,7 +61,7 @@ def register(app: typer.Typer) -> None:
         subject: str = typer.Option(..., "--subject", "-s", help="The subject (a substring of the prompt) to corrupt."),
         target: str = typer.Option(
             None, "--target", "-t", help="Target token (text or #ID; default: the model's top prediction)."),
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        model: str = MODEL_OPTION,
         dtype: str = DTYPE_OPTION,
         device_map: str = DEVICE_MAP_OPTION,
         samples: int = typer.Option(10, "--samples", help="Noise samples (each restoration is averaged over them)."),
@@ -67,18 +73,13 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed of the noise."),
         batch_size: int = typer.Option(64, "--batch-size", help="Rows per forward pass."),
         png: str = typer.Option(None, "--png", help="Write the three heat maps (layer × position)."),
-        save: str = typer.Option(None, "--save", help="Save the result (.safetensors)."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        save: str = SAVE_OPTION,
+        as_json: bool = JSON_OPTION,
     ):
         """Causal tracing (Meng et al. 2022): corrupt the subject with noise, restore one clean state at a time."""
         from ..interventions.tracing import causal_trace
 
-        if samples < 1:
-            fail("--samples must be at least 1")
-        if window < 1:
-            fail("--window must be at least 1")
-        if batch_size < 1:
-            fail("--batch-size must be at least 1")
+        at_least_one(samples=samples, window=window, batch_size=batch_size)
         lm = load_model(model, dtype=dtype, device_map=device_map)
         res = causal_trace(lm, prompt, subject, target, samples=samples, window=window, noise=noise, corpus=corpus,
                            seed=seed, batch_size=batch_size)
@@ -86,13 +87,12 @@ def register(app: typer.Typer) -> None:
             return
         _table_trace(lm, res, png)
 
-
     @app.command("causal-trace-sweep")
     @handle_errors
     def causal_trace_sweep_cmd(
         data: str = typer.Option("facts", "--data", help="facts (the shared fact set) or a JSON-lines file of "
                                  "{prompt, subject, target[, relation]}."),
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        model: str = MODEL_OPTION,
         dtype: str = DTYPE_OPTION,
         device_map: str = DEVICE_MAP_OPTION,
         limit: int = typer.Option(None, "--limit", help="The first N facts (taken round-robin over relations).", min=1),
@@ -141,22 +141,21 @@ def register(app: typer.Typer) -> None:
     @app.command("path-patch")
     @handle_errors
     def path_patch_cmd(
-        clean: str = typer.Argument(..., help="The clean prompt."),
-        corrupted: str = typer.Argument(..., help="The corrupted prompt (same number of tokens)."),
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        clean: str = CLEAN_ARGUMENT,
+        corrupted: str = CORRUPTED_ARGUMENT,
+        model: str = MODEL_OPTION,
         dtype: str = DTYPE_OPTION,
         device_map: str = DEVICE_MAP_OPTION,
         target: str = typer.Option(..., "--target", "-t", help="Target token: its text or #ID."),
-        foil: str = typer.Option(None, "--foil", "-f", help="Foil token (needed for --metric logit_diff)."),
+        foil: str = FOIL_OPTION,
         senders: str = typer.Option("heads", "--senders", help="heads | attn | mlp"),
         receiver: str = typer.Option(None, "--receiver", help="LAYER.HEAD.q|k|v (default: the logits)."),
-        metric: str = typer.Option("logit_diff", "--metric", help="logit_diff (share restored) | prob"),
-        noising: bool = typer.Option(
-            False, "--noising", help="Patch corrupted -> clean (default: clean -> corrupted)."),
+        metric: str = METRIC_OPTION,
+        noising: bool = NOISING_OPTION,
         batch_size: int = typer.Option(32, "--batch-size", help="Senders per forward pass."),
         png: str = typer.Option(None, "--png", help="Write the heat map."),
-        save: str = typer.Option(None, "--save", help="Save the result (.safetensors)."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        save: str = SAVE_OPTION,
+        as_json: bool = JSON_OPTION,
     ):
         """Path patching: each sender's effect on the logits (or on one head's q/k/v) through the residual stream."""
         from ..interventions.paths import SENDERS, path_patching
@@ -169,8 +168,7 @@ def register(app: typer.Typer) -> None:
             if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or parts[2] not in ("q", "k", "v"):
                 fail(f"--receiver must look like 9.3.q (layer.head.q|k|v), not {receiver!r}")
             rec = (int(parts[0]), int(parts[1]), parts[2])
-        if batch_size < 1:
-            fail("--batch-size must be at least 1")
+        at_least_one(batch_size=batch_size)
         lm = load_model(model, dtype=dtype, device_map=device_map)
         res = path_patching(lm, clean, corrupted, target, foil, senders=senders, receiver=rec, metric=metric,
                             noising=noising, batch_size=batch_size)
@@ -184,7 +182,7 @@ def register(app: typer.Typer) -> None:
         prompt: str = typer.Argument(..., help="The prompt, e.g. 'The capital of France is'."),
         target: str = typer.Option(
             None, "--target", "-t", help="Target token (text or #ID; default: the top prediction)."),
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        model: str = MODEL_OPTION,
         dtype: str = DTYPE_OPTION,
         device_map: str = DEVICE_MAP_OPTION,
         steps: int = typer.Option(20, "--steps", help="Integrated-gradient steps."),
@@ -193,8 +191,8 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed of the random control neurons."),
         batch_size: int = typer.Option(20, "--batch-size", help="Rows (layer, step) per forward/backward pass."),
         png: str = typer.Option(None, "--png", help="Write a bar plot of the largest attribution per layer."),
-        save: str = typer.Option(None, "--save", help="Save the result (.safetensors)."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        save: str = SAVE_OPTION,
+        as_json: bool = JSON_OPTION,
     ):
         """Knowledge neurons (Dai et al. 2022): IG over MLP hidden units, then suppress / amplify vs random ones."""
         from ..interventions.neurons import knowledge_neurons

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import typer
 
-from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, emit, fail, handle_errors, load_model, print_json
+from .common import emit, fail, handle_errors, load_model, print_json
+from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION
 from .sweeps import ray_address_option, ray_option, ray_target, workers_option
 
 SCOPE_HELP = ("Pre-LN decoders: attention, attn_2020, attn, atb, atbln, atblnff, atblnffres, atblnffres_nextln; "
@@ -18,7 +19,7 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def mixing_cmd(
         text: str = typer.Argument(..., help="The text to analyse, or `study` to run the analyses over --data."),
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        model: str = MODEL_OPTION,
         dtype: str = DTYPE_OPTION,
         device_map: str = DEVICE_MAP_OPTION,
         scope: str = typer.Option(None, "--scope", "-s", help=SCOPE_HELP),
@@ -35,7 +36,7 @@ def register(app: typer.Typer) -> None:
         ray: bool = ray_option(),
         ray_address: str = ray_address_option(),
         workers: int = workers_option(),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        as_json: bool = JSON_OPTION,
     ):
         """Norm-based context-mixing maps ||F_i(x_j)|| of TEXT per layer and scope (Kobayashi et al.)."""
         if text == "study":

@@ -1,0 +1,20 @@
+"""The typer options (and their help) that several commands share, defined once: a command adds e.g.
+``model: str = MODEL_OPTION, dtype: str = DTYPE_OPTION, device_map: str = DEVICE_MAP_OPTION`` and passes them on
+as ``load_model(model, dtype=dtype, device_map=device_map)``."""
+
+from __future__ import annotations
+
+import typer
+
+MODEL_HELP = "Model: smollm2 (default), gemma3-270m, minilm, tiny:<family>, a transformers folder or a .gguf file."
+
+DTYPE_HELP = ("Dtype the model runs in: float32 (default, exact), bfloat16 or float16 (lenscope still computes in "
+              "float32; verify's tolerances scale with the dtype's precision).")
+DEVICE_MAP_HELP = ("Split the model across devices with accelerate: auto, balanced, sequential, a JSON object "
+                   "{module: device} (devices: 0, cuda:1, cpu, disk) or a JSON file holding one.")
+
+DTYPE_OPTION = typer.Option(None, "--dtype", help=DTYPE_HELP, metavar="bfloat16|float16|float32")
+DEVICE_MAP_OPTION = typer.Option(None, "--device-map", help=DEVICE_MAP_HELP, metavar="MAP")
+MODEL_OPTION = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP)
+JSON_OPTION = typer.Option(False, "--json", help="Print one JSON object.")
+SAVE_OPTION = typer.Option(None, "--save", help="Save the result (.safetensors).")
