@@ -20,20 +20,13 @@ def explanation_html(results, path: str | Path | None = None, title: str | None 
     if title is None:
         title = f"Context attribution · {first.model} · {first.what()}"
     payload = {"title": title, "explanations": [r.to_dict() for r in results]}
-    page = render_page(_HEAD, title, "lenscope-explain", payload, _SCRIPT)
+    page = render_page(_CSS, title, "lenscope-explain", payload, _SCRIPT)
     if path is not None:
         write_page(page, path)
     return page
 
 
-_HEAD = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="lenscope">
-<title>@@TITLE@@</title>
-<style>
+_CSS = """
 :root { --bg:#f6f7f9; --card:#fff; --ink:#1d2230; --muted:#6b7280; --line:#e3e6eb; --accent:#3b5bdb; }
 * { box-sizing: border-box; }
 body { margin:0; background:var(--bg); color:var(--ink);
@@ -63,15 +56,10 @@ table.top td { padding:2px 10px 2px 0; font-variant-numeric:tabular-nums; }
 table.top td.t { font-family:ui-monospace,"DejaVu Sans Mono",Menlo,monospace; white-space:pre; }
 #tip { position:fixed; pointer-events:none; display:none; background:#111827; color:#f3f4f6; border-radius:8px;
   padding:7px 10px; font-size:12px; z-index:10; }
-</style>
-</head>
-<body>
 """
 
+# the body of the page's function: render_page wraps it and defines DATA
 _SCRIPT = r"""
-(function () {
-  "use strict";
-  var DATA = JSON.parse(document.getElementById("lenscope-explain").textContent);
   var EX = DATA.explanations, cur = 0, layer = -1;
   function el(tag, cls, text) { var e = document.createElement(tag); if (cls) e.className = cls;
     if (text !== undefined) e.textContent = text; return e; }
@@ -154,5 +142,4 @@ _SCRIPT = r"""
       top.appendChild(tr); });
   }
   render();
-})();
 """

@@ -23,13 +23,20 @@ def script_json(obj) -> str:
     return text
 
 
-def render_page(head: str, title: str, data_id: str, payload, script: str) -> str:
-    """One self-contained page: ``head`` (with ``@@TITLE@@``), the data as safe JSON in a
-    ``<script type="application/json" id=data_id>`` block, and the page's own script."""
+def render_page(css: str, title: str, data_id: str, payload, script: str) -> str:
+    """One self-contained page: the head with ``title`` and the page's ``css``, the data as safe JSON in a
+    ``<script type="application/json" id=data_id>`` block, and the page's own ``script``, run in strict mode
+    inside a function where ``DATA`` holds the parsed payload (a leading newline of ``css`` and ``script`` is
+    dropped, so both can start on the line after their opening quotes)."""
     return "".join([
-        head.replace("@@TITLE@@", html.escape(title)),
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
+        f'<meta name="generator" content="lenscope">\n<title>{html.escape(title)}</title>\n<style>\n',
+        css.removeprefix("\n"), "</style>\n</head>\n<body>\n",
         f'<script type="application/json" id="{data_id}">', script_json(payload), "</script>\n",
-        "<script>", script, "</script>\n</body>\n</html>\n",
+        '<script>\n(function () {\n  "use strict";\n',
+        f'  var DATA = JSON.parse(document.getElementById("{data_id}").textContent);\n',
+        script.removeprefix("\n"), "})();\n</script>\n</body>\n</html>\n",
     ])
 
 
@@ -58,17 +65,10 @@ def trajectory_html(trajs, path: str | Path, title: str | None = None) -> Path:
         lenses = " vs ".join(dict.fromkeys(t.lens for t in trajs))
         title = f"Prediction trajectory · {lenses} lens · {trajs[0].model}"
     payload = {"title": title, "trajectories": [t.to_dict(digits=6) for t in trajs]}
-    return write_page(render_page(_HEAD, title, "lenscope-data", payload, _SCRIPT), path)
+    return write_page(render_page(_CSS, title, "lenscope-data", payload, _SCRIPT), path)
 
 
-_HEAD = """<!doctype html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="lenscope">
-<title>@@TITLE@@</title>
-<style>
+_CSS = """
 :root {
   --bg: #f6f7f9; --card: #ffffff; --ink: #1d2230; --muted: #6b7280; --line: #e3e6eb; --accent: #3b5bdb;
   --cell-w: 50px; --cell-h: 19px; --cell-font: 10.5px;
@@ -135,15 +135,10 @@ main { display: flex; flex-wrap: wrap; gap: 18px; padding: 10px 26px 30px; align
   color: #d1d5db; font-variant-numeric: tabular-nums; }
 #tip .stats b { color: white; font-weight: 600; }
 footer { color: var(--muted); font-size: 11px; padding: 0 26px 24px; }
-</style>
-</head>
-<body>
 """
 
+# the body of the page's function: render_page wraps it and defines DATA
 _SCRIPT = r"""
-(function () {
-  "use strict";
-  var DATA = JSON.parse(document.getElementById("lenscope-data").textContent);
   var TR = DATA.trajectories;
   // colour maps (key colours of matplotlib's viridis and magma), sampled evenly from 0 to 1
   var VIRIDIS = ["#440154", "#472d7b", "#3b528b", "#2c728e", "#21918c", "#28ae80", "#5ec962", "#addc30", "#fde725"];
@@ -406,5 +401,4 @@ _SCRIPT = r"""
   }
   var mv = /value=(entropy|kl|prob)/.exec(location.hash);
   if (mv) setValue(mv[1]);
-})();
 """
