@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import UnsupportedModelError
-from ..anatomy import Anatomy, Norm, Rotary
+from ..anatomy import MLP, Anatomy, Norm, Rotary
 
 
 @dataclass
@@ -96,6 +96,33 @@ def split_heads_out(W: Tensor, n_heads: int) -> Tensor:
 
 def split_bias(b: Tensor | None, n_heads: int) -> Tensor | None:
     return None if b is None else b.detach().reshape(n_heads, -1)
+
+
+def separate_qkv(q: nn.Module, k: nn.Module, v: nn.Module, o: nn.Module, n_heads: int, n_kv_heads: int) -> dict:
+    """An :class:`~lenscope.models.anatomy.Attention`'s weights from separate q, k, v and output ``nn.Linear``
+    modules, as its keyword arguments: ``W_Q (head, d_model, d_head)``, ``W_K, W_V (kv_head, d_model, d_head)``,
+    ``W_O (head, d_head, d_model)``, ``b_Q (head, d_head)``, ``b_K, b_V (kv_head, d_head)``, ``b_O (d_model,)``
+    (a bias is None where the module has none)."""
+    return dict(
+        W_Q=split_heads_in(linear_in_out(q), n_heads), W_K=split_heads_in(linear_in_out(k), n_kv_heads),
+        W_V=split_heads_in(linear_in_out(v), n_kv_heads), W_O=split_heads_out(linear_in_out(o), n_heads),
+        b_Q=split_bias(q.bias, n_heads), b_K=split_bias(k.bias, n_kv_heads), b_V=split_bias(v.bias, n_kv_heads),
+        b_O=t(o.bias),
+    )
+
+
+def gated_mlp(m: nn.Module, act: str) -> MLP:
+    """The MLP ``down(act(gate(x)) * up(x))`` of a module with ``up_proj``, ``gate_proj`` and ``down_proj``:
+    ``W_in, W_gate (d_model, d_mlp)``, ``W_out (d_mlp, d_model)``."""
+    return MLP(W_in=linear_in_out(m.up_proj), b_in=t(m.up_proj.bias), W_gate=linear_in_out(m.gate_proj),
+               b_gate=t(m.gate_proj.bias), W_out=linear_in_out(m.down_proj), b_out=t(m.down_proj.bias), act=act)
+
+
+def tiny_tokens(tok: dict) -> dict:
+    """A tiny config's vocabulary size and special token ids (``tok``: the tiny tokenizer's ``vocab_size``,
+    ``bos``, ``eos``, ``pad``), as config keyword arguments."""
+    return dict(vocab_size=tok["vocab_size"], bos_token_id=tok["bos"], eos_token_id=tok["eos"],
+                pad_token_id=tok["pad"])
 
 
 def layer_norm(mod: nn.Module) -> Norm:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, alibi_slopes
-from . import Family, LayerHooks, ModelHooks, layer_norm, linear_in_out, require, split_heads_out, t
+from . import Family, LayerHooks, ModelHooks, layer_norm, linear_in_out, require, split_heads_out, t, tiny_tokens
 
 
 def read(model) -> Anatomy:
@@ -53,8 +53,7 @@ def hooks(model) -> ModelHooks:
 def _tiny(tok: dict):
     from transformers import BloomConfig
 
-    return BloomConfig(n_layer=2, hidden_size=64, n_head=4, vocab_size=tok["vocab_size"], seq_length=128,
-                       bos_token_id=tok["bos"], eos_token_id=tok["eos"], pad_token_id=tok["pad"])
+    return BloomConfig(n_layer=2, hidden_size=64, n_head=4, seq_length=128, **tiny_tokens(tok))
 
 
 FAMILY = Family(name="bloom", model_types=("bloom",), read=read, hooks=hooks, tiny={"bloom": _tiny})

@@ -3,19 +3,8 @@ attention, local (sliding-window) and global layers with their own rotary bases,
 
 from __future__ import annotations
 
-from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import (
-    Family,
-    LayerHooks,
-    ModelHooks,
-    linear_in_out,
-    rms_norm,
-    rotary,
-    split_bias,
-    split_heads_in,
-    split_heads_out,
-    t,
-)
+from ..anatomy import Anatomy, Attention, Embedding, Layer, Unembed, activation_name
+from . import Family, LayerHooks, ModelHooks, gated_mlp, linear_in_out, rms_norm, rotary, separate_qkv, tiny_tokens
 
 
 def _base(model):
@@ -31,10 +20,7 @@ def read(model) -> Anatomy:
         a = blk.self_attn
         kind = cfg.layer_types[i]
         attn = Attention(
-            W_Q=split_heads_in(linear_in_out(a.q_proj), H), W_K=split_heads_in(linear_in_out(a.k_proj), KV),
-            W_V=split_heads_in(linear_in_out(a.v_proj), KV), W_O=split_heads_out(linear_in_out(a.o_proj), H),
-            b_Q=split_bias(a.q_proj.bias, H), b_K=split_bias(a.k_proj.bias, KV), b_V=split_bias(a.v_proj.bias, KV),
-            b_O=t(a.o_proj.bias), scale=cfg.query_pre_attn_scalar**-0.5,
+            **separate_qkv(a.q_proj, a.k_proj, a.v_proj, a.o_proj, H, KV), scale=cfg.query_pre_attn_scalar**-0.5,
             rotary=rotary(base.rotary_emb, prefix=f"{kind}_"),
             q_norm=rms_norm(a.q_norm, offset=1.0), k_norm=rms_norm(a.k_norm, offset=1.0),
             # transformers' Gemma 3 attention does not pass attn_logit_softcapping to its kernels, so the
@@ -43,10 +29,7 @@ def read(model) -> Anatomy:
             window=cfg.sliding_window if kind == "sliding_attention" else None,
             causal=not getattr(cfg, "use_bidirectional_attention", False),
         )
-        m = blk.mlp
-        mlp = MLP(W_in=linear_in_out(m.up_proj), b_in=t(m.up_proj.bias), W_gate=linear_in_out(m.gate_proj),
-                  b_gate=t(m.gate_proj.bias), W_out=linear_in_out(m.down_proj), b_out=t(m.down_proj.bias),
-                  act=activation_name(cfg.hidden_activation))
+        mlp = gated_mlp(blk.mlp, activation_name(cfg.hidden_activation))
         layers.append(Layer(
             "sandwich", attn, mlp,
             ln_attn=rms_norm(blk.input_layernorm, offset=1.0),
@@ -85,11 +68,9 @@ def _tiny(tok: dict):
 
     # a small sliding window so that tests exercise both the local and the global mask
     return Gemma3TextConfig(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, num_key_value_heads=1,
-                            head_dim=32, intermediate_size=128, vocab_size=tok["vocab_size"],
-                            max_position_embeddings=128, sliding_window=4,
+                            head_dim=32, intermediate_size=128, max_position_embeddings=128, sliding_window=4,
                             layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                            query_pre_attn_scalar=32, final_logit_softcapping=None,
-                            bos_token_id=tok["bos"], eos_token_id=tok["eos"], pad_token_id=tok["pad"])
+                            query_pre_attn_scalar=32, final_logit_softcapping=None, **tiny_tokens(tok))
 
 
 FAMILY = Family(name="gemma3", model_types=("gemma3_text",), read=read, hooks=hooks, tiny={"gemma3": _tiny})

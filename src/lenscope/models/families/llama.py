@@ -3,19 +3,8 @@ attention, SwiGLU, optional q/k/v biases (Qwen2), q/k norms (Qwen3) and sliding 
 
 from __future__ import annotations
 
-from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import (
-    Family,
-    LayerHooks,
-    ModelHooks,
-    linear_in_out,
-    rms_norm,
-    rotary,
-    split_bias,
-    split_heads_in,
-    split_heads_out,
-    t,
-)
+from ..anatomy import Anatomy, Attention, Embedding, Layer, Unembed, activation_name
+from . import Family, LayerHooks, ModelHooks, gated_mlp, linear_in_out, rms_norm, rotary, separate_qkv, tiny_tokens
 
 
 def layer_window(cfg, i: int) -> int | None:
@@ -39,18 +28,12 @@ def read(model) -> Anatomy:
     for i, blk in enumerate(base.layers):
         a = blk.self_attn
         attn = Attention(
-            W_Q=split_heads_in(linear_in_out(a.q_proj), H), W_K=split_heads_in(linear_in_out(a.k_proj), KV),
-            W_V=split_heads_in(linear_in_out(a.v_proj), KV), W_O=split_heads_out(linear_in_out(a.o_proj), H),
-            b_Q=split_bias(a.q_proj.bias, H), b_K=split_bias(a.k_proj.bias, KV), b_V=split_bias(a.v_proj.bias, KV),
-            b_O=t(a.o_proj.bias), scale=dh**-0.5, rotary=rot,
+            **separate_qkv(a.q_proj, a.k_proj, a.v_proj, a.o_proj, H, KV), scale=dh**-0.5, rotary=rot,
             q_norm=rms_norm(a.q_norm) if hasattr(a, "q_norm") else None,
             k_norm=rms_norm(a.k_norm) if hasattr(a, "k_norm") else None,
             window=layer_window(cfg, i),
         )
-        m = blk.mlp
-        mlp = MLP(W_in=linear_in_out(m.up_proj), b_in=t(m.up_proj.bias), W_gate=linear_in_out(m.gate_proj),
-                  b_gate=t(m.gate_proj.bias), W_out=linear_in_out(m.down_proj), b_out=t(m.down_proj.bias),
-                  act=activation_name(cfg.hidden_act))
+        mlp = gated_mlp(blk.mlp, activation_name(cfg.hidden_act))
         layers.append(Layer("pre", attn, mlp, ln_attn=rms_norm(blk.input_layernorm),
                             ln_mlp=rms_norm(blk.post_attention_layernorm)))
     return Anatomy(
@@ -78,18 +61,16 @@ def _tiny_llama(tok: dict):
     from transformers import LlamaConfig
 
     return LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                       intermediate_size=128, vocab_size=tok["vocab_size"], max_position_embeddings=128,
-                       rope_theta=10000.0, bos_token_id=tok["bos"], eos_token_id=tok["eos"], pad_token_id=tok["pad"],
-                       tie_word_embeddings=False)
+                       intermediate_size=128, max_position_embeddings=128, rope_theta=10000.0,
+                       tie_word_embeddings=False, **tiny_tokens(tok))
 
 
 def _tiny_qwen2(tok: dict):
     from transformers import Qwen2Config
 
     return Qwen2Config(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
-                       intermediate_size=128, vocab_size=tok["vocab_size"], max_position_embeddings=128,
-                       bos_token_id=tok["bos"], eos_token_id=tok["eos"], pad_token_id=tok["pad"],
-                       tie_word_embeddings=True)
+                       intermediate_size=128, max_position_embeddings=128, tie_word_embeddings=True,
+                       **tiny_tokens(tok))
 
 
 FAMILY = Family(

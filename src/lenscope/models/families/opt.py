@@ -3,18 +3,7 @@
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import (
-    Family,
-    LayerHooks,
-    ModelHooks,
-    layer_norm,
-    linear_in_out,
-    require,
-    split_bias,
-    split_heads_in,
-    split_heads_out,
-    t,
-)
+from . import Family, LayerHooks, ModelHooks, layer_norm, linear_in_out, require, separate_qkv, t, tiny_tokens
 
 
 def read(model) -> Anatomy:
@@ -28,12 +17,7 @@ def read(model) -> Anatomy:
     layers = []
     for blk in dec.layers:
         a = blk.self_attn
-        attn = Attention(
-            W_Q=split_heads_in(linear_in_out(a.q_proj), H), W_K=split_heads_in(linear_in_out(a.k_proj), H),
-            W_V=split_heads_in(linear_in_out(a.v_proj), H), W_O=split_heads_out(linear_in_out(a.out_proj), H),
-            b_Q=split_bias(a.q_proj.bias, H), b_K=split_bias(a.k_proj.bias, H), b_V=split_bias(a.v_proj.bias, H),
-            b_O=t(a.out_proj.bias), scale=dh**-0.5,
-        )
+        attn = Attention(**separate_qkv(a.q_proj, a.k_proj, a.v_proj, a.out_proj, H, H), scale=dh**-0.5)
         mlp = MLP(W_in=linear_in_out(blk.fc1), b_in=t(blk.fc1.bias), W_out=linear_in_out(blk.fc2),
                   b_out=t(blk.fc2.bias), act=activation_name(cfg.activation_function))
         layers.append(Layer("pre", attn, mlp, ln_attn=layer_norm(blk.self_attn_layer_norm),
@@ -65,8 +49,7 @@ def _tiny(tok: dict):
     from transformers import OPTConfig
 
     return OPTConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, ffn_dim=256,
-                     word_embed_proj_dim=64, vocab_size=tok["vocab_size"], max_position_embeddings=128,
-                     bos_token_id=tok["bos"], eos_token_id=tok["eos"], pad_token_id=tok["pad"])
+                     word_embed_proj_dim=64, max_position_embeddings=128, **tiny_tokens(tok))
 
 
 FAMILY = Family(name="opt", model_types=("opt",), read=read, hooks=hooks, tiny={"opt": _tiny})
