@@ -46,3 +46,12 @@ class Result:
         if meta.get("lenscope_type") != cls.__name__:
             raise InputError(f"{path} holds a {meta.get('lenscope_type')!r}, not a {cls.__name__}")
         return cls(**tensors, **json.loads(meta["fields"]))
+
+
+def read_summary(out_dir: str | Path, what: str) -> dict:
+    """The fields a dataset run saved as ``summary.json`` in ``out_dir``; an InputError naming ``what`` (e.g.
+    ``"study"``) when the file is missing."""
+    p = Path(out_dir) / "summary.json"
+    if not p.exists():
+        raise InputError(f"no {what} in {out_dir} (summary.json missing)")
+    return json.loads(p.read_text())

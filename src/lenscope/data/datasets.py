@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from .shared import require_shared, shared_data_dir
 
 BLIMP11 = (
     "anaphor_gender_agreement", "anaphor_number_agreement", "animate_subject_passive", "determiner_noun_agreement_1",
@@ -79,16 +80,6 @@ def parse_evidence(value) -> tuple | None:
         return None
     items = tuple(w.strip() for w in s.split("|") if w.strip() and w.strip() not in NO_EVIDENCE)
     return items or None
-
-
-def _shared(rel: str, what: str) -> Path:
-    from .shared import shared_data_dir
-
-    root = shared_data_dir()
-    if root is None or not (root / rel).exists():
-        raise InputError(f"{what} needs {rel} under the shared data folder; set LENSCOPE_DATA to the folder that "
-                         "holds it (e.g. ../shared/data)")
-    return root / rel
 
 
 # ----------------------------------------------------------------------------------------------
@@ -182,7 +173,7 @@ def read_sva(path: str | Path, dataset: str | None = None) -> list[Example]:
 
 
 def _blimp_paradigm(subset: str) -> list[Example]:
-    p = _shared(f"blimp/data/{subset}.jsonl", f"blimp:{subset}")
+    p = require_shared(f"blimp/data/{subset}.jsonl", f"blimp:{subset}")
     name = f"blimp:{subset}"
     out = []
     for k, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
@@ -203,8 +194,6 @@ def _blimp_paradigm(subset: str) -> list[Example]:
 
 def blimp_paradigms() -> list[str]:
     """Every BLiMP paradigm in the shared data (empty when the data is absent)."""
-    from .shared import shared_data_dir
-
     root = shared_data_dir()
     d = root / "blimp" / "data" if root else None
     return sorted(p.stem for p in d.glob("*.jsonl")) if d and d.is_dir() else []
@@ -240,7 +229,7 @@ def load_dataset(spec: str, limit: int | None = None) -> list[Example]:
     if spec.startswith("blimp:"):
         subset = spec.split(":", 1)[1]
         if subset in BLIMP11:
-            p = _shared(f"logit_explanations/blimp_with_targets/{subset}.csv", spec)
+            p = require_shared(f"logit_explanations/blimp_with_targets/{subset}.csv", spec)
             ex = read_contrastive_csv(p, spec)
         else:
             known = blimp_paradigms()
@@ -249,7 +238,7 @@ def load_dataset(spec: str, limit: int | None = None) -> list[Example]:
                                  f"({', '.join(BLIMP11)}), all11, or any of the {len(known)} in blimp/data")
             ex = _blimp_paradigm(subset)
     elif spec == "ioi":
-        ex = read_contrastive_csv(_shared("logit_explanations/ioi_with_targets/ioi_dataset.csv", "ioi"), "ioi")
+        ex = read_contrastive_csv(require_shared("logit_explanations/ioi_with_targets/ioi_dataset.csv", "ioi"), "ioi")
     elif spec == "ioi-gen" or spec.startswith("ioi-gen:"):
         seed = spec.split(":", 1)[1] if ":" in spec else "0"
         if not seed.isdigit():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..errors import InputError
+
 
 def shared_data_dir() -> Path | None:
     """Where the shared evaluation data lives: ``$LENSCOPE_DATA``, else ``../shared/data`` next to the
@@ -17,3 +19,19 @@ def shared_data_dir() -> Path | None:
         if c and Path(c).is_dir():
             return Path(c)
     return None
+
+
+def shared_file(rel: str) -> Path | None:
+    """The file ``rel`` under the shared data folder, or None when the folder or the file is absent."""
+    root = shared_data_dir()
+    return root / rel if root is not None and (root / rel).is_file() else None
+
+
+def require_shared(rel: str, what: str, alternative: str = "") -> Path:
+    """The file ``rel`` under the shared data folder; an InputError saying that ``what`` needs it (and the
+    ``alternative``, e.g. ``", or pass a file"``) when it is absent."""
+    path = shared_file(rel)
+    if path is None:
+        raise InputError(f"{what} needs {rel} under the shared data folder; set LENSCOPE_DATA to the folder that "
+                         f"holds it (e.g. ../shared/data){alternative}")
+    return path

@@ -19,6 +19,7 @@ Pieces, each usable alone:
 Modules: :mod:`.task` (prompts, SST-2, injections), :mod:`.features`, :mod:`.detectors`, :mod:`.run`.
 """
 
+from ..data.shared import shared_data_dir
 from .detectors import (
     DETECTORS,
     DropConstant,
@@ -45,7 +46,6 @@ from .task import (
     load_sst2,
     prompt_ids,
     read_labelled_set,
-    shared_data_dir,
     sst2_path,
     write_labelled_set,
 )

@@ -8,7 +8,7 @@ import random
 import re
 from pathlib import Path
 
-from ..data.shared import shared_data_dir
+from ..data.shared import shared_file
 from ..errors import InputError
 from ..models.load import LoadedModel
 
@@ -38,10 +38,7 @@ PLACEMENTS = ("end", "start", "middle")
 
 def sst2_path() -> Path | None:
     """SST-2's dev split (``sst2/dev.tsv`` under the shared data folder), or None when it is absent."""
-    root = shared_data_dir()
-    if root is None or not (root / "sst2" / "dev.tsv").is_file():
-        return None
-    return root / "sst2" / "dev.tsv"
+    return shared_file("sst2/dev.tsv")
 
 
 def load_sst2(path: str | Path | None = None) -> list[tuple[str, int]]:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..data.jsonl import jsonl_rows
 from ..errors import InputError, NotApplicableError
 from ..models.load import LoadedModel, encode, require_decoder
 from ..models.readout import Readout
@@ -297,16 +298,10 @@ def read_texts(path: str | Path, limit: int | None = None) -> list[str]:
     if not path.is_file():
         raise InputError(f"data file not found: {path}")
     texts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}:{n} is not JSON ({e})") from None
+    for n, row in jsonl_rows(path):
         t = row.get("sentence_good", row.get("text")) if isinstance(row, dict) else None
         if not isinstance(t, str):
-            raise InputError(f"{path}:{n} has no 'sentence_good' or 'text' field")
+            raise InputError(f"{path}, line {n}: no 'sentence_good' or 'text' field")
         texts.append(t)
         if limit is not None and len(texts) >= limit:
             break

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from ..data.jsonl import jsonl_rows
+from ..data.shared import shared_file
 from ..errors import InputError
 from ..interventions.tracing import KINDS, causal_trace, embedding_std
 from ..results import Result
@@ -45,26 +47,17 @@ def grouped(m: Tensor, groups: list[list[int]]) -> Tensor:
 def load_facts(spec: str = "facts", limit: int | None = None) -> list[dict]:
     """Facts from ``facts`` (the shared fact set, ../shared/data/facts/facts.jsonl) or a JSON-lines file, taken
     round-robin over relations (so a ``limit`` covers every relation). A bad line is an error naming it."""
-    from ..data.shared import shared_data_dir
-
     if spec == "facts":
-        root = shared_data_dir()
-        if root is None or not (root / "facts" / "facts.jsonl").exists():
+        path = shared_file("facts/facts.jsonl")
+        if path is None:
             raise InputError("the shared fact set was not found (set LENSCOPE_DATA to the shared data folder, "
                              "or give a JSON-lines file of {prompt, subject, target})")
-        path = root / "facts" / "facts.jsonl"
     else:
         path = Path(spec)
         if not path.is_file():
             raise InputError(f"no such fact file: {spec}")
     facts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            f = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path}, line {n}: not JSON ({e.msg})") from None
+    for n, f in jsonl_rows(path):
         missing = [k for k in ("prompt", "subject", "target") if not isinstance(f.get(k), str) or not f.get(k)]
         if missing:
             raise InputError(f"{path}, line {n}: missing or empty {', '.join(missing)}")

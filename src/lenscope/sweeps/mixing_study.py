@@ -21,19 +21,12 @@ from pathlib import Path
 
 import torch
 
-from ..data.shared import shared_data_dir
+from ..data.shared import require_shared
 from ..errors import InputError
-from ..mixing.analysis import (
-    contextualization_change,
-    ff_amp,
-    pearson,
-    pre_post_ff,
-    scope_pairs,
-    spearman,
-    top_pairs,
-)
+from ..mixing.analysis import contextualization_change, ff_amp, pearson, pre_post_ff, scope_pairs, spearman, top_pairs
 from ..mixing.maps import check_scopes, layer_decompositions
 from ..models.trace import trace
+from ..results import read_summary
 
 DATASETS = ("sst2", "wikitext")
 
@@ -43,11 +36,7 @@ DATASETS = ("sst2", "wikitext")
 
 
 def _named(name: str, rel: str) -> Path:
-    root = shared_data_dir()
-    if root is None or not (root / rel).exists():
-        raise InputError(f"dataset {name!r} needs {rel} under the shared data folder; set LENSCOPE_DATA to the "
-                         "folder that holds it (e.g. ../shared/data), or pass a text file (one sentence per line)")
-    return root / rel
+    return require_shared(rel, f"dataset {name!r}", ", or pass a text file (one sentence per line)")
 
 
 def _wikitext_sentences(text: str) -> list[str]:
@@ -205,10 +194,7 @@ class MixingStudy:
 
     @classmethod
     def load(cls, out_dir: str | Path) -> MixingStudy:
-        p = Path(out_dir) / "summary.json"
-        if not p.exists():
-            raise InputError(f"no study in {out_dir} (summary.json missing)")
-        return cls(**json.loads(p.read_text()))
+        return cls(**read_summary(out_dir, "study"))
 
     def __repr__(self) -> str:
         return (f"MixingStudy({self.model}, {self.dataset}, {self.n_sentences} sentences, "

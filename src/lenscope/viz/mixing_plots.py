@@ -56,43 +56,38 @@ def plot_study(study) -> dict:
     kinds = ["full"] + (["lower"] if study.placement != "post" else [])
     fig, axes = plt.subplots(1, len(kinds), figsize=(6.2 * len(kinds), 3.8), squeeze=False, layout="constrained")
     for ax, kind in zip(axes[0], kinds):
-        for pair, vals in study.cc[kind].items():
-            ax.plot(x, [float("nan") if v is None else v for v in vals], marker="o", ms=3,
-                    label=pair.replace("->", " → "))
-        ax.set_xlabel("layer")
-        ax.set_ylabel("contextualization change (1 − Spearman ρ)")
+        _layer_curves(ax, x, "contextualization change (1 − Spearman ρ)",
+                      [(vals, "o", pair.replace("->", " → ")) for pair, vals in study.cc[kind].items()], legend=None)
         ax.set_title(f"{'full maps' if kind == 'full' else 'lower triangle'}", fontsize=9)
-        ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="best")
     fig.suptitle(title, fontsize=10)
     figs["contextualization"] = fig
 
     fig, ax = plt.subplots(figsize=(6.2, 3.6), layout="constrained")
-    ax.plot(x, study.ff_norm, marker="o", ms=3, label="‖FF output‖")
-    ax.plot(x, study.bypass_norm, marker="s", ms=3, label="‖vector bypassed by RES‖")
+    _layer_curves(ax, x, "mean L2 norm",
+                  [(study.ff_norm, "o", "‖FF output‖"), (study.bypass_norm, "s", "‖vector bypassed by RES‖")])
     ax.set_yscale("log")
-    ax.set_xlabel("layer")
-    ax.set_ylabel("mean L2 norm")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
     ax.set_title(title, fontsize=9)
     figs["ff_norms"] = fig
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
-    a1.plot(x, study.gamma_pearson, marker="o", ms=3, label="Pearson")
-    a1.plot(x, study.gamma_spearman, marker="s", ms=3, label="Spearman")
+    _layer_curves(a1, x, "corr(|γ| of next norm, mean |FF output|)",
+                  [(study.gamma_pearson, "o", "Pearson"), (study.gamma_spearman, "s", "Spearman")])
     a1.axhline(0, color="black", lw=0.6)
-    a1.set_xlabel("layer")
-    a1.set_ylabel("corr(|γ| of next norm, mean |FF output|)")
-    a1.legend(fontsize=8)
-    a1.grid(alpha=0.3)
-    a2.plot(x, [float("nan") if v is None else v for v in study.cc_ff], marker="o", ms=3, label="all dimensions")
-    a2.plot(x, [float("nan") if v is None else v for v in study.cc_ff_masked], marker="s", ms=3,
-            label="without the 1% smallest |γ|")
-    a2.set_xlabel("layer")
-    a2.set_ylabel("contextualization change by FF")
-    a2.legend(fontsize=8)
-    a2.grid(alpha=0.3)
+    _layer_curves(a2, x, "contextualization change by FF",
+                  [(study.cc_ff, "o", "all dimensions"), (study.cc_ff_masked, "s", "without the 1% smallest |γ|")])
     fig.suptitle(title, fontsize=10)
     figs["gamma"] = fig
     return figs
+
+
+def _layer_curves(ax, x, ylabel: str, curves, legend: int | None = 8) -> None:
+    """Draw ``curves`` ``[(values (layer,), marker, label)]`` against the layers ``x`` on ``ax`` (a None value is a
+    gap), label the axes, add a grid and, unless ``legend`` is None, a legend in that font size."""
+    for vals, marker, label in curves:
+        ax.plot(x, [float("nan") if v is None else v for v in vals], marker=marker, ms=3, label=label)
+    ax.set_xlabel("layer")
+    ax.set_ylabel(ylabel)
+    if legend is not None:
+        ax.legend(fontsize=legend)
+    ax.grid(alpha=0.3)
