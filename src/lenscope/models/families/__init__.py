@@ -55,6 +55,21 @@ class ModelHooks:
     layers: list[LayerHooks]
     final_norm: nn.Module | None
 
+    @classmethod
+    def of(cls, blocks, final_norm: nn.Module | None, *, norms: dict[str, str], qkv_layout: str = "blocks",
+           **paths: str) -> ModelHooks:
+        """The hooks of every block in ``blocks``, each module given by its dotted path inside a block
+        (``attn="self_attn", attn_out="self_attn.o_proj", norms={"ln_attn": "input_layernorm"}, ...``)."""
+
+        def at(block, path: str) -> nn.Module:
+            for name in path.split("."):
+                block = getattr(block, name)
+            return block
+
+        layers = [LayerHooks(block=b, norms={slot: at(b, p) for slot, p in norms.items()}, qkv_layout=qkv_layout,
+                             **{k: at(b, p) for k, p in paths.items()}) for b in blocks]
+        return cls(layers=layers, final_norm=final_norm)
+
 
 @dataclass
 class Family:
@@ -71,6 +86,11 @@ class Family:
 
 # ----------------------------------------------------------------------------------------------
 # helpers shared by family modules
+
+# where the q/k/v projections and a gated MLP sit in the transformers blocks that have them (ModelHooks.of paths)
+SEPARATE_QKV = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj"}
+GATED_SITES = {"attn": "self_attn", "attn_out": "self_attn.o_proj", "mlp_out": "mlp.down_proj", "act": "mlp.act_fn",
+               "up": "mlp.up_proj", **SEPARATE_QKV}
 
 
 def t(p: Tensor | None) -> Tensor | None:

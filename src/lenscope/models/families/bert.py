@@ -4,7 +4,7 @@ bidirectional attention; the masked-LM head (dense, activation, LayerNorm, decod
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import Family, LayerHooks, ModelHooks, layer_norm, linear_in_out, split_bias, split_heads_in, split_heads_out, t
+from . import Family, ModelHooks, layer_norm, linear_in_out, split_bias, split_heads_in, split_heads_out, t
 
 
 def _base(model):
@@ -61,16 +61,10 @@ def read(model) -> Anatomy:
 
 def hooks(model) -> ModelHooks:
     base = _base(model)
-    return ModelHooks(
-        layers=[
-            LayerHooks(block=b, attn=b.attention.self, attn_out=b.attention.output.dense, mlp_out=b.output.dense,
-                       act=b.intermediate.intermediate_act_fn,
-                       q=b.attention.self.query, k=b.attention.self.key, v=b.attention.self.value,
-                       norms={"ln_attn": b.attention.output.LayerNorm, "ln_mlp": b.output.LayerNorm})
-            for b in base.encoder.layer
-        ],
-        final_norm=None,
-    )
+    return ModelHooks.of(base.encoder.layer, None, attn="attention.self", attn_out="attention.output.dense",
+                         mlp_out="output.dense", act="intermediate.intermediate_act_fn", q="attention.self.query",
+                         k="attention.self.key", v="attention.self.value",
+                         norms={"ln_attn": "attention.output.LayerNorm", "ln_mlp": "output.LayerNorm"})
 
 
 def _tiny_bert(tok: dict):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, alibi_slopes
-from . import Family, LayerHooks, ModelHooks, layer_norm, linear_in_out, require, split_heads_out, t, tiny_tokens
+from . import Family, ModelHooks, layer_norm, linear_in_out, require, split_heads_out, t, tiny_tokens
 
 
 def read(model) -> Anatomy:
@@ -39,15 +39,9 @@ def read(model) -> Anatomy:
 
 def hooks(model) -> ModelHooks:
     tr = model.transformer
-    return ModelHooks(
-        layers=[
-            LayerHooks(block=b, attn=b.self_attention, attn_out=b.self_attention.dense, mlp_out=b.mlp.dense_4h_to_h,
-                       act=b.mlp.gelu_impl, qkv=b.self_attention.query_key_value,
-                       qkv_layout="heads", norms={"ln_attn": b.input_layernorm, "ln_mlp": b.post_attention_layernorm})
-            for b in tr.h
-        ],
-        final_norm=tr.ln_f,
-    )
+    return ModelHooks.of(tr.h, tr.ln_f, attn="self_attention", attn_out="self_attention.dense",
+                         mlp_out="mlp.dense_4h_to_h", act="mlp.gelu_impl", qkv="self_attention.query_key_value",
+                         qkv_layout="heads", norms={"ln_attn": "input_layernorm", "ln_mlp": "post_attention_layernorm"})
 
 
 def _tiny(tok: dict):

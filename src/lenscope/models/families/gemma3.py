@@ -4,7 +4,7 @@ attention, local (sliding-window) and global layers with their own rotary bases,
 from __future__ import annotations
 
 from ..anatomy import Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import Family, LayerHooks, ModelHooks, gated_mlp, linear_in_out, rms_norm, rotary, separate_qkv, tiny_tokens
+from . import GATED_SITES, Family, ModelHooks, gated_mlp, linear_in_out, rms_norm, rotary, separate_qkv, tiny_tokens
 
 
 def _base(model):
@@ -50,17 +50,9 @@ def read(model) -> Anatomy:
 
 def hooks(model) -> ModelHooks:
     base = _base(model)
-    return ModelHooks(
-        layers=[
-            LayerHooks(block=b, attn=b.self_attn, attn_out=b.self_attn.o_proj, mlp_out=b.mlp.down_proj,
-                       act=b.mlp.act_fn, up=b.mlp.up_proj,
-                       q=b.self_attn.q_proj, k=b.self_attn.k_proj, v=b.self_attn.v_proj,
-                       norms={"ln_attn": b.input_layernorm, "ln_mlp": b.pre_feedforward_layernorm,
-                              "ln_attn_out": b.post_attention_layernorm, "ln_mlp_out": b.post_feedforward_layernorm})
-            for b in base.layers
-        ],
-        final_norm=base.norm,
-    )
+    return ModelHooks.of(base.layers, base.norm, **GATED_SITES,
+                         norms={"ln_attn": "input_layernorm", "ln_mlp": "pre_feedforward_layernorm",
+                                "ln_attn_out": "post_attention_layernorm", "ln_mlp_out": "post_feedforward_layernorm"})
 
 
 def _tiny(tok: dict):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import Family, LayerHooks, ModelHooks, layer_norm, split_bias, split_heads_in, split_heads_out, t
+from . import Family, ModelHooks, layer_norm, split_bias, split_heads_in, split_heads_out, t
 
 
 def read(model) -> Anatomy:
@@ -43,15 +43,8 @@ def read(model) -> Anatomy:
 
 def hooks(model) -> ModelHooks:
     tr = model.transformer
-    return ModelHooks(
-        layers=[
-            LayerHooks(block=b, attn=b.attn, attn_out=b.attn.c_proj, mlp_out=b.mlp.c_proj, act=b.mlp.act,
-                       qkv=b.attn.c_attn, qkv_layout="blocks",
-                       norms={"ln_attn": b.ln_1, "ln_mlp": b.ln_2})
-            for b in tr.h
-        ],
-        final_norm=tr.ln_f,
-    )
+    return ModelHooks.of(tr.h, tr.ln_f, attn="attn", attn_out="attn.c_proj", mlp_out="mlp.c_proj", act="mlp.act",
+                         qkv="attn.c_attn", qkv_layout="blocks", norms={"ln_attn": "ln_1", "ln_mlp": "ln_2"})
 
 
 def _tiny(tok: dict):

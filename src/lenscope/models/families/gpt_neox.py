@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import Family, LayerHooks, ModelHooks, layer_norm, linear_in_out, rotary, split_heads_out, t
+from . import Family, ModelHooks, layer_norm, linear_in_out, rotary, split_heads_out, t
 
 
 def read(model) -> Anatomy:
@@ -40,15 +40,9 @@ def read(model) -> Anatomy:
 
 def hooks(model) -> ModelHooks:
     base = model.gpt_neox
-    return ModelHooks(
-        layers=[
-            LayerHooks(block=b, attn=b.attention, attn_out=b.attention.dense, mlp_out=b.mlp.dense_4h_to_h,
-                       act=b.mlp.act, qkv=b.attention.query_key_value, qkv_layout="heads",
-                       norms={"ln_attn": b.input_layernorm, "ln_mlp": b.post_attention_layernorm})
-            for b in base.layers
-        ],
-        final_norm=base.final_layer_norm,
-    )
+    return ModelHooks.of(base.layers, base.final_layer_norm, attn="attention", attn_out="attention.dense",
+                         mlp_out="mlp.dense_4h_to_h", act="mlp.act", qkv="attention.query_key_value",
+                         qkv_layout="heads", norms={"ln_attn": "input_layernorm", "ln_mlp": "post_attention_layernorm"})
 
 
 def _tiny(tok: dict):

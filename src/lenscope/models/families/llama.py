@@ -4,7 +4,7 @@ attention, SwiGLU, optional q/k/v biases (Qwen2), q/k norms (Qwen3) and sliding 
 from __future__ import annotations
 
 from ..anatomy import Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import Family, LayerHooks, ModelHooks, gated_mlp, linear_in_out, rms_norm, rotary, separate_qkv, tiny_tokens
+from . import GATED_SITES, Family, ModelHooks, gated_mlp, linear_in_out, rms_norm, rotary, separate_qkv, tiny_tokens
 
 
 def layer_window(cfg, i: int) -> int | None:
@@ -45,16 +45,8 @@ def read(model) -> Anatomy:
 
 def hooks(model) -> ModelHooks:
     base = model.model
-    return ModelHooks(
-        layers=[
-            LayerHooks(block=b, attn=b.self_attn, attn_out=b.self_attn.o_proj, mlp_out=b.mlp.down_proj,
-                       act=b.mlp.act_fn, up=b.mlp.up_proj,
-                       q=b.self_attn.q_proj, k=b.self_attn.k_proj, v=b.self_attn.v_proj,
-                       norms={"ln_attn": b.input_layernorm, "ln_mlp": b.post_attention_layernorm})
-            for b in base.layers
-        ],
-        final_norm=base.norm,
-    )
+    return ModelHooks.of(base.layers, base.norm, **GATED_SITES,
+                         norms={"ln_attn": "input_layernorm", "ln_mlp": "post_attention_layernorm"})
 
 
 def _tiny_llama(tok: dict):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import Family, LayerHooks, ModelHooks, layer_norm, linear_in_out, require, separate_qkv, t, tiny_tokens
+from . import SEPARATE_QKV, Family, ModelHooks, layer_norm, linear_in_out, require, separate_qkv, t, tiny_tokens
 
 
 def read(model) -> Anatomy:
@@ -34,15 +34,9 @@ def read(model) -> Anatomy:
 
 def hooks(model) -> ModelHooks:
     dec = model.model.decoder
-    return ModelHooks(
-        layers=[
-            LayerHooks(block=b, attn=b.self_attn, attn_out=b.self_attn.out_proj, mlp_out=b.fc2, act=b.activation_fn,
-                       q=b.self_attn.q_proj, k=b.self_attn.k_proj, v=b.self_attn.v_proj,
-                       norms={"ln_attn": b.self_attn_layer_norm, "ln_mlp": b.final_layer_norm})
-            for b in dec.layers
-        ],
-        final_norm=dec.final_layer_norm,
-    )
+    return ModelHooks.of(dec.layers, dec.final_layer_norm, attn="self_attn", attn_out="self_attn.out_proj",
+                         mlp_out="fc2", act="activation_fn", **SEPARATE_QKV,
+                         norms={"ln_attn": "self_attn_layer_norm", "ln_mlp": "final_layer_norm"})
 
 
 def _tiny(tok: dict):
