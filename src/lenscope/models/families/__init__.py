@@ -89,6 +89,7 @@ class Family:
 
 # where the q/k/v projections and a gated MLP sit in the transformers blocks that have them (ModelHooks.of paths)
 SEPARATE_QKV = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj"}
+PRE_NORMS = {"ln_attn": "input_layernorm", "ln_mlp": "post_attention_layernorm"}  # Llama, GPT-NeoX, BLOOM
 GATED_SITES = {"attn": "self_attn", "attn_out": "self_attn.o_proj", "mlp_out": "mlp.down_proj", "act": "mlp.act_fn",
                "up": "mlp.up_proj", **SEPARATE_QKV}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, alibi_slopes
-from . import Family, ModelHooks, layer_norm, linear_in_out, require, split_heads_out, t, tiny_tokens
+from . import PRE_NORMS, Family, ModelHooks, layer_norm, linear_in_out, require, split_heads_out, t, tiny_tokens
 
 
 def read(model) -> Anatomy:
@@ -41,7 +41,7 @@ def hooks(model) -> ModelHooks:
     tr = model.transformer
     return ModelHooks.of(tr.h, tr.ln_f, attn="self_attention", attn_out="self_attention.dense",
                          mlp_out="mlp.dense_4h_to_h", act="mlp.gelu_impl", qkv="self_attention.query_key_value",
-                         qkv_layout="heads", norms={"ln_attn": "input_layernorm", "ln_mlp": "post_attention_layernorm"})
+                         qkv_layout="heads", norms=PRE_NORMS)
 
 
 def _tiny(tok: dict):

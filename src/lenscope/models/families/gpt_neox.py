@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import Family, ModelHooks, layer_norm, linear_in_out, rotary, split_heads_out, t
+from . import PRE_NORMS, Family, ModelHooks, layer_norm, linear_in_out, rotary, split_heads_out, t
 
 
 def read(model) -> Anatomy:
@@ -42,7 +42,7 @@ def hooks(model) -> ModelHooks:
     base = model.gpt_neox
     return ModelHooks.of(base.layers, base.final_layer_norm, attn="attention", attn_out="attention.dense",
                          mlp_out="mlp.dense_4h_to_h", act="mlp.act", qkv="attention.query_key_value",
-                         qkv_layout="heads", norms={"ln_attn": "input_layernorm", "ln_mlp": "post_attention_layernorm"})
+                         qkv_layout="heads", norms=PRE_NORMS)
 
 
 def _tiny(tok: dict):

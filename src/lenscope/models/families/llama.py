@@ -4,7 +4,18 @@ attention, SwiGLU, optional q/k/v biases (Qwen2), q/k norms (Qwen3) and sliding 
 from __future__ import annotations
 
 from ..anatomy import Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import GATED_SITES, Family, ModelHooks, gated_mlp, linear_in_out, rms_norm, rotary, separate_qkv, tiny_tokens
+from . import (
+    GATED_SITES,
+    PRE_NORMS,
+    Family,
+    ModelHooks,
+    gated_mlp,
+    linear_in_out,
+    rms_norm,
+    rotary,
+    separate_qkv,
+    tiny_tokens,
+)
 
 
 def layer_window(cfg, i: int) -> int | None:
@@ -45,8 +56,7 @@ def read(model) -> Anatomy:
 
 def hooks(model) -> ModelHooks:
     base = model.model
-    return ModelHooks.of(base.layers, base.norm, **GATED_SITES,
-                         norms={"ln_attn": "input_layernorm", "ln_mlp": "post_attention_layernorm"})
+    return ModelHooks.of(base.layers, base.norm, **GATED_SITES, norms=PRE_NORMS)
 
 
 def _tiny_llama(tok: dict):
