@@ -12,6 +12,16 @@ import torch
 from .errors import InputError
 
 
+def axis_size(field: str, dim: int, doc: str = "") -> property:
+    """A read-only property: the size of axis ``dim`` of the tensor attribute ``field`` (``n_pos =
+    axis_size("top_ids", 1)``), for the shape accessors of results and weights."""
+
+    def get(self) -> int:
+        return int(getattr(self, field).shape[dim])
+
+    return property(get, doc=doc or f"size of {field}'s axis {dim}")
+
+
 class Result:
     """Mixin for dataclass results: ``save(path)`` / ``Cls.load(path)``."""
 

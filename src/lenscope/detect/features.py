@@ -12,7 +12,7 @@ from ..errors import InputError
 from ..lenses.lenses import Lens, LogitLens, decode
 from ..models.load import LoadedModel, require_decoder
 from ..models.trace import residual_states
-from ..results import Result
+from ..results import Result, axis_size
 from .task import ANSWER_WORDS, answer_token_ids, first_token_ids, prompt_ids
 
 # ------------------------------------------------------------------------------------------- features
@@ -53,13 +53,8 @@ class DetectionFeatures(Result):
     followed: Tensor
     n_tokens: Tensor
 
-    @property
-    def n_examples(self) -> int:
-        return self.trajectory.shape[1]
-
-    @property
-    def n_states(self) -> int:
-        return self.trajectory.shape[2]
+    n_examples = axis_size("trajectory", 1)
+    n_states = axis_size("trajectory", 2)
 
     def feature_sets(self) -> dict[str, np.ndarray]:
         """``name -> (example, features)`` arrays: one flattened trajectory per lens, then the baselines

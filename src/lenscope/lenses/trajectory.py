@@ -18,7 +18,7 @@ from torch import Tensor
 from ..errors import InputError, NotApplicableError
 from ..models.load import LoadedModel, encode, require_decoder
 from ..models.trace import residual_states
-from ..results import Result
+from ..results import Result, axis_size
 from .lenses import Lens, LogitLens, decode
 
 VALUES = ("entropy", "kl", "prob")
@@ -57,17 +57,9 @@ class PredictionTrajectory(Result):
 
     # ------------------------------------------------------------------ shape
 
-    @property
-    def n_states(self) -> int:
-        return self.top_ids.shape[0]
-
-    @property
-    def n_pos(self) -> int:
-        return self.top_ids.shape[1]
-
-    @property
-    def k(self) -> int:
-        return self.topk_ids.shape[-1]
+    n_states = axis_size("top_ids", 0)
+    n_pos = axis_size("top_ids", 1)
+    k = axis_size("topk_ids", -1)
 
     @property
     def has_mid(self) -> bool:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UnsupportedModelError
+from ..results import axis_size
 
 # ----------------------------------------------------------------------------------------------
 # activations
@@ -241,17 +242,9 @@ class Attention:
     softcap: float | None = None
     window: int | None = None  # causal: query i sees keys j with i - j < window; bidirectional: |i - j| <= window
 
-    @property
-    def n_heads(self) -> int:
-        return self.W_Q.shape[0]
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.W_K.shape[0]
-
-    @property
-    def d_head(self) -> int:
-        return self.W_Q.shape[2]
+    n_heads = axis_size("W_Q", 0)
+    n_kv_heads = axis_size("W_K", 0)
+    d_head = axis_size("W_Q", 2)
 
     def _per_kv(self, t: Tensor) -> Tensor:
         """(kv_head, ...) -> (head, ...) by repeating each kv head for its query group."""

@@ -37,11 +37,13 @@ def read(model) -> Anatomy:
     )
 
 
+# where the engine's sites are in a BloomBlock (fused q/k/v laid out per head)
+PATHS = {"attn": "self_attention", "attn_out": "self_attention.dense", "mlp_out": "mlp.dense_4h_to_h",
+         "act": "mlp.gelu_impl", "qkv": "self_attention.query_key_value", "qkv_layout": "heads", "norms": PRE_NORMS}
+
+
 def hooks(model) -> ModelHooks:
-    tr = model.transformer
-    return ModelHooks.of(tr.h, tr.ln_f, attn="self_attention", attn_out="self_attention.dense",
-                         mlp_out="mlp.dense_4h_to_h", act="mlp.gelu_impl", qkv="self_attention.query_key_value",
-                         qkv_layout="heads", norms=PRE_NORMS)
+    return ModelHooks.of(model.transformer.h, model.transformer.ln_f, **PATHS)
 
 
 def _tiny(tok: dict):

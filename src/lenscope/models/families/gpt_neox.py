@@ -38,11 +38,13 @@ def read(model) -> Anatomy:
     )
 
 
+# where the engine's sites are in a GPTNeoXLayer (fused q/k/v laid out per head)
+PATHS = {"attn": "attention", "attn_out": "attention.dense", "mlp_out": "mlp.dense_4h_to_h", "act": "mlp.act",
+         "qkv": "attention.query_key_value", "qkv_layout": "heads", "norms": PRE_NORMS}
+
+
 def hooks(model) -> ModelHooks:
-    base = model.gpt_neox
-    return ModelHooks.of(base.layers, base.final_layer_norm, attn="attention", attn_out="attention.dense",
-                         mlp_out="mlp.dense_4h_to_h", act="mlp.act", qkv="attention.query_key_value",
-                         qkv_layout="heads", norms=PRE_NORMS)
+    return ModelHooks.of(model.gpt_neox.layers, model.gpt_neox.final_layer_norm, **PATHS)
 
 
 def _tiny(tok: dict):
