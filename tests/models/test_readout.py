@@ -201,3 +201,20 @@ def test_factored_logits_of_a_rank_one_edit_match_brute_force():
     want.backward()
     for mine, ref in ((rr, r64), (aa, a64), (uu, u64)):
         assert torch.allclose(mine.grad.double(), ref.grad, atol=1e-4 * float(ref.grad.abs().max()) + 1e-6)
+
+
+def test_converted_unembedding_is_never_another_tensors():
+    """The one-entry conversion cache is keyed on the tensor itself: a later unembedding allocated where a freed
+    one lived (same address, shape and version) gets its own conversion, not the stale one. (Found by the issue-17
+    before/after snapshot: prediction depth on one tiny model read another one's bfloat16 unembedding.)"""
+    import gc
+
+    from lenscope.models.readout import _converted
+
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        W = torch.randn(64, 1000, generator=g)
+        got = _converted(W, torch.bfloat16)["W"]
+        assert torch.equal(got, W.to(torch.bfloat16))
+        del W, got
+        gc.collect()

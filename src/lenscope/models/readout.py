@@ -26,6 +26,7 @@ calls one of its methods:
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -47,11 +48,13 @@ _CONVERTED: dict = {}
 
 
 def _converted(W: Tensor, dtype: torch.dtype) -> dict:
-    key = (W.data_ptr(), tuple(W.shape), W.stride(), W._version, W.device, dtype)
-    if key not in _CONVERTED:
-        _CONVERTED.clear()
-        _CONVERTED[key] = {"W": W.to(dtype).contiguous()}
-    return _CONVERTED[key]
+    """The cached conversion of this very tensor ``W`` (identity, through a weak reference, and its in-place version:
+    a later model's unembedding allocated at a freed one's address must never reuse that one's conversion)."""
+    e = _CONVERTED.get("entry")
+    if e is None or e["src"]() is not W or e["version"] != W._version or e["dtype"] != dtype:
+        e = {"src": weakref.ref(W), "version": W._version, "dtype": dtype, "W": W.to(dtype).contiguous()}
+        _CONVERTED["entry"] = e
+    return e
 
 
 @dataclass(repr=False)
