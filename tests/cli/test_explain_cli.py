@@ -92,6 +92,8 @@ def test_encoder_without_head(tmp_path):
     (["--model", "tiny:gpt2", "--method", "alti", "--position", "99"], "outside"),
     (["--model", "tiny:gpt2", "--target", " capital", "--method", "logit", "--steps", "4"], "--steps"),
     (["--model", "nope", "--method", "alti"], "unknown model"),
+    (["--model", "tiny:gpt2", "--target", " capital", "--method", "logit", "--baseline", "pad"], "--baseline"),
+    (["--model", "tiny:gpt2", "--target", " capital", "--method", "ig", "--baseline", "blur"], "unknown --baseline"),
 ])
 def test_bad_input_exit_2_one_line(args, msg):
     r = run("explain", TEXT, *args)
@@ -103,3 +105,17 @@ def test_bad_input_exit_2_one_line(args, msg):
 def test_empty_text():
     r = run("explain", "", "--model", "tiny:gpt2", "--method", "alti")
     assert r.exit_code == 2 and "empty" in r.stderr
+
+
+@pytest.mark.parametrize("baseline", ["zero", "pad", "mean"])
+def test_ig_baseline_option_equals_the_python_call(baseline):
+    """``--baseline`` reaches integrated gradients: the command's scores are the Python call's."""
+    from lenscope.attribution import integrated_gradients
+
+    r = run("explain", TEXT, "--model", "tiny:llama", "--target", " capital", "--foil", " of", "--method", "ig",
+            "--steps", "4", "--baseline", baseline, "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    want = integrated_gradients(get_model("tiny:llama"), TEXT, " capital", " of", steps=4, baseline=baseline)
+    assert d["scores"] == pytest.approx(want.scores.tolist(), abs=1e-6)
+    assert d["info"]["baseline"] == want.info["baseline"]

@@ -25,6 +25,8 @@ def register(app: typer.Typer) -> None:
         position: int = typer.Option(
             -1, "--position", help="Token position whose prediction is explained (default: last)."),
         steps: int = typer.Option(None, "--steps", help="Integrated gradients: quadrature steps (default 16)."),
+        baseline: str = typer.Option(
+            None, "--baseline", help="Integrated gradients: the baseline embedding, zero | pad | mean (default zero)."),
         html: str = typer.Option(None, "--html", help="Write a page with the tokens coloured by score."),
         png: str = typer.Option(
             None, "--png", help="Write a layer × token heat map (bars for methods without layers)."),
@@ -32,6 +34,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ):
         """Score every input token by how much it made the model predict TARGET (rather than FOIL)."""
+        from ..attribution.baselines import IG_BASELINES
         from ..attribution.explain import explain
         from ..attribution.explanation import METHODS
 
@@ -41,9 +44,13 @@ def register(app: typer.Typer) -> None:
             fail("--steps applies to --method ig only")
         if steps is not None and steps < 1:
             fail("--steps must be at least 1")
+        if baseline is not None and method != "ig":
+            fail("--baseline applies to --method ig only")
+        if baseline is not None and baseline not in IG_BASELINES:
+            fail(f"unknown --baseline {baseline!r}; choose one of {', '.join(IG_BASELINES)}")
         lm = load_model(model, dtype=dtype, device_map=device_map)
-        res = explain(lm, text, target, foil, method=method, position=position,
-                      **({"steps": steps} if steps is not None else {}))
+        options = {k: v for k, v in (("steps", steps), ("baseline", baseline)) if v is not None}
+        res = explain(lm, text, target, foil, method=method, position=position, **options)
         if html:
             res.to_html(html)
         if emit(res, png=png, save=save, as_json=as_json):
