@@ -7,7 +7,7 @@ and version are layer 0, each its own node):
     layer 0  errors, results, version
     core     models, data, distributed
     viz      draws results
-    methods  lenses, attribution, mixing, interventions
+    methods  lenses, attribution, mixing, interventions, circuits
     apps     report, evaluate, detect, sweeps
     top      cli, lenscope/__init__.py (``__init__``), __main__
 
@@ -29,7 +29,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "layer 0": ("errors", "results", "version"),
     "core": ("models", "data", "distributed"),
     "viz": ("viz",),
-    "methods": ("lenses", "attribution", "mixing", "interventions"),
+    "methods": ("lenses", "attribution", "mixing", "interventions", "circuits"),
     "apps": ("report", "evaluate", "detect", "sweeps"),
     "top": ("cli", "__init__", "__main__"),
 }

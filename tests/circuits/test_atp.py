@@ -1,0 +1,72 @@
+"""Attribution patching is the first-order term of patching: checked against a central finite difference of the
+real model along each node's (corrupted - clean) direction, on every decoder family; errors."""
+
+import pytest
+import torch
+
+from lenscope.circuits import attribution_patching
+from lenscope.errors import InputError, NotApplicableError
+from lenscope.interventions.patching import metric_of
+from lenscope.models.engine import Edit, capture, run
+from lenscope.models.load import encode, resolve_token
+
+from ..conftest import get_model
+
+CLEAN, CORRUPT = "The capital of France is", "The capital in France is"
+EPS = 1e-2
+
+
+def _directional(lm, ids, site, delta, head, tid, fid):
+    """(metric(a + eps delta) - metric(a - eps delta)) / (2 eps) at the last position, through the engine."""
+    P = ids.shape[1]
+    vals = []
+    for sign in (1, -1):
+        d = sign * EPS * delta
+        edit = Edit(site[0], site[1], torch.zeros(P, dtype=torch.long), torch.arange(P), d, mode="add",
+                    head=None if head is None else torch.full((P,), head))
+        with torch.no_grad():
+            lg, _ = run(lm, ids, [edit])
+        vals.append(float(metric_of(lg[:, -1], "logit_diff", tid, fid)[0]))
+    return (vals[0] - vals[1]) / (2 * EPS)
+
+
+def test_atp_is_the_derivative_along_the_patch(tiny_decoder):
+    lm = tiny_decoder
+    res = attribution_patching(lm, CLEAN, CORRUPT, " capital", " of")
+    c, x = encode(lm, CLEAN)[None], encode(lm, CORRUPT)[None]
+    tid, fid = resolve_token(lm, " capital"), resolve_token(lm, " of")
+    sites = [("resid_pre", 0), ("head", 1), ("mlp_out", 0)]
+    cc, cx = capture(lm, c, sites), capture(lm, x, sites)
+    for site, head, atp in ((("resid_pre", 0), None, res.embed), (("head", 1), 2, float(res.heads[1, 2])),
+                            (("mlp_out", 0), None, float(res.mlps[0]))):
+        delta = cx[site][0] - cc[site][0]
+        if head is not None:
+            delta = delta[:, head]
+        fd = _directional(lm, c, site, delta, head, tid, fid)
+        assert atp == pytest.approx(fd, abs=2e-3, rel=5e-2), (lm.name, site, atp, fd)
+    assert res.heads.shape == (lm.anatomy.n_layers, lm.anatomy.layers[0].attn.n_heads)
+    assert res.heads.abs().sum() > 0 and res.metric_clean != res.metric_corrupted
+    names = [n["name"] for n in res.nodes()]
+    assert names[0] == "embed" and "L1H2" in names and "L0.mlp" in names
+    assert res.to_dict()["nodes"][0]["score"] == res.embed
+
+
+def test_atp_errors():
+    lm = get_model("tiny:gpt2")
+    with pytest.raises(InputError, match="same number of tokens"):
+        attribution_patching(lm, CLEAN, "The capital of France is a city", " capital", " of")
+    with pytest.raises(InputError, match="needs a foil"):
+        attribution_patching(lm, CLEAN, CORRUPT, " capital")
+    with pytest.raises(InputError, match="unknown metric"):
+        attribution_patching(lm, CLEAN, CORRUPT, " capital", " of", metric="kl")
+    with pytest.raises(NotApplicableError):
+        attribution_patching(get_model("tiny:bert"), CLEAN, CORRUPT, " capital", " of")
+
+
+def test_atp_saves_and_reloads(tmp_path):
+    from lenscope.circuits import NodeAttribution
+
+    res = attribution_patching(get_model("tiny:llama"), CLEAN, CORRUPT, " capital", metric="prob")
+    back = NodeAttribution.load(res.save(tmp_path / "atp.safetensors"))
+    assert torch.equal(back.heads, res.heads) and back.embed == res.embed and back.metric == "prob"
+    assert list(res.to_frame()["name"])[:2] == ["embed", "L0H0"]
