@@ -70,3 +70,33 @@ def test_atp_saves_and_reloads(tmp_path):
     back = NodeAttribution.load(res.save(tmp_path / "atp.safetensors"))
     assert torch.equal(back.heads, res.heads) and back.embed == res.embed and back.metric == "prob"
     assert list(res.to_frame()["name"])[:2] == ["embed", "L0H0"]
+
+
+def test_exact_node_patching_against_independent_paths(tiny_decoder):
+    """Heads equal activation_patching's head sweep (noising, all positions); the embedding node replaced at every
+    position is the corrupted run itself."""
+    from lenscope.circuits import exact_node_patching
+    from lenscope.interventions import activation_patching
+
+    lm = tiny_decoder
+    ex = exact_node_patching(lm, CLEAN, CORRUPT, " capital", " of", batch_size=5)
+    ap = activation_patching(lm, CLEAN, CORRUPT, " capital", " of", what="heads", noising=True)
+    torch.testing.assert_close(ex.heads, ap.raw - ap.clean_metric, rtol=1e-4, atol=1e-5)
+    assert ex.embed == pytest.approx(ex.metric_corrupted - ex.metric_clean, abs=1e-5)
+    assert ex.mlps.abs().sum() > 0
+
+
+def test_check_against_exact():
+    from lenscope.circuits import check_against_exact, exact_node_patching
+
+    lm = get_model("tiny:llama")
+    atp = attribution_patching(lm, CLEAN, CORRUPT, " capital", " of")
+    ex = exact_node_patching(lm, CLEAN, CORRUPT, " capital", " of")
+    same = check_against_exact(ex, ex)
+    assert same["spearman"] == pytest.approx(1.0) and same["top10_recall"] == 1.0 and same["false_negatives"] == []
+    c = check_against_exact(atp, ex, top=3)
+    assert -1.0 <= c["spearman"] <= 1.0 and len(c["false_negatives"]) == round(3 * (1 - c["top3_recall"]))
+    # the reversed ranking is the worst there is
+    worst = check_against_exact(ex.__class__(**{**ex.__dict__, "heads": -ex.heads, "mlps": -ex.mlps,
+                                                "embed": -ex.embed}), ex)
+    assert worst["spearman"] == pytest.approx(-1.0)

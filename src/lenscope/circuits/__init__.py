@@ -1,6 +1,7 @@
-"""Circuits: which components carry a behaviour. So far attribution patching for nodes (:mod:`.atp`); edge
-attribution, AtP*, exact edge patching and faithfulness curves are issue 19's next steps."""
+"""Circuits: which components carry a behaviour. So far, for nodes: attribution patching, exact patching and the
+check of one against the other (:mod:`.atp`); edge attribution, AtP* and faithfulness curves are issue 19's next
+steps."""
 
-from .atp import NodeAttribution, attribution_patching
+from .atp import NodeAttribution, attribution_patching, check_against_exact, exact_node_patching
 
-__all__ = ["NodeAttribution", "attribution_patching"]
+__all__ = ["NodeAttribution", "attribution_patching", "check_against_exact", "exact_node_patching"]
