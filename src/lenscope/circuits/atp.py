@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..interventions.patching import METRICS, _position, _tokens, metric_of
+from ..interventions.patching import METRICS, _tokens, contrast, metric_of
 from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids, token_str
+from ..models.load import LoadedModel, require_decoder, token_str
 from ..results import Result
 
 
@@ -78,15 +78,7 @@ def _request(lm: LoadedModel, clean, corrupted, target, foil, metric: str, posit
     if metric not in METRICS:
         raise InputError(f"unknown metric={metric!r}; choose one of {', '.join(METRICS)}")
     require_decoder(lm, "attribution patching", instead="use a causal decoder (GPT-2, Llama, ...)", causal=True)
-    c_ids, x_ids = token_ids(lm, clean), token_ids(lm, corrupted)
-    if c_ids.numel() != x_ids.numel():
-        raise InputError(f"the clean and corrupted prompts must have the same number of tokens; they have "
-                         f"{c_ids.numel()} and {x_ids.numel()}")
-    tid = resolve_token(lm, target)
-    if metric == "logit_diff" and foil is None:
-        raise InputError("metric='logit_diff' needs a foil token; or use metric='prob'")
-    fid = resolve_token(lm, foil) if foil is not None else None
-    return c_ids, x_ids, tid, fid, _position(position, c_ids.numel())
+    return contrast(lm, clean, corrupted, target, foil, metric, position)
 
 
 def _result(lm, method, heads, mlps, embed, m_clean, m_corr, c_ids, x_ids, tid, fid, metric, pos, info=None):

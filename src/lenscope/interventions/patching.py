@@ -146,6 +146,22 @@ def _position(position: int, P: int) -> int:
     return pos
 
 
+def contrast(lm: LoadedModel, clean, corrupted, target, foil, metric: str, position: int):
+    """A clean/corrupted request checked once for every patching method: ``(clean_ids, corrupted_ids, target_id,
+    foil_id, position)`` with equal token lengths, a foil when ``metric="logit_diff"``, the position in range."""
+    c_ids, x_ids = token_ids(lm, clean), token_ids(lm, corrupted)
+    if c_ids.numel() != x_ids.numel():
+        raise InputError(
+            f"the clean and corrupted prompts must have the same number of tokens; they have {c_ids.numel()} "
+            f"{_tokens(lm, c_ids)} and {x_ids.numel()} {_tokens(lm, x_ids)}: reword one of them"
+        )
+    tid = resolve_token(lm, target)
+    if metric == "logit_diff" and foil is None:
+        raise InputError("metric='logit_diff' needs a foil token (--foil); or use metric='prob'")
+    fid = resolve_token(lm, foil) if foil is not None else None
+    return c_ids, x_ids, tid, fid, _position(position, c_ids.numel())
+
+
 def metric_of(logits: Tensor, metric: str, target_id: int, foil_id: int | None) -> Tensor:
     """``logits (batch, vocab)`` -> ``(batch,)``: the logit difference or the target's probability."""
     logits = logits.float()
@@ -181,19 +197,8 @@ def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *,
     if batch_size < 1:
         raise InputError("batch_size must be at least 1")
     require_decoder(lm, "activation patching", instead="use a model with a language-model head")
-    c_ids, x_ids = token_ids(lm, clean), token_ids(lm, corrupted)
-    if c_ids.numel() != x_ids.numel():
-        raise InputError(
-            f"the clean and corrupted prompts must have the same number of tokens; they have {c_ids.numel()} "
-            f"{_tokens(lm, c_ids)} and {x_ids.numel()} {_tokens(lm, x_ids)}: reword one of them"
-        )
-    tid = resolve_token(lm, target)
-    if metric == "logit_diff":
-        if foil is None:
-            raise InputError("metric='logit_diff' needs a foil token (--foil); or use metric='prob'")
-    fid = resolve_token(lm, foil) if foil is not None else None
+    c_ids, x_ids, tid, fid, pos = contrast(lm, clean, corrupted, target, foil, metric, position)
     P = c_ids.numel()
-    pos = _position(position, P)
     hp = None if head_position is None else _position(head_position, P)
     L = lm.anatomy.n_layers
     site = {"resid": "resid_pre", "attn": "attn_out", "mlp": "mlp_out", "heads": "head"}[what]

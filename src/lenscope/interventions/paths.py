@@ -20,8 +20,8 @@ from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
 from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids, token_str
-from .patching import METRICS, PatchingResult, _position, _tokens, metric_of, share_restored
+from ..models.load import LoadedModel, require_decoder, token_str
+from .patching import METRICS, PatchingResult, _tokens, contrast, metric_of, share_restored
 
 SENDERS = ("heads", "attn", "mlp")
 
@@ -93,16 +93,8 @@ def path_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, sende
         if not (0 < rl < L and 0 <= rh < lm.anatomy.layers[rl].attn.n_heads):
             H = lm.anatomy.layers[1].attn.n_heads
             raise InputError(f"receiver head ({rl}, {rh}) must lie in layers 1..{L - 1}, heads 0..{H - 1}")
-    c_ids, x_ids = token_ids(lm, clean), token_ids(lm, corrupted)
-    if c_ids.numel() != x_ids.numel():
-        raise InputError(f"the clean and corrupted prompts must have the same number of tokens; they have "
-                         f"{c_ids.numel()} and {x_ids.numel()}")
-    tid = resolve_token(lm, target)
-    if metric == "logit_diff" and foil is None:
-        raise InputError("metric='logit_diff' needs a foil token; or use metric='prob'")
-    fid = resolve_token(lm, foil) if foil is not None else None
+    c_ids, x_ids, tid, fid, pos = contrast(lm, clean, corrupted, target, foil, metric, position)
     P = c_ids.numel()
-    pos = _position(position, P)
     src_ids, base_ids = (x_ids, c_ids) if noising else (c_ids, x_ids)
     site = {"heads": "head", "attn": "attn_out", "mlp": "mlp_out"}[senders]
     keys = [(s, j) for s in ("attn_out", "mlp_out", site) for j in range(L)]
