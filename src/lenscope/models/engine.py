@@ -222,7 +222,7 @@ class _Session:
             if key[1] is not None and not 0 <= key[1] < L:
                 raise InputError(f"edit at block {key[1]} of a {L}-block model")
             self.by_site.setdefault(key, []).append(e)
-        self.capture = [site_key(s) for s in capture]
+        self.capture = {site_key(s) for s in capture}  # a set: every hook call asks "is this site kept?"
         self.stop_after = None if stop_after is None else site_key(stop_after)
         self.out = Captures()
         self.seen: set = set()
