@@ -164,6 +164,12 @@ def test_refusals():
         capture(gpt2, IDS, [("ln_attn_out.in", 0)])
     with pytest.raises(InputError, match="block 9"):
         capture(gpt2, IDS, [("resid_pre", 9)])
+    with pytest.raises(InputError, match="context of 128"):
+        capture(gpt2, torch.zeros(1, 200, dtype=torch.long), ["resid_pre.0"])
+    with pytest.raises(InputError, match="at least one"):
+        run(gpt2, torch.zeros(1, 0, dtype=torch.long))
+    with pytest.raises(InputError, match="token ids must lie"):
+        run(gpt2, torch.tensor([[1, gpt2.anatomy.vocab_size]]))
     with pytest.raises(InputError, match="edit mode"):
         Edit("resid_pre", 0, one, one, one, mode="replace")
 

@@ -453,6 +453,13 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
         B, P = inputs_embeds.shape[:2]
     else:
         raise InputError("run() needs token ids or inputs_embeds")
+    A = lm.anatomy
+    if B == 0 or P == 0:
+        raise InputError(f"run() needs at least one row and one position; got shape ({B}, {P})")
+    if P > A.n_ctx:
+        raise InputError(f"{P} positions are more than the model's context of {A.n_ctx}; shorten the input")
+    if ids is not None and (int(ids.min()) < 0 or int(ids.max()) >= A.vocab_size):
+        raise InputError(f"token ids must lie in 0..{A.vocab_size - 1}; got {int(ids.min())}..{int(ids.max())}")
     requested = [site_key(c) for c in capture]
     mids = sorted({layer for name, layer in requested if name == "resid_mid"})
     if mids and grad:
