@@ -110,3 +110,28 @@ def test_activations_match_torch(name):
     ref = {"gelu": torch.nn.functional.gelu(x), "gelu_tanh": torch.nn.functional.gelu(x, approximate="tanh"),
            "relu": torch.relu(x), "silu": torch.nn.functional.silu(x)}[name]
     assert torch.allclose(ACTIVATIONS[name](x), ref, atol=1e-6)
+
+
+def test_split_attention_equals_the_real_heads_and_reads_each_input(tiny_decoder):
+    """``Attention.split`` with every head reading the block's normed input is the real model's per-head output
+    (engine ``head`` site), batched; changing one head's key input changes that head alone."""
+    from lenscope.models.engine import capture
+    from lenscope.models.verify import TOLERANCE
+
+    lm = tiny_decoder
+    A = lm.anatomy
+    ids = torch.tensor([[3, 7, 1, 9, 4, 2], [5, 5, 8, 1, 0, 6]])
+    cap = capture(lm, ids, [("resid_pre", 1), ("head", 1)])
+    layer = A.layers[1]
+    x = cap["resid_pre", 1] if layer.placement == "post" else layer.ln_attn(cap["resid_pre", 1])
+    H = layer.attn.n_heads
+    per = x[:, :, None, :].expand(-1, -1, H, -1)
+    pos = torch.arange(ids.shape[1])
+    z = layer.attn.split(per, per, per, pos)  # (b, head, pos, d_head)
+    real = cap["head", 1].permute(0, 2, 1, 3)
+    assert (z - real).abs().max() <= TOLERANCE * max(1.0, real.abs().max())
+    xk = per.clone()
+    xk[:, :, 0] = xk[:, :, 0] + torch.randn_like(xk[:, :, 0])
+    z2 = layer.attn.split(per, xk, per, pos)
+    changed = (z2 - z).abs().amax(dim=(0, 2, 3))
+    assert changed[0] > 1e-4 and changed[1:].max() < 1e-6

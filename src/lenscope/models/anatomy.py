@@ -246,20 +246,29 @@ class Attention:
     n_kv_heads = axis_size("W_K", 0)
     d_head = axis_size("W_Q", 2)
 
-    def _per_kv(self, t: Tensor) -> Tensor:
-        """(kv_head, ...) -> (head, ...) by repeating each kv head for its query group."""
+    def _per_kv(self, t: Tensor, dim: int = 0) -> Tensor:
+        """(kv_head, ...) -> (head, ...) by repeating each kv head for its query group (along ``dim``)."""
         g = self.n_heads // self.n_kv_heads
-        return t if g == 1 else t.repeat_interleave(g, dim=0)
+        return t if g == 1 else t.repeat_interleave(g, dim=dim)
 
-    def queries_keys(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """x (pos, d_model) -> q (head, pos, d_head), k (head, pos, d_head) after norms and rotary."""
-        x = _on(x, self.W_Q)
-        q = torch.einsum("pd,hde->hpe", *_mix(x, self.W_Q))
-        k = torch.einsum("pd,hde->hpe", *_mix(x, self.W_K))
-        if self.b_Q is not None:
-            q = q + self.b_Q[:, None, :]
-        if self.b_K is not None:
-            k = k + self.b_K[:, None, :]
+    def _project(self, x: Tensor, W: Tensor, b: Tensor | None, per_head: bool, kv: bool) -> Tensor:
+        """``x (..., pos, d_model)`` -> ``(..., head, pos, d_head)``; ``per_head``: ``x (..., pos, head, d_model)``,
+        one input per query head, read by that head's weights (key/value weights repeated per query head)."""
+        x = _on(x, W)
+        if per_head:
+            W, b = (self._per_kv(W), None if b is None else self._per_kv(b)) if kv else (W, b)
+            out = torch.einsum("...phd,hde->...hpe", *_mix(x, W))
+        else:
+            out = torch.einsum("...pd,hde->...hpe", *_mix(x, W))
+        return out if b is None else out + b[:, None, :]
+
+    def queries_keys(self, x: Tensor, positions: Tensor, *, x_k: Tensor | None = None,
+                     per_head: bool = False) -> tuple[Tensor, Tensor]:
+        """x (..., pos, d_model) -> q, k (..., head, pos, d_head) after norms and rotary (keys repeated per query
+        head). ``x_k``: another input for the keys (default ``x``); ``per_head``: inputs ``(..., pos, head,
+        d_model)``, one per query head."""
+        q = self._project(x, self.W_Q, self.b_Q, per_head, kv=False)
+        k = self._project(x if x_k is None else x_k, self.W_K, self.b_K, per_head, kv=True)
         if self.q_norm is not None:
             q = self.q_norm(q)
         if self.k_norm is not None:
@@ -267,15 +276,12 @@ class Attention:
         if self.rotary is not None:
             q = self.rotary.apply(q, positions)
             k = self.rotary.apply(k, positions)
-        return q, self._per_kv(k)
+        return q, k if per_head else self._per_kv(k, dim=-3)
 
-    def values(self, x: Tensor) -> Tensor:
-        """x (pos, d_model) -> v (head, pos, d_head) (kv heads repeated per query head)."""
-        x = _on(x, self.W_V)
-        v = torch.einsum("pd,hde->hpe", *_mix(x, self.W_V))
-        if self.b_V is not None:
-            v = v + self.b_V[:, None, :]
-        return self._per_kv(v)
+    def values(self, x: Tensor, *, per_head: bool = False) -> Tensor:
+        """x (..., pos, d_model) -> v (..., head, pos, d_head) per query head; ``per_head``: see queries_keys."""
+        v = self._project(x, self.W_V, self.b_V, per_head, kv=True)
+        return v if per_head else self._per_kv(v, dim=-3)
 
     def mask(self, n_q: int, n_k: int, device=None) -> Tensor:
         """Boolean (q, k) mask of the keys each query may attend to."""
@@ -291,20 +297,32 @@ class Attention:
                 allowed &= (qi - kj).abs() <= self.window
         return allowed
 
-    def pattern(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Attention probabilities (head, pos, src) of the input ``x`` (pos, d_model)."""
-        x = _on(x, self.W_Q)
-        q, k = self.queries_keys(x, positions)
-        scores = torch.einsum("hqe,hke->hqk", q, k) * self.scale
+    def probs(self, q: Tensor, k: Tensor, positions: Tensor) -> Tensor:
+        """Attention probabilities ``(..., head, pos, src)`` (float32) from queries and keys ``(..., head, pos,
+        d_head)`` as :meth:`queries_keys` returns them: scale, soft-cap, ALiBi, mask, softmax."""
+        scores = torch.einsum("...hqe,...hke->...hqk", q, k) * self.scale
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
         if self.alibi is not None:
             positions = _on(positions, scores)
             rel = (positions[None, :] - positions[:, None]).to(scores.dtype)  # key - query
             scores = scores + self.alibi.to(scores)[:, None, None] * rel
-        allowed = self.mask(x.shape[0], x.shape[0], x.device)
+        allowed = self.mask(q.shape[-2], k.shape[-2], q.device)
         scores = scores.masked_fill(~allowed, float("-inf"))
-        return torch.softmax(scores.float(), dim=-1).to(x.dtype)
+        return torch.softmax(scores.float(), dim=-1)
+
+    def pattern(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Attention probabilities (..., head, pos, src) of the input ``x`` (..., pos, d_model)."""
+        x = _on(x, self.W_Q)
+        return self.probs(*self.queries_keys(x, positions), positions).to(x.dtype)
+
+    def split(self, x_q: Tensor, x_k: Tensor, x_v: Tensor, positions: Tensor) -> Tensor:
+        """Each head's output ``z (..., head, pos, d_head)`` when its queries, keys and values read their own
+        normed inputs ``x_q, x_k, x_v (..., pos, head, d_model)`` (edge patching: one head's input differs)."""
+        q, k = self.queries_keys(x_q, positions, x_k=x_k, per_head=True)
+        v = self.values(x_v, per_head=True)
+        probs = self.probs(q, k, positions)
+        return torch.einsum("...hqk,...hke->...hqe", *_mix(probs, v))
 
     def head_outputs(self, probs: Tensor, x: Tensor) -> Tensor:
         """What each head writes, (head, pos, d_model), without ``b_O``."""
@@ -323,18 +341,11 @@ class Attention:
         return out, probs
 
     def __repr__(self) -> str:
-        parts = [f"heads={self.n_heads}", f"kv_heads={self.n_kv_heads}", f"d_head={self.d_head}"]
-        parts.append("causal" if self.causal else "bidirectional")
-        if self.rotary is not None:
-            parts.append(repr(self.rotary))
-        if self.alibi is not None:
-            parts.append("alibi")
-        if self.q_norm is not None:
-            parts.append("qk_norm")
-        if self.softcap is not None:
-            parts.append(f"softcap={self.softcap:g}")
-        if self.window is not None:
-            parts.append(f"window={self.window}")
+        flags = [(self.rotary is not None, repr(self.rotary)), (self.alibi is not None, "alibi"),
+                 (self.q_norm is not None, "qk_norm"), (self.softcap is not None, f"softcap={self.softcap or 0:g}"),
+                 (self.window is not None, f"window={self.window}")]
+        parts = [f"heads={self.n_heads}", f"kv_heads={self.n_kv_heads}", f"d_head={self.d_head}",
+                 "causal" if self.causal else "bidirectional"] + [text for on, text in flags if on]
         return "Attention(" + ", ".join(parts) + ")"
 
 
