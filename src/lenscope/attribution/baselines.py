@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
+from ..interventions.patching import metric_of
 from ..models.algebra import gauss_legendre
 from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids, token_str
 from .explanation import Explanation
@@ -138,15 +139,6 @@ def _chunk(rows: int, row_tokens: int, internal_batch_size: int | None, max_toke
     return max(1, rows)
 
 
-def _objective(logits: Tensor, at: Tensor | int, t: Tensor, f: Tensor | None) -> Tensor:
-    """``f = logit[t] - logit[f]`` per row from ``logits (rows, pos, vocab)`` read at position ``at`` (an int, or
-    ``(rows,)`` per row); ``t``/``f (rows,)`` per-row token ids (``f`` None: the target's logit alone)."""
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    vec = logits[rows, at] if isinstance(at, Tensor) else logits[:, at]
-    out = vec[rows, t]
-    return out if f is None else out - vec[rows, f]
-
-
 @contextmanager
 def eval_mode(model):
     """Run with dropout off; restore every module's training flag afterwards."""
@@ -193,7 +185,7 @@ def logit_diff_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position
     ids, t, f, p = _rows(lm, "the logit difference", ids, target, foil, position, last_only)
     with eval_mode(lm.model):
         logits = model_logits(lm, input_ids=ids, last_only=last_only)
-        return _objective(logits, -1 if last_only else p, t, f).double().cpu()
+        return metric_of(logits, "logit_diff", t, f, at=-1 if last_only else p).double().cpu()
 
 
 def gradient_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: int = -1, last_only: bool = False,
@@ -211,8 +203,8 @@ def gradient_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: 
     with eval_mode(lm.model), torch.enable_grad():
         for s in range(0, B, chunk):
             x = e[s : s + chunk].clone().requires_grad_(True)
-            obj = _objective(model_logits(lm, inputs_embeds=x, last_only=last_only), at, t[s : s + chunk],
-                             None if f is None else f[s : s + chunk])
+            obj = metric_of(model_logits(lm, inputs_embeds=x, last_only=last_only), "logit_diff", t[s : s + chunk],
+                            None if f is None else f[s : s + chunk], at=at)
             (g,) = torch.autograd.grad(obj.sum(), x)
             grads.append(g.detach())
             objs.append(obj.detach())
@@ -296,7 +288,7 @@ def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *
     base, binfo = ig_baseline(lm, baseline)
 
     def objective(logits: Tensor, rb: Tensor) -> Tensor:
-        return _objective(logits, at, t[rb], None if f is None else f[rb])
+        return metric_of(logits, "logit_diff", t[rb], None if f is None else f[rb], at=at)
 
     with torch.no_grad():
         e = lm.model.get_input_embeddings()(ids).detach()
@@ -384,7 +376,7 @@ def erasure_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: i
                 logits, at = model_logits(lm, input_ids=ablated[rows], last_only=True), -1
             else:
                 logits, at = model_logits(lm, input_ids=ablated[rows]), read[rows]
-            parts.append(_objective(logits, at, tt[rows], None if ff is None else ff[rows]))
+            parts.append(metric_of(logits, "logit_diff", tt[rows], None if ff is None else ff[rows], at=at))
         f_ablated = torch.cat(parts)
     f_input = torch.as_tensor(f_input).to(device=ids.device, dtype=torch.float64).reshape(B)
     scores = torch.zeros(B, n, dtype=torch.float32)

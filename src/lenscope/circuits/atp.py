@@ -1,36 +1,46 @@
 """Attribution patching (AtP) for nodes (Nanda 2023; Syed, Rager & Conmy 2023): the first-order estimate of what
 patching each component's corrupted activation into the clean run does to the metric.
 
-For a node with activation ``a`` (the embedding, a head's output ``z`` over all positions, an MLP's output over all
-positions): ``score = sum (a_corrupted - a_clean) * d metric / d a`` at the clean run. One clean forward and
-backward pass (through the engine's sites with ``grad=True``) and one corrupted forward pass give every node's
-score. The exact counterpart is noising activation patching of the same node (``activation_patching(...,
-noising=True)``'s raw metric minus the clean metric); AtP is its linearisation, which errs where attention
-saturates (AtP* and the checks against exact patching come next, issue 19).
+For a node with activation ``a`` (the embedding, a head's output ``z`` over all positions or at one position, an
+MLP's output, the residual stream entering a block at one position): ``score = sum (a_corrupted - a_clean) *
+d metric / d a`` at the clean run. One clean forward and backward pass (through the engine's sites with
+``grad=True``) and one corrupted forward pass give every node's score; over many prompts, the mean of the
+per-prompt scores (prompts of one token length form one batch, no padding). The exact counterpart
+(:func:`exact_node_patching`) is noising activation patching of the same node; AtP is its linearisation, which
+errs where attention saturates (:mod:`.atp_star` for AtP*).
 """
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, NotApplicableError
 from ..interventions.patching import METRICS, _tokens, contrast, metric_of
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, require_decoder, token_str
 from ..results import Result
 
+FINE = ("heads_pos", "mlps_pos", "resid")
+QKV = ("queries", "keys", "values")
+
 
 @dataclass(repr=False)
 class NodeAttribution(Result):
-    """AtP scores of every node.
+    """Scores of every node (the mean over ``n`` prompts of the per-prompt effect on the metric).
 
     - ``heads (layer, head)``: each head's output over all positions
     - ``mlps (layer,)``: each MLP's output over all positions
     - ``embed``: the residual stream entering block 0 (token and position embeddings)
-    - ``metric_clean``, ``metric_corrupted``: the metric of the two runs (at ``position``)
+    - optional, per position (prompts of one length): ``heads_pos (layer, pos, head)``, ``mlps_pos (layer, pos)``,
+      ``resid (layer, pos)`` (the residual stream entering each block); AtP*'s ``queries (layer, pos, head)``,
+      ``keys (layer, pos, kv_head)``, ``values (layer, pos, kv_head)``
+    - ``metric_clean``, ``metric_corrupted``: the mean metric of the two runs (at ``position``)
+    - ``tokens``, ``corrupted_tokens``, ``target``, ``foil``: the first prompt's (``info["prompts"]`` lists all
+      when ``n > 1``)
     """
 
     heads: Tensor
@@ -46,99 +56,289 @@ class NodeAttribution(Result):
     position: int
     model: str
     method: str = "atp"
+    n: int = 1
+    heads_pos: Tensor | None = None
+    mlps_pos: Tensor | None = None
+    resid: Tensor | None = None
+    queries: Tensor | None = None
+    keys: Tensor | None = None
+    values: Tensor | None = None
     info: dict = field(default_factory=dict)
 
-    def nodes(self) -> list[dict]:
-        """``[{name, score}]`` with the names ``embed``, ``L{layer}H{head}``, ``L{layer}.mlp``."""
+    def nodes(self, fine: bool = False) -> list[dict]:
+        """``[{name, score}]`` with the names ``embed``, ``L{layer}H{head}``, ``L{layer}.mlp``; with ``fine`` also
+        the per-position nodes present: ``L{l}H{h}@{pos}``, ``L{l}.mlp@{pos}``, ``L{l}.resid@{pos}``,
+        ``L{l}H{h}.q@{pos}``, ``L{l}KV{g}.k@{pos}``, ``L{l}KV{g}.v@{pos}``."""
         out = [{"name": "embed", "score": self.embed}]
         L, H = self.heads.shape
         for layer in range(L):
             out += [{"name": f"L{layer}H{h}", "score": float(self.heads[layer, h])} for h in range(H)]
             out.append({"name": f"L{layer}.mlp", "score": float(self.mlps[layer])})
+        if not fine:
+            return out
+        for key, fmt in (("heads_pos", "L{l}H{h}@{p}"), ("mlps_pos", "L{l}.mlp@{p}"), ("resid", "L{l}.resid@{p}"),
+                         ("queries", "L{l}H{h}.q@{p}"), ("keys", "L{l}KV{h}.k@{p}"), ("values", "L{l}KV{h}.v@{p}")):
+            t = getattr(self, key)
+            if t is None:
+                continue
+            t3 = t if t.dim() == 3 else t[..., None]
+            for (l_, p, h), v in zip(torch.cartesian_prod(*(torch.arange(s) for s in t3.shape)).tolist(),
+                                     t3.flatten().tolist()):
+                out.append({"name": fmt.format(l=l_, p=p, h=h), "score": v})
         return out
 
     def to_dict(self) -> dict:
-        return {"method": self.method, "level": "nodes", "model": self.model, "metric": self.metric,
+        return {"method": self.method, "level": "nodes", "model": self.model, "metric": self.metric, "n": self.n,
                 "metric_clean": self.metric_clean, "metric_corrupted": self.metric_corrupted,
                 "target": self.target, "foil": self.foil, "position": self.position, "tokens": self.tokens,
-                "corrupted_tokens": self.corrupted_tokens, "nodes": self.nodes()}
+                "corrupted_tokens": self.corrupted_tokens, "nodes": self.nodes(fine=True)}
 
     def to_frame(self):
         import pandas as pd
 
-        return pd.DataFrame(self.nodes())
+        return pd.DataFrame(self.nodes(fine=True))
 
     def __repr__(self) -> str:
-        return (f"NodeAttribution(method={self.method!r}, layers={self.heads.shape[0]}, heads={self.heads.shape[1]}, "
-                f"metric_clean={self.metric_clean:.4g}, metric_corrupted={self.metric_corrupted:.4g})")
+        return (f"NodeAttribution(method={self.method!r}, n={self.n}, layers={self.heads.shape[0]}, "
+                f"heads={self.heads.shape[1]}, metric_clean={self.metric_clean:.4g}, "
+                f"metric_corrupted={self.metric_corrupted:.4g})")
 
 
-def _request(lm: LoadedModel, clean, corrupted, target, foil, metric: str, position: int):
-    """Validated ids, target/foil ids and the metric's position."""
+def _many(x) -> bool:
+    if isinstance(x, Tensor):
+        return x.dim() == 2
+    return isinstance(x, (list, tuple)) and len(x) > 0 and not isinstance(x[0], numbers.Integral) and not (
+        isinstance(x[0], Tensor) and x[0].dim() == 0)
+
+
+def _each(x, n: int, what: str) -> list:
+    if isinstance(x, (list, tuple)):
+        if len(x) != n:
+            raise InputError(f"{what} has {len(x)} entries for {n} prompts: give one per prompt, or one for all")
+        return list(x)
+    return [x] * n
+
+
+def prompts(lm: LoadedModel, clean, corrupted, target, foil, metric: str, position: int, pairs=None,
+            what: str = "attribution patching") -> list[tuple]:
+    """The validated prompts of a node method: ``[(clean_ids, corrupted_ids, target_id, foil_id, position)]``.
+
+    ``clean``/``corrupted``: a text or ids, or lists of them (``target``/``foil`` then one per prompt or one for
+    all); or ``pairs``: objects with ``clean, corrupted, target, foil`` (``lenscope.data.contrast.ContrastPair``)."""
     if metric not in METRICS:
         raise InputError(f"unknown metric={metric!r}; choose one of {', '.join(METRICS)}")
-    require_decoder(lm, "attribution patching", instead="use a causal decoder (GPT-2, Llama, ...)", causal=True)
-    return contrast(lm, clean, corrupted, target, foil, metric, position)
+    require_decoder(lm, what, instead="use a causal decoder (GPT-2, Llama, ...)", causal=True)
+    if pairs is not None:
+        if clean is not None or corrupted is not None:
+            raise InputError("give either pairs or clean/corrupted prompts, not both")
+        pairs = list(pairs)
+        if not pairs:
+            raise InputError("pairs is empty: give at least one clean/corrupted pair")
+        return [contrast(lm, p.clean, p.corrupted, p.target, getattr(p, "foil", None), metric, position)
+                for p in pairs]
+    if clean is None or corrupted is None or target is None:
+        raise InputError("give clean and corrupted prompts and a target (or pairs=[ContrastPair, ...])")
+    if not _many(clean):
+        return [contrast(lm, clean, corrupted, target, foil, metric, position)]
+    n = len(clean)
+    cs, xs = list(clean), _each(corrupted if _many(corrupted) else [corrupted], n, "corrupted")
+    ts, fs = _each(target, n, "target"), _each(foil, n, "foil")
+    return [contrast(lm, c, x, t, f, metric, position) for c, x, t, f in zip(cs, xs, ts, fs)]
 
 
-def _result(lm, method, heads, mlps, embed, m_clean, m_corr, c_ids, x_ids, tid, fid, metric, pos, info=None):
+def groups(ps: list[tuple]) -> list[tuple[Tensor, Tensor, Tensor, Tensor | None, int, list[int]]]:
+    """Prompts of one token length as one batch: ``(clean (b, p), corrupted (b, p), target (b,), foil (b,) or
+    None, position, indices)``."""
+    by: dict[int, list[int]] = {}
+    for i, p in enumerate(ps):
+        by.setdefault(p[0].numel(), []).append(i)
+    out = []
+    for idx in by.values():
+        sel = [ps[i] for i in idx]
+        fid = None if sel[0][3] is None else torch.tensor([p[3] for p in sel])
+        out.append((torch.stack([p[0] for p in sel]), torch.stack([p[1] for p in sel]),
+                    torch.tensor([p[2] for p in sel]), fid, sel[0][4], idx))
+    return out
+
+
+def one_length(ps: list[tuple], what: str) -> int:
+    lengths = sorted({p[0].numel() for p in ps})
+    if len(lengths) > 1:
+        raise NotApplicableError(f"{what} are per position, so every prompt needs the same token length; these "
+                                 f"have {lengths}: pass prompts of one length (or leave the per-position nodes off)")
+    return lengths[0]
+
+
+def result(lm, method, ps, scores: dict, m_clean: float, m_corr: float, metric: str, info=None) -> NodeAttribution:
+    """A :class:`NodeAttribution` from the mean scores (``heads``, ``mlps``, ``embed`` and the optional fields)."""
+    c_ids, x_ids, tid, fid, pos = ps[0]
+    info = dict(info or {})
+    if len(ps) > 1:
+        info["prompts"] = [{"tokens": _tokens(lm, p[0]), "corrupted_tokens": _tokens(lm, p[1]),
+                            "target": token_str(lm, p[2]), "foil": None if p[3] is None else token_str(lm, p[3])}
+                           for p in ps]
+    extra = {k: v.float().cpu() for k, v in scores.items() if k in FINE + QKV and v is not None}
     return NodeAttribution(
-        heads=heads, mlps=mlps, embed=float(embed), metric_clean=float(m_clean), metric_corrupted=float(m_corr),
-        tokens=_tokens(lm, c_ids), corrupted_tokens=_tokens(lm, x_ids), target=token_str(lm, tid),
+        heads=scores["heads"].float().cpu(), mlps=scores["mlps"].float().cpu(), embed=float(scores["embed"]),
+        metric_clean=float(m_clean), metric_corrupted=float(m_corr), tokens=_tokens(lm, c_ids),
+        corrupted_tokens=_tokens(lm, x_ids), target=token_str(lm, tid),
         foil=None if fid is None else token_str(lm, fid), metric=metric, position=pos, model=lm.name, method=method,
-        info=info or {})
+        n=len(ps), info=info, **extra)
 
 
-def attribution_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, metric: str = "logit_diff",
-                         position: int = -1) -> NodeAttribution:
-    """AtP scores of every node for patching ``corrupted``'s activations into the run of ``clean`` (equal token
-    lengths); ``metric`` (``logit_diff`` needs a ``foil``, or ``prob``) read at ``position``."""
-    c_ids, x_ids, tid, fid, pos = _request(lm, clean, corrupted, target, foil, metric, position)
-    L = lm.anatomy.n_layers
+def read_at(pos: int, P: int) -> tuple[bool, int]:
+    """``(last_only, at)``: a metric read at the last position needs only the last logits."""
+    return (True, -1) if pos == P - 1 else (False, pos)
+
+
+def atp_sites(L: int, fine: bool) -> list[tuple[str, int]]:
     sites = [("resid_pre", 0)] + [(s, layer) for layer in range(L) for s in ("head", "mlp_out")]
-    with torch.no_grad():
-        lg_x, corr = run(lm, x_ids[None], capture=sites)
-    lg_c, clean_cap = run(lm, c_ids[None], capture=sites, grad=True)
-    m_clean = metric_of(lg_c[:, pos], metric, tid, fid)[0]
-    acts = [clean_cap[s] for s in sites]
-    grads = torch.autograd.grad(m_clean, acts)
+    return sites + ([("resid_pre", layer) for layer in range(1, L)] if fine else [])
 
-    def score(k: int) -> Tensor:  # summed over positions and the site's last axis (heads stay apart)
-        d = (corr[sites[k]].float() - acts[k].detach().float()) * grads[k].float()
-        return d.sum(dim=(0, 1, -1)) if sites[k][0] == "head" else d.sum()
 
-    heads = torch.stack([score(1 + 2 * layer) for layer in range(L)]).cpu()
-    mlps = torch.stack([score(2 + 2 * layer) for layer in range(L)]).cpu()
-    m_corr = float(metric_of(lg_x[:, pos], metric, tid, fid)[0])
-    return _result(lm, "atp", heads, mlps, score(0), m_clean.detach(), m_corr, c_ids, x_ids, tid, fid, metric, pos)
+def atp_terms(L: int, corr: dict, clean: dict, grads: dict, fine: bool) -> dict[str, Tensor]:
+    """Per row and position AtP terms from the corrupted and clean activations and the gradients (dicts by site):
+    ``embed (rows,)``, ``heads_pos (rows, layer, pos, head)``, ``mlps_pos (rows, layer, pos)``, with ``fine``
+    ``resid (rows, layer, pos)``."""
+
+    def dot(site):
+        return ((corr[site].float() - clean[site].detach().float()) * grads[site].float()).sum(-1)
+
+    out = {"embed": dot(("resid_pre", 0)).sum(-1),
+           "heads_pos": torch.stack([dot(("head", layer)) for layer in range(L)], 1),
+           "mlps_pos": torch.stack([dot(("mlp_out", layer)) for layer in range(L)], 1)}
+    if fine:
+        out["resid"] = torch.stack([dot(("resid_pre", layer)) for layer in range(L)], 1)
+    return out
+
+
+def coarse(s: dict[str, Tensor]) -> dict[str, Tensor]:
+    """``heads``/``mlps`` summed over positions, next to the per-position terms."""
+    return {**s, "heads": s["heads_pos"].sum(-2), "mlps": s["mlps_pos"].sum(-1)}
+
+
+def attribution_patching(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=None, *, pairs=None,
+                         metric: str = "logit_diff", position: int = -1, fine: bool = False) -> NodeAttribution:
+    """AtP scores of every node for patching ``corrupted``'s activations into the run of ``clean`` (equal token
+    lengths per pair); ``metric`` (``logit_diff`` needs a ``foil``, or ``prob``) read at ``position``.
+
+    Many prompts: lists for ``clean``/``corrupted`` (``target``/``foil`` a list of the same length or one for
+    all), or ``pairs`` (``ContrastPair``s); the scores are the mean over prompts, each prompt's metric read at its
+    own ``position``. ``fine``: also ``heads_pos``, ``mlps_pos`` and ``resid`` (every prompt of one length)."""
+    ps = prompts(lm, clean, corrupted, target, foil, metric, position, pairs)
+    if fine:
+        one_length(ps, "heads_pos, mlps_pos and resid")
+    L = lm.anatomy.n_layers
+    sites = atp_sites(L, fine)
+    total: dict[str, Tensor] = {}
+    m_clean = m_corr = 0.0
+    for c, x, t, f, pos, _ in groups(ps):
+        last_only, at = read_at(pos, c.shape[1])
+        with torch.no_grad():
+            lg_x, corr = run(lm, x, capture=sites, last_only=last_only)
+        lg_c, cap = run(lm, c, capture=sites, grad=True, last_only=last_only)
+        m = metric_of(lg_c, metric, t, f, at=at)
+        grads = dict(zip(sites, torch.autograd.grad(m.sum(), [cap[s] for s in sites])))
+        for k, v in atp_terms(L, corr, cap, grads, fine).items():
+            total[k] = total.get(k, 0) + v.sum(0).detach()
+        m_clean += float(m.detach().sum())
+        m_corr += float(metric_of(lg_x, metric, t, f, at=at).sum())
+    n = len(ps)
+    scores = coarse({k: v / n for k, v in total.items()})
+    if not fine:
+        del scores["heads_pos"], scores["mlps_pos"]
+    return result(lm, "atp", ps, scores, m_clean / n, m_corr / n, metric)
+
+
+def node_list(lm: LoadedModel, kinds, P: int) -> dict[str, tuple[list[tuple], tuple]]:
+    """The exact patches of each kind of node: ``{kind: ([(site, layer, pos or None, head or None)], shape)}``;
+    ``pos`` None patches every position."""
+    A = lm.anatomy
+    L, H, G = A.n_layers, A.layers[0].attn.n_heads, A.layers[0].attn.n_kv_heads
+    grid = {
+        "embed": ([("resid_pre", 0, None, None)], ()),
+        "heads": ([("head", layer, None, h) for layer in range(L) for h in range(H)], (L, H)),
+        "mlps": ([("mlp_out", layer, None, None) for layer in range(L)], (L,)),
+        "heads_pos": ([("head", layer, p, h) for layer in range(L) for p in range(P) for h in range(H)], (L, P, H)),
+        "mlps_pos": ([("mlp_out", layer, p, None) for layer in range(L) for p in range(P)], (L, P)),
+        "resid": ([("resid_pre", layer, p, None) for layer in range(L) for p in range(P)], (L, P)),
+        "queries": ([("q", layer, p, h) for layer in range(L) for p in range(P) for h in range(H)], (L, P, H)),
+        "keys": ([("k", layer, p, g) for layer in range(L) for p in range(P) for g in range(G)], (L, P, G)),
+        "values": ([("v", layer, p, g) for layer in range(L) for p in range(P) for g in range(G)], (L, P, G)),
+    }
+    return {k: grid[k] for k in kinds}
+
+
+def _edits(rows: list[tuple[int, tuple, Tensor]], P: int) -> list[Edit]:
+    """One engine Edit per (site, layer, per-head or not) from ``(row, node, corrupted value (pos, ...))``."""
+    merged: dict[tuple, list] = {}
+    for row, (site, layer, p, h), value in rows:
+        pos = torch.arange(P) if p is None else torch.tensor([p])
+        v = value if p is None else value[p:p + 1]
+        v = v if h is None else v[:, h]
+        merged.setdefault((site, layer, h is None), []).append((torch.full_like(pos, row), pos, v,
+                                                                 None if h is None else torch.full_like(pos, h)))
+    out = []
+    for (site, layer, whole), parts in merged.items():
+        r, pos, v, hd = zip(*parts)
+        out.append(Edit(site, layer, torch.cat(r), torch.cat(pos), torch.cat(v),
+                        head=None if whole else torch.cat(hd)))
+    return out
 
 
 @torch.no_grad()
-def exact_node_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, metric: str = "logit_diff",
-                        position: int = -1, batch_size: int = 32) -> NodeAttribution:
+def exact_effects(lm: LoadedModel, ps: list[tuple], nodes: list[tuple], metric: str, batch_size: int = 32):
+    """The mean over prompts of (metric with the node patched from the corrupted run) - (clean metric), for each
+    node ``(site, layer, pos or None, head or None)``: ``(effects (node,), mean clean metric, mean corrupted
+    metric)``. Rows are (node, prompt) pairs, ``batch_size`` rows per forward pass."""
+    if batch_size < 1:
+        raise InputError("batch_size must be at least 1")
+    sites = sorted({(s, layer) for s, layer, _, _ in nodes})
+    out = torch.zeros(len(nodes), dtype=torch.float64)
+    m_clean = m_corr = 0.0
+    for c, x, t, f, pos, _ in groups(ps):
+        b, P = c.shape
+        last_only, at = read_at(pos, P)
+        lg_x, corr = run(lm, x, capture=sites, last_only=last_only)
+        lg_c, _ = run(lm, c, last_only=last_only)
+        m0 = metric_of(lg_c, metric, t, f, at=at).double().cpu()
+        m_clean += float(m0.sum())
+        m_corr += float(metric_of(lg_x, metric, t, f, at=at).sum())
+        n_rows = len(nodes) * b
+        for s, e in batches(n_rows, batch_size):
+            rows = torch.arange(s, e)
+            node_i, prompt_j = rows // b, rows % b
+            edits = _edits([(r, nodes[i], corr[nodes[i][:2]][j]) for r, (i, j) in
+                            enumerate(zip(node_i.tolist(), prompt_j.tolist()))], P)
+            lg, _ = run(lm, c[prompt_j], edits, last_only=last_only)
+            eff = metric_of(lg, metric, t[prompt_j], None if f is None else f[prompt_j], at=at).double().cpu()
+            out.index_add_(0, node_i, eff - m0[prompt_j])
+    n = len(ps)
+    return out / n, m_clean / n, m_corr / n
+
+
+def exact_node_patching(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=None, *, pairs=None,
+                        metric: str = "logit_diff", position: int = -1, batch_size: int = 32, fine: bool = False,
+                        qkv: bool = False) -> NodeAttribution:
     """What AtP estimates, computed exactly: for every node, the metric of the clean run with that node's
-    activation (all positions) set to the corrupted run's, minus the clean metric. One batch row per node, in
-    batches of ``batch_size`` rows."""
-    c_ids, x_ids, tid, fid, pos = _request(lm, clean, corrupted, target, foil, metric, position)
-    L, H, P = lm.anatomy.n_layers, lm.anatomy.layers[0].attn.n_heads, c_ids.numel()
-    sites = [("resid_pre", 0)] + [(s, layer) for layer in range(L) for s in ("head", "mlp_out")]
-    lg, both = run(lm, torch.stack([c_ids, x_ids]), capture=sites)
-    m = metric_of(lg[:, pos], metric, tid, fid)
-    nodes = [(("resid_pre", 0), None)] + [((s, layer), h) for layer in range(L)
-                                          for s, h in [("head", h) for h in range(H)] + [("mlp_out", None)]]
-    out = torch.empty(len(nodes))
-    positions = torch.arange(P)
-    for s, e in batches(len(nodes), batch_size):
-        edits = []
-        for row, (site, h) in enumerate(nodes[s:e]):
-            value = both[site][1] if h is None else both[site][1, :, h]  # the corrupted run's, (pos, ...)
-            edits.append(Edit(site[0], site[1], torch.full((P,), row), positions, value,
-                              head=None if h is None else torch.full((P,), h)))
-        lg_p, _ = run(lm, c_ids[None].expand(e - s, P), edits)
-        out[s:e] = metric_of(lg_p[:, pos], metric, tid, fid).float().cpu() - float(m[0])
-    rest = out[1:].reshape(L, H + 1)
-    return _result(lm, "exact", rest[:, :H].clone(), rest[:, H].clone(), out[0], m[0], m[1], c_ids, x_ids, tid, fid,
-                   metric, pos)
+    activation set to the corrupted run's, minus the clean metric (the mean over prompts; prompts as in
+    :func:`attribution_patching`). One batch row per (node, prompt), ``batch_size`` rows per forward pass.
+
+    ``fine``: also ``heads_pos``, ``mlps_pos``, ``resid`` (each block's ``resid_pre`` at one position). ``qkv``:
+    AtP*'s ``queries``/``keys``/``values``: the engine's ``q`` (per head), ``k``/``v`` (per kv head) at one
+    position (before rotary; the corrupted run's value). Per-position nodes need prompts of one length."""
+    ps = prompts(lm, clean, corrupted, target, foil, metric, position, pairs, what="exact node patching")
+    kinds = ["embed", "heads", "mlps"] + (list(FINE) if fine else []) + (list(QKV) if qkv else [])
+    P = one_length(ps, "per-position nodes") if fine or qkv else ps[0][0].numel()
+    spec = node_list(lm, kinds, P)
+    flat = [n for k in kinds for n in spec[k][0]]
+    eff, m_clean, m_corr = exact_effects(lm, ps, flat, metric, batch_size)
+    scores, i = {}, 0
+    for k in kinds:
+        nodes, shape = spec[k]
+        scores[k] = eff[i:i + len(nodes)].reshape(shape)
+        i += len(nodes)
+    return result(lm, "exact", ps, scores, m_clean, m_corr, metric)
 
 
 def _ranks(x: Tensor) -> Tensor:
@@ -147,14 +347,18 @@ def _ranks(x: Tensor) -> Tensor:
     return r
 
 
-def check_against_exact(approx: NodeAttribution, exact: NodeAttribution, top: int = 10) -> dict:
+def check_against_exact(approx: NodeAttribution, exact: NodeAttribution, top: int = 10, *,
+                        fine: bool = False, only: str | None = None) -> dict:
     """How far an approximation can be trusted on these prompts: Spearman correlation of the node scores, the
     recall of exact patching's ``top`` nodes (by absolute effect) among the approximation's ``top``, and the
-    nodes exact patching ranks in its ``top`` that the approximation misses (false negatives)."""
-    a = {n["name"]: n["score"] for n in approx.nodes()}
-    x = {n["name"]: n["score"] for n in exact.nodes()}
-    if a.keys() != x.keys():
-        raise InputError("the two results score different nodes (another model or prompt?)")
+    nodes exact patching ranks in its ``top`` that the approximation misses (false negatives); the mean absolute
+    error too. Over the nodes ``exact`` scores (``fine``: with the per-position ones; ``only``: the names that
+    contain that string, e.g. ``".q@"``), all of which ``approx`` must score."""
+    a = {n["name"]: n["score"] for n in approx.nodes(fine)}
+    x = {n["name"]: n["score"] for n in exact.nodes(fine) if only is None or only in n["name"]}
+    if not x or not x.keys() <= a.keys():
+        raise InputError("the two results score different nodes (another model or prompt, or per-position nodes "
+                         "missing from the approximation?)")
     names = list(x)
     av = torch.tensor([a[n] for n in names], dtype=torch.float64)
     xv = torch.tensor([x[n] for n in names], dtype=torch.float64)
@@ -164,4 +368,5 @@ def check_against_exact(approx: NodeAttribution, exact: NodeAttribution, top: in
     top_a = {names[i] for i in av.abs().argsort(descending=True)[:k].tolist()}
     top_x = [names[i] for i in xv.abs().argsort(descending=True)[:k].tolist()]
     missed = [n for n in top_x if n not in top_a]
-    return {"spearman": spearman, f"top{top}_recall": (k - len(missed)) / k, "false_negatives": missed}
+    return {"spearman": spearman, f"top{top}_recall": (k - len(missed)) / k, "false_negatives": missed,
+            "mae": float((av - xv).abs().mean()), "nodes": len(names)}

@@ -162,12 +162,29 @@ def contrast(lm: LoadedModel, clean, corrupted, target, foil, metric: str, posit
     return c_ids, x_ids, tid, fid, _position(position, c_ids.numel())
 
 
-def metric_of(logits: Tensor, metric: str, target_id: int, foil_id: int | None) -> Tensor:
-    """``logits (batch, vocab)`` -> ``(batch,)``: the logit difference or the target's probability."""
-    logits = logits.float()
-    if metric == "logit_diff":
-        return logits[:, target_id] - logits[:, foil_id]
-    return logits.softmax(-1)[:, target_id]
+def metric_of(logits: Tensor, metric: str, target_id, foil_id=None, *, at: Tensor | int | None = None) -> Tensor:
+    """``logits (rows, vocab)`` -> ``(rows,)``: the logit difference ``logit[target] - logit[foil]`` (``foil_id``
+    None: the target's logit alone) or, for ``metric="prob"``, the target's probability.
+
+    ``target_id`` / ``foil_id``: one token id for every row, or ``(rows,)`` ids, one per row. ``at``: read
+    ``logits (rows, pos, vocab)`` at that position (an int, or ``(rows,)`` one per row). bfloat16 / float16 logits
+    are read in float32; the one per-row metric of patching, attribution patching and the attribution baselines."""
+    rows = torch.arange(logits.shape[0], device=logits.device)
+    if at is not None:
+        logits = logits[rows, _on(at, rows)] if isinstance(at, Tensor) else logits[:, at]
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if metric == "prob":
+        logits = logits.softmax(-1)
+    t = _on(target_id, rows) if isinstance(target_id, Tensor) else target_id
+    out = logits[rows, t]
+    if metric == "logit_diff" and foil_id is not None:
+        out = out - logits[rows, _on(foil_id, rows) if isinstance(foil_id, Tensor) else foil_id]
+    return out
+
+
+def _on(x: Tensor, like: Tensor) -> Tensor:
+    return x.to(like.device)
 
 
 def sweep_sites(what: str, lm: LoadedModel, P: int, head_position: int | None):
