@@ -3,5 +3,7 @@ check of one against the other (:mod:`.atp`); edge attribution, AtP* and faithfu
 steps."""
 
 from .atp import NodeAttribution, attribution_patching, check_against_exact, exact_node_patching
+from .routes import InformationFlowRoutes, information_flow_routes, route_recovery
 
 __all__ = ["NodeAttribution", "attribution_patching", "check_against_exact", "exact_node_patching"]
+__all__ += ["InformationFlowRoutes", "information_flow_routes", "route_recovery"]

@@ -69,6 +69,12 @@ def rollout(C: Tensor) -> Tensor:
     return out
 
 
+def proximity(parts: Tensor, y: Tensor) -> Tensor:
+    """How much of ``y (..., d)`` each of its parts ``(..., k, d)`` makes up: ``max(0, ||y||_1 - ||y - part||_1)``,
+    (..., k) (ALTI's contribution before normalising; information-flow routes' proximity)."""
+    return (y.abs().sum(-1, keepdim=True) - (y.unsqueeze(-2) - parts).abs_().sum(-1)).clamp_min(0)
+
+
 @torch.no_grad()
 def alti_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, float, int]:
     """ALTI contributions of layer ``l``: ``(pos, src)`` rows summing to one, the relative completeness
@@ -89,8 +95,7 @@ def alti_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, float, int]:
         dec = resid_mid_parts(A, sub, l, rows, "sources", writes=writes[:, :b], dtype=dt)
         y = real[rows]
         err = max(err, relative_gap(dec.total(), y, rms))
-        dist = (y[:, None, :] - dec.parts).abs_().sum(-1)  # (row, src)
-        C[rows, :b] = (y.abs().sum(-1, keepdim=True) - dist).clamp_min(0)
+        C[rows, :b] = proximity(dec.parts, y)
     if A.causal:
         C = C.tril()
     C, bad = normalize_rows(C)
