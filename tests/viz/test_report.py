@@ -4,6 +4,7 @@ page is self-contained; the CLI's summary and errors."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import numpy as np
@@ -18,6 +19,7 @@ from lenscope.report import SECTION_KEYS, build_report, packed, unpack
 from ..conftest import DECODERS, ENCODERS, get_model
 
 TEXT = "The capital of France is"
+DEFAULT_KEYS = [k for k in SECTION_KEYS if k != "circuit"]  # the circuit view needs a corrupted prompt
 runner = CliRunner()
 
 
@@ -39,7 +41,7 @@ def test_decoder_report_matches_the_methods(family):
     lm = get_model(f"tiny:{family}")
     rep = build_report(lm, TEXT, " capital", " of")
     assert rep.ok, [c for c in rep.checks if c["ok"] is False]
-    assert [s["key"] for s in rep.sections] == list(SECTION_KEYS) and not any("note" in s for s in rep.sections)
+    assert [s["key"] for s in rep.sections] == DEFAULT_KEYS and not any("note" in s for s in rep.sections)
     tr = lenscope.trace(lm, TEXT)
     t_id = lm.tokenizer.encode(" capital", add_special_tokens=False)[0]
     f_id = lm.tokenizer.encode(" of", add_special_tokens=False)[0]
@@ -165,8 +167,8 @@ def test_cli_writes_page_and_json_summary(tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["ok"] is True and d["out"] == str(out) and d["bytes"] == out.stat().st_size
-    assert [s["key"] for s in d["sections"]] == list(SECTION_KEYS)
-    assert set(d["timings"]) >= set(SECTION_KEYS) | {"trace", "total"}
+    assert [s["key"] for s in d["sections"]] == DEFAULT_KEYS
+    assert set(d["timings"]) >= set(DEFAULT_KEYS) | {"trace", "total"}
     assert all({"section", "name", "value", "tolerance", "ok"} <= set(c) for c in d["checks"])
     r = runner.invoke(app, ["report", "", "--model", "tiny:llama", "--out", str(out)])
     assert r.exit_code == 2 and "empty" in r.stderr
@@ -201,3 +203,103 @@ def test_cli_report_in_bfloat16(tmp_path):
     assert d["ok"] is True
     tols = {c["tolerance"] for c in d["checks"] if c["section"] == "mixing"}
     assert len(tols) == 1 and tols.pop() == pytest.approx(16 * torch.finfo(torch.bfloat16).eps)  # the dtype tolerance
+
+
+# ----------------------------------------------------------------------------------------------
+# the circuit view (issue 19): the page's drawing from circuit_json's contract, the section's inputs
+
+
+def fake_circuit(L: int = 2, H: int = 4, seed: int = 0) -> dict:
+    """A dict in the contract of ``lenscope.circuits.circuit_json`` (level "edges") for a model of ``L`` layers
+    of ``H`` heads and an MLP: every edge of the component graph with a random signed score, and a faithfulness
+    curve on a log grid from 10 edges to all of them."""
+    g = torch.Generator().manual_seed(seed)
+    heads = [[f"L{l}H{h}" for h in range(H)] for l in range(L)]
+    nodes = ["embed"] + [n for l in range(L) for n in heads[l] + [f"L{l}.mlp"]] + ["logits"]
+    edges = []
+    for l in range(L + 1):
+        below = ["embed"] + [n for m in range(l) for n in heads[m] + [f"L{m}.mlp"]]
+        if l == L:
+            edges += [(s, "logits") for s in below]
+            continue
+        edges += [(s, f"{r}.{c}") for r in heads[l] for c in "qkv" for s in below]
+        edges += [(s, f"L{l}.mlp") for s in below + heads[l]]
+    scores = (torch.randn(len(edges), generator=g) * torch.rand(len(edges), generator=g) ** 3).tolist()
+    n = len(edges)
+    ks = sorted({int(round(10 * (n / 10) ** (i / 12))) for i in range(13)})
+    return {"method": "eap-ig", "level": "edges", "n": 1, "metric_clean": 3.1, "metric_corrupted": -2.9, "seconds": 0.5,
+            "nodes": [{"name": x, "score": float(v)} for x, v in zip(nodes, torch.randn(len(nodes), generator=g))],
+            "edges": [{"src": s, "dst": d, "score": v} for (s, d), v in zip(edges, scores)],
+            "faithfulness": [{"k": k, "fraction": k / n, "value": 1 - math.exp(-k / 40)} for k in ks] +
+                            ([] if ks[-1] == n else [{"k": n, "fraction": 1.0, "value": 1.0}]),
+            "check": {"spearman": 0.9, "top10_recall": 0.6, "false_negatives": ["L0.mlp", "L1H2"]}}
+
+
+def circuit_page(lm, payload: dict, text: str = TEXT, corrupted: str = "The capital of Spain is") -> dict:
+    """A real report's dict (prediction only) with a circuit section carrying ``payload``."""
+    rep = build_report(lm, text, " capital", " of", sections=["prediction"])
+    d = rep.to_dict()
+    d["meta"]["corrupted"] = corrupted
+    d["sections"].append({"key": "circuit", "title": "Circuit", "blurb": "the circuit", "data": payload})
+    return d
+
+
+def test_circuit_view_is_drawn_only_with_a_circuit_section():
+    from lenscope.viz.report import asset, render
+
+    lm = get_model("tiny:llama")
+    with_circuit = render(circuit_page(lm, fake_circuit()))
+    without = build_report(lm, TEXT, " capital", " of", sections=["prediction"]).html()
+    script = asset("circuit.js")
+    assert 'id="sec-circuit"' in with_circuit and script in with_circuit and "The capital of Spain is" in with_circuit
+    assert 'id="sec-circuit"' not in without and "LS.sections.circuit" not in without
+    assert 'class="prompt corrupted"' in with_circuit and 'class="prompt corrupted"' not in without
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", with_circuit, re.I)
+    assert "<link" not in with_circuit.lower() and "@import" not in with_circuit
+    assert not re.search(r"https?://|fetch\(|XMLHttpRequest|import\(", script)  # the script asks for nothing
+    data = re.search(r'<script type="application/json" id="lenscope-data">(.*?)</script>', with_circuit, re.S).group(1)
+    (sec,) = [s for s in json.loads(data)["sections"] if s["key"] == "circuit"]
+    assert sec["data"]["edges"][0]["dst"] == fake_circuit()["edges"][0]["dst"]
+
+
+def test_circuit_payload_keeps_the_top_edges_and_checks_the_full_graph():
+    from lenscope.report.context import ReportContext
+    from lenscope.report.sections import Circuit, circuit_payload
+
+    lm = get_model("tiny:llama")
+    ctx = ReportContext(lm, TEXT, " capital", " of")
+    d = fake_circuit(L=4, H=8)
+    assert len(d["edges"]) > Circuit.top
+    out = circuit_payload(ctx, d)
+    assert len(out["edges"]) == Circuit.top
+    best = sorted((abs(e["score"]) for e in d["edges"]), reverse=True)[: Circuit.top]
+    assert [abs(e["score"]) for e in out["edges"]] == pytest.approx(best, rel=1e-4)
+    assert out["faithfulness"][-1] == {"k": len(d["edges"]), "fraction": 1.0, "value": 1.0}
+    assert out["nodes"] == [{"name": n["name"], "score": pytest.approx(n["score"], rel=1e-4)} for n in d["nodes"]]
+    (full,) = [c for c in ctx.checks if c.name.startswith("faithfulness with every edge")]
+    assert full.value == 0 and full.ok is True
+    d["faithfulness"][-1]["value"] = 0.5  # a full graph that is not the clean run fails the check
+    circuit_payload(ctx, d)
+    assert ctx.checks[-2].ok is False and ctx.checks[-2].value == pytest.approx(0.5)
+
+
+def test_circuit_section_needs_a_corrupted_prompt_a_target_and_a_foil(tmp_path):
+    lm = get_model("tiny:llama")
+    rep = build_report(lm, TEXT, " capital", " of", sections=["prediction"])
+    assert [s["key"] for s in rep.sections] == ["prediction"] and "corrupted" not in rep.meta
+    rep = build_report(lm, TEXT, " capital", " of", sections=["prediction", "circuit"])
+    assert "--corrupted" in _section(rep, "circuit")["note"]
+    with pytest.raises(lenscope.InputError, match="needs a target and a foil"):
+        build_report(lm, TEXT, " capital", corrupted="The capital of Spain is")
+    with pytest.raises(lenscope.InputError, match="same number of tokens"):
+        build_report(lm, TEXT, " capital", " of", corrupted="The capital city of Spain is")
+    with pytest.raises(lenscope.LenscopeError, match="causal decoder"):
+        build_report(get_model("tiny:bert"), TEXT, " capital", " of", corrupted="The capital of Spain is")
+    out = tmp_path / "r.html"
+    r = runner.invoke(app, ["report", TEXT, "--model", "tiny:llama", "--target", " capital", "--corrupted",
+                            "The capital of Spain is", "--out", str(out)])
+    assert r.exit_code == 2 and "--corrupted needs --target and --foil" in r.stderr and not out.exists()
+    r = runner.invoke(app, ["report", TEXT, "--model", "tiny:llama", "--target", " capital", "--foil", " of",
+                            "--corrupted", "The capital city of Spain is", "--out", str(out)])
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+    assert r.exit_code == 2 and len(errors) == 1 and "same number of tokens" in errors[0]

@@ -133,3 +133,89 @@ def test_encoder_report_shows_notes(browser, tmp_path):
         assert errors == [], errors
     finally:
         ctx.close()
+
+
+def _circuit_page(browser, tmp_path, payload):
+    from lenscope.viz.report import render
+
+    from .test_report import circuit_page
+
+    path = tmp_path / "circuit.html"
+    path.write_text(render(circuit_page(get_model("tiny:llama"), payload)), encoding="utf-8")
+    return _open(browser, path)
+
+
+def _set_k(page, index):
+    page.eval_on_selector("#sec-circuit input[data-role=k]",
+                          f"el => {{ el.value = {index}; el.dispatchEvent(new Event('input')); }}")
+
+
+def test_circuit_view_renders_and_the_slider_moves_it(browser, tmp_path):
+    from .test_report import fake_circuit
+
+    d = fake_circuit(L=4, H=8)
+    ks = [f["k"] for f in d["faithfulness"]]
+    assert len(d["edges"]) > 300 and ks[0] == 10
+    ctx, page, errors, blocked = _circuit_page(browser, tmp_path, d)
+    try:
+        graph, marker = "#sec-circuit svg.circuit-graph", "#sec-circuit svg.circuit-faith circle.marker"
+        # every component of the 4-layer, 8-head model is a node; the faithfulness curve has one point per k
+        assert page.locator(f"{graph} [data-node]").count() == 2 + 4 * 9
+        assert page.locator("#sec-circuit svg.circuit-faith circle").count() == len(ks) + 1
+        start = 1 + max(i for i, f in enumerate(d["faithfulness"]) if f["value"] < 0.8)  # the smallest k >= 0.8
+        assert page.get_attribute(marker, "data-k") == str(ks[start])
+        assert f"k = {ks[start]} edges" in page.text_content("#sec-circuit [data-role=reach]")
+        assert "Spearman 0.900" in page.text_content("#sec-circuit [data-role=check]")
+
+        _set_k(page, 0)  # the 10 strongest edges
+        assert page.get_attribute(graph, "data-edges") == "10" == str(page.locator(f"{graph} path").count())
+        x0 = page.get_attribute(marker, "cx")
+        assert page.get_attribute(marker, "data-k") == "10"
+        v = d["faithfulness"][0]["value"]
+        assert "faithfulness at k = 10 " in page.text_content("#sec-circuit [data-role=value]")
+        assert f"{v:.3f}" in page.text_content("#sec-circuit [data-role=value]")
+        # the drawn edges are the top 10 by |score|, and only the nodes they touch are lit
+        top = sorted(d["edges"], key=lambda e: -abs(e["score"]))[:10]
+        drawn = page.eval_on_selector_all(f"{graph} path", "els => els.map(e => e.getAttribute('data-edge'))")
+        assert sorted(drawn) == sorted(f"{e['src']}->{e['dst']}" for e in top)
+        touched = {e["src"] for e in top} | {e["dst"].rsplit(".", 1)[0] if e["dst"][-2:] in (".q", ".k", ".v")
+                                             else e["dst"] for e in top}
+        assert int(page.get_attribute(graph, "data-nodes")) == len(touched - {"embed", "logits"})
+
+        _set_k(page, len(ks) - 1)  # every edge: drawing capped at 300
+        assert page.get_attribute(graph, "data-edges") == "300" == str(page.locator(f"{graph} path").count())
+        assert page.get_attribute(marker, "data-k") == str(ks[-1]) and page.get_attribute(marker, "cx") != x0
+        assert "drawing the top 300 edges" in page.text_content("#sec-circuit [data-role=value]")
+
+        page.hover(f"{graph} path >> nth=-1")  # the strongest edge, drawn last
+        assert page.locator("#ls-tip").is_visible() and "score" in page.text_content("#ls-tip")
+        page.screenshot(path=str(tmp_path / "circuit.png"), full_page=True)
+        print(f"screenshot: {tmp_path / 'circuit.png'}")
+        assert errors == [], errors
+        assert blocked == [], f"the page tried to fetch {blocked}"
+    finally:
+        ctx.close()
+
+
+def test_circuit_view_of_nodes(browser, tmp_path):
+    from .test_report import fake_circuit
+
+    d = fake_circuit(L=2, H=4)
+    d.update(level="nodes", edges=[])
+    n = len(d["nodes"]) - 1  # logits is not a node to keep
+    d["faithfulness"] = [{"k": k, "fraction": k / n, "value": k / n} for k in (1, 2, 4, 8, n)]
+    ctx, page, errors, _ = _circuit_page(browser, tmp_path, d)
+    try:
+        graph = "#sec-circuit svg.circuit-graph"
+        _set_k(page, 2)
+        assert page.get_attribute(graph, "data-nodes") == "4" and page.get_attribute(graph, "data-edges") == "0"
+        _set_k(page, 0)
+        best = max(d["nodes"][1:-1], key=lambda x: abs(x["score"]))  # the strongest head or MLP
+        assert abs(best["score"]) > abs(d["nodes"][0]["score"])  # (stronger than the embedding, with this seed)
+        lit = page.eval_on_selector_all(f"{graph} circle[data-node]",
+                                        "els => els.filter(e => e.getAttribute('r') === '5').map(e => e.dataset.node)")
+        assert lit == [best["name"]]
+        assert "no circuit on the grid reaches" not in page.text_content("#sec-circuit [data-role=reach]")
+        assert errors == [], errors
+    finally:
+        ctx.close()

@@ -20,17 +20,23 @@ def report_cmd(
     device_map: str = DEVICE_MAP_OPTION,
     target: str = typer.Option(None, "--target", help="Token to explain (default: the model's top prediction)."),
     foil: str = typer.Option(None, "--foil", help="A contrasting token (explain target rather than foil)."),
+    corrupted: str = typer.Option(None, "--corrupted",
+                                  help="A corrupted prompt with as many tokens as TEXT (needs --target and --foil): "
+                                       "adds the circuit view (EAP-IG edges, a k slider, the faithfulness curve)."),
     lens: str = typer.Option(None, "--lens", help="A tuned-lens directory, shown beside the logit lens."),
     out: str = typer.Option("report.html", "--out", "-o", help="Where to write the page."),
     sections: str = typer.Option(None, "--sections",
                                  help="Comma-separated views (default all): prediction, trajectory, components, "
-                                      "attribution, mixing, flow."),
+                                      "attribution, mixing, flow, and circuit with --corrupted."),
     open_page: bool = typer.Option(False, "--open", help="Open the page in a web browser when written."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary (checks, timings, sections)."),
 ):
     """One self-contained HTML page (works offline) with every view of how the model arrives at its prediction."""
     from rich.console import Console
 
+    if corrupted is not None and (target is None or foil is None):
+        raise InputError("--corrupted needs --target and --foil (the circuit is scored on logit(target) - "
+                         "logit(foil))")
     con = Console(stderr=True, soft_wrap=True)
     t0 = time.perf_counter()
     con.print(f"lenscope report: loading [bold]{model}[/] "
@@ -52,7 +58,8 @@ def report_cmd(
         def progress(key, title):
             status.update(f"computing: {title}")
 
-        rep = build_report(lm, text, target, foil, lens=tuned, sections=keys, progress=progress)
+        rep = build_report(lm, text, target, foil, corrupted=corrupted, lens=tuned, sections=keys,
+                           progress=progress)
     path = rep.write(out)
     size = path.stat().st_size
     if as_json:

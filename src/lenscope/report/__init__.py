@@ -72,24 +72,27 @@ def _versions() -> dict:
             "python": platform.python_version()}
 
 
-def build_report(lm, text: str, target=None, foil=None, *, lens=None, sections=None, top_k: int = 10,
-                 progress=None) -> Report:
+def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None = None, lens=None, sections=None,
+                 top_k: int = 10, progress=None) -> Report:
     """Compute every view of the prediction at the last position of ``text``.
 
     ``target``/``foil``: the token to explain (text, ``"#ID"`` or id) and an optional contrast; without a
-    target the model's own top prediction is explained. ``lens``: a tuned lens shown beside the logit lens.
-    ``sections``: keys to include (default all: ``prediction, trajectory, components, attribution, mixing,
-    flow``). ``progress(key, title)`` is called before each section.
+    target the model's own top prediction is explained. ``corrupted``: a corrupted prompt with as many tokens
+    as ``text`` (needs ``target`` and ``foil``): adds the circuit view (:class:`~.sections.Circuit`).
+    ``lens``: a tuned lens shown beside the logit lens. ``sections``: keys to include (default all:
+    ``prediction, trajectory, components, attribution, mixing, flow``, and ``circuit`` when given a corrupted
+    prompt). ``progress(key, title)`` is called before each section.
     """
-    if sections is None:
-        chosen = [cls() for cls in SECTIONS]
-    else:
+    if sections is not None:
         unknown = [k for k in sections if k not in SECTION_KEYS]
         if unknown:
             raise InputError(f"unknown report section(s) {unknown}; choose from {', '.join(SECTION_KEYS)}")
-        chosen = [cls() for cls in SECTIONS if cls.key in sections]
     t0 = time.perf_counter()
-    ctx = ReportContext(lm, text, target, foil, lens=lens, top_k=top_k)
+    ctx = ReportContext(lm, text, target, foil, lens=lens, top_k=top_k, corrupted=corrupted)
+    if sections is None:
+        chosen = [sec for sec in (cls() for cls in SECTIONS) if sec.wanted(ctx)]
+    else:
+        chosen = [cls() for cls in SECTIONS if cls.key in sections]
     timings: dict[str, float] = {}
     t = time.perf_counter()
     ctx.trace  # noqa: B018 - the one shared forward pass, timed on its own
@@ -117,5 +120,7 @@ def build_report(lm, text: str, target=None, foil=None, *, lens=None, sections=N
         "lens": None if lens is None else getattr(lens, "kind", type(lens).__name__),
         "versions": _versions(), "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
+    if corrupted is not None:
+        meta["corrupted"] = corrupted
     return Report(meta=meta, sections=out, checks=[c.to_dict() for c in ctx.checks],
                   timings={k: round(v, 3) for k, v in timings.items()})

@@ -64,6 +64,7 @@ class ReportContext:
     foil: str | int | None = None
     lens: object | None = None  # a tuned lens (lenscope.lenses.TunedLens) or None
     top_k: int = 10
+    corrupted: str | None = None  # a corrupted prompt (same token count as ``text``): the circuit view
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -76,6 +77,20 @@ class ReportContext:
         if self.target is not None and not self.has_logits:
             raise InputError(f"{self.lm.name} has no language-model head, so there is no target to explain; "
                              "leave out --target/--foil")
+        if self.corrupted is not None:
+            self._check_contrast()
+
+    def _check_contrast(self) -> None:
+        """A corrupted prompt is refused before any view is computed: it needs a target and a foil (the circuit's
+        metric is logit(target) - logit(foil)), a decoder, and as many tokens as the clean text."""
+        from ..interventions.patching import contrast
+        from ..models.load import require_decoder
+
+        if self.target is None or self.foil is None:
+            raise InputError("a corrupted prompt needs a target and a foil (the circuit is scored on "
+                             "logit(target) - logit(foil)): give --target and --foil as well")
+        require_decoder(self.lm, "the circuit view", instead="leave out --corrupted", causal=True)
+        contrast(self.lm, self.text, self.corrupted, self.target, self.foil, "logit_diff", -1)
 
     @cached_property
     def trace(self):

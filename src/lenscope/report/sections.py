@@ -34,6 +34,11 @@ class Section:
     key = ""
     title = ""
     blurb = ""
+    needs_corrupted = False  # shown by default only when the report is given a corrupted prompt
+
+    def wanted(self, ctx: ReportContext) -> bool:
+        """Whether the view is part of the default report for this context."""
+        return ctx.corrupted is not None or not self.needs_corrupted
 
     def skip_reason(self, ctx: ReportContext) -> str | None:
         """None when the view applies; else the one-line note shown instead of it."""
@@ -227,5 +232,58 @@ class Flow(Section):
                 "degenerate_rows": mm.degenerate_rows}
 
 
-SECTIONS: list[type[Section]] = [Prediction, Trajectory, Components, Attribution, Mixing, Flow]
+class Circuit(Section):
+    key = "circuit"
+    title = "Circuit"
+    blurb = ("Which components, and which connections between them, carry logit(target) - logit(foil) from the "
+             "corrupted prompt to the clean one (EAP-IG edge attribution): the top-k edges by |score|, and how much "
+             "of the clean run a circuit of k edges keeps with every other edge patched to its corrupted value "
+             "(faithfulness: 0 = corrupted run, 1 = clean run).")
+    needs_corrupted = True
+    method = "eap-ig"
+    level = "edges"
+    top = 300  # the edges sent to the page (it draws at most 300)
+
+    def skip_reason(self, ctx):
+        if ctx.corrupted is None:
+            return "The circuit view needs a corrupted prompt: give --corrupted TEXT (with --target and --foil)."
+        return None
+
+    def compute(self, ctx: ReportContext) -> dict:
+        from ..circuits import circuit_json
+        from ..data.contrast import ContrastPair
+
+        pairs = [ContrastPair(ctx.text, ctx.corrupted, _spec(ctx.target), _spec(ctx.foil))]
+        d = circuit_json(ctx.lm, pairs, method=self.method, level=self.level, top=self.top, faithfulness=True)
+        return circuit_payload(ctx, d)
+
+
+def _spec(token) -> str:
+    """A target as :class:`~lenscope.data.contrast.ContrastPair` takes it: token text, or ``"#ID"`` for an id."""
+    return token if isinstance(token, str) else f"#{int(token)}"
+
+
+def circuit_payload(ctx: ReportContext, d: dict) -> dict:
+    """``circuit_json``'s dict for the page: scores rounded to 5 digits, at most :attr:`Circuit.top` edges (the
+    largest |score| first), and the faithfulness of the full graph recorded as a check (keeping every edge is
+    the clean run: 1)."""
+    out = dict(d)
+    for key in ("metric_clean", "metric_corrupted", "seconds"):
+        if out.get(key) is not None:
+            out[key] = _r(out[key])
+    out["nodes"] = [dict(n, score=_r(n["score"])) for n in d.get("nodes", [])]
+    edges = sorted(d.get("edges", []), key=lambda e: -abs(e["score"]))[:Circuit.top]
+    out["edges"] = [dict(e, score=_r(e["score"])) for e in edges]
+    faith = d.get("faithfulness") or []
+    out["faithfulness"] = [{"k": int(f["k"]), "fraction": _r(f["fraction"]), "value": _r(f["value"])} for f in faith]
+    if faith:
+        full = max(faith, key=lambda f: f["k"])
+        if full["fraction"] == 1:
+            ctx.check(Circuit.key, "faithfulness with every edge kept: |value - 1|", abs(full["value"] - 1), 1e-3)
+    if d.get("check"):
+        ctx.check(Circuit.key, "against exact patching: Spearman correlation (reported)", d["check"]["spearman"])
+    return out
+
+
+SECTIONS: list[type[Section]] = [Prediction, Trajectory, Components, Attribution, Mixing, Flow, Circuit]
 SECTION_KEYS = tuple(s.key for s in SECTIONS)

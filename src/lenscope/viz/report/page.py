@@ -35,6 +35,9 @@ def _prompt(meta: dict) -> str:
         if meta.get("foil") is not None:
             parts.append(f' <span class="foil" title="foil">{html.escape(meta["foil"])}</span>')
     parts.append("</div>")
+    if meta.get("corrupted") is not None:
+        parts.append(f'<div class="prompt corrupted" title="corrupted prompt (the circuit view)">'
+                     f'{html.escape(meta["corrupted"])}</div>')
     return "".join(parts)
 
 
@@ -50,6 +53,7 @@ def _run_card(report: dict) -> str:
         ("target", f"{m['target']!r} ({what})" + (f" vs foil {m['foil']!r}" if m.get("foil") is not None else "")
          if m.get("target") is not None else what),
         ("tuned lens", m["lens"] or "none (logit lens only)"),
+        *([("corrupted", repr(m["corrupted"]))] if m.get("corrupted") is not None else []),
         ("versions", " · ".join(f"{k} {val}" for k, val in v.items())),
         ("time", " · ".join(f"{k} {val:.2f} s" for k, val in t.items())),
     ]
