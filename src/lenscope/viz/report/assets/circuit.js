@@ -32,7 +32,7 @@
 
   LS.sections.circuit = function (body, d, meta) {
     var edgesLevel = d.level !== "nodes";
-    var faith = (d.faithfulness || []).slice().sort(function (a, b) { return a.k - b.k; });
+    var faith = (d.faithfulness || []).filter(function (f) { return f.value !== null && isFinite(f.value); }).sort(function (a, b) { return a.k - b.k; });
     var nodeScore = {};
     (d.nodes || []).forEach(function (n) { nodeScore[n.name] = n.score; });
     var edges = (d.edges || []).map(function (e) { var r = receiver(e.dst); return { src: e.src, dst: e.dst, to: r[0], ch: r[1], score: e.score }; });
