@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from .lens_plots import show_token
@@ -35,9 +36,10 @@ def route_segments(res: InformationFlowRoutes) -> list[tuple[str, list[tuple[flo
     return out
 
 
-def plot_routes(res: InformationFlowRoutes, ax=None, min_alpha: float = 0.08):
-    """The routes of one prediction: tokens on x, layers on y, each kept edge a line whose opacity (and width) is
-    its importance; attention edges blue, FF edges orange (a bend right of the residual line), residual edges
+def plot_routes(res: InformationFlowRoutes, ax=None, min_alpha: float = 0.12):
+    """The routes of one prediction: tokens on x, layers on y, each kept edge a line whose opacity (and width) grows
+    with its importance (``sqrt``, at least ``min_alpha``: edges just above a small ``tau`` stay visible); attention
+    edges blue, FF edges orange (a bend right of the residual line), residual edges
     grey; reached nodes as dots. Returns the figure."""
     import matplotlib
 
@@ -56,8 +58,8 @@ def plot_routes(res: InformationFlowRoutes, ax=None, min_alpha: float = 0.08):
         if not lines:
             continue
         ws = [w for k, _, w in segs if k == kind]
-        colors = [(*COLORS[kind], max(min_alpha, min(1.0, w))) for w in ws]
-        ax.add_collection(LineCollection(lines, colors=colors, linewidths=[0.6 + 2.4 * w for w in ws],
+        colors = [(*COLORS[kind], max(min_alpha, min(1.0, math.sqrt(w)))) for w in ws]
+        ax.add_collection(LineCollection(lines, colors=colors, linewidths=[0.6 + 2.0 * math.sqrt(w) for w in ws],
                                          label={"attn": "attention", "mlp": "FF block", "resid": "residual"}[kind]))
     mids = [p[1] for k, p, _ in segs if k == "mlp"]
     if mids:
@@ -70,7 +72,7 @@ def plot_routes(res: InformationFlowRoutes, ax=None, min_alpha: float = 0.08):
     ax.set_yticks(range(L + 1), [str(i) for i in range(L + 1)], fontsize=7)
     ax.set_ylabel("layer (x^l; x^mid half-way)")
     ax.set_title(f"{res.model} · routes of {show_token(res.tokens[-1])!s} → {show_token(res.prediction)!s} · "
-                 f"τ = {res.tau:g}", fontsize=10)
+                 f"τ = {res.tau:g}", fontsize=10, pad=18)
     if segs:
-        ax.legend(loc="lower left", fontsize=7, frameon=False)
+        ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.02), ncol=3, fontsize=7, frameon=False)
     return fig
