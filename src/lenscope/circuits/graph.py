@@ -1,0 +1,204 @@
+"""The component graph of a decoder, and the per-prompt material every edge method reads.
+
+Senders (what writes to the residual stream): ``embed`` (the residual stream entering block 0: token embeddings and
+whatever the model adds before the first block), each head ``L{l}H{h}`` and each MLP ``L{l}.mlp``. Receivers (what
+reads it): each head's query, key and value input separately (``L{l}H{h}.q``, ``.k``, ``.v``), each MLP's input
+(``L{l}.mlp``) and the unembedding (``logits``). An edge ``(sender, receiver)`` exists when the sender writes before
+the receiver reads: heads of block ``l`` read what blocks ``< l`` wrote; an MLP of a sequential block also reads its
+own block's heads, a parallel block's (GPT-NeoX) does not.
+
+The residual stream is exactly the sum of the senders' writes. A head's write is its share of what the attention
+part adds: ``z_h W_O^h + b_O / H``; under a post-attention norm (Gemma 3's sandwich) that share goes through the
+norm with the per-token scale of its own run (the norm is affine given the scale), plus ``1/H`` of the norm's bias,
+so the heads' writes still sum to what the block adds. Post-LN blocks (the residual stream renormalised after every
+sub-layer) have no such sum and are refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, NotApplicableError
+from ..interventions.patching import contrast
+from ..models.anatomy import Layer
+from ..models.engine import run
+from ..models.load import LoadedModel, require_decoder
+
+
+@dataclass(frozen=True)
+class ComponentGraph:
+    """Names, order and the edges of one model's component graph.
+
+    - ``senders`` (S,): ``embed``, then per block its heads ``L{l}H{h}`` and ``L{l}.mlp``
+    - ``receivers`` (R,): per block ``L{l}H{h}.q`` for every head, then ``.k``, then ``.v``, then ``L{l}.mlp``;
+      last ``logits``
+    - ``valid (S, R)``: whether the edge exists
+    """
+
+    n_layers: int
+    n_heads: int
+    placement: str
+    senders: tuple = field(repr=False)
+    receivers: tuple = field(repr=False)
+    valid: Tensor = field(repr=False)
+
+    @classmethod
+    def of(cls, lm: LoadedModel) -> ComponentGraph:
+        A = lm.anatomy
+        require_decoder(lm, "edge attribution", instead="use a causal decoder (GPT-2, Llama, ...)", causal=True)
+        placement = A.placement
+        if placement == "post":
+            raise NotApplicableError("edges need a residual stream that is the sum of what each part writes; this "
+                                     "model renormalises it after every sub-layer (Post-LN). Use node-level "
+                                     "attribution patching (level='nodes') instead")
+        L, H = A.n_layers, A.layers[0].attn.n_heads
+        senders = ["embed"] + [n for layer in range(L) for n in [f"L{layer}H{h}" for h in range(H)] + [f"L{layer}.mlp"]]
+        receivers = [n for layer in range(L)
+                     for n in [f"L{layer}H{h}.{w}" for w in "qkv" for h in range(H)] + [f"L{layer}.mlp"]] + ["logits"]
+        # a stage per sender (the order of writing) and per receiver (it reads stages below its own)
+        s_stage = [-1] + [2 * layer + (h == H) for layer in range(L) for h in range(H + 1)]
+        # heads of block l read stages < 2l; a sequential MLP reads < 2l + 1, a parallel one < 2l
+        r_read = [2 * layer + (1 if (i == 3 * H and placement != "parallel") else 0)
+                  for layer in range(L) for i in range(3 * H + 1)] + [2 * L]
+        valid = torch.tensor(s_stage)[:, None] < torch.tensor(r_read)[None, :]
+        return cls(L, H, placement, tuple(senders), tuple(receivers), valid)
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.valid.sum())
+
+    def sender_index(self, name: str) -> int:
+        try:
+            return self.senders.index(name)
+        except ValueError:
+            raise InputError(f"no sender named {name!r}; senders are embed, L{{l}}H{{h}}, L{{l}}.mlp") from None
+
+    def receiver_index(self, name: str) -> int:
+        try:
+            return self.receivers.index(name)
+        except ValueError:
+            raise InputError(f"no receiver named {name!r}; receivers are L{{l}}H{{h}}.q|.k|.v, L{{l}}.mlp, "
+                             "logits") from None
+
+    def heads_of(self, layer: int) -> slice:
+        """The senders of block ``layer``'s heads (its MLP is the next index)."""
+        start = 1 + layer * (self.n_heads + 1)
+        return slice(start, start + self.n_heads)
+
+    def mlp_of(self, layer: int) -> int:
+        return 1 + layer * (self.n_heads + 1) + self.n_heads
+
+    def inputs_of(self, layer: int) -> slice:
+        """The receivers of block ``layer``: q, k, v of every head, then the MLP."""
+        start = layer * (3 * self.n_heads + 1)
+        return slice(start, start + 3 * self.n_heads + 1)
+
+    def edge_list(self) -> tuple[Tensor, Tensor]:
+        """``(sender_index, receiver_index)`` of every edge, in (sender, receiver) order."""
+        s, r = self.valid.nonzero(as_tuple=True)
+        return s, r
+
+    def node_edges(self, nodes: set[str]) -> Tensor:
+        """``(S, R)``: the edges whose sender is one of ``nodes``."""
+        keep = torch.tensor([n in nodes for n in self.senders])
+        return self.valid & keep[:, None]
+
+
+def head_writes(layer: Layer, z: Tensor) -> Tensor:
+    """What each head adds to the residual stream, ``(..., pos, head, d_model)``, from its outputs ``z (..., pos,
+    head, d_head)``; the heads' writes sum to what the attention part adds (bias and post-attention norm
+    included, see the module docstring)."""
+    attn = layer.attn
+    H = attn.n_heads
+    w = torch.einsum("...phe,hed->...phd", z.to(attn.W_O.dtype), attn.W_O)
+    if attn.b_O is not None:
+        w = w + attn.b_O / H
+    norm = layer.ln_attn_out
+    if norm is None:
+        return w
+    scale = norm.scale(w.sum(-2))[..., None]  # the norm's per-token scale of what the whole attention wrote
+    w = norm.linear(w, scale)
+    return w + norm.bias / H if norm.bias is not None else w
+
+
+def mlp_write(layer: Layer, mlp_out: Tensor) -> Tensor:
+    """What the MLP adds to the residual stream (its output, through a post-MLP norm when there is one)."""
+    return layer.ln_mlp_out(mlp_out) if layer.ln_mlp_out is not None else mlp_out
+
+
+def sender_writes(lm: LoadedModel, graph: ComponentGraph, cap) -> Tensor:
+    """``(batch, pos, S, d_model)``: every sender's write in a run whose engine captures ``cap`` hold
+    ``resid_pre.0``, ``head.l`` and ``mlp_out.l``; sums to the residual stream."""
+    A = lm.anatomy
+    first = cap["resid_pre", 0]
+    out = first.new_empty(first.shape[:2] + (len(graph.senders), first.shape[-1]))
+    out[:, :, 0] = first
+    for layer in range(graph.n_layers):
+        out[:, :, graph.heads_of(layer)] = head_writes(A.layers[layer], cap["head", layer])
+        out[:, :, graph.mlp_of(layer)] = mlp_write(A.layers[layer], cap["mlp_out", layer])
+    return out
+
+
+def writer_sites(L: int) -> list[tuple[str, int]]:
+    """The engine sites :func:`sender_writes` reads."""
+    return [("resid_pre", 0)] + [(s, layer) for layer in range(L) for s in ("head", "mlp_out")]
+
+
+@dataclass
+class Group:
+    """Prompts of one token length, ready for the edge methods: ``clean``/``corrupted (b, pos)`` ids,
+    ``target``/``foil (b,)`` ids (``foil`` None for ``metric="prob"``), the metric's ``position``."""
+
+    clean: Tensor
+    corrupted: Tensor
+    target: Tensor
+    foil: Tensor | None
+    position: int
+    index: list[int]  # the prompts' places in the caller's list
+    metric: str = "logit_diff"
+
+    @property
+    def size(self) -> int:
+        return self.clean.shape[0]
+
+
+def groups(lm: LoadedModel, pairs, metric: str, position: int = -1) -> list[Group]:
+    """Validated prompt pairs (each ``(clean, corrupted, target, foil)`` or an object with those attributes),
+    grouped by token length. A pair whose prompts differ in length is an error naming the pair."""
+    by_len: dict[tuple[int, int], list] = {}
+    for i, p in enumerate(pairs):
+        c, x, t, f = (p.clean, p.corrupted, p.target, p.foil) if hasattr(p, "clean") else p
+        try:
+            c_ids, x_ids, tid, fid, pos = contrast(lm, c, x, t, f, metric, position)
+        except InputError as e:
+            raise InputError(f"pair {i + 1}: {e}") from None
+        by_len.setdefault((c_ids.numel(), pos), []).append((i, c_ids, x_ids, tid, fid))
+    if not by_len:
+        raise InputError("no prompt pairs given")
+    out = []
+    for (_, pos), rows in by_len.items():
+        fids = [r[4] for r in rows]
+        out.append(Group(torch.stack([r[1] for r in rows]), torch.stack([r[2] for r in rows]),
+                         torch.tensor([r[3] for r in rows]), None if fids[0] is None else torch.tensor(fids), pos,
+                         [r[0] for r in rows], metric))
+    return out
+
+
+def metric_rows(logits: Tensor, metric: str, target: Tensor, foil: Tensor | None) -> Tensor:
+    """``logits (rows, vocab)`` -> ``(rows,)`` with each row's own target and foil."""
+    rows = torch.arange(logits.shape[0])
+    if metric == "logit_diff":
+        return logits[rows, target].float() - logits[rows, foil].float()
+    return logits.float().softmax(-1)[rows, target]
+
+
+def end_metrics(lm: LoadedModel, g: Group, metric: str) -> tuple[Tensor, Tensor]:
+    """The real model's metric per prompt on the clean and on the corrupted prompts, ``(b,)`` each."""
+    with torch.no_grad():
+        lg, _ = run(lm, torch.cat([g.clean, g.corrupted]), last_only=False)
+    m = metric_rows(lg[:, g.position], metric, torch.cat([g.target, g.target]),
+                    None if g.foil is None else torch.cat([g.foil, g.foil]))
+    return m[: g.size], m[g.size:]

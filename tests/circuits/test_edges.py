@@ -1,0 +1,182 @@
+"""Edge attribution (EAP, EAP-IG) and exact edge patching, on every decoder family."""
+
+import pytest
+import torch
+
+from lenscope.circuits.edges import EdgeAttribution, edge_attribution
+from lenscope.circuits.graph import ComponentGraph, end_metrics, groups, sender_writes, writer_sites
+from lenscope.circuits.patch import _writes, circuit_metrics, exact_edge_patching
+from lenscope.errors import InputError, NotApplicableError
+from lenscope.models.engine import Edit, capture, run
+from lenscope.models.verify import TOLERANCE
+from tests.conftest import get_model
+
+
+def _pairs(lm, n=3, P=6, seed=0):
+    V = lm.anatomy.vocab_size
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        c = torch.randint(0, V, (P,), generator=g).tolist()
+        x = list(c)
+        x[1], x[3] = (x[1] + 5) % V, (x[3] + 7) % V
+        out.append((c, x, f"#{(3 * i) % V}", f"#{(3 * i + 1) % V}"))
+    return out
+
+
+def test_graph_edges_by_brute_force(tiny_decoder):
+    lm = tiny_decoder
+    graph = ComponentGraph.of(lm)
+    L, H = graph.n_layers, graph.n_heads
+    assert len(graph.senders) == 1 + L * (H + 1) and len(graph.receivers) == L * (3 * H + 1) + 1
+    assert graph.receivers[-1] == "logits" and graph.senders[graph.mlp_of(0)] == "L0.mlp"
+    parallel = graph.placement == "parallel"
+
+    def layer_of(name):
+        return -1 if name == "embed" else int(name[1:].split("H")[0].split(".")[0])
+
+    count = 0
+    for si, s in enumerate(graph.senders):
+        for ri, r in enumerate(graph.receivers):
+            ls = layer_of(s)
+            if r == "logits":
+                ok = True
+            else:
+                lr = layer_of(r)
+                ok = ls < lr or (r.endswith(".mlp") and ls == lr and "H" in s and not parallel)
+            assert bool(graph.valid[si, ri]) == ok, (s, r)
+            count += ok
+    assert graph.n_edges == count
+
+
+def test_writes_sum_to_the_residual_stream(tiny_decoder):
+    lm = tiny_decoder
+    graph = ComponentGraph.of(lm)
+    ids = torch.tensor([[4, 9, 2, 7, 1]])
+    cap = capture(lm, ids, writer_sites(graph.n_layers) + [("resid_post", graph.n_layers - 1)])
+    w = sender_writes(lm, graph, cap)
+    real = cap["resid_post", graph.n_layers - 1]
+    assert (w.sum(2) - real).abs().max() <= TOLERANCE * max(1.0, float(real.abs().max()))
+
+
+def test_all_edges_kept_is_the_clean_run_and_none_the_corrupted(tiny_decoder):
+    lm = tiny_decoder
+    graph = ComponentGraph.of(lm)
+    (g,) = groups(lm, _pairs(lm), "logit_diff")
+    mc, mx = end_metrics(lm, g, "logit_diff")
+    none = torch.zeros((1,) + tuple(graph.valid.shape), dtype=torch.bool)
+    ms = circuit_metrics(lm, graph, g, torch.cat([none, graph.valid[None]]))
+    assert torch.allclose(ms[0], mc, atol=1e-4) and torch.allclose(ms[1], mx, atol=1e-4)
+    assert (mc - mx).abs().max() > 1e-3  # the corruption matters, so the check can fail
+
+
+def test_exact_edge_patch_equals_the_real_model_with_that_input(tiny_decoder):
+    """One edge into an MLP and one into a head's query, patched through the real model (engine edits of the
+    receiver's output computed from its changed input) == lenscope's patched run."""
+    lm = tiny_decoder
+    A = lm.anatomy
+    graph = ComponentGraph.of(lm)
+    V = lm.anatomy.vocab_size
+    pairs = [([3, 8, 1, 6, 2, 9], [(t * 7 + 11) % V for t in (3, 8, 1, 6, 2, 9)], "#5", "#7")]  # every token differs
+    (g,) = groups(lm, pairs, "logit_diff")
+    clean, abl = _writes(lm, graph, g, "corrupted")
+    P = g.clean.shape[1]
+    s = graph.sender_index("embed")
+    delta = (abl - clean)[0, :, s]
+    cap = capture(lm, g.clean, [("ln_mlp.in", 0), ("resid_pre", 0)])
+    blk = A.layers[0]
+    rows, positions = torch.zeros(P, dtype=torch.long), torch.arange(P)
+    # MLP receiver
+    out = blk.mlp(blk.ln_mlp(cap["ln_mlp.in", 0][0] + delta))
+    lg, _ = run(lm, g.clean, [Edit("mlp_out", 0, rows, positions, out)])
+    real_mlp = float(lg[0, -1, g.target[0]] - lg[0, -1, g.foil[0]])
+    # query receiver of head 1
+    x = cap["resid_pre", 0][0]
+    H = graph.n_heads
+    per = x[:, None, :].expand(P, H, x.shape[-1]).clone()
+    xq = per.clone()
+    xq[:, 1] += delta
+    z = blk.attn.split(blk.ln_attn(xq), blk.ln_attn(per), blk.ln_attn(per), positions)[1]  # (pos, d_head)
+    lg, _ = run(lm, g.clean, [Edit("head", 0, rows, positions, z, head=torch.full((P,), 1))])
+    real_q = float(lg[0, -1, g.target[0]] - lg[0, -1, g.foil[0]])
+    ex = exact_edge_patching(lm, pairs, [("embed", "L0.mlp"), ("embed", "L0H1.q")])
+    mc = ex.metric_clean
+    r_mlp, r_q = graph.receiver_index("L0.mlp"), graph.receiver_index("L0H1.q")
+    assert ex.scores[s, r_mlp] == pytest.approx(real_mlp - mc, abs=2e-6)
+    assert ex.scores[s, r_q] == pytest.approx(real_q - mc, abs=2e-6)
+    assert min(abs(real_mlp - mc), abs(real_q - mc)) > 5e-6  # larger than the tolerance above
+    assert ex.scores.isnan().sum() == graph.n_edges - 2
+
+
+def test_eap_is_the_first_order_term_of_edge_patching(tiny_decoder):
+    """Scaling every sender's change by eps: (metric(eps) - metric(-eps)) / (2 eps) -> the EAP score."""
+    lm = tiny_decoder
+    graph = ComponentGraph.of(lm)
+    pairs = _pairs(lm, n=2)
+    eap = edge_attribution(lm, pairs, method="eap")
+    (g,) = groups(lm, pairs, "logit_diff")
+    clean, abl = _writes(lm, graph, g, "corrupted")
+    top = eap.ranking()[:6]
+    removed = torch.zeros((len(top),) + tuple(graph.valid.shape), dtype=torch.bool)
+    removed[torch.arange(len(top)), top[:, 0], top[:, 1]] = True
+    eps = 0.05
+    up = circuit_metrics(lm, graph, g, removed, writes=(clean, clean + eps * (abl - clean))).mean(1)
+    down = circuit_metrics(lm, graph, g, removed, writes=(clean, clean - eps * (abl - clean))).mean(1)
+    fd = (up - down) / (2 * eps)
+    want = eap.scores[top[:, 0], top[:, 1]]
+    assert torch.allclose(fd, want, rtol=0.05, atol=2e-5 + 0.02 * float(want.abs().max()))
+    assert float(want.abs().max()) > 1e-4
+
+
+def test_eap_ig_with_one_step_is_eap_and_converges_towards_exact():
+    lm = get_model("tiny:gpt2")
+    pairs = _pairs(lm)
+    eap = edge_attribution(lm, pairs, method="eap")
+    one = edge_attribution(lm, pairs, method="eap-ig", steps=1)
+    assert torch.allclose(one.scores, eap.scores, atol=1e-7, rtol=1e-5)
+    ex = exact_edge_patching(lm, pairs)
+    v = eap.valid
+    err_eap = (eap.scores[v] - ex.scores[v]).abs().mean()
+    err_ig = (edge_attribution(lm, pairs, method="eap-ig", steps=10).scores[v] - ex.scores[v]).abs().mean()
+    assert err_ig < 0.5 * err_eap
+
+
+def test_mean_ablation_of_a_single_prompt_changes_nothing():
+    lm = get_model("tiny:llama")
+    graph = ComponentGraph.of(lm)
+    (g,) = groups(lm, _pairs(lm, n=1), "logit_diff")
+    mc, _ = end_metrics(lm, g, "logit_diff")
+    ms = circuit_metrics(lm, graph, g, graph.valid[None].clone(), ablation="mean")
+    assert torch.allclose(ms[0], mc, atol=1e-4)
+
+
+def test_chunks_and_groups_do_not_change_scores(tmp_path):
+    lm = get_model("tiny:qwen2")
+    pairs = _pairs(lm, n=3) + _pairs(lm, n=2, P=8, seed=1)
+    a = edge_attribution(lm, pairs, method="eap-ig", steps=2)
+    b = edge_attribution(lm, pairs, method="eap-ig", steps=2, memory_mb=0.01)
+    assert a.n == 5 and torch.allclose(a.scores, b.scores, atol=1e-7, rtol=1e-4)
+    parts = [edge_attribution(lm, [p], method="eap-ig", steps=2) for p in pairs]
+    mean = torch.stack([p.scores for p in parts]).mean(0)
+    assert torch.allclose(a.scores, mean, atol=1e-7, rtol=1e-4)
+    path = a.save(tmp_path / "e.safetensors")
+    back = EdgeAttribution.load(path)
+    assert torch.equal(back.scores, a.scores) and back.edges(5) == a.edges(5)
+    d = a.to_dict(top=3)
+    assert set(d) >= {"method", "level", "n", "metric_clean", "metric_corrupted", "seconds", "edges"}
+    assert [set(e) for e in d["edges"]] == [{"src", "dst", "score"}] * 3
+    assert list(a.to_frame().columns) == ["src", "dst", "score"]
+
+
+def test_bad_requests():
+    lm = get_model("tiny:gpt2")
+    with pytest.raises(InputError, match="pair 2"):
+        edge_attribution(lm, _pairs(lm, n=1) + [([1, 2, 3], [1, 2], "#1", "#2")])
+    with pytest.raises(InputError, match="foil"):
+        edge_attribution(lm, [([1, 2, 3], [1, 2, 4], "#1", None)])
+    with pytest.raises(InputError, match="no edge"):
+        exact_edge_patching(lm, _pairs(lm, n=1), [("L1.mlp", "L0H0.q")])
+    with pytest.raises(InputError, match="method"):
+        edge_attribution(lm, _pairs(lm, n=1), method="acdc")
+    with pytest.raises(NotApplicableError):
+        ComponentGraph.of(get_model("tiny:bert"))
