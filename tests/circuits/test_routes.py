@@ -12,7 +12,7 @@ import torch
 
 from lenscope.circuits import InformationFlowRoutes, information_flow_routes, route_recovery
 from lenscope.circuits.routes import attention_terms, ff_terms, routes_from_trace, term_importance
-from lenscope.errors import InputError, NotApplicableError
+from lenscope.errors import InputError, InvariantError, NotApplicableError
 from lenscope.mixing.alti import proximity
 from lenscope.models.algebra import activation_scale, relative_gap
 from lenscope.models.trace import prefix_trace, trace
@@ -196,6 +196,16 @@ def test_position_and_refusals():
         information_flow_routes(lm, TEXT, tau=-0.1)
     with pytest.raises(NotApplicableError, match="causal decoder"):
         information_flow_routes(get_model("tiny:bert"), TEXT)
+
+
+def test_refuses_a_trace_that_does_not_add_up(tiny_decoder):
+    """A state that is not the sum of its terms (here the top node, moved by its own RMS norm) is an error, not
+    numbers."""
+    A, tr = tiny_decoder.anatomy, _trace(tiny_decoder)
+    tr.resid_post = tr.resid_post.clone()
+    tr.resid_post[-1, -1] += tr.resid_post[-1].norm(dim=-1).pow(2).mean().sqrt() / A.d_model ** 0.5
+    with pytest.raises(InvariantError, match="miss the traced states"):
+        routes_from_trace(A, tr, tau=0.0)
 
 
 def _hand_routes():

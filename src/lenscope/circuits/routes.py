@@ -49,7 +49,7 @@ from ..models.algebra import activation_scale, attention_parts, f32, norm_step, 
 from ..models.anatomy import Anatomy
 from ..models.load import LoadedModel, require_decoder, token_str
 from ..models.trace import Trace, prefix_trace, trace
-from ..models.verify import completeness_tolerance
+from ..models.verify import TOLERANCE, completeness_tolerance
 from ..results import Result
 
 KINDS = ("resid", "mid")  # node kinds, coded 0 and 1
@@ -170,8 +170,10 @@ def attention_terms(A: Anatomy, tr: Trace, l: int, rows: Tensor, per_head: bool 
     post = A.layers[l].ln_attn_out
     if post is not None:
         dec = norm_step(dec, post, sub.attn_out[l][rows])
-    heads = dec.scale[:, None, None, None] * dec.alpha.transpose(0, 1)[..., None] * dec.V[None]  # (row, head, src, d)
-    heads = heads.flatten(1, 2) if per_head else heads.sum(1)
+    if per_head:  # (row, head * src, d): head h's write from source j, scaled by the sandwich norm
+        heads = (dec.scale[:, None, None, None] * dec.alpha.transpose(0, 1)[..., None] * dec.V[None]).flatten(1, 2)
+    else:
+        heads = dec.dense().parts  # (row, src, d), every head summed (no residual added yet: ``diag`` is zero)
     cols = [f32(sub.resid_pre[l][rows], dtype)[:, None], heads, dec.rest[:, None]]
     parallel = A.layers[l].placement == "parallel"
     if parallel:
@@ -204,7 +206,7 @@ def term_importance(terms: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
 
 @dataclass
 class _Edges:
-    """Kept edges into the nodes of one sum, as ``(edge, 3)`` long tensors, and the bias term's importance."""
+    """Kept edges into the nodes of some sums: ``src, dst (edge, 3)``, ``via (edge, 2)``, ``importance (edge,)``."""
 
     src: Tensor
     dst: Tensor
@@ -273,8 +275,6 @@ def routes_from_trace(A: Anatomy, tr: Trace, *, tau: float = 0.04, per_head: boo
     :func:`~lenscope.models.trace.prefix_trace`); see :func:`information_flow_routes`. Raises
     :class:`~lenscope.errors.InvariantError` when a sum's terms miss the traced state by more than ``tolerance``
     (default :data:`lenscope.models.verify.TOLERANCE`)."""
-    from ..models.verify import TOLERANCE
-
     if A.placement == "post" or not A.causal:
         raise NotApplicableError("information-flow routes explain a causal decoder's next-token prediction; use a "
                                  "pre-norm, sandwich or parallel decoder (GPT-2, Llama, Gemma 3, GPT-NeoX, ...)")
