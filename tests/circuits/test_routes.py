@@ -110,7 +110,7 @@ def test_importances_add_to_one_at_every_node(tiny_decoder):
             continue
         computed += 1
         assert into.get(tuple(node), 0.0) + b == pytest.approx(1.0, abs=1e-5), node
-    assert computed == len(into) and computed >= 1 + 2 * (r.layers - 1)
+    assert computed == len(into) and computed >= r.layers  # tau = 0: the routes go down through every layer
 
 
 def _all_edges(A, tr, tau, per_head):
