@@ -108,8 +108,10 @@ def receiver_grads(lm: LoadedModel, graph: ComponentGraph, *, ids: Tensor | None
     sites = ([("resid_pre", layer) for layer in range(L)] + [("head", layer) for layer in range(L)]
              + [("mlp_out", layer) for layer in range(L)] + [("ln_mlp.in", layer) for layer in range(L)]
              + [("ln_final.in", None)])
-    lg, cap = run(lm, ids, capture=sites, inputs_embeds=embeds, grad=True)
-    m = metric_rows(lg[:, position], metric, target, foil).sum()
+    P = (ids if ids is not None else embeds).shape[1]
+    last = position in (-1, P - 1)  # then only the last position's logits are computed (the unembedding is big)
+    lg, cap = run(lm, ids, capture=sites, inputs_embeds=embeds, grad=True, last_only=last)
+    m = metric_rows(lg[:, -1 if last else position], metric, target, foil).sum()
     outs = [cap["head", layer] for layer in range(L)] + [cap["mlp_out", layer] for layer in range(L)]
     outs.append(cap["ln_final.in", None])
     gs = torch.autograd.grad(m, outs)
@@ -148,7 +150,7 @@ def _rows_per_chunk(P: int, S: int, R: int, d: int, budget_mb: float) -> int:
 
 
 def edge_attribution(lm: LoadedModel, pairs, *, method: str = "eap-ig", steps: int = 5, metric: str = "logit_diff",
-                     position: int = -1, memory_mb: float = 1024, progress=None) -> EdgeAttribution:
+                     position: int = -1, memory_mb: float = 2048, progress=None) -> EdgeAttribution:
     """EAP or EAP-IG scores of every edge for the prompt ``pairs`` (``(clean, corrupted, target, foil)`` tuples or
     ``ContrastPair``s; each pair's prompts of equal token length). ``memory_mb`` bounds the rows processed at once;
     ``progress(done, total)`` is called after each chunk of prompts."""

@@ -22,10 +22,12 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..interventions.patching import contrast
+from ..interventions.patching import metric_of
 from ..models.anatomy import Layer
 from ..models.engine import run
 from ..models.load import LoadedModel, require_decoder
+from .atp import groups as node_groups
+from .atp import prompts
 
 
 @dataclass(frozen=True)
@@ -166,33 +168,31 @@ class Group:
 
 
 def groups(lm: LoadedModel, pairs, metric: str, position: int = -1) -> list[Group]:
-    """Validated prompt pairs (each ``(clean, corrupted, target, foil)`` or an object with those attributes),
-    grouped by token length. A pair whose prompts differ in length is an error naming the pair."""
-    by_len: dict[tuple[int, int], list] = {}
+    """Validated prompt pairs (``ContrastPair``-like objects or ``(clean, corrupted, target, foil)`` tuples) as
+    :class:`Group`s of one token length (the node methods' grouping, :func:`lenscope.circuits.atp.groups`)."""
+    pairs = [p if hasattr(p, "clean") else _Pair(*p) for p in pairs]
+    if not pairs:
+        raise InputError("no prompt pairs given")
+    ps = []
     for i, p in enumerate(pairs):
-        c, x, t, f = (p.clean, p.corrupted, p.target, p.foil) if hasattr(p, "clean") else p
         try:
-            c_ids, x_ids, tid, fid, pos = contrast(lm, c, x, t, f, metric, position)
+            ps += prompts(lm, None, None, None, None, metric, position, pairs=[p], what="edge attribution")
         except InputError as e:
             raise InputError(f"pair {i + 1}: {e}") from None
-        by_len.setdefault((c_ids.numel(), pos), []).append((i, c_ids, x_ids, tid, fid))
-    if not by_len:
-        raise InputError("no prompt pairs given")
-    out = []
-    for (_, pos), rows in by_len.items():
-        fids = [r[4] for r in rows]
-        out.append(Group(torch.stack([r[1] for r in rows]), torch.stack([r[2] for r in rows]),
-                         torch.tensor([r[3] for r in rows]), None if fids[0] is None else torch.tensor(fids), pos,
-                         [r[0] for r in rows], metric))
-    return out
+    return [Group(c, x, t, f, pos, idx, metric) for c, x, t, f, pos, idx in node_groups(ps)]
+
+
+@dataclass(frozen=True)
+class _Pair:
+    clean: object
+    corrupted: object
+    target: object
+    foil: object = None
 
 
 def metric_rows(logits: Tensor, metric: str, target: Tensor, foil: Tensor | None) -> Tensor:
     """``logits (rows, vocab)`` -> ``(rows,)`` with each row's own target and foil."""
-    rows = torch.arange(logits.shape[0])
-    if metric == "logit_diff":
-        return logits[rows, target].float() - logits[rows, foil].float()
-    return logits.float().softmax(-1)[rows, target]
+    return metric_of(logits, metric, target, foil)
 
 
 def end_metrics(lm: LoadedModel, g: Group, metric: str) -> tuple[Tensor, Tensor]:
