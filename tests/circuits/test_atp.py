@@ -100,3 +100,92 @@ def test_check_against_exact():
     worst = check_against_exact(ex.__class__(**{**ex.__dict__, "heads": -ex.heads, "mlps": -ex.mlps,
                                                 "embed": -ex.embed}), ex)
     assert worst["spearman"] == pytest.approx(-1.0)
+
+
+PROMPTS = [("The capital of France is", "The capital in France is", " capital", " of"),
+           ("When Mary and John went to the store, John gave a drink to",
+            "When Mary and John went to the store, Mary gave a drink to", " Mary", " John"),
+           ("The capital of Spain is", "The capital in Spain is", " is", " The")]
+
+
+def test_many_prompts_are_the_mean_of_single_runs():
+    """Three prompts of two token lengths (two batches): AtP and exact patching equal the mean of the single-prompt
+    runs; the pairs form and the list form agree."""
+    from types import SimpleNamespace
+
+    from lenscope.circuits import exact_node_patching
+
+    lm = get_model("tiny:llama")
+    cs, xs, ts, fs = (list(z) for z in zip(*PROMPTS))
+    assert len({encode(lm, c).numel() for c in cs}) == 2
+    for fn, kw in ((attribution_patching, {}), (exact_node_patching, {"batch_size": 7})):
+        many = fn(lm, cs, xs, ts, fs, **kw)
+        singles = [fn(lm, *p, **kw) for p in PROMPTS]
+        assert many.n == 3 and many.to_dict()["n"] == 3 and len(many.info["prompts"]) == 3
+        torch.testing.assert_close(many.heads, sum(s.heads for s in singles) / 3, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(many.mlps, sum(s.mlps for s in singles) / 3, rtol=1e-4, atol=1e-6)
+        assert many.embed == pytest.approx(sum(s.embed for s in singles) / 3, rel=1e-4, abs=1e-6)
+        assert many.metric_clean == pytest.approx(sum(s.metric_clean for s in singles) / 3, rel=1e-5)
+        assert many.metric_corrupted == pytest.approx(sum(s.metric_corrupted for s in singles) / 3, rel=1e-5)
+        pairs = [SimpleNamespace(clean=c, corrupted=x, target=t, foil=f) for c, x, t, f in PROMPTS]
+        torch.testing.assert_close(fn(lm, pairs=pairs, **kw).heads, many.heads)
+    # one target and foil for all prompts
+    both = attribution_patching(lm, cs[::2], xs[::2], " capital", " of")
+    one = [attribution_patching(lm, c, x, " capital", " of") for c, x in zip(cs[::2], xs[::2])]
+    torch.testing.assert_close(both.heads, (one[0].heads + one[1].heads) / 2, rtol=1e-4, atol=1e-6)
+
+
+def test_many_prompts_errors():
+    lm = get_model("tiny:gpt2")
+    cs, xs, ts, fs = (list(z) for z in zip(*PROMPTS))
+    with pytest.raises(InputError, match="2 entries for 3 prompts"):
+        attribution_patching(lm, cs, xs, ts[:2], fs)
+    with pytest.raises(InputError, match="not both"):
+        attribution_patching(lm, CLEAN, CORRUPT, pairs=[])
+    with pytest.raises(NotApplicableError, match="same token length"):
+        attribution_patching(lm, cs, xs, ts, fs, fine=True)
+
+
+def test_per_position_nodes_sum_to_the_whole(tiny_decoder):
+    """AtP is linear in the patch: per-position head/MLP nodes sum to the all-position node, and block 0's residual
+    nodes to the embedding node; exact resid nodes equal activation patching's residual sweep (noising)."""
+    from lenscope.circuits import exact_node_patching
+    from lenscope.interventions import activation_patching
+
+    lm = tiny_decoder
+    res = attribution_patching(lm, [CLEAN, CLEAN], [CORRUPT, CORRUPT], " capital", " of", fine=True)
+    P = encode(lm, CLEAN).numel()
+    assert res.heads_pos.shape == (lm.anatomy.n_layers, P, lm.anatomy.layers[0].attn.n_heads)
+    torch.testing.assert_close(res.heads_pos.sum(1), res.heads, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(res.mlps_pos.sum(1), res.mlps, rtol=1e-5, atol=1e-7)
+    assert float(res.resid[0].sum()) == pytest.approx(res.embed, rel=1e-5, abs=1e-7)
+    assert "L1H2@3" in {n["name"] for n in res.nodes(fine=True)} and len(res.nodes()) < len(res.nodes(True))
+    ex = exact_node_patching(lm, CLEAN, CORRUPT, " capital", " of", fine=True, batch_size=64)
+    ap = activation_patching(lm, CLEAN, CORRUPT, " capital", " of", what="resid", noising=True)
+    torch.testing.assert_close(ex.resid, ap.raw - ap.clean_metric, rtol=1e-4, atol=1e-5)
+    # an MLP patched at one position: the last position of the last MLP is its whole direct effect
+    assert float(ex.mlps_pos[-1, :-1].abs().max()) < 1e-6  # batched rounding only
+    assert float(ex.mlps_pos[-1, -1]) == pytest.approx(float(ex.mlps[-1]), rel=1e-4, abs=1e-6)
+
+
+def test_exact_resid_at_the_last_block_is_its_direct_effect(tiny_decoder):
+    """The residual stream entering the last block at one position, patched: the same as recomputing that block
+    with lenscope's own math (Anatomy) on the patched input and reading the logits."""
+    from lenscope.circuits import exact_node_patching
+
+    lm = tiny_decoder
+    A = lm.anatomy
+    L = A.n_layers
+    ex = exact_node_patching(lm, CLEAN, CORRUPT, " capital", " of", fine=True, batch_size=64)
+    c, x = encode(lm, CLEAN)[None], encode(lm, CORRUPT)[None]
+    tid, fid = resolve_token(lm, " capital"), resolve_token(lm, " of")
+    hc, hx = capture(lm, c, [("resid_pre", L - 1)])[("resid_pre", L - 1)][0], capture(lm, x, [("resid_pre", L - 1)])[
+        ("resid_pre", L - 1)][0]
+    P = hc.shape[0]
+    for p in (0, P // 2, P - 1):
+        h = hc.clone()
+        h[p] = hx[p]
+        out = A.layers[L - 1].forward(h.float(), torch.arange(P))["resid_post"][-1]
+        lg = A.logits(out)[None]
+        want = float(metric_of(lg, "logit_diff", tid, fid)[0]) - ex.metric_clean
+        assert float(ex.resid[L - 1, p]) == pytest.approx(want, abs=2e-4, rel=2e-3), (lm.name, p)

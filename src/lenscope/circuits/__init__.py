@@ -3,7 +3,8 @@ check of one against the other (:mod:`.atp`); edge attribution, AtP* and faithfu
 steps."""
 
 from .atp import NodeAttribution, attribution_patching, check_against_exact, exact_node_patching
+from .atp_star import atp_star
 from .routes import InformationFlowRoutes, information_flow_routes, route_recovery
 
-__all__ = ["NodeAttribution", "attribution_patching", "check_against_exact", "exact_node_patching"]
+__all__ = ["NodeAttribution", "atp_star", "attribution_patching", "check_against_exact", "exact_node_patching"]
 __all__ += ["InformationFlowRoutes", "information_flow_routes", "route_recovery"]

@@ -239,14 +239,15 @@ def attribution_patching(lm: LoadedModel, clean=None, corrupted=None, target=Non
         lg_c, cap = run(lm, c, capture=sites, grad=True, last_only=last_only)
         m = metric_of(lg_c, metric, t, f, at=at)
         grads = dict(zip(sites, torch.autograd.grad(m.sum(), [cap[s] for s in sites])))
-        for k, v in atp_terms(L, corr, cap, grads, fine).items():
+        terms = coarse(atp_terms(L, corr, cap, grads, fine))
+        if not fine:  # per position: prompts of one length only
+            del terms["heads_pos"], terms["mlps_pos"]
+        for k, v in terms.items():
             total[k] = total.get(k, 0) + v.sum(0).detach()
         m_clean += float(m.detach().sum())
         m_corr += float(metric_of(lg_x, metric, t, f, at=at).sum())
     n = len(ps)
-    scores = coarse({k: v / n for k, v in total.items()})
-    if not fine:
-        del scores["heads_pos"], scores["mlps_pos"]
+    scores = {k: v / n for k, v in total.items()}
     return result(lm, "atp", ps, scores, m_clean / n, m_corr / n, metric)
 
 
