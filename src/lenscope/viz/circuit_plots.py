@@ -1,4 +1,5 @@
-"""Static plots of circuits: information-flow routes as a (token, layer) graph."""
+"""Static plots of circuits: information-flow routes as a (token, layer) graph, a circuit of the component graph,
+and a faithfulness curve."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 from .lens_plots import show_token
 
 if TYPE_CHECKING:
+    from ..circuits.circuit import Circuit, Faithfulness
     from ..circuits.routes import InformationFlowRoutes
 
 COLORS = {"attn": (0.12, 0.35, 0.75), "mlp": (0.90, 0.45, 0.05), "resid": (0.35, 0.35, 0.35)}
@@ -75,4 +77,83 @@ def plot_routes(res: InformationFlowRoutes, ax=None, min_alpha: float = 0.12):
                  f"τ = {res.tau:g}", fontsize=10, pad=18)
     if segs:
         ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.02), ncol=3, fontsize=7, frameon=False)
+    return fig
+
+
+RECEIVER_STYLE = {"q": "-", "k": "--", "v": ":"}
+
+
+def _node_xy(name: str) -> tuple[float, float]:
+    """Where a component sits: block on y (embed below, logits above), heads by index then the MLP on x."""
+    if name == "embed":
+        return 0.0, -1.0
+    if name == "logits":
+        return 0.0, 10_000.0  # placed above the top block by plot_circuit
+    layer = int(name[1:].split("H")[0].split(".")[0])
+    if "H" in name:
+        return float(int(name.split("H")[1].split(".")[0])), float(layer)
+    return -1.5, float(layer)  # an MLP, left of the heads
+
+
+def plot_circuit(circuit: Circuit, ax=None):
+    """A circuit as a layered graph: blocks bottom to top, each block's MLP (square) left of its heads (dots);
+    an edge into a head's query, key or value input drawn solid, dashed or dotted. Returns the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    if circuit.level == "edges":
+        pairs = [(s, r) for s, r in circuit.members]
+        names = {s for s, _ in pairs} | {r.rsplit(".", 1)[0] if r.endswith((".q", ".k", ".v")) else r for _, r in pairs}
+    else:
+        pairs, names = [], set(circuit.members)
+    layers = [_node_xy(n)[1] for n in names if n not in ("logits",)]
+    top = (max(layers) if layers else 0.0) + 1.0
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(8, min(14.0, 2.0 + 0.35 * (top + 2))), layout="constrained")
+    else:
+        fig = ax.figure
+
+    def xy(name):
+        x, y = _node_xy(name)
+        return (x, top) if name == "logits" else (x, y)
+
+    for s, r in pairs:
+        kind = r.rsplit(".", 1)[1] if r.endswith((".q", ".k", ".v")) else None
+        dst = r.rsplit(".", 1)[0] if kind else r
+        (x0, y0), (x1, y1) = xy(s), xy(dst)
+        ax.plot([x0, x1], [y0, y1], RECEIVER_STYLE.get(kind, "-"), color=(0.2, 0.3, 0.6, 0.5), linewidth=0.8)
+    for n in names:
+        x, y = xy(n)
+        marker = "s" if n.endswith(".mlp") or n in ("embed", "logits") else "o"
+        ax.scatter([x], [y], marker=marker, s=28, color=COLORS["mlp"] if marker == "s" else COLORS["attn"], zorder=3)
+        if n in ("embed", "logits"):
+            ax.annotate(n, (x, y), textcoords="offset points", xytext=(6, 0), fontsize=7)
+    ax.set_ylabel("block")
+    ax.set_xlabel("MLP (square, left) · heads by index · q solid, k dashed, v dotted")
+    ax.set_title(f"{circuit.model} · circuit of {len(circuit.members)} {circuit.level} ({circuit.method})", fontsize=10)
+    return fig
+
+
+def plot_faithfulness(curve: Faithfulness, ax=None, fraction: float = 0.8):
+    """Faithfulness against circuit size (log x), the ``fraction`` line and the smallest size reaching it."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
+    else:
+        fig = ax.figure
+    ax.plot(curve.k.tolist(), curve.value.tolist(), "o-", markersize=3, label=curve.method or "scores")
+    ax.axhline(fraction, color="grey", linestyle="--", linewidth=0.8)
+    k = curve.smallest(fraction)
+    if k is not None:
+        ax.axvline(k, color="grey", linestyle=":", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_xlabel(f"{curve.level} kept (of {curve.total})")
+    ax.set_ylabel("faithfulness (0 corrupted, 1 clean)")
+    ax.legend(fontsize=8)
     return fig
