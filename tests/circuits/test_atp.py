@@ -111,9 +111,8 @@ PROMPTS = [("The capital of France is", "The capital in France is", " capital", 
 def test_many_prompts_are_the_mean_of_single_runs():
     """Three prompts of two token lengths (two batches): AtP and exact patching equal the mean of the single-prompt
     runs; the pairs form and the list form agree."""
-    from types import SimpleNamespace
-
     from lenscope.circuits import exact_node_patching
+    from lenscope.data.contrast import ContrastPair
 
     lm = get_model("tiny:llama")
     cs, xs, ts, fs = (list(z) for z in zip(*PROMPTS))
@@ -127,7 +126,7 @@ def test_many_prompts_are_the_mean_of_single_runs():
         assert many.embed == pytest.approx(sum(s.embed for s in singles) / 3, rel=1e-4, abs=1e-6)
         assert many.metric_clean == pytest.approx(sum(s.metric_clean for s in singles) / 3, rel=1e-5)
         assert many.metric_corrupted == pytest.approx(sum(s.metric_corrupted for s in singles) / 3, rel=1e-5)
-        pairs = [SimpleNamespace(clean=c, corrupted=x, target=t, foil=f) for c, x, t, f in PROMPTS]
+        pairs = [ContrastPair(c, x, t, f) for c, x, t, f in PROMPTS]
         torch.testing.assert_close(fn(lm, pairs=pairs, **kw).heads, many.heads)
     # one target and foil for all prompts
     both = attribution_patching(lm, cs[::2], xs[::2], " capital", " of")
