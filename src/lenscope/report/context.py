@@ -89,7 +89,10 @@ class ReportContext:
         if self.target is None or self.foil is None:
             raise InputError("a corrupted prompt needs a target and a foil (the circuit is scored on "
                              "logit(target) - logit(foil)): give --target and --foil as well")
+        from ..circuits.graph import ComponentGraph
+
         require_decoder(self.lm, "the circuit view", instead="leave out --corrupted", causal=True)
+        ComponentGraph.of(self.lm)  # refuses a model without an edge graph (Post-LN) before any view is computed
         contrast(self.lm, self.text, self.corrupted, self.target, self.foil, "logit_diff", -1)
 
     @cached_property

@@ -268,7 +268,7 @@ def circuit_payload(ctx: ReportContext, d: dict) -> dict:
     largest |score| first), and the faithfulness of the full graph recorded as a check (keeping every edge is
     the clean run: 1)."""
     out = dict(d)
-    for key in ("metric_clean", "metric_corrupted", "seconds"):
+    for key in ("metric_clean", "metric_corrupted", "seconds", "seconds_total"):
         if out.get(key) is not None:
             out[key] = _r(out[key])
     out["nodes"] = [dict(n, score=_r(n["score"])) for n in d.get("nodes", [])]

@@ -40,8 +40,8 @@
     var ranked = (d.nodes || []).filter(function (n) { return n.name !== "logits"; }).slice()
       .sort(function (a, b) { return Math.abs(b.score) - Math.abs(a.score); });
     var items = edgesLevel ? edges : ranked, unit = edgesLevel ? "edges" : "nodes";
-    var total = faith.length ? faith[faith.length - 1].k : items.length;
-    if (faith.length && faith[faith.length - 1].fraction > 0) total = Math.round(faith[faith.length - 1].k / faith[faith.length - 1].fraction);
+    var total = d.total || (faith.length && faith[faith.length - 1].fraction > 0 ?
+      Math.round(faith[faith.length - 1].k / faith[faith.length - 1].fraction) : items.length);
     var ks = faith.length ? faith.map(function (f) { return f.k; }) : logGrid(items.length);
     var reach = null;
     faith.forEach(function (f) { if (reach === null && f.value >= GOAL) reach = f; });
@@ -63,7 +63,8 @@
     LS.el("b", null, (d.method || "").toUpperCase() + " \u00b7 " + unit, info);
     LS.el("span", null, " \u00b7 " + d.n + " prompt pair" + (d.n === 1 ? "" : "s") + " \u00b7 metric clean " + LS.fmt(d.metric_clean, 3) +
       ", corrupted " + LS.fmt(d.metric_corrupted, 3) + " \u00b7 " + total + " " + unit + " in all" +
-      (d.seconds !== undefined ? " \u00b7 " + LS.fmt(d.seconds, 1) + " s" : ""), info);
+      (d.seconds_total !== undefined || d.seconds !== undefined ? " \u00b7 " +
+        LS.fmt(d.seconds_total !== undefined ? d.seconds_total : d.seconds, 1) + " s" : ""), info);
     if (meta && meta.corrupted !== undefined && meta.corrupted !== null) {
       var cp = LS.el("p", "meta", null, body);
       LS.el("span", null, "corrupted prompt: ", cp);
