@@ -303,3 +303,52 @@ def test_circuit_section_needs_a_corrupted_prompt_a_target_and_a_foil(tmp_path):
                             "--corrupted", "The capital city of Spain is", "--out", str(out)])
     errors = [line for line in r.stderr.splitlines() if line.startswith("error:")]
     assert r.exit_code == 2 and len(errors) == 1 and "same number of tokens" in errors[0]
+
+
+CORRUPTED = "The capital of Spain is"  # as many tokens as TEXT under the tiny tokenizers
+
+
+def test_report_circuit_is_circuit_json_of_the_contrast():
+    from lenscope.circuits import circuit_json
+    from lenscope.data.contrast import ContrastPair
+
+    lm = get_model("tiny:gpt2")
+    rep = build_report(lm, TEXT, " capital", " of", corrupted=CORRUPTED, sections=["prediction", "circuit"])
+    assert rep.ok and rep.meta["corrupted"] == CORRUPTED and "note" not in _section(rep, "circuit")
+    d = _section(rep, "circuit")["data"]
+    direct = circuit_json(lm, [ContrastPair(TEXT, CORRUPTED, " capital", " of")], method="eap-ig", level="edges",
+                          top=300, faithfulness=True)
+    assert (d["method"], d["level"], d["n"]) == ("eap-ig", "edges", 1)
+    assert [(e["src"], e["dst"]) for e in d["edges"]] == [(e["src"], e["dst"]) for e in direct["edges"]]
+    assert [e["score"] for e in d["edges"]] == pytest.approx([e["score"] for e in direct["edges"]], rel=1e-4, abs=1e-9)
+    assert [(f["k"], f["fraction"]) for f in d["faithfulness"]] == [
+        (f["k"], pytest.approx(f["fraction"], rel=1e-4)) for f in direct["faithfulness"]]
+    assert [f["value"] for f in d["faithfulness"]] == pytest.approx([f["value"] for f in direct["faithfulness"]],
+                                                                    rel=1e-4)
+    # every edge of the component graph was scored: a head of block l reads embed and the l blocks below; an MLP
+    # also its own block's heads; the logits everything
+    A = lm.anatomy
+    L, H = A.n_layers, A.layers[0].attn.n_heads
+    n_edges = sum(3 * H * (1 + l * (H + 1)) + 1 + l * (H + 1) + H for l in range(L)) + 1 + L * (H + 1)
+    assert d["total"] == n_edges == d["faithfulness"][-1]["k"] and d["faithfulness"][-1]["fraction"] == 1
+    assert len(d["edges"]) == min(300, n_edges)
+    # the metrics are the model's own logit differences on the two prompts
+    t_id, f_id = rep.meta["target_id"], rep.meta["foil_id"]
+    for text, key in ((TEXT, "metric_clean"), (CORRUPTED, "metric_corrupted")):
+        logits = lenscope.trace(lm, text).logits[-1]
+        assert d[key] == pytest.approx(float(logits[t_id] - logits[f_id]), abs=1e-4)
+    # keeping every edge is the clean run
+    (full,) = [c for c in rep.checks if c["section"] == "circuit"]
+    assert full["ok"] is True and full["value"] < 1e-3
+
+
+def test_cli_report_with_corrupted_adds_the_circuit_view(tmp_path):
+    out = tmp_path / "r.html"
+    r = runner.invoke(app, ["report", TEXT, "--model", "tiny:llama", "--target", " capital", "--foil", " of",
+                            "--corrupted", CORRUPTED, "--out", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert [s["key"] for s in d["sections"]] == DEFAULT_KEYS + ["circuit"] and d["ok"] is True
+    assert d["meta"]["corrupted"] == CORRUPTED and d["timings"]["circuit"] > 0
+    page = out.read_text()
+    assert 'id="sec-circuit"' in page and "LS.sections.circuit" in page

@@ -219,3 +219,28 @@ def test_circuit_view_of_nodes(browser, tmp_path):
         assert errors == [], errors
     finally:
         ctx.close()
+
+
+def test_circuit_view_of_a_real_report(browser, tmp_path):
+    from .test_report import CORRUPTED, TEXT
+
+    lm = get_model("tiny:gpt2")
+    rep = build_report(lm, TEXT, " capital", " of", corrupted=CORRUPTED, sections=["prediction", "circuit"])
+    (sec,) = [s for s in rep.sections if s["key"] == "circuit"]
+    d = sec["data"]
+    ks = [f["k"] for f in d["faithfulness"]]
+    ctx, page, errors, blocked = _open(browser, rep.write(tmp_path / "real.html"))
+    try:
+        graph, marker = "#sec-circuit svg.circuit-graph", "#sec-circuit svg.circuit-faith circle.marker"
+        assert f"k = {d['smallest']} edges" in page.text_content("#sec-circuit [data-role=reach]")
+        counts, marks = [], []
+        for i in range(len(ks)):
+            _set_k(page, i)
+            counts.append(int(page.get_attribute(graph, "data-edges")))
+            marks.append(page.get_attribute(marker, "data-k"))
+        assert counts == [min(k, 300) for k in ks] and marks == [str(k) for k in ks]
+        assert page.locator(f"{graph} path").count() == counts[-1]
+        assert errors == [], errors
+        assert blocked == [], f"the page tried to fetch {blocked}"
+    finally:
+        ctx.close()
