@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import components, evaluate, explain, interventions, lens, mixing, models, report
+from . import circuit, components, evaluate, explain, interventions, lens, mixing, models, report
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -20,6 +20,7 @@ explain.register(app)
 lens.register(app)
 mixing.register(app)
 interventions.register(app)
+circuit.register(app)
 evaluate.register(app)
 report.register(app)
 

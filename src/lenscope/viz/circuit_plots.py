@@ -130,14 +130,21 @@ def plot_circuit(circuit: Circuit, ax=None):
         ax.scatter([x], [y], marker=marker, s=28, color=COLORS["mlp"] if marker == "s" else COLORS["attn"], zorder=3)
         if n in ("embed", "logits"):
             ax.annotate(n, (x, y), textcoords="offset points", xytext=(6, 0), fontsize=7)
+    heads = sorted({int(_node_xy(n)[0]) for n in names if "H" in n})
+    ax.set_xticks([-1.5] + heads, ["MLP"] + [f"H{h}" for h in heads], fontsize=7)
+    ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("block")
-    ax.set_xlabel("MLP (square, left) · heads by index · q solid, k dashed, v dotted")
+    ax.set_xlabel("into a head's query: solid, key: dashed, value: dotted")
     ax.set_title(f"{circuit.model} · circuit of {len(circuit.members)} {circuit.level} ({circuit.method})", fontsize=10)
     return fig
 
 
 def plot_faithfulness(curve: Faithfulness, ax=None, fraction: float = 0.8):
     """Faithfulness against circuit size (log x), the ``fraction`` line and the smallest size reaching it."""
+    return _faithfulness(curve.points(), curve.total, curve.level, curve.method, ax, fraction)
+
+
+def _faithfulness(points: list[dict], total: int, level: str, label: str, ax, fraction: float):
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -147,13 +154,38 @@ def plot_faithfulness(curve: Faithfulness, ax=None, fraction: float = 0.8):
         fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
     else:
         fig = ax.figure
-    ax.plot(curve.k.tolist(), curve.value.tolist(), "o-", markersize=3, label=curve.method or "scores")
+    pts = [p for p in points if p["k"] > 0 and p["value"] == p["value"]]
+    ax.plot([p["k"] for p in pts], [p["value"] for p in pts], "o-", markersize=3, label=label or "scores")
     ax.axhline(fraction, color="grey", linestyle="--", linewidth=0.8)
-    k = curve.smallest(fraction)
-    if k is not None:
-        ax.axvline(k, color="grey", linestyle=":", linewidth=0.8)
+    hit = [p["k"] for p in pts if p["value"] >= fraction]
+    if hit:
+        ax.axvline(hit[0], color="grey", linestyle=":", linewidth=0.8)
     ax.set_xscale("log")
-    ax.set_xlabel(f"{curve.level} kept (of {curve.total})")
+    ax.set_xlabel(f"{level} kept (of {total})")
     ax.set_ylabel("faithfulness (0 corrupted, 1 clean)")
     ax.legend(fontsize=8)
+    return fig
+
+
+def plot_summary(d: dict, max_members: int = 60):
+    """``circuit_json``'s result as one figure: the smallest circuit reaching 0.8 (at most ``max_members`` of
+    the best-scored edges or nodes) and the faithfulness curve."""
+    from types import SimpleNamespace
+
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    k = min(d.get("smallest") or max_members, max_members)
+    if d["level"] == "edges":
+        members = [[e["src"], e["dst"]] for e in d["edges"][:k]]
+    else:
+        members = [n["name"] for n in d["nodes"] if n["name"] != "logits"][:k]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 6), layout="constrained")
+    plot_circuit(SimpleNamespace(level=d["level"], members=members, model=d["model"], method=d["method"]), ax=a)
+    if d.get("faithfulness"):
+        _faithfulness(d["faithfulness"], d["total"], d["level"], d["method"], b, 0.8)
+    else:
+        b.set_axis_off()
     return fig

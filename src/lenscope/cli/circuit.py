@@ -1,0 +1,129 @@
+"""``lenscope circuit``: which components and connections carry a behaviour (attribution patching, AtP*, EAP,
+EAP-IG or exact patching), how faithful the top-k circuits are, and how far the approximation can be trusted."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from .common import at_least_one, fail, handle_errors, load_model, print_json
+from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION
+
+METHODS = ("atp", "atp-star", "eap", "eap-ig", "exact")
+
+
+def _progress(what: str, quiet: bool):
+    if quiet:
+        return None
+
+    def show(done: int, total: int) -> None:
+        sys.stderr.write(f"\r{what}: {done}/{total}")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def _table(out: dict) -> None:
+    typer.echo(f"{out['model']} · {out['method']} · {out['level']} · {out['n']} prompt pair(s) · "
+               f"metric clean {out['metric_clean']:.4g}, corrupted {out['metric_corrupted']:.4g} · "
+               f"{out['seconds']:.1f} s")
+    rows = out["edges"] if out["level"] == "edges" else out["nodes"]
+    for r in rows[:20]:
+        name = f"{r['src']} -> {r['dst']}" if "src" in r else r["name"]
+        typer.echo(f"  {r['score']:+.4g}  {name}")
+    if out.get("faithfulness"):
+        pts = ", ".join(f"k={p['k']}: {p['value']:.2f}" for p in out["faithfulness"])
+        typer.echo(f"faithfulness ({out['ablation']} ablation): {pts}")
+        typer.echo(f"smallest circuit reaching 0.8: {out['smallest']} of {out['total']} {out['level']}")
+    if "check" in out:
+        c = out["check"]
+        typer.echo(f"check against exact patching: Spearman {c['spearman']:.3f}, top-10 recall "
+                   f"{c['top10_recall']:.2f}, false negatives: {', '.join(c['false_negatives']) or 'none'}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("circuit")
+    @handle_errors
+    def circuit_cmd(
+        clean: str = typer.Argument(None, help="The clean prompt (or give --data)."),
+        corrupted: str = typer.Argument(None, help="The corrupted prompt (same number of tokens)."),
+        model: str = MODEL_OPTION,
+        dtype: str = DTYPE_OPTION,
+        device_map: str = DEVICE_MAP_OPTION,
+        target: str = typer.Option(None, "--target", "-t", help="Target token: its text (e.g. ' Mary') or #ID."),
+        foil: str = typer.Option(None, "--foil", "-f", help="Foil token (the metric is logit(target) - logit(foil))."),
+        data: str = typer.Option(
+            None, "--data", help="Prompt pairs: a CSV with columns clean,corrupted,target,foil, or ioi-gen "
+                                 "(names swapped), ioi-gen:abc (three other names), sva-gen (subject number)."),
+        limit: int = typer.Option(None, "--limit", help="Use the first N pairs of --data (generators: default 100)."),
+        method: str = typer.Option("eap-ig", "--method", help="atp | atp-star | eap | eap-ig | exact"),
+        level: str = typer.Option(None, "--level", help="nodes | edges (default: edges for eap/eap-ig, else nodes)"),
+        check: str = typer.Option(None, "--check", help="exact: compare the scores with exact patching."),
+        top: int = typer.Option(None, "--top", help="List only the K best-scored edges (or nodes)."),
+        steps: int = typer.Option(5, "--steps", help="EAP-IG integration steps."),
+        ablation: str = typer.Option("corrupted", "--ablation", help="corrupted | mean: what edges outside the "
+                                                                     "circuit carry."),
+        no_faithfulness: bool = typer.Option(False, "--no-faithfulness", help="Skip the faithfulness curve."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the generators and of the edges sampled by --check."),
+        as_json: bool = JSON_OPTION,
+        html: str = typer.Option(None, "--html", help="Write the circuit view as a self-contained HTML page."),
+        png: str = typer.Option(None, "--png", help="Write the circuit and its faithfulness curve (PNG)."),
+        out: str = typer.Option(None, "--out", help="Directory for circuit.json, the scores and the smallest circuit."),
+    ):
+        """Find the circuit of a behaviour: score nodes or edges, measure faithfulness, check against exact."""
+        if method not in METHODS:
+            fail(f"unknown --method {method!r}; choose one of {', '.join(METHODS)}")
+        level = level or ("edges" if method in ("eap", "eap-ig") else "nodes")
+        if level not in ("nodes", "edges"):
+            fail(f"unknown --level {level!r}; choose nodes or edges")
+        if check not in (None, "exact"):
+            fail(f"--check takes only 'exact' (got {check!r})")
+        if ablation not in ("corrupted", "mean"):
+            fail(f"unknown --ablation {ablation!r}; choose corrupted or mean")
+        at_least_one(limit=limit, top=top, steps=steps)
+        if data is None and (clean is None or corrupted is None):
+            fail("give CLEAN and CORRUPTED prompts with --target and --foil, or --data FILE.csv|ioi-gen|sva-gen")
+        if data is not None and clean is not None:
+            fail("give either CLEAN CORRUPTED prompts or --data, not both")
+        if data is None and (target is None or foil is None):
+            fail("--target and --foil are needed with CLEAN CORRUPTED (the metric is their logit difference)")
+        from ..circuits import circuit_json
+        from ..data.contrast import ContrastPair, check_lengths, contrast_dataset, tokenize_with
+
+        lm = load_model(model, dtype=dtype, device_map=device_map)
+        tokenize = tokenize_with(lm)
+        if data is None:
+            pairs = [ContrastPair(clean, corrupted, target, foil)]
+            check_lengths(pairs, tokenize)
+        else:
+            pairs = contrast_dataset(data, n=limit, seed=seed, tokenize=tokenize)
+        res = circuit_json(lm, pairs, method=method, level=level, top=top, check=check == "exact",
+                           faithfulness=not no_faithfulness or bool(html), steps=steps, ablation=ablation, seed=seed,
+                           progress=_progress(f"{method} ({len(pairs)} pairs)", as_json))
+        _write(res, lm, pairs, out=out, png=png, html=html)
+        if as_json:
+            print_json(res)
+            return
+        _table(res)
+
+
+def _write(res: dict, lm, pairs, *, out: str | None, png: str | None, html: str | None) -> None:
+    import json
+    from pathlib import Path
+
+    if out:
+        d = Path(out)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "circuit.json").write_text(json.dumps(res, indent=1))
+    if png:
+        from ..viz.circuit_plots import plot_summary
+        from ..viz.plots import save_figure
+
+        save_figure(plot_summary(res), png)
+    if html:
+        from ..report.circuit import circuit_page
+
+        Path(html).write_text(circuit_page(lm, pairs, res), encoding="utf-8")
