@@ -319,8 +319,11 @@ def test_report_circuit_is_circuit_json_of_the_contrast():
     direct = circuit_json(lm, [ContrastPair(TEXT, CORRUPTED, " capital", " of")], method="eap-ig", level="edges",
                           top=300, faithfulness=True)
     assert (d["method"], d["level"], d["n"]) == ("eap-ig", "edges", 1)
-    assert [(e["src"], e["dst"]) for e in d["edges"]] == [(e["src"], e["dst"]) for e in direct["edges"]]
-    assert [e["score"] for e in d["edges"]] == pytest.approx([e["score"] for e in direct["edges"]], rel=1e-4, abs=1e-9)
+    mine = {(e["src"], e["dst"]): e["score"] for e in d["edges"]}  # every edge (fewer than 300): order-free
+    theirs = {(e["src"], e["dst"]): e["score"] for e in direct["edges"]}
+    assert set(mine) == set(theirs) and [mine[e] for e in theirs] == pytest.approx(list(theirs.values()), rel=1e-4,
+                                                                                 abs=1e-8)
+    assert [abs(e["score"]) for e in d["edges"]] == sorted((abs(e["score"]) for e in d["edges"]), reverse=True)
     assert [(f["k"], f["fraction"]) for f in d["faithfulness"]] == [
         (f["k"], pytest.approx(f["fraction"], rel=1e-4)) for f in direct["faithfulness"]]
     assert [f["value"] for f in d["faithfulness"]] == pytest.approx([f["value"] for f in direct["faithfulness"]],
