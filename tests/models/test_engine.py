@@ -181,3 +181,25 @@ def test_trace_is_a_view_on_the_engine(tiny):
     torch.testing.assert_close(tr.attn_probs, cap.stacked("pattern")[:, 0])
     torch.testing.assert_close(tr.resid_mid, cap.stacked("resid_mid")[:, 0])
     torch.testing.assert_close(tr.resid_post[-1], tr.final_resid if tr.final_in is None else tr.final_in)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "gpt-neox", "bloom"])
+def test_fused_qkv_gradients_with_an_upstream_site_captured(family):
+    """q/k/v split from a fused projection stay nodes of the graph when the gradient already flows into them (an
+    upstream site captured with grad): their gradient equals the finite difference of an edit."""
+    from tests.conftest import get_model
+
+    lm = get_model(f"tiny:{family}")
+    ids = torch.tensor([[1, 5, 2, 7]])
+    lg, cap = run(lm, ids, capture=[("ln_attn.in", 0), ("q", 0), ("v", 0)], grad=True)
+    gq, gv = torch.autograd.grad(lg[0, -1, 3], [cap["q", 0], cap["v", 0]])
+    assert gq.abs().sum() > 0 and gv.abs().sum() > 0
+    eps = 1e-3
+    P = ids.shape[1]
+    for site, g in (("q", gq), ("v", gv)):
+        vals = [cap[site, 0][0].detach().clone() for _ in range(2)]
+        vals[0][-1, 0, 0] += eps
+        vals[1][-1, 0, 0] -= eps
+        out = [run(lm, ids, [Edit(site, 0, torch.zeros(P, dtype=torch.long), torch.arange(P), v)])[0][0, -1, 3]
+               for v in vals]
+        assert float((out[0] - out[1]) / (2 * eps)) == pytest.approx(float(g[0, -1, 0, 0]), rel=2e-2, abs=1e-4)

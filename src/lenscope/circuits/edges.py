@@ -98,40 +98,64 @@ def _input_embeddings(lm: LoadedModel, ids: Tensor) -> Tensor:
     return lm.model.get_input_embeddings()(ids.to(lm.model.device)).detach()
 
 
+def _norm_vjp(norm, x: Tensor, g: Tensor) -> Tensor:
+    """The gradient at a norm's input ``x (b, p, d)`` of ``g (b, p, n, d)``: ``n`` cotangents at its output (one per
+    receiver that reads its own copy of ``x``)."""
+    xx = x[:, :, None, :].expand(g.shape).clone().requires_grad_(True)
+    with torch.enable_grad():
+        (out,) = torch.autograd.grad(norm(xx), xx, g.to(x.dtype))
+    return out
+
+
 def receiver_grads(lm: LoadedModel, graph: ComponentGraph, *, ids: Tensor | None = None,
                    embeds: Tensor | None = None, target: Tensor, foil: Tensor | None, position: int,
                    metric: str) -> Tensor:
     """``(b, pos, R, d_model)``: the gradient of the summed metric with respect to every receiver's own input, in
-    the run of ``ids`` (or of ``inputs_embeds=embeds``)."""
+    the run of ``ids`` (or of ``inputs_embeds=embeds``).
+
+    From one engine run with gradients at each block's per-head queries, keys and values, head outputs and MLP
+    input: a head's query (key, value) input gradient is its query's gradient times ``W_Q^h`` (``W_K``, ``W_V``)
+    pulled back through the attention norm. Under grouped-query attention a key/value head serves several query
+    heads, so each query head's share is recomputed: values through the pattern, keys with lenscope's attention
+    (``Attention.split``) differentiated along the key input alone."""
     A = lm.anatomy
     L, H = graph.n_layers, graph.n_heads
-    sites = ([("resid_pre", layer) for layer in range(L)] + [("head", layer) for layer in range(L)]
-             + [("mlp_out", layer) for layer in range(L)] + [("ln_mlp.in", layer) for layer in range(L)]
-             + [("ln_final.in", None)])
+    grouped = A.layers[0].attn.n_kv_heads != H
+    per_layer = ["ln_attn.in", "head", "q", "k", "v", "ln_mlp.in", "ln_mlp.out"] + (["pattern"] if grouped else [])
+    sites = [(name, layer) for layer in range(L) for name in per_layer] + [("ln_final.in", None)]
     P = (ids if ids is not None else embeds).shape[1]
     last = position in (-1, P - 1)  # then only the last position's logits are computed (the unembedding is big)
     lg, cap = run(lm, ids, capture=sites, inputs_embeds=embeds, grad=True, last_only=last)
     m = metric_rows(lg[:, -1 if last else position], metric, target, foil).sum()
-    outs = [cap["head", layer] for layer in range(L)] + [cap["mlp_out", layer] for layer in range(L)]
-    outs.append(cap["ln_final.in", None])
-    gs = torch.autograd.grad(m, outs)
-    first = cap["resid_pre", 0]
-    b, P, d = first.shape
+    wrt = [(name, layer) for layer in range(L) for name in ("head", "q", "k", "v", "ln_mlp.out")]
+    grads = dict(zip(wrt + [("ln_final.in", None)],
+                     torch.autograd.grad(m, [cap[k] for k in wrt] + [cap["ln_final.in", None]])))
+    first = cap["ln_attn.in", 0]
+    b, _, d = first.shape
     G = first.new_empty(b, P, len(graph.receivers), d, requires_grad=False)
     pos = torch.arange(P)
     for layer in range(L):
-        blk = A.layers[layer]
-        x = cap["resid_pre", layer].detach()
-        xs = [x[:, :, None, :].expand(b, P, H, d).clone().requires_grad_(True) for _ in range(3)]
-        with torch.enable_grad():
-            z = blk.attn.split(*(blk.ln_attn(t) for t in xs), pos)  # (b, head, pos, d_head)
-            g_in = torch.autograd.grad(z, xs, gs[layer].detach().permute(0, 2, 1, 3).to(z.dtype))
-            xm = cap["ln_mlp.in", layer].detach().requires_grad_(True)
-            out = blk.mlp(blk.ln_mlp(xm))
-            (g_m,) = torch.autograd.grad(out, xm, gs[L + layer].detach().to(out.dtype))
+        blk, attn = A.layers[layer], A.layers[layer].attn
+        x = cap["ln_attn.in", layer].detach()
+        g_z = grads["head", layer].detach()  # (b, p, head, d_head)
+        gq = torch.einsum("bphe,hde->bphd", grads["q", layer].detach().to(attn.W_Q.dtype), attn.W_Q)
+        if grouped:
+            probs = cap["pattern", layer].detach().to(g_z.dtype)  # (b, head, p, s)
+            g_v = torch.einsum("bhts,bthe->bshe", probs, g_z)
+            gv = torch.einsum("bphe,hde->bphd", g_v.to(attn.W_V.dtype), attn._per_kv(attn.W_V))
+            n = blk.ln_attn(x)[:, :, None, :].expand(b, P, H, d)
+            xk = n.clone().requires_grad_(True)
+            with torch.enable_grad():
+                z = attn.split(n, xk, n, pos)
+                (gk,) = torch.autograd.grad(z, xk, g_z.permute(0, 2, 1, 3).to(z.dtype))
+        else:
+            gk = torch.einsum("bphe,hde->bphd", grads["k", layer].detach().to(attn.W_K.dtype), attn.W_K)
+            gv = torch.einsum("bphe,hde->bphd", grads["v", layer].detach().to(attn.W_V.dtype), attn.W_V)
         sl = graph.inputs_of(layer)
-        G[:, :, sl] = torch.cat(list(g_in) + [g_m[:, :, None]], dim=2)
-    G[:, :, -1] = gs[-1].detach()
+        G[:, :, sl.start:sl.stop - 1] = _norm_vjp(blk.ln_attn, x, torch.cat([gq, gk, gv], dim=2))
+        G[:, :, sl.stop - 1] = _norm_vjp(blk.ln_mlp, cap["ln_mlp.in", layer].detach(),
+                                         grads["ln_mlp.out", layer].detach()[:, :, None])[:, :, 0]
+    G[:, :, -1] = grads["ln_final.in", None].detach()
     return G
 
 

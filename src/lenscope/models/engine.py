@@ -338,19 +338,15 @@ def _register(s: _Session, hooks, handles: list) -> None:
             if not any(s.wants(k) for k in keys):
                 return out
             write = any(k in s.by_site or (s.grad and k in s.capture) for k in keys)
-            y = out.clone() if write else out
             B, P = s.B, s.P
             H = _n_heads(s.lm, "q", layer)
-            if layout == "heads":  # (head, [q k v], d_head) per position: GPT-NeoX, BLOOM
-                parts = [y.view(B, P, H, 3, -1)[:, :, :, j] for j in range(3)]
-            else:  # [q | k | v] blocks: GPT-2
-                parts = [y.view(B, P, 3, -1)[:, :, j] for j in range(3)]
-            for k, part in zip(keys, parts):
-                if s.wants(k):
-                    new = s.visit(k, part.reshape(B, P, -1))
-                    if write:
-                        part.copy_(new.reshape(part.shape))
-            return y
+            axis = 3 if layout == "heads" else 2  # (head, [q k v], d_head) per position: GPT-NeoX, BLOOM
+            parts = out.view(B, P, H, 3, -1).unbind(3) if axis == 3 else out.view(B, P, 3, -1).unbind(2)  # GPT-2
+            # the model goes on from the visited parts, stacked anew (never written into a captured view: a captured
+            # part must stay a node of the graph its gradient is taken through)
+            new = [s.visit(k, part.reshape(B, P, -1)).reshape(part.shape) if s.wants(k) else part
+                   for k, part in zip(keys, parts)]
+            return torch.stack(new, dim=axis).reshape(out.shape) if write else out
         return f
 
     def norm(slot, layer, mod):
