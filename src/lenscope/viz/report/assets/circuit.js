@@ -247,7 +247,9 @@
         mline.setAttribute("x1", x); mline.setAttribute("x2", x);
       }
     }
-    var nodeMax = LS.maxAbs((d.nodes || []).filter(function (n) { return n.name !== "logits"; }).map(function (n) { return n.score; })) || 1;
+    // heads and MLPs on one colour scale (embed and logits, drawn as boxes, sum over many edges)
+    var nodeMax = LS.maxAbs((d.nodes || []).filter(function (n) { return n.name !== "logits" && n.name !== "embed"; })
+      .map(function (n) { return n.score; })) || 1;
     draw();
   };
 })();
