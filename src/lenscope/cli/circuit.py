@@ -124,6 +124,10 @@ def _write(res: dict, lm, pairs, *, out: str | None, png: str | None, html: str 
 
         save_figure(plot_summary(res), png)
     if html:
-        from ..report.circuit import circuit_page
+        from ..report import build_report
+        from ..viz.report import render
 
-        Path(html).write_text(circuit_page(lm, pairs, res), encoding="utf-8")
+        p = pairs[0]  # the page shows the first pair's prompts; the circuit is the one of every pair
+        rep = build_report(lm, p.clean, p.target, p.foil, corrupted=p.corrupted, sections=["prediction", "circuit"],
+                           circuit=res)
+        Path(html).write_text(render(rep.to_dict()), encoding="utf-8")

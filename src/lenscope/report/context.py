@@ -65,6 +65,7 @@ class ReportContext:
     lens: object | None = None  # a tuned lens (lenscope.lenses.TunedLens) or None
     top_k: int = 10
     corrupted: str | None = None  # a corrupted prompt (same token count as ``text``): the circuit view
+    circuit: dict | None = None  # a circuit_json result computed elsewhere (lenscope circuit --html) to show as is
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 

@@ -253,6 +253,8 @@ class Circuit(Section):
         from ..circuits import circuit_json
         from ..data.contrast import ContrastPair
 
+        if ctx.circuit is not None:
+            return circuit_payload(ctx, ctx.circuit)
         pairs = [ContrastPair(ctx.text, ctx.corrupted, _spec(ctx.target), _spec(ctx.foil))]
         d = circuit_json(ctx.lm, pairs, method=self.method, level=self.level, top=self.top, faithfulness=True)
         return circuit_payload(ctx, d)
