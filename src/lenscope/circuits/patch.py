@@ -65,12 +65,24 @@ def _patched(lm: LoadedModel, graph: ComponentGraph, clean: Tensor, ablated: Ten
     resid = W[:, :, 0].clone()
 
     def reads(upto: int, cols) -> Tensor | None:
-        """The correction of the receivers ``cols`` by their removed edges from senders ``< upto``."""
+        """The correction of the receivers ``cols`` by their removed edges from senders ``< upto``: a dense einsum
+        when many edges are removed (a small circuit), a gather and index-add of just those edges when few are
+        (exact patching of one edge per row)."""
         rem = removed[:, :upto, cols]
-        if not bool(rem.any()):
+        n_rem = int(rem.sum())
+        if n_rem == 0:
             return None
-        D = ablated[:, :, :upto] - W[:, :, :upto]
-        return torch.einsum("npsd,ns...->np...d", D, rem.to(D.dtype))
+        if n_rem > 0.02 * rem.numel():
+            D = ablated[:, :, :upto] - W[:, :, :upto]
+            return torch.einsum("npsd,ns...->np...d", D, rem.to(D.dtype))
+        single = rem.dim() == 2
+        rem3 = rem[:, :, None] if single else rem
+        n_i, s_i, r_i = rem3.nonzero(as_tuple=True)
+        vals = ablated[n_i, :, s_i] - W[n_i, :, s_i]  # (edges, p, d)
+        R = rem3.shape[2]
+        out = vals.new_zeros(N * R, P, d).index_add_(0, n_i * R + r_i, vals)
+        out = out.reshape(N, R, P, d).transpose(1, 2)
+        return out[:, :, 0] if single else out
 
     for layer in range(graph.n_layers):
         blk = A.layers[layer]
