@@ -86,9 +86,9 @@ RECEIVER_STYLE = {"q": "-", "k": "--", "v": ":"}
 def _node_xy(name: str) -> tuple[float, float]:
     """Where a component sits: block on y (embed below, logits above), heads by index then the MLP on x."""
     if name == "embed":
-        return 0.0, -1.0
+        return -0.75, -1.0
     if name == "logits":
-        return 0.0, 10_000.0  # placed above the top block by plot_circuit
+        return -0.75, 10_000.0  # placed above the top block by plot_circuit
     layer = int(name[1:].split("H")[0].split(".")[0])
     if "H" in name:
         return float(int(name.split("H")[1].split(".")[0])), float(layer)
