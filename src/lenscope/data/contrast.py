@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
+from .shared import read_text
 
 COLUMNS = ("clean", "corrupted", "target", "foil")
 GENERATORS = ("ioi-gen", "ioi-gen:swap", "ioi-gen:abc", "sva-gen")
@@ -152,14 +153,7 @@ def read_contrast_csv(path: str | Path) -> list[ContrastPair]:
     (:class:`InputError`, one line) name the file and the row: an unreadable file, a missing column, a row with
     too few or too many fields, an empty field, no rows."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file; give a CSV with the columns {','.join(COLUMNS)}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path} is not a UTF-8 text file; save it as UTF-8 CSV") from None
-    except OSError as e:
-        raise InputError(f"{path} cannot be read ({e.strerror or e})") from None
+    text = read_text(path, f"give a CSV with the columns {','.join(COLUMNS)}")
     reader = csv.reader(text.splitlines(keepends=True))
     rows = []
     try:

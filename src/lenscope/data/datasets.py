@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
-from .shared import require_shared, shared_data_dir
+from .shared import read_text, require_shared, shared_data_dir
 
 BLIMP11 = (
     "anaphor_gender_agreement", "anaphor_number_agreement", "animate_subject_passive", "determiner_noun_agreement_1",
@@ -93,12 +93,7 @@ def read_contrastive_csv(path: str | Path, dataset: str | None = None) -> list[E
     :class:`InputError` naming the row and column."""
     path = Path(path)
     name = dataset or path.name
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"no such file: {path}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path} is not a UTF-8 text file") from None
+    text = read_text(path)
     reader = csv.reader(text.splitlines())
     try:
         header = next(reader)

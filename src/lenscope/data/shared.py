@@ -1,4 +1,5 @@
-"""Where the shared data folder is (``$LENSCOPE_DATA``, else ``shared/data`` next to the repository)."""
+"""Where the shared data folder is (``$LENSCOPE_DATA``, else ``shared/data`` next to the repository), and reading a
+user's text file with one-line errors."""
 
 from __future__ import annotations
 
@@ -35,3 +36,17 @@ def require_shared(rel: str, what: str, alternative: str = "") -> Path:
         raise InputError(f"{what} needs {rel} under the shared data folder; set LENSCOPE_DATA to the folder that "
                          f"holds it (e.g. ../shared/data){alternative}")
     return path
+
+
+def read_text(path: Path, hint: str = "") -> str:
+    """A UTF-8 text file (a byte-order mark is dropped), or a one-line :class:`InputError` for a missing, undecodable
+    or unreadable file; ``hint`` says what the file should be (e.g. "give a CSV with the columns ...")."""
+    tail = f"; {hint}" if hint else ""
+    try:
+        return Path(path).read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file{tail}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{path} is not a UTF-8 text file; save it as UTF-8") from None
+    except OSError as e:
+        raise InputError(f"{path} cannot be read ({e.strerror or e})") from None
