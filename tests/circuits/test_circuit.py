@@ -149,3 +149,18 @@ def test_faithfulness_refuses_a_corruption_that_changes_nothing():
     eap = edge_attribution(lm, _pairs(lm, n=1), method="eap")
     with pytest.raises(InputError, match="same metric"):
         faithfulness(lm, same, eap)
+
+
+def test_mean_ablation_over_a_reference_set():
+    """With the corrupted prompt as the only reference prompt, mean ablation of every edge is the corrupted run;
+    a reference of another length falls back to the mean over its positions (and still runs)."""
+    lm = get_model("tiny:gpt2")
+    pairs = _strong_pairs(lm, n=1)
+    c, x, t, f = pairs[0]
+    eap = edge_attribution(lm, pairs, method="eap")
+    curve = faithfulness(lm, pairs, eap, ks=[0, eap.n_edges], ablation="mean", reference=[(x, x, t, f)])
+    assert curve.value[0] == pytest.approx(0.0, abs=1e-3) and curve.value[1] == pytest.approx(1.0, abs=1e-3)
+    own = faithfulness(lm, pairs, eap, ks=[0], ablation="mean")  # a single prompt's own mean is itself: clean
+    assert own.value[0] == pytest.approx(1.0, abs=1e-3)
+    other = faithfulness(lm, pairs, eap, ks=[0], ablation="mean", reference=[([1, 2, 3], [1, 2, 4], t, f)])
+    assert torch.isfinite(other.value).all() and abs(float(other.value[0]) - 1.0) > 1e-3

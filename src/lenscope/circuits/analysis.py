@@ -79,15 +79,18 @@ def _sample_edges(res: EdgeAttribution, top: int, sample: int, seed: int) -> tor
 def circuit_json(lm: LoadedModel, pairs, *, method: str = "eap-ig", level: str = "edges", top: int | None = None,
                  check: bool = False, faithfulness: bool = True, steps: int = 5, ablation: str = "corrupted",
                  metric: str = "logit_diff", check_top: int = 50, check_sample: int = 150, seed: int = 0,
-                 progress=None) -> dict:
-    """Score the circuit of ``pairs`` with ``method`` at ``level`` and return the JSON described above."""
+                 reference=None, progress=None) -> dict:
+    """Score the circuit of ``pairs`` with ``method`` at ``level`` and return the JSON described above
+    (``ablation="mean"``: edges outside a circuit carry the mean over ``reference``'s clean prompts, default
+    ``pairs``)."""
     _check_request(method, level)
     pairs = list(pairs)
     t0 = time.perf_counter()
     if level == "edges":
         ComponentGraph.of(lm)  # refuses what has no edge graph before any work
         if method == "exact":
-            res = exact_edge_patching(lm, pairs, metric=metric, ablation=ablation, progress=progress)
+            res = exact_edge_patching(lm, pairs, metric=metric, ablation=ablation, reference=reference,
+                                      progress=progress)
         else:
             res = edge_attribution(lm, pairs, method=method, steps=steps, metric=metric, progress=progress)
         out = {"method": method, "level": level, "model": lm.name, "metric": metric, "n": res.n,
@@ -102,7 +105,7 @@ def circuit_json(lm: LoadedModel, pairs, *, method: str = "eap-ig", level: str =
                "nodes": nodes[:top] if top else nodes, "edges": [], "total": len(nodes)}
     out["seconds"] = time.perf_counter() - t0
     if faithfulness:
-        curve = faithfulness_curve(lm, pairs, res, ablation=ablation, metric=metric)
+        curve = faithfulness_curve(lm, pairs, res, ablation=ablation, reference=reference, metric=metric)
         out["faithfulness"] = curve.points()
         out["smallest"] = curve.smallest(0.8)
         out["ablation"] = ablation
@@ -113,7 +116,7 @@ def circuit_json(lm: LoadedModel, pairs, *, method: str = "eap-ig", level: str =
             out["check"] = check_against_exact(res, ex)
         else:
             mask = _sample_edges(res, check_top, check_sample, seed)
-            ex = exact_edge_patching(lm, pairs, mask, metric=metric, ablation=ablation)
+            ex = exact_edge_patching(lm, pairs, mask, metric=metric, ablation=ablation, reference=reference)
             out["check"] = check_edges(res, ex)
         out["check"]["seconds_exact"] = time.perf_counter() - t1
     out["seconds_total"] = time.perf_counter() - t0

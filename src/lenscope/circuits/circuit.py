@@ -26,7 +26,7 @@ from ..errors import InputError
 from ..models.load import LoadedModel
 from ..results import Result
 from .graph import ComponentGraph, end_metrics, groups
-from .patch import _writes, circuit_metrics
+from .patch import _writes, circuit_metrics, mean_writes
 
 
 def log_grid(total: int, start: int = 10, per_decade: int = 4) -> list[int]:
@@ -170,12 +170,14 @@ class Faithfulness(Result):
 class _Evaluator:
     """Mean metric over all prompts of a batch of circuits (``(C, S, R)`` kept-edge masks), sender writes cached."""
 
-    def __init__(self, lm: LoadedModel, pairs, metric: str, position: int, ablation: str, memory_mb: float):
+    def __init__(self, lm: LoadedModel, pairs, metric: str, position: int, ablation: str, memory_mb: float,
+                 reference=None):
         self.lm, self.ablation, self.memory_mb = lm, ablation, memory_mb
         self.graph = ComponentGraph.of(lm)
         self.groups = groups(lm, pairs, metric, position)
         self.n = sum(g.size for g in self.groups)
-        self.writes = [_writes(lm, self.graph, g, ablation) for g in self.groups]
+        ref = None if reference is None or ablation != "mean" else mean_writes(lm, self.graph, reference, metric)
+        self.writes = [_writes(lm, self.graph, g, ablation, ref) for g in self.groups]
         ends = [end_metrics(lm, g, metric) for g in self.groups]
         self.m_clean = sum(float(c.sum()) for c, _ in ends) / self.n
         self.m_corr = sum(float(x.sum()) for _, x in ends) / self.n
@@ -196,11 +198,14 @@ class _Evaluator:
 
 
 def faithfulness(lm: LoadedModel, pairs, scores, *, ks: list[int] | None = None, ablation: str = "corrupted",
-                 metric: str | None = None, position: int = -1, memory_mb: float = 1024) -> Faithfulness:
+                 reference=None, metric: str | None = None, position: int = -1,
+                 memory_mb: float = 1024) -> Faithfulness:
     """Faithfulness of the top-``k`` circuits of ``scores`` (an :class:`EdgeAttribution` or a
-    :class:`NodeAttribution`) for each ``k`` of ``ks`` (default: :func:`log_grid` from 10 to all)."""
+    :class:`NodeAttribution`) for each ``k`` of ``ks`` (default: :func:`log_grid` from 10 to all). Edges outside
+    carry the corrupted run's write, or with ``ablation="mean"`` the mean over the clean prompts of ``reference``
+    (pairs; default: ``pairs`` themselves) at each position."""
     metric = metric or scores.metric
-    ev = _Evaluator(lm, pairs, metric, position, ablation, memory_mb)
+    ev = _Evaluator(lm, pairs, metric, position, ablation, memory_mb, reference)
     level, ranked = _ranking(ev.graph, scores)
     ks = ks or log_grid(len(ranked))
     if min(ks) < 0 or max(ks) > len(ranked):
@@ -212,16 +217,18 @@ def faithfulness(lm: LoadedModel, pairs, scores, *, ks: list[int] | None = None,
 
 
 def smallest_circuit(lm: LoadedModel, pairs, scores, fraction: float = 0.8, *, curve: Faithfulness | None = None,
-                     ablation: str = "corrupted", position: int = -1, memory_mb: float = 1024) -> Circuit | None:
+                     ablation: str = "corrupted", reference=None, position: int = -1,
+                     memory_mb: float = 1024) -> Circuit | None:
     """The smallest top-``k`` circuit of ``scores`` whose faithfulness reaches ``fraction``: the grid's first
     ``k`` that does (``curve``, computed when not given), refined by bisection against the grid point below it
     (faithfulness need not grow with ``k``, so this is the first crossing bisection finds). None when no ``k``
     reaches it."""
-    curve = curve or faithfulness(lm, pairs, scores, ablation=ablation, position=position, memory_mb=memory_mb)
+    curve = curve or faithfulness(lm, pairs, scores, ablation=ablation, reference=reference, position=position,
+                                  memory_mb=memory_mb)
     hi = curve.smallest(fraction)
     if hi is None:
         return None
-    ev = _Evaluator(lm, pairs, scores.metric, position, ablation, memory_mb)
+    ev = _Evaluator(lm, pairs, scores.metric, position, ablation, memory_mb, reference)
     level, ranked = _ranking(ev.graph, scores)
     below = [int(k) for k in curve.k.tolist() if k < hi]
     lo = below[-1] if below else 0
@@ -239,13 +246,13 @@ def smallest_circuit(lm: LoadedModel, pairs, scores, fraction: float = 0.8, *, c
 
 
 def greedy_circuit(lm: LoadedModel, pairs, *, tau: float = 0.01, metric: str = "logit_diff", position: int = -1,
-                   ablation: str = "corrupted", candidates: Tensor | None = None, memory_mb: float = 1024,
-                   progress=None) -> Circuit:
+                   ablation: str = "corrupted", reference=None, candidates: Tensor | None = None,
+                   memory_mb: float = 1024, progress=None) -> Circuit:
     """ACDC-like exact pruning: start from every edge (or the ``candidates (S, R)`` mask, every other edge ablated),
     visit the receivers from the logits down, and for each incoming edge remove it when that moves faithfulness by
     less than ``tau``; each decision is one exact run (all prompts). Cost: one run per candidate edge, so use it on
     small graphs or candidate sets."""
-    ev = _Evaluator(lm, pairs, metric, position, ablation, memory_mb)
+    ev = _Evaluator(lm, pairs, metric, position, ablation, memory_mb, reference)
     graph = ev.graph
     kept = graph.valid.clone() if candidates is None else candidates.bool() & graph.valid
     current = float(ev(kept[None])[0])

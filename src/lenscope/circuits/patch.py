@@ -40,13 +40,34 @@ from .graph import (
 ABLATIONS = ("corrupted", "mean")
 
 
-def _writes(lm: LoadedModel, graph: ComponentGraph, g: Group, ablation: str) -> tuple[Tensor, Tensor]:
-    """``(clean, ablated)`` sender writes ``(b, p, S, d)`` of a group of prompts."""
+def mean_writes(lm: LoadedModel, graph: ComponentGraph, reference, metric: str = "logit_diff") -> dict:
+    """The mean sender writes of a reference set's clean prompts (pairs as for the methods): ``{length: (p, S, d)}``
+    per token length, and ``"any": (S, d)``, the mean over every prompt and position, for prompts of another
+    length."""
+    out, total, count = {}, 0.0, 0
+    for g in groups(lm, reference, metric):
+        with torch.no_grad():
+            _, cc = run(lm, g.clean, capture=writer_sites(graph.n_layers), logits=False)
+            w = sender_writes(lm, graph, cc).float()
+        out[w.shape[1]] = w.mean(0)
+        total, count = total + w.sum((0, 1)), count + w.shape[0] * w.shape[1]
+    out["any"] = total / count
+    return out
+
+
+def _writes(lm: LoadedModel, graph: ComponentGraph, g: Group, ablation: str,
+            reference: dict | None = None) -> tuple[Tensor, Tensor]:
+    """``(clean, ablated)`` sender writes ``(b, p, S, d)`` of a group of prompts. ``ablation="mean"``: the mean of
+    ``reference`` (:func:`mean_writes`) at each position, or of the group's own clean prompts when None."""
     with torch.no_grad():
         _, cc = run(lm, g.clean, capture=writer_sites(graph.n_layers), logits=False)
         clean = sender_writes(lm, graph, cc).float()
         if ablation == "mean":
-            return clean, clean.mean(0, keepdim=True).expand_as(clean)
+            if reference is None:
+                return clean, clean.mean(0, keepdim=True).expand_as(clean)
+            P = clean.shape[1]
+            mean = reference[P] if P in reference else reference["any"][None].expand(P, -1, -1)
+            return clean, mean[None].expand_as(clean)
         _, cx = run(lm, g.corrupted, capture=writer_sites(graph.n_layers), logits=False)
         return clean, sender_writes(lm, graph, cx).float()
 
@@ -130,10 +151,12 @@ def circuit_metrics(lm: LoadedModel, graph: ComponentGraph, g: Group, removed: T
 
 
 def exact_edge_patching(lm: LoadedModel, pairs, edges=None, *, metric: str = "logit_diff", position: int = -1,
-                        ablation: str = "corrupted", memory_mb: float = 1024, progress=None) -> EdgeAttribution:
+                        ablation: str = "corrupted", reference=None, memory_mb: float = 1024,
+                        progress=None) -> EdgeAttribution:
     """The exact counterpart of EAP: for each edge (``edges``: ``(src, dst)`` names or ``(S, R)`` bool mask; every
     edge by default), the mean over prompts of the metric with that edge alone carrying the ablated write, minus
-    the clean metric. Edges not asked for score NaN."""
+    the clean metric. Edges not asked for score NaN. ``ablation="mean"``: the mean write over the clean prompts of
+    ``reference`` (pairs; default: ``pairs`` themselves)."""
     t0 = time.perf_counter()
     graph = ComponentGraph.of(lm)
     if edges is None:
@@ -152,12 +175,13 @@ def exact_edge_patching(lm: LoadedModel, pairs, edges=None, *, metric: str = "lo
     total = torch.zeros(len(es))
     gs = groups(lm, pairs, metric, position)
     n = sum(g.size for g in gs)
+    ref = None if reference is None or ablation != "mean" else mean_writes(lm, graph, reference, metric)
     m_clean = m_corr = 0.0
     per = max(1, 256 // max(1, gs[0].size))  # edges per call: rows = edges x prompts
     for g in gs:
         mc, mx = end_metrics(lm, g, metric)
         m_clean, m_corr = m_clean + float(mc.sum()), m_corr + float(mx.sum())
-        writes = _writes(lm, graph, g, ablation)
+        writes = _writes(lm, graph, g, ablation, ref)
         for s, e in batches(len(es), per):
             removed = torch.zeros((e - s,) + tuple(graph.valid.shape), dtype=torch.bool)
             removed[torch.arange(e - s), es[s:e], er[s:e]] = True
