@@ -125,8 +125,11 @@ def test_greedy_pruning_keeps_faithfulness_within_its_steps():
 def test_circuit_json_fields_and_check():
     lm = get_model("tiny:qwen2")
     pairs = _strong_pairs(lm)
+    seen = []
     out = circuit_json(lm, pairs, method="eap-ig", level="edges", top=5, check=True, steps=2, check_top=5,
-                       check_sample=10)
+                       check_sample=10, progress=lambda stage, done, total: seen.append((stage, done, total)))
+    assert [s for s, _, _ in seen if s != seen[0][0]][:1] == ["faithfulness"] and seen[0][0] == "scores"
+    assert seen[-1] == ("check", 15, 15) and ("scores", 3, 3) in seen
     json.dumps(out)
     for key in ("method", "level", "n", "metric_clean", "metric_corrupted", "seconds", "nodes", "edges",
                 "faithfulness", "check"):

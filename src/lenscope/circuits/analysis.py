@@ -80,19 +80,23 @@ def circuit_json(lm: LoadedModel, pairs, *, method: str = "eap-ig", level: str =
                  check: bool = False, faithfulness: bool = True, steps: int = 5, ablation: str = "corrupted",
                  metric: str = "logit_diff", check_top: int = 50, check_sample: int = 150, seed: int = 0,
                  reference=None, progress=None) -> dict:
-    """Score the circuit of ``pairs`` with ``method`` at ``level`` and return the JSON described above
+    """Score the circuit of ``pairs`` with ``method`` at ``level`` and return the JSON described above;
+    ``progress(stage, done, total)`` is called as the stages (``scores``, ``faithfulness``, ``check``) advance
     (``ablation="mean"``: edges outside a circuit carry the mean over ``reference``'s clean prompts, default
     ``pairs``)."""
     _check_request(method, level)
     pairs = list(pairs)
+
+    def tell(stage):
+        return None if progress is None else (lambda done, total: progress(stage, done, total))
     t0 = time.perf_counter()
     if level == "edges":
         ComponentGraph.of(lm)  # refuses what has no edge graph before any work
         if method == "exact":
             res = exact_edge_patching(lm, pairs, metric=metric, ablation=ablation, reference=reference,
-                                      progress=progress)
+                                      progress=tell("scores"))
         else:
-            res = edge_attribution(lm, pairs, method=method, steps=steps, metric=metric, progress=progress)
+            res = edge_attribution(lm, pairs, method=method, steps=steps, metric=metric, progress=tell("scores"))
         out = {"method": method, "level": level, "model": lm.name, "metric": metric, "n": res.n,
                "metric_clean": res.metric_clean, "metric_corrupted": res.metric_corrupted,
                "nodes": edge_nodes(res), "edges": res.edges(top), "total": res.n_edges}
@@ -105,10 +109,14 @@ def circuit_json(lm: LoadedModel, pairs, *, method: str = "eap-ig", level: str =
                "nodes": nodes[:top] if top else nodes, "edges": [], "total": len(nodes)}
     out["seconds"] = time.perf_counter() - t0
     if faithfulness:
+        if progress is not None:
+            progress("faithfulness", 0, 1)
         curve = faithfulness_curve(lm, pairs, res, ablation=ablation, reference=reference, metric=metric)
         out["faithfulness"] = curve.points()
         out["smallest"] = curve.smallest(0.8)
         out["ablation"] = ablation
+        if progress is not None:
+            progress("faithfulness", 1, 1)
     if check and method != "exact":
         t1 = time.perf_counter()
         if level == "nodes":
@@ -116,7 +124,8 @@ def circuit_json(lm: LoadedModel, pairs, *, method: str = "eap-ig", level: str =
             out["check"] = check_against_exact(res, ex)
         else:
             mask = _sample_edges(res, check_top, check_sample, seed)
-            ex = exact_edge_patching(lm, pairs, mask, metric=metric, ablation=ablation, reference=reference)
+            ex = exact_edge_patching(lm, pairs, mask, metric=metric, ablation=ablation, reference=reference,
+                                     progress=tell("check"))
             out["check"] = check_edges(res, ex)
         out["check"]["seconds_exact"] = time.perf_counter() - t1
     out["seconds_total"] = time.perf_counter() - t0

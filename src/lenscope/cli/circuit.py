@@ -13,12 +13,11 @@ from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION
 METHODS = ("atp", "atp-star", "eap", "eap-ig", "exact")
 
 
-def _progress(what: str, quiet: bool):
-    if quiet:
-        return None
+def _progress(what: str):
+    """Progress of the stages on stderr (stdout stays the JSON or the table)."""
 
-    def show(done: int, total: int) -> None:
-        sys.stderr.write(f"\r{what}: {done}/{total}")
+    def show(stage: str, done: int, total: int) -> None:
+        sys.stderr.write(f"\r{what} · {stage}: {done}/{total}   ")
         if done >= total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -102,7 +101,7 @@ def register(app: typer.Typer) -> None:
             pairs = contrast_dataset(data, n=limit, seed=seed, tokenize=tokenize)
         res = circuit_json(lm, pairs, method=method, level=level, top=top, check=check == "exact",
                            faithfulness=not no_faithfulness or bool(html), steps=steps, ablation=ablation, seed=seed,
-                           progress=_progress(f"{method} ({len(pairs)} pairs)", as_json))
+                           progress=_progress(f"{method} ({len(pairs)} pairs)"))
         _write(res, lm, pairs, out=out, png=png, html=html)
         if as_json:
             print_json(res)
