@@ -18,7 +18,7 @@ def run(*args):
 def test_edges_json_with_check_and_files(tmp_path):
     r = run("circuit", CLEAN, CORRUPTED, "--model", "tiny:gpt2", "--target", "#5", "--foil", "#7", "--method",
             "eap-ig", "--level", "edges", "--check", "exact", "--top", "4", "--json", "--png",
-            str(tmp_path / "c.png"), "--out", str(tmp_path / "out"), "--html", str(tmp_path / "c.html"))
+            str(tmp_path / "c.png"), "--out", str(tmp_path / "out"), "--html", str(tmp_path / "new" / "c.html"))
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout.strip().splitlines()[-1])
     for key in ("method", "level", "n", "metric_clean", "metric_corrupted", "seconds", "nodes", "edges",
@@ -30,7 +30,7 @@ def test_edges_json_with_check_and_files(tmp_path):
     assert set(d["check"]) >= {"spearman", "top10_recall", "false_negatives"}
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert json.loads((tmp_path / "out" / "circuit.json").read_text())["edges"] == d["edges"]
-    page = (tmp_path / "c.html").read_text()
+    page = (tmp_path / "new" / "c.html").read_text()  # its folder is created
     assert 'data-section="circuit"' in page and "<script src" not in page and 'href="http' not in page
 
 
@@ -58,7 +58,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
          "--level", "nodes"),
         ("circuit", CLEAN, CORRUPTED, "--model", "tiny:gpt2", "--target", "#5", "--foil", "#7", "--method", "x"),
     ]
-    wants = ["tokens", "--foil", "causal decoder", "row 2", "--level edges", "unknown --method"]
+    cases.append(("circuit", CLEAN, CORRUPTED, "--model", "tiny:gpt2", "--target", "#5", "--foil", "#7", "--html",
+                  str(tmp_path)))
+    wants = ["tokens", "--foil", "causal decoder", "row 2", "--level edges", "unknown --method", "is a folder"]
     for args, want in zip(cases, wants):
         r = run(*args)
         assert r.exit_code == 2, (args, r.output)

@@ -89,6 +89,7 @@ def register(app: typer.Typer) -> None:
             fail("give either CLEAN CORRUPTED prompts or --data, not both")
         if data is None and (target is None or foil is None):
             fail("--target and --foil are needed with CLEAN CORRUPTED (the metric is their logit difference)")
+        _prepare_outputs(out=out, png=png, html=html)  # before minutes of work, not after
         from ..circuits import circuit_json
         from ..data.contrast import ContrastPair, check_lengths, contrast_dataset, tokenize_with
 
@@ -107,6 +108,22 @@ def register(app: typer.Typer) -> None:
             print_json(res)
             return
         _table(res)
+
+
+def _prepare_outputs(*, out: str | None, png: str | None, html: str | None) -> None:
+    """Create the folders the outputs go to, or fail in one line when that is impossible."""
+    from pathlib import Path
+
+    for path, is_dir in ((out, True), (png, False), (html, False)):
+        if path is None:
+            continue
+        folder = Path(path) if is_dir else Path(path).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            fail(f"cannot create {folder} for {path}: {e.strerror or e}")
+        if not is_dir and Path(path).is_dir():
+            fail(f"{path} is a folder; give a file name")
 
 
 def _write(res: dict, lm, pairs, *, out: str | None, png: str | None, html: str | None) -> None:
