@@ -178,7 +178,7 @@ def exact_edge_patching(lm: LoadedModel, pairs, edges=None, *, metric: str = "lo
     ref = None if reference is None or ablation != "mean" else mean_writes(lm, graph, reference, metric)
     m_clean = m_corr = 0.0
     per = max(1, 256 // max(1, gs[0].size))  # edges per call: rows = edges x prompts
-    for g in gs:
+    for gi, g in enumerate(gs):
         mc, mx = end_metrics(lm, g, metric)
         m_clean, m_corr = m_clean + float(mc.sum()), m_corr + float(mx.sum())
         writes = _writes(lm, graph, g, ablation, ref)
@@ -187,8 +187,8 @@ def exact_edge_patching(lm: LoadedModel, pairs, edges=None, *, metric: str = "lo
             removed[torch.arange(e - s), es[s:e], er[s:e]] = True
             ms = circuit_metrics(lm, graph, g, removed, ablation=ablation, memory_mb=memory_mb, writes=writes)
             total[s:e] += (ms - mc[None, :]).sum(1)
-            if progress is not None:
-                progress(e, len(es))
+            if progress is not None:  # edges x prompt groups done, over all groups
+                progress(gi * len(es) + e, len(gs) * len(es))
     scores[es, er] = total / n
     scores = torch.where(graph.valid, scores, torch.zeros(()))
     return EdgeAttribution(scores=scores, valid=graph.valid.clone(), senders=list(graph.senders),
