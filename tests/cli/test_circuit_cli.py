@@ -30,6 +30,12 @@ def test_edges_json_with_check_and_files(tmp_path):
     assert set(d["check"]) >= {"spearman", "top10_recall", "false_negatives"}
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert json.loads((tmp_path / "out" / "circuit.json").read_text())["edges"] == d["edges"]
+    from lenscope.circuits import Circuit, EdgeAttribution, Faithfulness
+
+    scores = EdgeAttribution.load(tmp_path / "out" / "scores.safetensors")
+    assert scores.edges(4) == d["edges"] and scores.n_edges == d["total"]
+    assert Faithfulness.load(tmp_path / "out" / "faithfulness.safetensors").points() == d["faithfulness"]
+    assert len(Circuit.load(tmp_path / "out" / "circuit.safetensors")) == d["smallest"]
     page = (tmp_path / "new" / "c.html").read_text()  # its folder is created
     assert 'data-section="circuit"' in page and "<script src" not in page and 'href="http' not in page
 

@@ -20,6 +20,7 @@ from ..errors import InputError
 from ..models.load import LoadedModel
 from .atp import _ranks, attribution_patching, check_against_exact, exact_node_patching
 from .atp_star import atp_star
+from .circuit import Circuit
 from .circuit import faithfulness as faithfulness_curve
 from .edges import EdgeAttribution, edge_attribution
 from .graph import ComponentGraph
@@ -79,9 +80,11 @@ def _sample_edges(res: EdgeAttribution, top: int, sample: int, seed: int) -> tor
 def circuit_json(lm: LoadedModel, pairs, *, method: str = "eap-ig", level: str = "edges", top: int | None = None,
                  check: bool = False, faithfulness: bool = True, steps: int = 5, ablation: str = "corrupted",
                  metric: str = "logit_diff", check_top: int = 50, check_sample: int = 150, seed: int = 0,
-                 reference=None, progress=None) -> dict:
+                 reference=None, progress=None, keep: dict | None = None) -> dict:
     """Score the circuit of ``pairs`` with ``method`` at ``level`` and return the JSON described above;
-    ``progress(stage, done, total)`` is called as the stages (``scores``, ``faithfulness``, ``check``) advance
+    ``progress(stage, done, total)`` is called as the stages (``scores``, ``faithfulness``, ``check``) advance;
+    ``keep``, a dict, receives the result objects (``scores``, ``faithfulness``, ``circuit``: the smallest grid
+    circuit reaching 0.8) to save
     (``ablation="mean"``: edges outside a circuit carry the mean over ``reference``'s clean prompts, default
     ``pairs``)."""
     _check_request(method, level)
@@ -108,12 +111,18 @@ def circuit_json(lm: LoadedModel, pairs, *, method: str = "eap-ig", level: str =
                "metric_clean": res.metric_clean, "metric_corrupted": res.metric_corrupted,
                "nodes": nodes[:top] if top else nodes, "edges": [], "total": len(nodes)}
     out["seconds"] = time.perf_counter() - t0
+    if keep is not None:
+        keep["scores"] = res
     if faithfulness:
         if progress is not None:
             progress("faithfulness", 0, 1)
         curve = faithfulness_curve(lm, pairs, res, ablation=ablation, reference=reference, metric=metric)
         out["faithfulness"] = curve.points()
         out["smallest"] = curve.smallest(0.8)
+        if keep is not None:
+            keep["faithfulness"] = curve
+            if out["smallest"] is not None:
+                keep["circuit"] = Circuit.top(lm, res, out["smallest"])
         out["ablation"] = ablation
         if progress is not None:
             progress("faithfulness", 1, 1)

@@ -70,7 +70,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
         html: str = typer.Option(None, "--html", help="Write the circuit view as a self-contained HTML page."),
         png: str = typer.Option(None, "--png", help="Write the circuit and its faithfulness curve (PNG)."),
-        out: str = typer.Option(None, "--out", help="Directory for circuit.json, the scores and the smallest circuit."),
+        out: str = typer.Option(None, "--out", help="Directory for circuit.json and scores / faithfulness / circuit "
+                                                    ".safetensors (the smallest circuit reaching 0.8)."),
     ):
         """Find the circuit of a behaviour: score nodes or edges, measure faithfulness, check against exact."""
         if method not in METHODS:
@@ -102,8 +103,8 @@ def register(app: typer.Typer) -> None:
             pairs = contrast_dataset(data, n=limit, seed=seed, tokenize=tokenize)
         res = circuit_json(lm, pairs, method=method, level=level, top=top, check=check == "exact",
                            faithfulness=not no_faithfulness or bool(html), steps=steps, ablation=ablation, seed=seed,
-                           progress=_progress(f"{method} ({len(pairs)} pairs)"))
-        _write(res, lm, pairs, out=out, png=png, html=html)
+                           progress=_progress(f"{method} ({len(pairs)} pairs)"), keep=(kept := {}))
+        _write(res, lm, pairs, out=out, png=png, html=html, kept=kept)
         if as_json:
             print_json(res)
             return
@@ -126,7 +127,7 @@ def _prepare_outputs(*, out: str | None, png: str | None, html: str | None) -> N
             fail(f"{path} is a folder; give a file name")
 
 
-def _write(res: dict, lm, pairs, *, out: str | None, png: str | None, html: str | None) -> None:
+def _write(res: dict, lm, pairs, *, out: str | None, png: str | None, html: str | None, kept: dict) -> None:
     import json
     from pathlib import Path
 
@@ -134,6 +135,8 @@ def _write(res: dict, lm, pairs, *, out: str | None, png: str | None, html: str 
         d = Path(out)
         d.mkdir(parents=True, exist_ok=True)
         (d / "circuit.json").write_text(json.dumps(res, indent=1))
+        for name, obj in kept.items():  # scores, faithfulness, circuit: each Cls.load(path)
+            obj.save(d / f"{name}.safetensors")
     if png:
         from ..viz.circuit_plots import plot_summary
         from ..viz.plots import save_figure
