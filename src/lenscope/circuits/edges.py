@@ -27,11 +27,11 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..interventions.patching import METRICS
+from ..interventions.patching import METRICS, metric_of
 from ..models.engine import batches, run
 from ..models.load import LoadedModel
 from ..results import Result
-from .graph import ComponentGraph, end_metrics, groups, metric_rows, sender_writes, writer_sites
+from .graph import ComponentGraph, end_metrics, groups, sender_writes, writer_sites
 
 METHODS = ("eap", "eap-ig")
 
@@ -126,7 +126,7 @@ def receiver_grads(lm: LoadedModel, graph: ComponentGraph, *, ids: Tensor | None
     P = (ids if ids is not None else embeds).shape[1]
     last = position in (-1, P - 1)  # then only the last position's logits are computed (the unembedding is big)
     lg, cap = run(lm, ids, capture=sites, inputs_embeds=embeds, grad=True, last_only=last)
-    m = metric_rows(lg[:, -1 if last else position], metric, target, foil).sum()
+    m = metric_of(lg[:, -1 if last else position], metric, target, foil).sum()
     wrt = [(name, layer) for layer in range(L) for name in ("head", "q", "k", "v", "ln_mlp.out")]
     grads = dict(zip(wrt + [("ln_final.in", None)],
                      torch.autograd.grad(m, [cap[k] for k in wrt] + [cap["ln_final.in", None]])))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..data.contrast import ContrastPair
 from ..errors import InputError, NotApplicableError
 from ..interventions.patching import metric_of
 from ..models.anatomy import Layer
@@ -170,7 +171,7 @@ class Group:
 def groups(lm: LoadedModel, pairs, metric: str, position: int = -1) -> list[Group]:
     """Validated prompt pairs (``ContrastPair``-like objects or ``(clean, corrupted, target, foil)`` tuples) as
     :class:`Group`s of one token length (the node methods' grouping, :func:`lenscope.circuits.atp.groups`)."""
-    pairs = [p if hasattr(p, "clean") else _Pair(*p) for p in pairs]
+    pairs = [p if hasattr(p, "clean") else ContrastPair(*p) for p in pairs]
     if not pairs:
         raise InputError("no prompt pairs given")
     ps = []
@@ -182,23 +183,10 @@ def groups(lm: LoadedModel, pairs, metric: str, position: int = -1) -> list[Grou
     return [Group(c, x, t, f, pos, idx, metric) for c, x, t, f, pos, idx in node_groups(ps)]
 
 
-@dataclass(frozen=True)
-class _Pair:
-    clean: object
-    corrupted: object
-    target: object
-    foil: object = None
-
-
-def metric_rows(logits: Tensor, metric: str, target: Tensor, foil: Tensor | None) -> Tensor:
-    """``logits (rows, vocab)`` -> ``(rows,)`` with each row's own target and foil."""
-    return metric_of(logits, metric, target, foil)
-
-
 def end_metrics(lm: LoadedModel, g: Group, metric: str) -> tuple[Tensor, Tensor]:
     """The real model's metric per prompt on the clean and on the corrupted prompts, ``(b,)`` each."""
     with torch.no_grad():
         lg, _ = run(lm, torch.cat([g.clean, g.corrupted]), last_only=False)
-    m = metric_rows(lg[:, g.position], metric, torch.cat([g.target, g.target]),
+    m = metric_of(lg[:, g.position], metric, torch.cat([g.target, g.target]),
                     None if g.foil is None else torch.cat([g.foil, g.foil]))
     return m[: g.size], m[g.size:]

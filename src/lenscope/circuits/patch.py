@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from ..interventions.patching import metric_of
 from ..models.engine import batches, run
 from ..models.load import LoadedModel
 from .edges import EdgeAttribution
@@ -31,7 +32,6 @@ from .graph import (
     end_metrics,
     groups,
     head_writes,
-    metric_rows,
     mlp_write,
     sender_writes,
     writer_sites,
@@ -146,7 +146,7 @@ def circuit_metrics(lm: LoadedModel, graph: ComponentGraph, g: Group, removed: T
     for s, e in batches(C * b, _rows_per_chunk(P, S, d, memory_mb)):
         ci, pi = rows[s:e] // b, rows[s:e] % b
         lg = _patched(lm, graph, clean[pi], ablated[pi], removed[ci], g.position)
-        out[s:e] = metric_rows(lg, g.metric, g.target[pi], None if g.foil is None else g.foil[pi]).cpu()
+        out[s:e] = metric_of(lg, g.metric, g.target[pi], None if g.foil is None else g.foil[pi]).cpu()
     return out.reshape(C, b)
 
 
