@@ -8,7 +8,7 @@ and version are layer 0, each its own node):
     core     models, data, distributed
     viz      draws results
     methods  lenses, attribution, mixing, interventions, circuits
-    apps     report, evaluate, detect, sweeps
+    apps     report, evaluate, detect, sweeps, generation, serve
     top      cli, lenscope/__init__.py (``__init__``), __main__
 
 Every import counts: module level and inside functions, ``import x`` and ``from x import y``, relative ones
@@ -30,7 +30,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "core": ("models", "data", "distributed"),
     "viz": ("viz",),
     "methods": ("lenses", "attribution", "mixing", "interventions", "circuits"),
-    "apps": ("report", "evaluate", "detect", "sweeps"),
+    "apps": ("report", "evaluate", "detect", "sweeps", "generation", "serve"),
     "top": ("cli", "__init__", "__main__"),
 }
 RANK = {pkg: i for i, pkgs in enumerate(LAYERS.values()) for pkg in pkgs}
