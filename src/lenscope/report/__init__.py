@@ -19,7 +19,8 @@ from ..errors import InputError
 from .context import ReportContext, packed, unpack
 from .sections import SECTION_KEYS, SECTIONS, Section
 
-__all__ = ["Report", "build_report", "ReportContext", "Section", "SECTIONS", "SECTION_KEYS", "packed", "unpack"]
+__all__ = ["Report", "build_report", "run_section", "report_meta", "ReportContext", "Section", "SECTIONS",
+           "SECTION_KEYS", "packed", "unpack"]
 
 
 @dataclass
@@ -102,26 +103,38 @@ def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None
     for sec in chosen:
         if progress is not None:
             progress(sec.key, sec.title)
-        rec = {"key": sec.key, "title": sec.title, "blurb": sec.blurb}
-        reason = sec.skip_reason(ctx)
-        t = time.perf_counter()
-        if reason is not None:
-            rec["note"] = reason
-        else:
-            rec["data"] = sec.compute(ctx)
-        timings[sec.key] = time.perf_counter() - t
+        rec, timings[sec.key] = run_section(ctx, sec)
         out.append(rec)
     timings["total"] = time.perf_counter() - t0
-    A = lm.anatomy
+    return Report(meta=report_meta(ctx), sections=out, checks=[c.to_dict() for c in ctx.checks],
+                  timings={k: round(v, 3) for k, v in timings.items()})
+
+
+def run_section(ctx: ReportContext, sec: Section) -> tuple[dict, float]:
+    """One view on a context: ``({"key", "title", "blurb", "data" | "note"}, seconds)``. Its checks are recorded
+    in ``ctx.checks`` (the one loop behind :func:`build_report` and ``lenscope serve``)."""
+    rec = {"key": sec.key, "title": sec.title, "blurb": sec.blurb}
+    reason = sec.skip_reason(ctx)
+    t = time.perf_counter()
+    if reason is not None:
+        rec["note"] = reason
+    else:
+        rec["data"] = sec.compute(ctx)
+    return rec, time.perf_counter() - t
+
+
+def report_meta(ctx: ReportContext) -> dict:
+    """The page's run card: the model, the text and its tokens, target and foil, lens, versions, time."""
+    A = ctx.lm.anatomy
+    lens = ctx.lens
     meta = {
-        "model": lm.name, "family": A.family, "model_type": A.model_type, "n_layers": A.n_layers,
-        "d_model": A.d_model, "causal": A.causal, "placement": A.placement, "text": text, "tokens": ctx.tokens,
+        "model": ctx.lm.name, "family": A.family, "model_type": A.model_type, "n_layers": A.n_layers,
+        "d_model": A.d_model, "causal": A.causal, "placement": A.placement, "text": ctx.text, "tokens": ctx.tokens,
         "target": ctx.token_text(ctx.target_id), "target_id": ctx.target_id, "foil": ctx.token_text(ctx.foil_id),
         "foil_id": ctx.foil_id, "target_is_top_prediction": ctx.has_logits and not ctx.target_given,
         "lens": None if lens is None else getattr(lens, "kind", type(lens).__name__),
         "versions": _versions(), "created": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
-    if corrupted is not None:
-        meta["corrupted"] = corrupted
-    return Report(meta=meta, sections=out, checks=[c.to_dict() for c in ctx.checks],
-                  timings={k: round(v, 3) for k, v in timings.items()})
+    if ctx.corrupted is not None:
+        meta["corrupted"] = ctx.corrupted
+    return meta
