@@ -17,6 +17,7 @@
     var spans = toks.map(function (t, i) {
       var s = LS.el("span", "tok", LS.show(t), strip);
       if (i === n - 1) s.classList.add("pred");
+      LS.clickable(s, "token", { position: i });
       LS.hover(s, function (tp) {
         LS.line(tp, [["position " + i + "  ", 0], [JSON.stringify(t), 1]]);
         methods.forEach(function (m) { LS.line(tp, [[(NAMES[m] || m) + ": ", 0], [LS.fmt(d.methods[m].scores[i], 4), m === current]]); });
@@ -41,6 +42,7 @@
         [LS.fmt(d.methods[methods[r]].scores[c], 4), 1]]); } });
     var scales = methods.map(function (m) { return LS.maxAbs(d.methods[m].scores); });
     hm.draw(function (r, c) { return LS.div(d.methods[methods[r]].scores[c], scales[r]); });
+    hm.cells.forEach(function (cells) { cells.forEach(function (rect, c) { LS.clickable(rect, "token", { position: c }); }); });
 
     var per = Object.keys(d.layers);
     if (!per.length) return;
@@ -55,6 +57,7 @@
       left: 34, bottom: 70, rowLabels: M[which].map(function (_, l) { return L > 20 && (L - 1 - l) % 2 ? "" : String(L - 1 - l); }),
       colLabels: toks.map(function (t) { return LS.show(t, 12); }), cls: "attr-layers",
       tip: function (tp, r, c) { var l = L - 1 - r; LS.line(tp, [["layer " + l + " \u00b7 " + JSON.stringify(toks[c]) + ": ", 0], [LS.fmt(M[which][l][c], 4), 1]]); } });
+    lh.cells.forEach(function (cells) { cells.forEach(function (rect, c) { LS.clickable(rect, "token", { position: c }); }); });
     var lg = LS.el("div", null, null, p2);
     function drawLayers() {
       var flat = []; M[which].forEach(function (r) { flat = flat.concat(r); });

@@ -48,6 +48,7 @@
       colLabels: d.heads[0].map(function (_, k) { return "H" + k; }), cls: "dla-heads",
       tip: function (tp, r, c) { LS.line(tp, [["L" + r + ".H" + c + ": ", 0], [LS.fmt(d.heads[r][c], 4), 1]]); } });
     hm.draw(function (r, c) { return LS.div(d.heads[r][c], m); });
+    hm.cells.forEach(function (cells, r) { cells.forEach(function (rect, c) { LS.clickable(rect, "head", { layer: r, head: c }); }); });
     LS.legendRamp(hp, "diverging", LS.fmt(-m, 2), LS.fmt(m, 2), 120);
   }
   LS.sections.components = function (body, d) {

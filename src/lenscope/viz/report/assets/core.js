@@ -1,10 +1,28 @@
-/* lenscope report: shared helpers. Every section script registers LS.sections[key] = function (body, data, meta). */
+/* lenscope report: shared helpers. Every section script registers LS.sections[key] = function (body, data, meta).
+   Used by the static report (its data block, drawn by LS.start) and by the app of `lenscope serve` (no data block:
+   it draws each view with LS.drawSection as its answer arrives, and listens to the views' LS.emit events). */
 (function () {
   "use strict";
-  var LS = window.LS = { sections: {} };
+  var LS = window.LS = { sections: {}, data: null };
   var NS = "http://www.w3.org/2000/svg";
 
-  LS.data = JSON.parse(document.getElementById("lenscope-data").textContent);
+  // events for exploration: a view calls LS.emit("head", {layer, head}) or LS.emit("token", {position}) when one is
+  // clicked; the app listens with LS.on; in the static report nothing listens and a click does nothing
+  var listeners = {};
+  LS.on = function (name, fn) { (listeners[name] = listeners[name] || []).push(fn); };
+  LS.listening = function (name) { return !!(listeners[name] && listeners[name].length); };
+  LS.emit = function (name, detail) {
+    (listeners[name] || []).forEach(function (fn) {
+      try { fn(detail); } catch (e) { console.error("lenscope: a " + name + " listener failed: " + e); }
+    });
+  };
+  // make `node` emit `name` with `detail` on click; class "ls-click" (the app's stylesheet gives it a pointer)
+  LS.clickable = function (node, name, detail) {
+    node.classList.add("ls-click");
+    node.setAttribute("data-emit", name);
+    node.addEventListener("click", function () { LS.emit(name, typeof detail === "function" ? detail() : detail); });
+    return node;
+  };
 
   // a packed float32 array {shape, f32: base64} -> {shape, data: Float32Array, get(i, j, ...)}
   LS.unpack = function (p) {
@@ -186,16 +204,30 @@
     return { setHi: function (s) { hiEl.textContent = s; } };
   };
 
-  function start() {
+  // draw one view into `body` (emptied first); false (with the reason written in `body`) when it cannot be drawn
+  LS.drawSection = function (body, key, data, meta) {
+    while (body.firstChild) body.removeChild(body.firstChild);
+    var draw = LS.sections[key];
+    if (!draw) { console.error("lenscope report: no renderer for section " + key); body.textContent = "No renderer for this view."; return false; }
+    try { draw(body, data, meta || {}); return true; }
+    catch (e) {
+      console.error("lenscope report: section " + key + " failed: " + e);
+      while (body.firstChild) body.removeChild(body.firstChild);
+      body.textContent = "This view could not be drawn: " + e;
+      return false;
+    }
+  };
+
+  // the static report: draw every section of its data block (read here, not when this script loads)
+  LS.start = function () {
+    var block = document.getElementById("lenscope-data");
+    LS.data = block ? JSON.parse(block.textContent) : { meta: {}, sections: [] };
     LS.data.sections.forEach(function (sec) {
       if (sec.note || !sec.data) return;
       var body = document.querySelector('#sec-' + sec.key + ' .body');
-      var draw = LS.sections[sec.key];
-      if (!body || !draw) { console.error("lenscope report: no renderer for section " + sec.key); return; }
-      try { draw(body, sec.data, LS.data.meta); }
-      catch (e) { console.error("lenscope report: section " + sec.key + " failed: " + e); body.textContent = "This view could not be drawn: " + e; }
+      if (!body) { console.error("lenscope report: no card for section " + sec.key); return; }
+      LS.drawSection(body, sec.key, sec.data, LS.data.meta);
     });
     document.body.setAttribute("data-ready", "1");
-  }
-  LS.start = start;
+  };
 })();

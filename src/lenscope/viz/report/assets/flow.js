@@ -1,7 +1,7 @@
 /* lenscope report: the information-flow graph from ALTI contributions (tokens across, layers up). */
 (function () {
   "use strict";
-  LS.sections.flow = function (body, d) {
+  LS.sections.flow = function (body, d, meta) {
     var C = LS.unpack(d.contributions), L = C.shape[0], n = d.tokens.length, thr = 0.04, focus = [C.shape[0], d.tokens.length - 1];
     var ctl = LS.el("div", "controls", null, body);
     var slider = LS.slider(ctl, "show edges above", 0.01, 0.5, 0.01, thr, function (v) { thr = v; draw(); },
@@ -17,8 +17,8 @@
       LS.text(svg, left - 10, Y(l) + 3.5, l === 0 ? "emb" : String(l), { "text-anchor": "end", "font-size": 10, fill: "#6b7280" });
     d.tokens.forEach(function (t, i) {
       var x = X(i), y = Y(0) + 12;
-      LS.text(svg, x, y, LS.show(t, 12), { "text-anchor": "end", "font-size": 10.5, "class": "mono", fill: "#374151",
-        transform: "rotate(-50 " + x + " " + y + ")" });
+      LS.clickable(LS.text(svg, x, y, LS.show(t, 12), { "text-anchor": "end", "font-size": 10.5, "class": "mono", fill: "#374151",
+        transform: "rotate(-50 " + x + " " + y + ")" }), "token", { position: i });
     });
     var nodes = [];
     for (var l2 = 0; l2 <= L; l2++) {
@@ -31,7 +31,7 @@
           LS.line(tp, [[ll === 0 ? "embedding" : "after layer " + (ll - 1), 1], ["  position " + ii + " ", 0], [JSON.stringify(d.tokens[ii]), 1]]);
           if (ll > 0) {
             var best = [];
-            for (var j = 0; j <= ii || (j < n && !LS.data.meta.causal); j++) best.push([C.get(ll - 1, ii, j), j]);
+            for (var j = 0; j <= ii || (j < n && !meta.causal); j++) best.push([C.get(ll - 1, ii, j), j]);
             best.sort(function (a, b) { return b[0] - a[0]; });
             best.slice(0, 4).forEach(function (b) { LS.line(tp, [[(b[0] * 100).toFixed(1) + "% from ", 0], [JSON.stringify(d.tokens[b[1]]), 1]]); });
           }

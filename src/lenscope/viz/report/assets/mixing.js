@@ -26,6 +26,8 @@
         LS.line(tp, [["to " + r + " ", 0], [JSON.stringify(d.tokens[r]), 1], [" from " + c + " ", 0], [JSON.stringify(d.tokens[c]), 1]]);
         LS.line(tp, [["value ", 0], [LS.fmt(U[scope].get(layer, r, c), 4), 1]]);
       } });
+    // a row is what position r's state draws on: clicking it explains the prediction at r
+    hm.cells.forEach(function (cells, r) { cells.forEach(function (rect) { LS.clickable(rect, "token", { position: r }); }); });
     var lg = LS.el("div", null, null, body);
     function draw() {
       var u = U[scope], hi = 1e-12, rowHi = [];

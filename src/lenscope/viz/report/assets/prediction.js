@@ -19,6 +19,7 @@
         fill: isT ? "#2f9e44" : isF ? "#e03131" : LS.colour("viridis", 0.25 + 0.6 * t.prob / pmax) }, svg);
       LS.text(svg, left + Math.max(1.5, barW * t.prob / pmax) + 6, y + 14, (t.prob * 100).toFixed(t.prob < 0.01 ? 2 : 1) + "%",
         { "font-size": 11.5, fill: "#374151" });
+      LS.clickable(bar, "target", { token: t.token, id: t.id });
       LS.hover(bar, function (tp) {
         LS.line(tp, [["token ", 0], [JSON.stringify(t.token), 1], ["  #" + t.id, 0]]);
         LS.line(tp, [["probability ", 0], [(t.prob * 100).toFixed(3) + "%", 1], ["   logit ", 0], [LS.fmt(t.logit, 2), 1]]);

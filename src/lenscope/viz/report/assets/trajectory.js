@@ -30,6 +30,7 @@
           LS.line(tp, [["entropy ", 0], [LS.fmt(t.entropy[s][c], 2), 1], ["  KL ", 0], [LS.fmt(t.kl[s][c], 2), 1]]);
         } });
       hm.svg.setAttribute("data-lens", t.lens);
+      hm.cells.forEach(function (cells) { cells.forEach(function (rect, c) { LS.clickable(rect, "token", { position: c }); }); });
       maps.push({ t: t, hm: hm, S: S });
     });
     function range(v) {
