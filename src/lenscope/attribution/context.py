@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, InvariantError
-from ..mixing.alti import mixing_matrices
-from ..models.algebra import attention_logit_parts, f32
+from ..mixing.alti import carry_back, mixing_matrices
+from ..models.algebra import attention_input_parts, bias_through_attention, f32, projected_value_writes
 from ..models.load import LoadedModel, require_decoder, resolve_token, token_str
 from ..models.readout import Readout
 from ..models.trace import Trace, prefix_trace, trace
@@ -40,37 +40,78 @@ def _tokens_and_trace(lm: LoadedModel, text, target, foil, position: int, tr: Tr
     return t_id, f_id, tr, position % n
 
 
-def _readout(lm: LoadedModel, tr: Trace, p: int, t_id: int, f_id: int | None) -> tuple[Tensor, float, float]:
-    """The residual-stream direction read by the logit difference at ``p``, the constant term (final-norm bias
-    and unembedding bias), and the model's logit difference (before any final soft-capping)."""
+def _readout(lm: LoadedModel, tr: Trace, rows: Tensor, t_ids: Tensor, f_ids: Tensor | None
+             ) -> tuple[Tensor, Tensor, Tensor]:
+    """For read-out positions ``rows (k,)`` with their target / foil ids ``(k,)``: the residual-stream direction
+    read by each logit difference ``(k, d_model)``, the constant terms ``(k,)`` (final-norm bias and unembedding
+    bias) and the model's logit differences ``(k,)`` (float64, before any final soft-capping)."""
     readout = Readout.from_anatomy(lm.anatomy)
-    direction = readout.pullback(readout.direction(t_id, f_id), readout.scale(f32(tr.final_in[p])))
-    return direction, readout.constant(t_id, f_id), readout.traced_logit(tr.logits[p], t_id, f_id)
+    u = readout.direction(t_ids, f_ids).T  # (k, d_model): one unembedding difference per row
+    direction = readout.pullback(u, readout.scale(f32(tr.final_in[rows])))
+    pairs = list(zip(t_ids.tolist(), [None] * len(rows) if f_ids is None else f_ids.tolist()))
+    const = torch.tensor([readout.constant(t, f) for t, f in pairs], dtype=torch.float64)
+    logit = torch.tensor([readout.traced_logit(tr.logits[int(r)], t, f) for r, (t, f) in zip(rows, pairs)],
+                         dtype=torch.float64)
+    return direction, const, logit
 
 
-def _logit_parts(lm: LoadedModel, tr: Trace, p: int, t_id: int, f_id: int | None):
-    """Per layer: head scores (layer, head, src), remainder (layer,), attention and MLP updates (layer,), plus
-    the embedding's direct term, the constant, the model's logit and the relative invariant error."""
+def attention_logit_rows(A, tr: Trace, l: int, rows: Tensor, directions: Tensor) -> tuple[Tensor, Tensor]:
+    """Layer ``l``'s attention write at positions ``rows (k,)``, each read along its own residual-stream direction
+    ``directions (k, d_model)``, per head and source (``"sources"`` bias convention): ``(k, head, src)`` scores
+    and the remainders ``(k,)``, with ``scores[r].sum() + remainder[r] == attn_write[l, rows[r]] . directions[r]``.
+
+    The directions are pulled back through a sandwich norm and then through ``W_O`` / ``W_V``
+    (:func:`~lenscope.models.algebra.projected_value_writes`), so nothing of size (src, d_model) is built; one
+    call serves every generated token of a text (``k`` rows) as well as one prediction (``k = 1``)."""
+    layer = A.layers[l]
+    attn = layer.attn
+    z, beta = attention_input_parts(layer, tr, l, "sources")
+    d_post = directions.float()
+    const = d_post.new_zeros(d_post.shape[0])
+    post = layer.ln_attn_out
+    if post is not None:
+        if post.bias is not None:
+            const = const + d_post @ post.bias.float()
+        d_post = post.pullback(d_post, post.scale(f32(tr.attn_out[l][rows])))
+    proj = projected_value_writes(attn, z, d_post, True)  # (k, head, src)
+    alpha = f32(tr.attn_probs[l][:, rows]).transpose(0, 1)  # (k, head, src)
+    rem = const + d_post @ bias_through_attention(attn, beta, False)
+    return alpha * proj, rem
+
+
+def _logit_parts(lm: LoadedModel, tr: Trace, rows: Tensor, t_ids: Tensor, f_ids: Tensor | None) -> dict:
+    """The logit parts of the predictions at positions ``rows (k,)``: head scores ``(k, layer, head, src)``,
+    remainders, attention and MLP updates ``(k, layer)``, and per row the embedding's direct term, the constant,
+    the model's logit difference, the relative invariant error and the completeness error ``(k,)``."""
     A = lm.anatomy
-    direction, const, logit = _readout(lm, tr, p, t_id, f_id)
+    direction, const, logit = _readout(lm, tr, rows, t_ids, f_ids)
     heads, rems = [], []
     for l in range(A.n_layers):
-        h, r = attention_logit_parts(A, tr, l, p, direction, "sources")
+        h, r = attention_logit_rows(A, tr, l, rows, direction)
         heads.append(h)
         rems.append(r)
-    head_scores = torch.stack(heads)  # (layer, head, src)
-    rem = torch.stack(rems)
-    attn_update = f32(tr.attn_write[:, p]) @ direction
-    mlp_update = f32(tr.mlp_write[:, p]) @ direction
-    embed = float(f32(tr.embed[p]) @ direction)
-    layer_scores = head_scores.sum(1)
+    head_scores = torch.stack(heads, 1)  # (k, layer, head, src)
+    rem = torch.stack(rems, 1)  # (k, layer)
+    attn_update = torch.einsum("lkd,kd->kl", f32(tr.attn_write[:, rows]), direction)
+    mlp_update = torch.einsum("lkd,kd->kl", f32(tr.mlp_write[:, rows]), direction)
+    embed = (f32(tr.embed[rows]) * direction).sum(-1).double()
+    layer_scores = head_scores.sum(2)
     gap = (layer_scores.double().sum(-1) + rem.double() - attn_update.double()).abs()
-    scale = (attn_update.double().abs() + layer_scores.double().abs().sum(-1) + rem.double().abs()).max()
-    inv = float(gap.max() / scale.clamp_min(1e-12))
-    total = embed + const + float(attn_update.double().sum() + mlp_update.double().sum())
+    scale = (attn_update.double().abs() + layer_scores.double().abs().sum(-1) + rem.double().abs()).amax(-1)
+    inv = gap.amax(-1) / scale.clamp_min(1e-12)
+    total = embed + const + attn_update.double().sum(-1) + mlp_update.double().sum(-1)
     return dict(head_scores=head_scores, remainder=rem, attention_update=attn_update, mlp_update=mlp_update,
-                embed=embed, const=const, logit=logit, invariant_error=inv,
-                completeness_error=abs(total - logit))
+                embed=embed, const=const, logit=logit, invariant_error=inv, completeness_error=(total - logit).abs())
+
+
+def _one(t_id: int, f_id: int | None) -> tuple[Tensor, Tensor | None]:
+    """One prediction's target and foil as the ``(1,)`` id tensors of the row functions."""
+    return torch.tensor([t_id]), None if f_id is None else torch.tensor([f_id])
+
+
+def _row(parts: dict, r: int = 0) -> dict:
+    """Row ``r`` of :func:`_logit_parts` (numbers as Python floats): one prediction's parts."""
+    return {k: (float(v[r]) if v.dim() == 1 else v[r]) for k, v in parts.items()}
 
 
 def tolerance(lm: LoadedModel) -> float:
@@ -98,7 +139,7 @@ def _logit_request(lm: LoadedModel, method: str, title: str, text, target, foil,
     if target is None:
         raise InputError(f"{title} needs a target token (--target)")
     t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)
-    parts = _logit_parts(lm, tr, p, t_id, f_id)
+    parts = _row(_logit_parts(lm, tr, torch.tensor([p]), *_one(t_id, f_id)))
     _refuse(parts["invariant_error"], method, lm)
     return t_id, f_id, tr, p, parts
 
@@ -139,6 +180,33 @@ def logit_explanation(lm: LoadedModel, text, target, foil=None, *, position: int
                         remainder=parts["remainder"], invariant_error=parts["invariant_error"], info=_info(parts))
 
 
+def alti_logit_rows(lm: LoadedModel, parts: dict, mm) -> tuple[Tensor, Tensor]:
+    """ALTI-Logit of several predictions from one ALTI computation: the per-layer logit updates of
+    :func:`_logit_parts` ``(k, layer, src)`` carried back to the input tokens through the rollout of the layers
+    below (:func:`~lenscope.mixing.alti.carry_back` on ``mm.contributions``, ``mixing_matrices(...,
+    rollout=False)`` is enough). In a causal model a prefix's contributions are the top-left block of the full
+    text's, and a prediction's updates are exactly zero after its position, so one ALTI of the whole text serves
+    every position. Returns ``carried (k, layer, src)`` float64 and the invariant errors ``(k,)``: the
+    logit parts' and how far carrying back moved each layer's sum."""
+    delta = parts["head_scores"].sum(2).double()  # (k, layer, src)
+    carried = carry_back(mm.contributions, delta.transpose(0, 1)).transpose(0, 1)
+    gap = (carried.sum(-1) - delta.sum(-1)).abs().amax(-1)
+    scale = delta.abs().sum(-1).amax(-1).clamp_min(1e-12)
+    inv = torch.maximum(parts["invariant_error"].double(), gap / scale).clamp_min(mm.row_sum_error)
+    return carried, inv
+
+
+def rollout_rows(mm, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows ``rows (k,)`` of the ALTI / value-zeroing rollout after every layer, ``(k, layer, src)`` float64, from
+    the contributions alone (``M^l[i] = C^l[i] M^{l-1}``, :func:`~lenscope.mixing.alti.carry_back`), and the
+    invariant errors ``(k,)``: the decomposition's completeness error and the largest deviation of a
+    contribution or carried row sum from one."""
+    C = mm.contributions
+    out = carry_back(C, C[:, rows]).transpose(0, 1)
+    row_err = (out.sum(-1) - 1).abs().amax(-1)
+    return out, row_err.clamp_min(max(mm.row_sum_error, mm.completeness_error))
+
+
 @torch.no_grad()
 def alti_logit_explanation(lm: LoadedModel, text, target, foil=None, *, position: int = -1,
                            tr: Trace | None = None) -> Explanation:
@@ -148,22 +216,23 @@ def alti_logit_explanation(lm: LoadedModel, text, target, foil=None, *, position
     ``layer_scores[l] = Delta^l M^{l-1}``; ``scores`` sums them. Mixing only redistributes:
     ``layer_scores[l].sum() == Delta^l.sum()`` for every layer (checked in ``invariant_error``).
     """
-    t_id, f_id, tr, p, parts = _logit_request(lm, "alti-logit", "the ALTI-Logit explanation", text, target, foil,
-                                              position, tr)
+    require_decoder(lm, "the ALTI-Logit explanation", sum_of_blocks=True,
+                    instead="use --method alti or value-zeroing for a context-mixing explanation")
+    if target is None:
+        raise InputError("the ALTI-Logit explanation needs a target token (--target)")
+    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)
     sub = prefix_trace(tr, p + 1)  # causal: positions after p neither see nor reach p
-    mm = mixing_matrices(lm.anatomy, sub, "alti", model_name=lm.name)
-    delta = parts["head_scores"].sum(1)[:, : p + 1].double()  # (layer, src)
-    carried = delta.clone()
-    for l in range(1, delta.shape[0]):  # one layer at a time: no float64 copy of the whole rollout
-        carried[l] = delta[l] @ mm.rollout[l - 1].double()
-    gap = (carried.sum(-1) - delta.sum(-1)).abs().max()
-    scale = delta.abs().sum(-1).max().clamp_min(1e-12)
-    inv = max(parts["invariant_error"], float(gap / scale), mm.row_sum_error)
+    parts = _logit_parts(lm, sub, torch.tensor([p]), *_one(t_id, f_id))
+    _refuse(float(parts["invariant_error"][0]), "alti-logit", lm)
+    mm = mixing_matrices(lm.anatomy, sub, "alti", model_name=lm.name, rollout=False)
+    carried, inv = alti_logit_rows(lm, parts, mm)
+    inv = float(inv[0])
     _refuse(inv, "alti-logit", lm)
-    info = _info(parts) | {"alti_completeness_error": mm.completeness_error, "degenerate_rows": mm.degenerate_rows}
-    return _explanation(lm, "alti-logit", tr, p, t_id, f_id, carried.sum(0), layer_scores=carried,
-                        attention_update=parts["attention_update"], mlp_update=parts["mlp_update"],
-                        remainder=parts["remainder"], invariant_error=inv, info=info)
+    one = _row(parts)
+    info = _info(one) | {"alti_completeness_error": mm.completeness_error, "degenerate_rows": mm.degenerate_rows}
+    return _explanation(lm, "alti-logit", tr, p, t_id, f_id, carried[0].sum(0), layer_scores=carried[0],
+                        attention_update=one["attention_update"], mlp_update=one["mlp_update"],
+                        remainder=one["remainder"], invariant_error=inv, info=info)
 
 
 @torch.no_grad()
@@ -175,12 +244,12 @@ def rollout_explanation(lm: LoadedModel, text, *, method: str = "alti", position
     t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)
     A = lm.anatomy
     sub = prefix_trace(tr, p + 1) if A.causal else tr
-    mm = mixing_matrices(A, sub, method, model_name=lm.name)
-    rows = mm.rollout[:, p]  # (layer, src)
-    inv = max(mm.row_sum_error, mm.completeness_error)
+    mm = mixing_matrices(A, sub, method, model_name=lm.name, rollout=False)
+    rows, err = rollout_rows(mm, torch.tensor([p]))
+    rows, inv = rows[0], float(err[0])
     if not inv <= tolerance(lm):
         raise InvariantError(f"{method}: contribution rows or the decomposition are off by {inv:.2e} (limit "
                              f"{tolerance(lm):g}); run `lenscope verify --model {lm.name}`")
-    info = {"completeness_error": mm.completeness_error, "row_sum_error": mm.row_sum_error,
-            "degenerate_rows": mm.degenerate_rows}
+    info = {"completeness_error": mm.completeness_error, "row_sum_error": max(mm.row_sum_error, float(
+        (rows.sum(-1) - 1).abs().max())), "degenerate_rows": mm.degenerate_rows}
     return _explanation(lm, method, tr, p, t_id, f_id, rows[-1], layer_scores=rows, invariant_error=inv, info=info)
