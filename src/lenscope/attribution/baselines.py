@@ -26,11 +26,11 @@ Batches (captum's ``attribute()`` contract: one implementation per method, batch
 method has a ``*_rows`` form, the one implementation that the single-text function calls with a batch of one
 (:func:`gradient_rows`, :func:`integrated_gradients_rows`, :func:`erasure_rows`, and :func:`logit_diff_rows`
 for ``f`` alone). It takes ``ids (batch, pos)`` (equal-length rows, no padding), per-row ``target``/``foil
-(batch,)`` ids, the explained ``position``, ``internal_batch_size`` (rows per forward/backward pass) or
-``max_tokens`` (tokens per pass), and ``last_only`` (causal models at the last position: only the last logits
-are computed), and returns per-row scores ``(batch, pos)`` and ``f (batch,)``. The model runs in its own
-dtype (float32 unless loaded otherwise); scores come back as float32 on the CPU. The model is not changed:
-gradients are taken with respect to the embeddings only, and dropout is off while the methods run.
+(batch,)`` ids, the explained ``position`` (one int, or one per row), ``internal_batch_size`` (rows per
+forward/backward pass) or ``max_tokens`` (tokens per pass), and ``last_only`` (causal models at the last
+position: only the last logits are computed), and returns per-row scores ``(batch, pos)`` and ``f (batch,)``.
+The model runs in its own dtype (float32 unless loaded otherwise); scores come back as float32 on the CPU. The
+model is not changed: gradients are taken with respect to the embeddings only, and dropout is off while the methods run.
 
 Integrated gradients and the zero baseline: norms rescale their input, so near ``alpha = 0`` (where the
 residual stream is smaller than ``sqrt(eps)``) ``f(alpha e)`` can change on a logarithmic scale (RMSNorm
@@ -104,10 +104,11 @@ def _position(position, n: int) -> int:
     return int(position) % n
 
 
-def _rows(lm: LoadedModel, method: str, ids, target, foil, position: int,
-          last_only: bool) -> tuple[Tensor, Tensor, Tensor | None, int]:
+def _rows(lm: LoadedModel, method: str, ids, target, foil, position,
+          last_only: bool) -> tuple[Tensor, Tensor, Tensor | None, int | Tensor]:
     """A validated batch: ``ids (batch, pos)`` on the model's device, ``target``/``foil (batch,)`` ids (foil None
-    for a plain logit) and the explained position ``p`` in ``0..pos-1``."""
+    for a plain logit) and the explained position ``p`` in ``0..pos-1``: one int for every row, or (``position``
+    a sequence or tensor of ``batch`` ints) a ``(batch,)`` tensor, one per row."""
     from ..models.devices import main_device
 
     require_decoder(lm, method, instead=_NO_TARGET)
@@ -122,11 +123,23 @@ def _rows(lm: LoadedModel, method: str, ids, target, foil, position: int,
         if x is not None and x.numel() != B:
             raise InputError(f"{name} must hold one token id per row ({B}), got {x.numel()}")
         per_row.append(x)
-    p = _position(position, n)
-    if last_only and (p != n - 1 or not lm.anatomy.causal):
+    if isinstance(position, (int, np.integer)) or isinstance(position, bool):
+        p = _position(position, n)
+    else:
+        p = torch.as_tensor(position, dtype=torch.long).reshape(-1)
+        if p.numel() != B or bool(((p < -n) | (p >= n)).any()):
+            raise InputError(f"position must be one int or one position per row ({B}) within -{n}..{n - 1}, got "
+                             f"{position!r}")
+        p = (p % n).to(device)
+    if last_only and (not isinstance(p, int) or p != n - 1 or not lm.anatomy.causal):
         raise InputError("last_only reads the last position's logits only: it needs a causal model and the last "
                          "position")
     return ids, per_row[0], per_row[1], p
+
+
+def _at(p: int | Tensor, rows) -> int | Tensor:
+    """The explained position(s) of a chunk of ``rows`` (a slice or index tensor): ``p`` itself when it is one int."""
+    return p if isinstance(p, int) else p[rows]
 
 
 def _chunk(rows: int, row_tokens: int, internal_batch_size: int | None, max_tokens: int | None) -> int:
@@ -172,9 +185,10 @@ def model_logits(lm: LoadedModel, *, input_ids: Tensor | None = None, inputs_emb
 #
 # Every ``*_rows`` function takes ``ids (batch, pos)`` (rows of equal length, no padding, so each row computes
 # what it computes alone), ``target``/``foil (batch,)`` per-row token ids (no foil: the target's logit alone)
-# and the explained ``position`` (the same in every row). ``last_only`` (causal models, ``position`` the last
-# one): the model computes the last position's logits only. ``internal_batch_size`` rows per forward (and
-# backward) pass, or as many as fit in ``max_tokens`` tokens; default all rows in one pass.
+# and the explained ``position`` (one int for every row, or one per row: e.g. every generated token of one
+# text). ``last_only`` (causal models, ``position`` the last one): the model computes the last position's
+# logits only. ``internal_batch_size`` rows per forward (and backward) pass, or as many as fit in ``max_tokens``
+# tokens; default all rows in one pass.
 
 
 @torch.no_grad()
@@ -195,16 +209,16 @@ def gradient_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: 
     ``"f": (batch,)`` float64 CPU, from one forward and one backward pass per chunk of rows."""
     ids, t, f, p = _rows(lm, "gradient attribution", ids, target, foil, position, last_only)
     B, n = ids.shape
-    at = -1 if last_only else p
     chunk = _chunk(B, n, internal_batch_size, max_tokens)
     with torch.no_grad():
         e = lm.model.get_input_embeddings()(ids).detach()  # (batch, pos, d_model)
     grads, objs = [], []
     with eval_mode(lm.model), torch.enable_grad():
         for s in range(0, B, chunk):
-            x = e[s : s + chunk].clone().requires_grad_(True)
-            obj = metric_of(model_logits(lm, inputs_embeds=x, last_only=last_only), "logit_diff", t[s : s + chunk],
-                            None if f is None else f[s : s + chunk], at=at)
+            rows = slice(s, s + chunk)
+            x = e[rows].clone().requires_grad_(True)
+            obj = metric_of(model_logits(lm, inputs_embeds=x, last_only=last_only), "logit_diff", t[rows],
+                            None if f is None else f[rows], at=-1 if last_only else _at(p, rows))
             (g,) = torch.autograd.grad(obj.sum(), x)
             grads.append(g.detach())
             objs.append(obj.detach())
@@ -284,11 +298,10 @@ def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *
     """
     ids, t, f, p = _rows(lm, "integrated gradients", ids, target, foil, position, last_only)
     B, n = ids.shape
-    at = -1 if last_only else p
     base, binfo = ig_baseline(lm, baseline)
 
     def objective(logits: Tensor, rb: Tensor) -> Tensor:
-        return metric_of(logits, "logit_diff", t[rb], None if f is None else f[rb], at=at)
+        return metric_of(logits, "logit_diff", t[rb], None if f is None else f[rb], at=-1 if last_only else _at(p, rb))
 
     with torch.no_grad():
         e = lm.model.get_input_embeddings()(ids).detach()
@@ -342,18 +355,21 @@ def erasure_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: i
     0). Every example's ablated sequences are rows of one batch, in row order (example, erased token), each
     ``pos - 1`` tokens long (``position`` in a causal model); ``f_input (batch,)``, ``f`` on the full inputs, is
     computed (:func:`logit_diff_rows`) unless given. ``last_only`` applies to that pass; the ablated sequences
-    of a causal model always keep only their last logits.
+    of a causal model always keep only their last logits. ``position`` may also hold one position per row (causal
+    models; e.g. every generated token of one text): see :func:`_erasure_per_row`.
     """
     ids, t, f, p = _rows(lm, "erasure", ids, target, foil, position, last_only)
     B, n = ids.shape
     causal = lm.anatomy.causal
     if n < 2:
         raise InputError("erasure needs at least 2 tokens: removing the only token leaves nothing to run")
-    if causal and p == 0:
+    if causal and bool((torch.as_tensor(p) == 0).any()):
         raise InputError(
             "erasure cannot explain position 0 of a causal model: removing that token leaves no context to "
             "predict from; explain a later position"
         )
+    if not isinstance(p, int):
+        return _erasure_per_row(lm, ids, t, f, p, f_input, internal_batch_size, max_tokens)
     # causal: the prediction at p depends on tokens 0..p only, so erase among those (the rest score 0)
     m = p + 1 if causal else n
     src = torch.arange(m, device=ids.device)
@@ -381,6 +397,42 @@ def erasure_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: i
     f_input = torch.as_tensor(f_input).to(device=ids.device, dtype=torch.float64).reshape(B)
     scores = torch.zeros(B, n, dtype=torch.float32)
     scores[:, src.cpu()] = (f_input[:, None] - f_ablated.double().view(B, S)).float().cpu()
+    return {"erasure": scores, "f": f_input.cpu()}
+
+
+def _erasure_per_row(lm: LoadedModel, ids: Tensor, t: Tensor, f: Tensor | None, p: Tensor, f_input,
+                     internal_batch_size: int | None, max_tokens: int | None) -> dict[str, Tensor]:
+    """:func:`erasure_rows` with one explained position per row (``p (batch,)``, causal models): each distinct
+    sequence is ablated once per erased token ``j`` (the copies no row needs are skipped), and that copy serves
+    every row that explains a position ``p_b >= j``, read at ``p_b - 1`` (where ``p_b`` ends up once ``j`` is
+    gone; for ``j = p_b`` the prediction at the token before). So the explanations of every generated token of
+    one text cost one copy per source, not one per (token, source)."""
+    if not lm.anatomy.causal:
+        raise InputError("one explained position per row needs a causal model; give one position for every row")
+    B, n = ids.shape
+    dev = ids.device
+    uniq, inverse = torch.unique(ids, dim=0, return_inverse=True)
+    m = int(p.max()) + 1  # no row reads past m - 1, so the copies keep tokens 0..m-1 only
+    U = uniq.shape[0]
+    keep = ~torch.eye(m, dtype=torch.bool, device=dev)  # (erased j, pos)
+    ablated = uniq[:, None, :m].expand(U, m, m)[:, keep].reshape(U * m, m - 1)
+    b_idx, j_idx = (torch.arange(m, device=dev)[None, :] <= p[:, None]).nonzero(as_tuple=True)  # (row, erased j)
+    need, copy = torch.unique(inverse[b_idx] * m + j_idx, return_inverse=True)  # copies to run; each pair's copy
+    read = p[b_idx] - 1
+    chunk = _chunk(len(need), m - 1, internal_batch_size, max_tokens)
+    chunk = min(chunk, max(1, 2**26 // ((m - 1) * lm.anatomy.vocab_size)))  # all logits: <= 256 MB per chunk
+    f_ablated = torch.empty(len(b_idx), dtype=torch.float64, device=dev)
+    with eval_mode(lm.model), torch.no_grad():
+        for s in range(0, len(need), chunk):
+            logits = model_logits(lm, input_ids=ablated[need[s : s + chunk]])
+            sel = ((copy >= s) & (copy < s + chunk)).nonzero(as_tuple=True)[0]
+            f_ablated[sel] = metric_of(logits[copy[sel] - s, read[sel]], "logit_diff", t[b_idx[sel]],
+                                       None if f is None else f[b_idx[sel]]).double()
+    if f_input is None:
+        f_input = logit_diff_rows(lm, ids, t, f, position=p)
+    f_input = torch.as_tensor(f_input).to(device=dev, dtype=torch.float64).reshape(B)
+    scores = torch.zeros(B, n, dtype=torch.float32)
+    scores[b_idx.cpu(), j_idx.cpu()] = (f_input[b_idx] - f_ablated).float().cpu()
     return {"erasure": scores, "f": f_input.cpu()}
 
 
