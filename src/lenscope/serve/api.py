@@ -1,0 +1,332 @@
+"""What the server computes, as plain functions of a request's fields (run in the model's worker thread): the report
+views (:func:`lenscope.report.run_section` on a shared :class:`~lenscope.report.ReportContext`), one head (its
+pattern, what it writes through the unembedding, its direct logit attribution, its patching effect), one token
+(every attribution method at a position) and the static report page. Nothing here re-derives a method: each reads
+the report, the attribution, the readout or the patching code."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import InputError, NotApplicableError
+from ..report import SECTION_KEYS, SECTIONS, Report, ReportContext, report_meta, run_section
+from ..report.sections import Attribution
+from .jobs import LRU, ApiError, Jobs, ModelPool
+
+SECTION_BY_KEY = {cls.key: cls for cls in SECTIONS}
+FIRST_VIEWS = ("prediction", "trajectory", "components")
+
+
+@dataclass
+class Entry:
+    """A cached context: the :class:`ReportContext` (its trace shared by every view of the same input), its run
+    card, the seconds its trace took, and whether the target/foil were the model's own top two."""
+
+    ctx: ReportContext
+    meta: dict
+    trace_s: float
+    default_keys: list[str]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _tok(ctx: ReportContext, tid: int | None) -> dict | None:
+    return None if tid is None else {"token": ctx.token_text(tid), "id": int(tid)}
+
+
+def _r(x: float, digits: int = 5) -> float | None:
+    """A float for JSON as the report writes it: 5 significant digits, None for NaN or infinity."""
+    x = float(x)
+    return float(f"{x:.{digits}g}") if math.isfinite(x) else None
+
+
+def _rl(t, digits: int = 5) -> list:
+    return [_r(v, digits) for v in torch.as_tensor(t).reshape(-1).tolist()]
+
+
+def _line(e: BaseException) -> str:
+    s = str(e).strip()
+    return s.splitlines()[0] if s else type(e).__name__
+
+
+class Service:
+    """The server's state: models (:class:`ModelPool`), workers (:class:`Jobs`), the context and result caches."""
+
+    def __init__(self, models: list[str], *, max_tokens: int = 512, max_queue: int = 16, max_resident: int = 2,
+                 lens: str | None = None, cache_size: int = 256, contexts: int = 8, loader=None):
+        self.models = list(models)
+        self.max_tokens = int(max_tokens)
+        self.contexts = LRU(contexts)
+        self.results = LRU(cache_size)
+        self.extras = LRU(cache_size)  # head patching sweeps and token explanations
+        self.pool = ModelPool(max_resident, lens, loader=loader, on_unload=self.forget)
+        self.jobs = Jobs(max_queue)
+        self.max_resident = self.pool.max_resident
+
+    def forget(self, name: str) -> None:
+        """Drop what was cached for a model that is let go (its traces hold most of the memory)."""
+        for c in (self.contexts, self.results, self.extras):
+            c.drop(lambda k: k[0] == name)
+
+    # ------------------------------------------------------------------------------------------ models
+
+    def models_info(self) -> list[dict]:
+        out = []
+        for name in self.models:
+            got = self.pool.loaded(name)
+            if got is None:
+                out.append({"name": name, "loaded": False})
+                continue
+            A = got[0].anatomy
+            out.append({"name": name, "loaded": True, "family": A.family, "n_layers": A.n_layers,
+                        "n_heads": max((l.attn.n_heads for l in A.layers), default=0), "causal": bool(A.causal),
+                        "has_logits": A.unembed is not None})
+        return out
+
+    # ----------------------------------------------------------------------------------------- context
+
+    def context(self, name: str, text: str, target=None, foil=None, corrupted=None) -> Entry:
+        """The shared context of one input (cached): validates the text (400 / 413), resolves the target and foil
+        (default: the model's top prediction and runner-up), computes the one trace."""
+        key = (name, text, target, foil, corrupted)
+        got = self.contexts.get(key)
+        if got is not None:
+            return got
+        from ..models.load import token_ids
+
+        lm, lens = self.pool.get(name)
+        n = token_ids(lm, text).numel()
+        if n > self.max_tokens:
+            raise ApiError(413, f"the text is {n} tokens long, more than this server's limit of {self.max_tokens} "
+                                "(--max-tokens); shorten it")
+        t = time.perf_counter()
+        defaulted = target is None and lm.anatomy.unembed is not None
+        base = None
+        if defaulted:
+            base = ReportContext(lm, text, lens=lens)
+            top = torch.topk(base.final_logits, 2).indices.tolist()
+            target = f"#{top[0]}"
+            if foil is None:
+                foil = f"#{top[1]}"
+        ctx = ReportContext(lm, text, target, foil, lens=lens, corrupted=corrupted)
+        if base is not None:
+            ctx.__dict__["trace"] = base.trace  # the one forward pass (cached_property's slot)
+        ctx.target_id, ctx.foil_id  # noqa: B018 - a target/foil that is not one token is refused here (400)
+        ctx.trace  # noqa: B018
+        trace_s = time.perf_counter() - t
+        meta = report_meta(ctx)
+        if defaulted:
+            meta["target_is_top_prediction"] = True
+        entry = Entry(ctx, meta, round(trace_s, 3), [c.key for c in SECTIONS if c().wanted(ctx)])
+        self.contexts.put(key, entry)
+        return entry
+
+    # ----------------------------------------------------------------------------------------- analyze
+
+    @staticmethod
+    def section_keys(sections, entry: Entry | None = None) -> list[str]:
+        """The requested view keys (unknown ones refused), or the context's default views."""
+        if sections is None:
+            return [] if entry is None else list(entry.default_keys)
+        unknown = [k for k in sections if k not in SECTION_KEYS]
+        if unknown:
+            raise InputError(f"unknown section(s) {unknown}; choose from {', '.join(SECTION_KEYS)}")
+        return list(dict.fromkeys(sections))
+
+    def _section(self, ckey: tuple, entry: Entry, key: str) -> tuple[dict, list, float]:
+        rkey = ckey + (key,)
+        hit = self.results.get(rkey)
+        if hit is not None:
+            return hit
+        ctx = entry.ctx
+        sec = SECTION_BY_KEY[key]()
+        with entry.lock:
+            n0 = len(ctx.checks)
+            try:
+                rec, secs = run_section(ctx, sec)
+            except NotApplicableError as e:
+                rec, secs = {"key": sec.key, "title": sec.title, "blurb": sec.blurb, "note": _line(e)}, 0.0
+            checks = [c.to_dict() for c in ctx.checks[n0:]]
+        out = (rec, checks, round(secs, 3))
+        self.results.put(rkey, out)
+        return out
+
+    def analyze(self, name: str, text: str, target=None, foil=None, corrupted=None, sections=None,
+                cached_only: bool = False) -> dict | None:
+        """``POST /api/analyze``. ``cached_only``: answer only from the caches (None when something must be
+        computed), so that a repeated request needs no worker."""
+        ckey = (name, text, target, foil, corrupted)
+        if cached_only:
+            entry = self.contexts.get(ckey)
+            if entry is None:
+                return None
+            keys = self.section_keys(sections, entry)
+            hits = [self.results.get(ckey + (k,)) for k in keys]
+            if any(h is None for h in hits):
+                return None
+        else:
+            entry = self.context(name, text, target, foil, corrupted)
+            keys = self.section_keys(sections, entry)
+            hits = [self._section(ckey, entry, k) for k in keys]
+        ctx = entry.ctx
+        out = {"model": name, "text": text, "tokens": ctx.tokens, "target": _tok(ctx, ctx.target_id),
+               "foil": _tok(ctx, ctx.foil_id), "checks": [], "sections": {}, "notes": {},
+               "timings": {"trace": entry.trace_s}, "meta": entry.meta}
+        for k, (rec, checks, secs) in zip(keys, hits):
+            if "note" in rec:
+                out["notes"][k] = rec["note"]
+            else:
+                out["sections"][k] = rec["data"]
+            out["checks"].extend(checks)
+            out["timings"][k] = secs
+        return out
+
+    def report(self, name: str, text: str, target=None, foil=None, corrupted=None) -> str:
+        """``GET /api/report``: today's static page (:meth:`lenscope.report.Report.html`) from the cached views."""
+        ckey = (name, text, target, foil, corrupted)
+        entry = self.context(name, text, target, foil, corrupted)
+        keys = self.section_keys(None, entry)
+        recs, checks, timings = [], [], {"trace": entry.trace_s}
+        for k in keys:
+            rec, ch, secs = self._section(ckey, entry, k)
+            recs.append(rec)
+            checks.extend(ch)
+            timings[k] = secs
+        timings["total"] = round(sum(timings.values()), 3)
+        return Report(meta=entry.meta, sections=recs, checks=checks, timings=timings).html()
+
+    # -------------------------------------------------------------------------------------------- head
+
+    def head(self, name: str, text: str, layer: int, head: int, target=None, foil=None, corrupted=None) -> dict:
+        """``POST /api/head``: one head's attention pattern, its write at the last position read through the final
+        norm (traced scale) and the unembedding, its direct logit attribution, and with ``corrupted`` the clean
+        run's logit difference with this head patched in from the corrupted run."""
+        entry = self.context(name, text, target, foil, corrupted)
+        ctx = entry.ctx
+        lm = ctx.lm
+        A = lm.anatomy
+        if not 0 <= layer < A.n_layers:
+            raise InputError(f"layer {layer} is outside the model's layers 0..{A.n_layers - 1}")
+        H = A.layers[layer].attn.n_heads
+        if not 0 <= head < H:
+            raise InputError(f"head {head} is outside layer {layer}'s heads 0..{H - 1}")
+        ckey = (name, text, target, foil, corrupted)
+        hit = self.extras.get(ckey + ("head", layer, head))
+        if hit is not None:
+            return hit
+        tr = ctx.trace
+        p = len(ctx.ids) - 1
+        out = {"layer": layer, "head": head, "tokens": ctx.tokens, "position": p,
+               "pattern": [_rl(r) for r in tr.attn_probs[layer][head].float()], "promoted": None,
+               "suppressed": None, "dla": None, "patch": None, "notes": {}}
+        with entry.lock:
+            try:
+                out.update(self._head_write(ctx, layer, head, p))
+            except NotApplicableError as e:
+                out["notes"]["write"] = _line(e)
+            if corrupted is not None:
+                out["patch"] = self._head_patch(ckey, ctx, layer, head)
+        self.extras.put(ckey + ("head", layer, head), out)
+        return out
+
+    @staticmethod
+    def _head_write(ctx: ReportContext, layer: int, head: int, p: int) -> dict:
+        from ..attribution.dla import _head_writes
+        from ..models.load import require_decoder
+        from ..models.readout import Readout
+
+        lm = ctx.lm
+        require_decoder(lm, "a head's write read through the unembedding", sum_of_blocks=True,
+                        instead="pick a decoder model")
+        readout = Readout.from_anatomy(lm.anatomy)
+        s = readout.scale(ctx.trace.final_in[p])
+        vec = _head_writes(lm.anatomy, ctx.trace, layer, p)[0][head]
+        logits = readout.part_logits(vec, s, readout.W_U.float())
+        k = min(10, logits.numel())
+        up, down = torch.topk(logits, k), torch.topk(-logits, k)
+        dla = readout.part_logits(vec, s, readout.direction(ctx.target_id, ctx.foil_id))
+        return {"promoted": [{"token": ctx.token_text(i), "id": int(i), "value": _r(v)}
+                             for v, i in zip(up.values.tolist(), up.indices.tolist())],
+                "suppressed": [{"token": ctx.token_text(i), "id": int(i), "value": _r(-v)}
+                               for v, i in zip(down.values.tolist(), down.indices.tolist())],
+                "dla": _r(dla)}
+
+    def _head_patch(self, ckey: tuple, ctx: ReportContext, layer: int, head: int) -> dict:
+        from ..interventions.patching import activation_patching
+
+        pkey = ckey + ("patch",)
+        res = self.extras.get(pkey)
+        if res is None:
+            res = activation_patching(ctx.lm, ctx.text, ctx.corrupted, ctx.target_id, ctx.foil_id, what="heads",
+                                      noising=True)
+            self.extras.put(pkey, res)
+        clean, patched = float(res.clean_metric), float(res.raw[layer, head])
+        return {"clean": _r(clean), "corrupted": _r(res.corrupted_metric), "patched": _r(patched),
+                "effect": _r(patched - clean)}
+
+    # ------------------------------------------------------------------------------------------- token
+
+    def token(self, name: str, text: str, position: int, target=None, foil=None) -> dict:
+        """``POST /api/token``: every attribution method's explanation of the prediction at ``position``."""
+        from ..attribution.explain import explain
+        from ..attribution.explanation import ROLLOUT_METHODS
+        from ..models.load import resolve_token
+
+        entry = self.context(name, text)
+        ctx = entry.ctx
+        lm = ctx.lm
+        P = len(ctx.ids)
+        if not -P <= position < P:
+            raise InputError(f"position {position} is outside the text's {P} tokens (0..{P - 1})")
+        p = position % P
+        tkey = (name, text, None, None, None, "token", p, target, foil)
+        hit = self.extras.get(tkey)
+        if hit is not None:
+            return hit
+        A = lm.anatomy
+        has_logits = A.unembed is not None
+        if (target is not None or foil is not None) and not has_logits:
+            raise InputError(f"{name} has no language-model head, so there is no target to explain; leave out "
+                             "target and foil")
+        tr = ctx.trace
+        tid = fid = None
+        if has_logits:
+            if target is not None:
+                tid = resolve_token(lm, target)
+            else:
+                lg = tr.logits[p] if tr.logits is not None else A.logits(tr.final_in[p:p + 1])[0]
+                tid = int(lg.float().argmax())
+            fid = None if foil is None else resolve_token(lm, foil)
+        if has_logits and A.causal:
+            methods = Attribution.methods
+        elif has_logits:
+            methods = tuple(m for m in Attribution.methods if m not in ("logit", "alti-logit"))
+        else:
+            methods = ("alti", "value-zeroing")
+        out = {"position": p, "token": ctx.tokens[p], "target": _tok(ctx, tid), "foil": _tok(ctx, fid),
+               "methods": {}, "notes": {}}
+        with entry.lock:
+            for m in methods:
+                kw = {"tr": tr} if m in ("logit", "alti-logit", "alti", "value-zeroing") else {}
+                if m == "ig":
+                    kw["steps"] = 32
+                needs_target = m not in ROLLOUT_METHODS
+                try:
+                    e = explain(lm, ctx.ids, tid if needs_target else None, fid if needs_target else None,
+                                method=m, position=p, **kw)
+                except NotApplicableError as err:
+                    out["notes"][m] = _line(err)
+                    continue
+                out["methods"][m] = {"scores": _rl(e.scores), "invariant_error": e.invariant_error}
+        self.extras.put(tkey, out)
+        return out
+
+    def close(self) -> None:
+        self.jobs.close()
+
+
+__all__ = ["Service", "ApiError", "Jobs", "FIRST_VIEWS", "SECTION_BY_KEY"]

@@ -1,0 +1,186 @@
+"""The server's machinery: one worker thread per model (one computation per model at a time), a bound on the jobs
+waiting in all, jobs dropped before they run when their client has gone, least-recently-used caches, and the pool
+of loaded models (loaded lazily on first use, at most ``max_resident`` kept)."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+
+log = logging.getLogger("lenscope.serve")
+
+
+class ApiError(Exception):
+    """A request the server refuses: ``status`` (4xx / 503) and a one-line message saying what to do."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class LRU:
+    """A thread-safe least-recently-used mapping with at most ``size`` entries; ``on_evict(key, value)`` is called
+    for each entry pushed out."""
+
+    def __init__(self, size: int, on_evict: Callable | None = None):
+        self.size = max(1, int(size))
+        self._d: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+        self.on_evict = on_evict
+
+    def get(self, key, default=None):
+        with self._lock:
+            if key not in self._d:
+                return default
+            self._d.move_to_end(key)
+            return self._d[key]
+
+    def put(self, key, value) -> None:
+        evicted = []
+        with self._lock:
+            self._d[key] = value
+            self._d.move_to_end(key)
+            while len(self._d) > self.size:
+                evicted.append(self._d.popitem(last=False))
+        if self.on_evict is not None:
+            for k, v in evicted:
+                self.on_evict(k, v)
+
+    def drop(self, pred: Callable) -> None:
+        """Remove every entry whose key satisfies ``pred(key)``."""
+        with self._lock:
+            for k in [k for k in self._d if pred(k)]:
+                del self._d[k]
+
+    def __contains__(self, key) -> bool:
+        with self._lock:
+            return key in self._d
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._d)
+
+
+class Jobs:
+    """Per-model worker threads fed by FIFO queues. :meth:`submit` refuses (503) when ``max_queue`` jobs already wait
+    (in all models together); a job cancelled before its worker reaches it is skipped (its future was cancelled)."""
+
+    def __init__(self, max_queue: int = 16):
+        self.max_queue = max(0, int(max_queue))
+        self._queues: dict[str, queue.Queue] = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self.waiting = 0  # submitted, not yet started (or skipped)
+        self.running = 0
+        self.skipped = 0  # dropped because their client went away
+        self._closed = False
+
+    def submit(self, model: str, fn: Callable[[], object]) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise ApiError(503, "the server is shutting down; try again later")
+            if self.waiting >= self.max_queue:
+                raise ApiError(503, f"the server is busy ({self.waiting} jobs waiting, the limit is --max-queue "
+                                    f"{self.max_queue}); try again in a moment")
+            q = self._queues.get(model)
+            if q is None:
+                q = self._queues[model] = queue.Queue()
+                t = threading.Thread(target=self._work, args=(q,), name=f"lenscope-serve:{model}", daemon=True)
+                self._threads[model] = t
+                t.start()
+            self.waiting += 1
+        q.put((fut, fn))
+        return fut
+
+    def _work(self, q: queue.Queue) -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            fut, fn = item
+            with self._lock:
+                self.waiting -= 1
+            if not fut.set_running_or_notify_cancel():  # cancelled while queued: the client went away
+                with self._lock:
+                    self.skipped += 1
+                continue
+            with self._lock:
+                self.running += 1
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the request, the worker keeps serving
+                fut.set_exception(e)
+            finally:
+                with self._lock:
+                    self.running -= 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            queues = list(self._queues.values())
+        for q in queues:
+            q.put(None)
+
+
+class ModelPool:
+    """Loads models by registered name on first use (inside that model's worker), keeps at most ``max_resident``
+    (the least recently used one is let go; a computation still holding it finishes), and a tuned lens per model
+    when a lens directory is given and fits it. ``on_unload(name)`` drops what the server cached for a model."""
+
+    def __init__(self, max_resident: int = 2, lens: str | None = None, loader: Callable | None = None,
+                 on_unload: Callable[[str], None] | None = None):
+        self.max_resident = max(1, int(max_resident))
+        self.lens_dir = lens
+        self._loader = loader
+        self._on_unload = on_unload
+        self._models: OrderedDict = OrderedDict()  # name -> (lm, lens)
+        self._lock = threading.Lock()
+
+    def loaded(self, name: str):
+        """``(lm, lens)`` when resident, else None (never loads)."""
+        with self._lock:
+            return self._models.get(name)
+
+    def get(self, name: str):
+        """``(lm, lens)``, loading the model on first use. Call only from that model's worker."""
+        with self._lock:
+            if name in self._models:
+                self._models.move_to_end(name)
+                return self._models[name]
+        log.info("loading model %s (first use)", name)
+        if self._loader is not None:
+            lm = self._loader(name)
+        else:
+            from ..models.load import load
+
+            lm = load(name)
+        lens = self._load_lens(lm)
+        gone = []
+        with self._lock:
+            self._models[name] = (lm, lens)
+            while len(self._models) > self.max_resident:
+                gone.append(self._models.popitem(last=False)[0])
+        for g in gone:
+            log.info("unloading model %s (--max-resident %d)", g, self.max_resident)
+            if self._on_unload is not None:
+                self._on_unload(g)
+        log.info("model %s ready", name)
+        return lm, lens
+
+    def _load_lens(self, lm):
+        if self.lens_dir is None:
+            return None
+        from ..errors import LenscopeError
+        from ..lenses import TunedLens
+
+        try:
+            return TunedLens.load(self.lens_dir, lm)
+        except (LenscopeError, OSError, ValueError) as e:
+            log.warning("tuned lens %s not used for %s: %s", self.lens_dir, lm.name, str(e).splitlines()[0])
+            return None
