@@ -73,10 +73,11 @@ def check_name(method: str) -> str:
 def _meta(d: dict, lm, extra: dict | None) -> dict:
     from ..version import __version__
 
+    d = {**(d.get("settings") or {}), **d}  # run-card fields the generation records (family, n_layers, ...)
     if lm is not None:
         A = lm.anatomy
-        d = {"family": A.family, "model_type": A.model_type, "n_layers": A.n_layers, "d_model": A.d_model,
-             "placement": A.placement, **d}
+        d = {**d, "family": A.family, "model_type": A.model_type, "n_layers": A.n_layers, "d_model": A.d_model,
+             "placement": A.placement}
     meta = {"model": d.get("model") or "?", "family": d.get("family", "?"), "model_type": d.get("model_type", "?"),
             "n_layers": d.get("n_layers", "?"), "d_model": d.get("d_model", "?"), "causal": True,
             "placement": d.get("placement", "?"), "text": d.get("prompt") or "".join(d["prompt_tokens"]),

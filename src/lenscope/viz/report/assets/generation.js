@@ -9,8 +9,8 @@
   var EMPTY = "#f3f4f6";
 
   function name(m) { return NAMES[m] || m; }
-  function depthOf(g) { // a number, null (never settles), or {lens: depth} with the logit lens first
-    var v = g.depth;
+  function depthOf(g, key) { // a number, null (never settles), or {lens: depth} with the logit lens first
+    var v = g[key || "depth"];
     if (v !== null && typeof v === "object") v = v.logit !== undefined ? v.logit : v[Object.keys(v)[0]];
     return v === undefined || v === null || v < 0 ? null : v;
   }
@@ -21,15 +21,20 @@
     var G = d.generated, methods = d.methods, toks = d.tokens, P = d.prompt_tokens.length;
     if (!G.length) { LS.el("p", "note", "Nothing was generated.", body); return; }
     var colourBy = "prob", method = methods[0], sel = 0, rowScale = false;
+    var tuned = G.some(function (g) { return g.tuned_depth !== undefined; });
     var nLayers = (meta && typeof meta.n_layers === "number") ? meta.n_layers : null;
-    if (nLayers === null) { nLayers = 1; G.forEach(function (g) { var v = depthOf(g); if (v !== null && v > nLayers) nLayers = v; }); }
+    if (nLayers === null) {
+      nLayers = 1;
+      G.forEach(function (g) { [depthOf(g), depthOf(g, "tuned_depth")].forEach(function (v) { if (v !== null && v > nLayers) nLayers = v; }); });
+    }
     var stepAt = {}; G.forEach(function (g, k) { stepAt[g.position] = k; });
 
     // ---- (a) the strip
     var ctl = LS.el("div", "controls", null, body);
     var cw1 = LS.el("span", null, null, ctl); cw1.setAttribute("data-role", "colour");
-    LS.seg(cw1, "colour by", [{ value: "prob", label: "probability" }, { value: "depth", label: "prediction depth" }], colourBy,
-      function (v) { colourBy = v; drawStrip(); });
+    var colourOptions = [{ value: "prob", label: "probability" }, { value: "depth", label: "prediction depth" }];
+    if (tuned) colourOptions.push({ value: "tuned_depth", label: "depth (tuned lens)" });
+    LS.seg(cw1, "colour by", colourOptions, colourBy, function (v) { colourBy = v; drawStrip(); });
     var lg = LS.el("span", null, null, ctl);
     LS.el("span", "meta", G.length + " generated tokens after a prompt of " + P + "; click one to see what wrote it", ctl);
     var strip = LS.el("div", "tokens", null, body);
@@ -52,12 +57,13 @@
         LS.line(tp, [["runner-up ", 0], [tokenRef(g.runner_up), 1]]);
         var dv = depthOf(g);
         LS.line(tp, [["prediction depth ", 0], [dv === null ? "never settles" : String(dv), 1]]);
+        if (tuned) { var tv = depthOf(g, "tuned_depth"); LS.line(tp, [["tuned lens depth ", 0], [tv === null ? "never settles" : String(tv), 1]]); }
       });
       return s;
     });
     function stripColour(g) {
       if (colourBy === "prob") return LS.colour("viridis", g.prob);
-      var v = depthOf(g);
+      var v = depthOf(g, colourBy);
       return v === null ? "#d1d5db" : LS.colour("magma", 1 - v / Math.max(1, nLayers));
     }
     function drawStrip() {
@@ -81,11 +87,12 @@
       detail.setAttribute("data-step", sel);
       LS.el("h3", null, "Step " + (sel + 1) + " of " + G.length + " \u00b7 position " + g.position + " \u00b7 " +
         JSON.stringify(g.token), detail);
-      var dv = depthOf(g);
+      var dv = depthOf(g), tv = tuned ? depthOf(g, "tuned_depth") : null;
       var facts = LS.el("div", "meta", null, detail);
       facts.setAttribute("data-role", "facts");
       facts.textContent = "id #" + g.id + " \u00b7 probability " + LS.fmt(g.prob, 4) + " \u00b7 entropy " + LS.fmt(g.entropy, 3) +
         " nats \u00b7 runner-up " + tokenRef(g.runner_up) + " \u00b7 prediction depth " + (dv === null ? "never settles" : dv) +
+        (tuned ? " (tuned lens: " + (tv === null ? "never settles" : tv) + ")" : "") +
         " \u00b7 foil " + (g.foil ? tokenRef(g.foil) + " (contrastive methods explain the token rather than the foil)" : "none");
       methods.forEach(function (m) {
         var e = g.explanations[m];
@@ -111,6 +118,8 @@
         });
       });
     }
+
+    if (!methods.length) { drawStrip(); drawDetail(); return; }
 
     // ---- (b) the matrix: generated tokens x source tokens, one method at a time
     var panel = LS.el("div", "panel", null, body);
@@ -149,7 +158,7 @@
       LS.legendRamp(lg2, "diverging", rowScale ? "-row max" : LS.fmt(-all, 2), rowScale ? "+row max" : LS.fmt(all, 2), 120);
     }
     function drawSelection() { marker.setAttribute("y", top + sel * ch - 1); }
-    function select(k) { sel = k; drawStrip(); drawDetail(); drawSelection(); }
+    function select(k) { sel = k; drawStrip(); drawDetail(); if (methods.length) drawSelection(); }
 
     drawStrip(); drawDetail(); drawMatrix(); drawSelection();
   };
