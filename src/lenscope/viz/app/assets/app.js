@@ -175,7 +175,7 @@
         say(e.message);
         if (!resolved) { runCard.setAttribute("data-state", "error"); }
       }).then(function () {
-        if (my !== runId) return;
+        if (my !== runId || ctl.signal.aborted) return;
         if (--left === 0) {
           runCtl = null;
           body.setAttribute("data-ready", "1");
@@ -275,8 +275,18 @@
     body.classList.add("panel-open");
     return panelCtl;
   }
+  // outline what the panel shows: the head's cell, or the token in the token strips
+  function mark(selector, which, index) {
+    document.querySelectorAll(".ls-sel").forEach(function (e) { e.classList.remove("ls-sel"); });
+    if (!selector) return;
+    document.querySelectorAll(selector).forEach(function (e) {
+      var strip = e.parentNode, k = Array.prototype.indexOf.call(strip.children, e);
+      if (which ? e.matches(which) : k === index) e.classList.add("ls-sel");
+    });
+  }
   function closePanel() {
     if (panelCtl) { panelCtl.abort(); panelCtl = null; }
+    mark(null);
     $("panel").hidden = true;
     body.classList.remove("panel-open");
   }
@@ -314,6 +324,7 @@
     if (!shown || !resolved) return;
     var s = shown, my = runId;
     var ctl = openPanel("Head L" + d.layer + ".H" + d.head, "head");
+    mark("svg.dla-heads rect", "[data-r='" + d.layer + "'][data-c='" + d.head + "']");
     $("panel").setAttribute("data-head", d.layer + "." + d.head);
     var req = contrast({ model: s.model, text: s.text, layer: d.layer, head: d.head });
     if (s.corrupted) req.corrupted = s.corrupted;
@@ -366,6 +377,7 @@
     if (!shown || !resolved) return;
     var s = shown, my = runId, pos = d.position, last = resolved.tokens.length - 1;
     var ctl = openPanel("Position " + pos + " \u00b7 " + JSON.stringify(resolved.tokens[pos]), "token");
+    mark("[data-role=strip] .tok, [data-role=run-tokens] .tok", null, pos);
     $("panel").setAttribute("data-position", String(pos));
     var req = { model: s.model, text: s.text, position: pos };
     if (pos === last) contrast(req);  // the target typed (or resolved) is the last position's; elsewhere the model's own
