@@ -5,11 +5,11 @@ script, and one entry in :data:`SECTIONS`; no other section changes."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from .context import ReportContext, packed
+from ..viz.report import payloads
+from ..viz.report.payloads import rounded as _r
+from .context import ReportContext
 
 
 def _tol(ctx: ReportContext) -> float:
@@ -17,17 +17,6 @@ def _tol(ctx: ReportContext) -> float:
     from ..models.verify import completeness_tolerance
 
     return completeness_tolerance(ctx.lm)
-
-
-def _r(x: float, digits: int = 5) -> float | None:
-    x = float(x)
-    if not math.isfinite(x):
-        return None
-    return float(f"{x:.{digits}g}")
-
-
-def _rl(t, digits: int = 5) -> list:
-    return [_r(v, digits) for v in torch.as_tensor(t).reshape(-1).tolist()]
 
 
 class Section:
@@ -100,13 +89,7 @@ class Trajectory(Section):
         lenses = [LogitLens(ctx.lm.anatomy, model_name=ctx.lm.name)]
         if ctx.lens is not None:
             lenses.insert(0, ctx.lens)
-        trajs = []
-        for lens in lenses:
-            t = prediction_trajectory(ctx.lm, ctx.text, lens, k=5)
-            d = t.to_dict(digits=4)
-            trajs.append({k: d[k] for k in ("lens", "tokens", "state_labels", "top_tokens", "topk_tokens",
-                                            "top_prob", "entropy", "kl", "topk_prob", "causal")})
-        return {"trajectories": trajs}
+        return payloads.trajectory_payload([prediction_trajectory(ctx.lm, ctx.text, lens, k=5) for lens in lenses])
 
 
 class Components(Section):
@@ -123,38 +106,20 @@ class Components(Section):
         """One view per logit: the target minus the foil (when a foil is given), the target's, the foil's."""
         views = {}
         if ctx.foil_id is not None:
-            views["difference"] = self._view(ctx, ctx.target_id, ctx.foil_id)
-        views["target"] = self._view(ctx, ctx.target_id, None)
+            views["difference"] = self._dla(ctx, ctx.target_id, ctx.foil_id)
+        views["target"] = self._dla(ctx, ctx.target_id, None)
         if ctx.foil_id is not None:
-            views["foil"] = self._view(ctx, ctx.foil_id, None)
-        return {"target": ctx.token_text(ctx.target_id), "foil": ctx.token_text(ctx.foil_id), "views": views}
+            views["foil"] = self._dla(ctx, ctx.foil_id, None)
+        return payloads.components_payload(views)
 
-    def _view(self, ctx: ReportContext, t_id: int, f_id: int | None) -> dict:
+    def _dla(self, ctx: ReportContext, t_id: int, f_id: int | None):
         from ..attribution.dla import direct_logit_attribution
 
         res = direct_logit_attribution(ctx.lm, ctx.ids, t_id, f_id, by_head=True, tr=ctx.trace)
         what = ctx.token_text(t_id) if f_id is None else f"{ctx.token_text(t_id)} - {ctx.token_text(f_id)}"
         ctx.check(self.key, f"direct logit attribution of {what!r}: |sum of parts - logit|", res.completeness_error,
                   _tol(ctx))
-        A = ctx.lm.anatomy
-        L = A.n_layers
-        H = max((l.attn.n_heads for l in A.layers), default=0)
-        attn, mlp = [0.0] * L, [0.0] * L
-        heads = torch.zeros(L, H)
-        other = []
-        for n, l, h, v in zip(res.names, res.layers, res.heads, res.values.tolist()):
-            if h >= 0:
-                heads[l, h] = v
-                attn[l] += v
-            elif l >= 0 and n.endswith(".mlp"):
-                mlp[l] += v
-            elif l >= 0:
-                attn[l] += v  # the output-projection bias belongs to the attention sub-layer
-            else:
-                other.append({"name": n, "value": _r(v)})
-        return {"label": ctx.token_text(t_id), "minus": ctx.token_text(f_id), "logit": _r(res.logit),
-                "total": _r(res.total), "completeness_error": res.completeness_error, "attn": _rl(attn),
-                "mlp": _rl(mlp), "heads": [_rl(r) for r in heads], "other": other}
+        return res
 
 
 class Attribution(Section):
@@ -173,8 +138,7 @@ class Attribution(Section):
             methods = tuple(m for m in self.methods if m not in ("logit", "alti-logit"))
         else:
             methods = ("alti", "value-zeroing")
-        out = {"tokens": ctx.tokens, "target": ctx.token_text(ctx.target_id), "foil": ctx.token_text(ctx.foil_id),
-               "methods": {}, "layers": {}}
+        explanations = {}
         for m in methods:
             kw = {}
             if m in ("logit", "alti-logit", "alti", "value-zeroing"):
@@ -182,20 +146,15 @@ class Attribution(Section):
             if m == "ig":
                 kw["steps"] = 32
             needs_target = m not in ("alti", "value-zeroing")
-            e = explain(ctx.lm, ctx.ids, ctx.target_id if needs_target else None,
-                        ctx.foil_id if needs_target else None, method=m, **kw)
-            rec = {"scores": _rl(e.scores), "invariant_error": e.invariant_error}
+            e = explanations[m] = explain(ctx.lm, ctx.ids, ctx.target_id if needs_target else None,
+                                          ctx.foil_id if needs_target else None, method=m, **kw)
             if e.invariant_error is not None:
                 ctx.check(self.key, f"{m}: invariant error", e.invariant_error, _tol(ctx))
             if m == "ig":
-                ce = e.info.get("completeness_error")
-                rec["completeness_error"] = ce
                 ctx.check(self.key, "ig: completeness error (reported; a zero baseline is not complete on "
-                          "every model, see docs/attribution.md)", ce)
-            out["methods"][m] = rec
-            if m in ("alti-logit", "logit") and e.layer_scores is not None:
-                out["layers"][m] = packed(e.layer_scores)
-        return out
+                          "every model, see docs/attribution.md)", e.info.get("completeness_error"))
+        return payloads.attribution_payload(explanations, tokens=ctx.tokens, target=ctx.token_text(ctx.target_id),
+                                            foil=ctx.token_text(ctx.foil_id))
 
 
 class Mixing(Section):
@@ -208,12 +167,9 @@ class Mixing(Section):
         from ..mixing.maps import context_mixing
 
         maps = context_mixing(ctx.lm, tr=ctx.trace)
-        out = {"tokens": ctx.tokens, "scopes": list(maps), "maps": {}, "completeness_error": {}}
         for scope, m in maps.items():
             ctx.check(self.key, f"{scope}: completeness error", m.completeness_error, _tol(ctx))
-            out["maps"][scope] = packed(m.maps)
-            out["completeness_error"][scope] = m.completeness_error
-        return out
+        return payloads.mixing_payload(maps)
 
 
 class Flow(Section):
@@ -228,8 +184,7 @@ class Flow(Section):
         mm = mixing_matrices(ctx.lm.anatomy, ctx.trace, "alti", model_name=ctx.lm.name)
         ctx.check(self.key, "ALTI: decomposition error", mm.completeness_error, _tol(ctx))
         ctx.check(self.key, "ALTI: largest row-sum deviation", mm.row_sum_error, _tol(ctx))
-        return {"tokens": ctx.tokens, "contributions": packed(mm.contributions), "rollout": packed(mm.rollout[-1]),
-                "degenerate_rows": mm.degenerate_rows}
+        return payloads.flow_payload(mm)
 
 
 class Circuit(Section):

@@ -1,0 +1,167 @@
+"""Result objects -> the plain data the report's scripts draw (``assets/<key>.js``): one conversion per view,
+shared by the report's sections (:mod:`lenscope.report.sections`, which compute the results and record their
+checks), the results' own ``_repr_html_`` in notebooks (:mod:`lenscope.viz.notebook`) and ``lenscope serve``.
+
+The functions read results duck-typed (viz never imports a method): a
+:class:`~lenscope.attribution.ComponentAttribution`, :class:`~lenscope.attribution.Explanation`,
+:class:`~lenscope.mixing.maps.MixingMaps`, :class:`~lenscope.mixing.alti.MixingMatrices` or
+:class:`~lenscope.lenses.trajectory.PredictionTrajectory`. Floats are rounded to 5 significant digits (None for a
+non-finite value); large arrays travel :func:`packed` (base64 float32).
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from ...attribution import ComponentAttribution, Explanation
+    from ...lenses.trajectory import PredictionTrajectory
+    from ...mixing.alti import MixingMatrices
+    from ...mixing.maps import MixingMaps
+
+TRAJECTORY_FIELDS = ("lens", "tokens", "state_labels", "top_tokens", "topk_tokens", "top_prob", "entropy", "kl",
+                     "topk_prob", "causal")
+
+
+def packed(x: Tensor | np.ndarray, digits: int | None = None) -> dict:
+    """A float tensor for the page: ``{"shape": [...], "f32": base64 of little-endian float32}`` (4 bytes a
+    number before base64, far smaller than JSON text for the large maps). Non-finite values are refused."""
+    a = x.detach().cpu().float().numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=np.float32)
+    if not np.isfinite(a).all():
+        raise ValueError("a report array holds NaN or infinity")
+    a = np.ascontiguousarray(a, dtype="<f4")
+    return {"shape": list(a.shape), "f32": base64.b64encode(a.tobytes()).decode("ascii")}
+
+
+def unpack(d: dict) -> np.ndarray:
+    """Inverse of :func:`packed` (for tests and for reading a report's data back)."""
+    return np.frombuffer(base64.b64decode(d["f32"]), dtype="<f4").reshape(d["shape"])
+
+
+def rounded(x: float, digits: int = 5) -> float | None:
+    """``x`` to ``digits`` significant digits; None for NaN or infinity (JSON has neither)."""
+    x = float(x)
+    if not math.isfinite(x):
+        return None
+    return float(f"{x:.{digits}g}")
+
+
+def rounded_list(t, digits: int = 5) -> list:
+    """A tensor or sequence, flattened, each value :func:`rounded`."""
+    return [rounded(v, digits) for v in torch.as_tensor(t).reshape(-1).tolist()]
+
+
+# --------------------------------------------------------------------------------------------- components
+
+
+def dla_view(res: ComponentAttribution) -> dict:
+    """One logit's direct logit attribution for ``components.js``: per layer the attention (its heads and the
+    output-projection bias) and the MLP, per head ``heads (layer, head)`` (zeros without ``by_head``), and the
+    embedding / bias terms as ``other``."""
+    L = max((l for l in res.layers), default=-1) + 1
+    H = max((h for h in res.heads), default=-1) + 1
+    attn, mlp = [0.0] * L, [0.0] * L
+    heads = torch.zeros(L, H)
+    other = []
+    for n, l, h, v in zip(res.names, res.layers, res.heads, res.values.tolist()):
+        if h >= 0:
+            heads[l, h] = v
+            attn[l] += v
+        elif l >= 0 and n.endswith(".mlp"):
+            mlp[l] += v
+        elif l >= 0:
+            attn[l] += v  # the output-projection bias belongs to the attention sub-layer
+        else:
+            other.append({"name": n, "value": rounded(v)})
+    return {"label": res.target, "minus": res.foil, "logit": rounded(res.logit), "total": rounded(res.total),
+            "completeness_error": res.completeness_error, "attn": rounded_list(attn), "mlp": rounded_list(mlp),
+            "heads": [rounded_list(r) for r in heads], "other": other}
+
+
+def components_payload(views: dict[str, ComponentAttribution] | ComponentAttribution) -> dict:
+    """The ``components`` view: ``{name: ComponentAttribution}`` (the report's ``difference``, ``target`` and
+    ``foil``; the first one names the target and foil), or one result, shown as ``difference`` when it has a
+    foil, else ``target``."""
+    if not isinstance(views, dict):
+        views = {"difference" if views.foil_id is not None else "target": views}
+    first = next(iter(views.values()))
+    return {"target": first.target, "foil": first.foil, "views": {k: dla_view(v) for k, v in views.items()}}
+
+
+# -------------------------------------------------------------------------------------------- trajectory
+
+
+def trajectory_payload(trajs: PredictionTrajectory | list[PredictionTrajectory]) -> dict:
+    """The ``trajectory`` view: one or more lenses' trajectories on the same text, floats to 4 decimals."""
+    if not isinstance(trajs, (list, tuple)):
+        trajs = [trajs]
+    out = []
+    for t in trajs:
+        d = t.to_dict(digits=4)
+        out.append({k: d[k] for k in TRAJECTORY_FIELDS})
+    return {"trajectories": out}
+
+
+# ------------------------------------------------------------------------------------------- attribution
+
+
+def explanation_record(e: Explanation) -> dict:
+    """One method's row of the ``attribution`` view: its scores, invariant error and (integrated gradients)
+    completeness error."""
+    rec = {"scores": rounded_list(e.scores), "invariant_error": e.invariant_error}
+    if e.method == "ig":
+        rec["completeness_error"] = e.info.get("completeness_error")
+    return rec
+
+
+def attribution_payload(explanations: dict[str, Explanation] | list[Explanation] | Explanation, *,
+                        tokens: list[str] | None = None, target=..., foil=...) -> dict:
+    """The ``attribution`` view: every method's scores side by side, and the per-layer scores of Logit and
+    ALTI-Logit. ``tokens``/``target``/``foil`` default to the explanations' own (the first that has a target;
+    None where none has)."""
+    if not isinstance(explanations, dict):
+        if not isinstance(explanations, (list, tuple)):
+            explanations = [explanations]
+        explanations = {e.method: e for e in explanations}
+    exs = list(explanations.values())
+    if tokens is None:
+        tokens = list(exs[0].tokens)
+    named = [e for e in exs if e.target is not None]
+    if target is ...:
+        target = named[0].target if named else None
+    if foil is ...:
+        foil = named[0].foil if named else None
+    out = {"tokens": tokens, "target": target, "foil": foil, "methods": {}, "layers": {}}
+    for m, e in explanations.items():
+        out["methods"][m] = explanation_record(e)
+        if m in ("alti-logit", "logit") and e.layer_scores is not None:
+            out["layers"][m] = packed(e.layer_scores)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ mixing, flow
+
+
+def mixing_payload(maps: dict[str, MixingMaps] | MixingMaps) -> dict:
+    """The ``mixing`` view: ``{scope: MixingMaps}`` (as :func:`~lenscope.mixing.maps.context_mixing` returns)
+    or one scope's maps."""
+    if not isinstance(maps, dict):
+        maps = {maps.scope: maps}
+    first = next(iter(maps.values()))
+    out = {"tokens": list(first.tokens), "scopes": list(maps), "maps": {}, "completeness_error": {}}
+    for scope, m in maps.items():
+        out["maps"][scope] = packed(m.maps)
+        out["completeness_error"][scope] = m.completeness_error
+    return out
+
+
+def flow_payload(mm: MixingMatrices) -> dict:
+    """The ``flow`` view: ALTI (or value zeroing) contributions per layer and the last layer's rollout."""
+    return {"tokens": list(mm.tokens), "contributions": packed(mm.contributions), "rollout": packed(mm.rollout[-1]),
+            "degenerate_rows": mm.degenerate_rows}
