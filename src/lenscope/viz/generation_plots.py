@@ -86,7 +86,7 @@ def plot_generation(d_or_gen, method: str | None = None, ax=None):
     ax_p.imshow(probs, aspect="auto", cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
     if n_steps <= MAX_LABELS:
         for k, p in enumerate(probs[:, 0]):
-            ax_p.text(0, k, f"{p:.2f}", ha="center", va="center", fontsize=6.5, color="white" if p < 0.6 else "black")
+            ax_p.text(0, k, f"{p:.2g}", ha="center", va="center", fontsize=6.5, color="white" if p < 0.6 else "black")
     ax_p.set_xticks([0], ["prob"], fontsize=7)
     ax_p.tick_params(axis="y", labelleft=False, left=False)
     return fig
