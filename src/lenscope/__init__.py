@@ -5,6 +5,7 @@
     report = lenscope.verify(lm)              # our math vs the real model
     dla = lenscope.direct_logit_attribution(lm, "The capital of France is", " Paris")
     ex = lenscope.explain(lm, "The keys to the cabinet", " are", foil=" is", method="alti-logit")
+    lenscope.show(dla)                        # its view in a browser (in Jupyter: just `dla`)
 """
 
 from __future__ import annotations
@@ -24,18 +25,22 @@ from .version import __version__ as __version__
 
 if TYPE_CHECKING:
     from .attribution import ComponentAttribution, Explanation, direct_logit_attribution, explain, explain_all
+    from .generation import Generation, generate
     from .models.anatomy import Anatomy
     from .models.load import LoadedModel, available_names, load
     from .models.trace import Trace, trace
     from .models.verify import VerifyReport, verify
+    from .viz.notebook import show
 
 # The public names that need torch are imported on first use (``lenscope.load`` ...), so that ``import lenscope``
 # and the command line's ``--help`` stay fast: name -> the module that defines it.
 _LAZY = {
     "ComponentAttribution": ".attribution", "Explanation": ".attribution", "direct_logit_attribution": ".attribution",
-    "explain": ".attribution", "explain_all": ".attribution", "Anatomy": ".models.anatomy",
+    "explain": ".attribution", "explain_all": ".attribution", "Generation": ".generation", "generate": ".generation",
+    "Anatomy": ".models.anatomy",
     "LoadedModel": ".models.load", "available_names": ".models.load", "load": ".models.load",
     "Trace": ".models.trace", "trace": ".models.trace", "VerifyReport": ".models.verify", "verify": ".models.verify",
+    "show": ".viz.notebook",
 }
 
 
@@ -52,7 +57,8 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
-    "Anatomy", "ComponentAttribution", "Explanation", "InputError", "LenscopeError", "LoadedModel",
+    "Anatomy", "ComponentAttribution", "Explanation", "Generation", "InputError", "LenscopeError", "LoadedModel",
     "MissingDependencyError", "NotApplicableError", "Trace", "UnknownModelError", "UnsupportedModelError",
-    "VerifyReport", "available_names", "direct_logit_attribution", "explain", "explain_all", "load", "trace", "verify",
+    "VerifyReport", "available_names", "direct_logit_attribution", "explain", "explain_all", "generate", "load",
+    "show", "trace", "verify",
 ]

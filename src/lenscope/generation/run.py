@@ -1,0 +1,300 @@
+"""``lenscope.generate``: generate a continuation and explain every generated token, from one pass.
+
+In a causal decoder the prediction of generated token ``p`` (read at ``p - 1``) sees only tokens ``0..p-1``, so
+the states every step's explanation needs are all in one forward pass over the final sequence: a prefix's trace
+is the full trace cut short (:func:`lenscope.models.trace.prefix_trace`), and a prefix's ALTI / value-zeroing
+contributions are the top-left block of the full ones. So
+
+- Logit and ALTI-Logit: one trace; the per-step read-out directions go through the logit algebra as the rows of
+  one batch (:func:`lenscope.attribution.context.attention_logit_rows`); ALTI's contributions are computed once
+  for the whole text and every step's per-layer updates are carried back through them at once
+  (:func:`lenscope.attribution.context.alti_logit_rows`);
+- ALTI and value zeroing: the rollout rows of every step's read position, from the same contributions;
+- the gradient methods: one batch whose rows are the full sequence, each row's objective its own step
+  (later tokens do not change it), through :func:`lenscope.attribution.baselines.gradient_rows` /
+  :func:`~lenscope.attribution.baselines.integrated_gradients_rows`;
+- erasure: one ablated copy of the text per erased source serves every step after it
+  (:func:`~lenscope.attribution.baselines.erasure_rows` with one position per row).
+
+Each step's explanation equals ``lenscope.explain(lm, ids[:p], token, foil, method=m)`` up to float error
+(tests/generation).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from ..attribution import baselines, context
+from ..attribution.explanation import METHODS, ROLLOUT_METHODS
+from ..errors import InputError, InvariantError
+from ..lenses.depth import depths_from_agreement, lens_top1
+from ..lenses.lenses import Lens, LogitLens
+from ..mixing.alti import mixing_matrices
+from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids
+from ..models.trace import trace
+from .result import Generation, stack_scores
+
+GRADIENT_METHODS = ("grad-norm", "grad-x-input")
+OPTIONS = {"steps": ("ig",), "baseline": ("ig",), "batch_size": ("ig", "erasure", "grad-norm", "grad-x-input")}
+IG_MAX_TOKENS = 4096  # tokens per forward/backward pass of integrated gradients (steps x rows x positions)
+
+
+def _methods(explain) -> list[str]:
+    if isinstance(explain, str):
+        explain = [m.strip() for m in explain.split(",") if m.strip()]
+    out = []
+    for m in explain:
+        if m not in METHODS:
+            raise InputError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+        if m not in out:
+            out.append(m)
+    return out
+
+
+def _prompt_ids(lm: LoadedModel, prompt, chat: bool) -> Tensor:
+    if not chat:
+        return token_ids(lm, prompt)
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InputError("--chat needs the user's message as a non-empty text")
+    tok = lm.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise InputError(f"{lm.name}'s tokenizer has no chat template, so --chat cannot format the prompt; "
+                         "leave --chat out (or use an instruction model such as smollm2)")
+    text = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                   tokenize=False)
+    return token_ids(lm, tok(text, add_special_tokens=False)["input_ids"])
+
+
+def _eos(lm: LoadedModel):
+    cfg = getattr(lm.model, "generation_config", None)
+    eos = getattr(cfg, "eos_token_id", None)
+    return eos if eos is not None else lm.tokenizer.eos_token_id
+
+
+@torch.no_grad()
+def decode(lm: LoadedModel, ids: Tensor, max_new_tokens: int, *, sample: bool = False, seed: int | None = None,
+           temperature: float = 1.0) -> Tensor:
+    """The full sequence ``(pos,)``: ``ids`` and up to ``max_new_tokens`` tokens from transformers' own
+    ``generate`` (greedy, or sampling from the softmax at ``temperature`` with no top-k / top-p cut, seeded by
+    ``seed`` without touching the global random state), stopping after the end-of-sequence token."""
+    from ..models.devices import main_device
+
+    tok = lm.tokenizer
+    eos = _eos(lm)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
+    kw = dict(max_new_tokens=int(max_new_tokens), do_sample=bool(sample), eos_token_id=eos, pad_token_id=pad)
+    if sample:
+        kw.update(temperature=float(temperature), top_k=0, top_p=1.0)
+    x = ids[None].to(main_device(lm.model))
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        if seed is not None:
+            torch.manual_seed(int(seed))
+        out = lm.model.generate(x, attention_mask=torch.ones_like(x), **kw)
+    return out[0].cpu()
+
+
+def _depth(lm: LoadedModel, lens: Lens, tr, rows: Tensor, final_top: Tensor) -> Tensor:
+    """Prediction depth (:mod:`lenscope.lenses.depth`) of positions ``rows`` from the trace's residual states."""
+    L = lm.anatomy.n_layers
+    agree = torch.stack([lens_top1(lm, lens, tr.resid_pre[l][rows].float(), l) for l in range(L)])
+    return depths_from_agreement(agree == final_top[None])
+
+
+def _foils(lm: LoadedModel, foil, tokens: Tensor, runner: Tensor, notes: list) -> Tensor | None:
+    if foil is None:
+        return None
+    if isinstance(foil, str) and foil == "runner-up":
+        return runner.clone()
+    f_id = resolve_token(lm, foil)
+    same = tokens == f_id
+    if bool(same.any()):
+        notes.append(f"the foil is the generated token at step(s) {same.nonzero()[:, 0].tolist()}: those steps are "
+                     "contrasted with their runner-up instead")
+    return torch.where(same, runner, torch.full_like(tokens, f_id))
+
+
+def _options(methods: list[str], options: dict) -> None:
+    for k in options:
+        if k not in OPTIONS:
+            raise InputError(f"unknown option {k!r}; generate takes {', '.join(OPTIONS)} for its methods")
+        if not any(m in OPTIONS[k] for m in methods):
+            raise InputError(f"option {k!r} applies to {', '.join(OPTIONS[k])} only")
+
+
+def _check(method: str, inv: Tensor, lm: LoadedModel, positions: list[int]) -> None:
+    tol = context.tolerance(lm)
+    bad = (~(inv <= tol)).nonzero()[:, 0].tolist()
+    if bad:
+        i = bad[0]
+        raise InvariantError(f"{method}: the step at position {positions[i]} is off by {float(inv[i]):.2e} "
+                             f"(relative, limit {tol:g}); run `lenscope verify --model {lm.name}`")
+
+
+def _trace_methods(lm, tr, methods, rows, tok, foils, parts_cache: dict, mm_cache: dict, progress) -> dict:
+    out = {}
+    A = lm.anatomy
+    for m in methods:
+        if m in ("logit", "alti-logit") and "parts" not in parts_cache:
+            parts_cache["parts"] = context._logit_parts(lm, tr, rows, tok, foils)
+        if m in ("alti-logit", "alti", "value-zeroing"):
+            kind = "value-zeroing" if m == "value-zeroing" else "alti"
+            if kind not in mm_cache:
+                mm_cache[kind] = mixing_matrices(A, tr, kind, model_name=lm.name, rollout=False,
+                                                 progress=None if progress is None else
+                                                 (lambda l, k=kind: progress(k, l + 1, A.n_layers)))
+        if m == "logit":
+            parts = parts_cache["parts"]
+            out[m] = (parts["head_scores"].sum((1, 2)), parts["invariant_error"])
+        elif m == "alti-logit":
+            carried, inv = context.alti_logit_rows(lm, parts_cache["parts"], mm_cache["alti"])
+            out[m] = (carried.sum(1), inv)
+        elif m in ROLLOUT_METHODS:
+            r, inv = context.rollout_rows(mm_cache["alti" if m == "alti" else m], rows)
+            out[m] = (r[:, -1], inv)
+    return out
+
+
+def _baseline_methods(lm, ids: Tensor, methods, rows, tok, foils, f_input: Tensor, options: dict) -> dict:
+    k = len(rows)
+    batch = ids[None].expand(k, -1)
+    out = {}
+    nan = torch.full((k,), float("nan"), dtype=torch.float64)
+    bs = options.get("batch_size")
+    if any(m in GRADIENT_METHODS for m in methods):
+        g = baselines.gradient_rows(lm, batch, tok, foils, position=rows, internal_batch_size=bs)
+        for m in GRADIENT_METHODS:
+            out[m] = (g[m], nan)
+    if "ig" in methods:
+        res = baselines.integrated_gradients_rows(
+            lm, batch, tok, foils, position=rows, steps=int(options.get("steps", 16)),
+            baseline=options.get("baseline", "zero"), internal_batch_size=bs,
+            max_tokens=None if bs is not None else IG_MAX_TOKENS)
+        out["ig"] = (res["ig"], nan)
+    if "erasure" in methods:
+        res = baselines.erasure_rows(lm, batch, tok, foils, position=rows, f_input=f_input,
+                                     internal_batch_size=bs if bs is not None else 64)
+        out["erasure"] = (res["erasure"], nan)
+    return out
+
+
+def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=("alti-logit",), foil="runner-up",
+             chat: bool = False, sample: bool = False, seed: int | None = None, temperature: float = 1.0,
+             lens=None, progress=None, **method_options) -> Generation:
+    """Generate up to ``max_new_tokens`` tokens after ``prompt`` and explain every generated token.
+
+    Greedy by default (the tokens of transformers' ``model.generate(..., do_sample=False)``); ``sample=True``
+    draws from the softmax at ``temperature`` (reproducible with ``seed``). ``chat=True`` wraps ``prompt`` as
+    a user message in the tokenizer's chat template (with the generation prompt). Generation stops after the
+    end-of-sequence token.
+
+    ``explain``: methods of :func:`lenscope.explain` (a list or a comma-separated string). The logit methods
+    explain the generated token against ``foil``: ``"runner-up"`` (default; the most likely other token at that
+    step), a token (its text or ``"#ID"``; a step that generated the foil itself is contrasted with its
+    runner-up instead, and ``notes`` says so), or None (the token's logit alone). ALTI and value zeroing read
+    no logit. ``lens``: a tuned lens (or its folder) for a second prediction depth. ``method_options``:
+    ``steps`` / ``baseline`` (ig), ``batch_size`` (rows per pass of the gradient methods and erasure).
+    ``progress(stage, done, total)`` is called as the stages advance.
+    """
+    seconds = {}
+    t0 = time.perf_counter()
+    require_decoder(lm, "generate", causal=True, instead="generation needs a causal decoder such as smollm2")
+    methods = _methods(explain)
+    _options(methods, method_options)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if sample and not temperature > 0:
+        raise InputError(f"temperature must be positive, got {temperature!r}")
+    if seed is not None and not sample:
+        raise InputError("a seed only matters when sampling; add sample=True (--sample)")
+    ids = _prompt_ids(lm, prompt, chat)
+    n_ctx = lm.anatomy.n_ctx
+    if ids.numel() + max_new_tokens > n_ctx:
+        raise InputError(f"the prompt ({ids.numel()} tokens) plus {max_new_tokens} new tokens is past the model's "
+                         f"context of {n_ctx} tokens; ask for at most {max(0, n_ctx - ids.numel())}")
+    if "erasure" in methods and ids.numel() < 2:
+        raise InputError("erasure needs a prompt of at least 2 tokens: the first step's prediction would have no "
+                         "context left once its one token is erased")
+    f_given = None if foil is None or foil == "runner-up" else resolve_token(lm, foil)  # checked before generating
+    if isinstance(lens, str) or (lens is not None and not isinstance(lens, Lens)):
+        from ..lenses.files import load_lens_dir
+
+        lens = load_lens_dir(lens, lm)
+
+    def report(stage, done, total):
+        if progress is not None:
+            progress(stage, done, total)
+
+    report("generate", 0, max_new_tokens)
+    full = decode(lm, ids, max_new_tokens, sample=sample, seed=seed, temperature=temperature)
+    seconds["generate"] = time.perf_counter() - t0
+    P, n = ids.numel(), full.numel()
+    report("generate", n - P, n - P)
+    if n == P:
+        raise InputError("the model generated no token")
+
+    t = time.perf_counter()
+    tr = trace(lm, full)
+    rows = torch.arange(P - 1, n - 1)  # where each generated token was predicted
+    tok = full[P:]
+    logits = tr.logits[rows].float()
+    logp = torch.log_softmax(logits, -1)
+    prob = logp.gather(-1, tok[:, None].to(logp.device))[:, 0].exp().cpu()
+    entropy = -(logp.exp() * logp).sum(-1).cpu()
+    top2 = logits.topk(2, -1).indices.cpu()
+    runner = torch.where(top2[:, 0] == tok, top2[:, 1], top2[:, 0])
+    notes: list = []
+    foils = _foils(lm, f_given if f_given is not None else foil, tok, runner, notes)
+    final_top = top2[:, 0]
+    depth = _depth(lm, LogitLens(lm.anatomy, model_name=lm.name), tr, rows, final_top)
+    tuned = _depth(lm, lens, tr, rows, final_top) if lens is not None else None
+    seconds["trace"] = time.perf_counter() - t
+
+    scores, invs = {}, {}
+    parts_cache, mm_cache = {}, {}
+    positions = list(range(P, n))
+    trace_m = [m for m in methods if m in ("logit", "alti-logit", "alti", "value-zeroing")]
+    for m in trace_m:
+        t = time.perf_counter()
+        report(m, 0, 1)
+        res = _trace_methods(lm, tr, [m], rows, tok, foils, parts_cache, mm_cache, progress)
+        scores[m], invs[m] = res[m]
+        _check(m, invs[m], lm, positions)
+        seconds[m] = time.perf_counter() - t
+        report(m, 1, 1)
+    rest = [m for m in methods if m not in trace_m]
+    if rest:
+        from ..interventions.patching import metric_of
+
+        f_input = metric_of(tr.logits[rows], "logit_diff", tok, foils).double()
+        done = set()
+        for m in rest:
+            if m in done:
+                continue
+            t = time.perf_counter()
+            report(m, 0, 1)
+            group = [x for x in rest if x in GRADIENT_METHODS] if m in GRADIENT_METHODS else [m]
+            res = _baseline_methods(lm, full, group, rows, tok, foils, f_input, method_options)
+            for x in group:
+                scores[x], invs[x] = res[x]
+                seconds[x] = (time.perf_counter() - t) / len(group)
+                done.add(x)
+            report(m, 1, 1)
+
+    names = {str(i): lm.tokenizer.decode([i]) for i in set(runner.tolist()) | set(
+        [] if foils is None else foils.tolist())}
+    settings = {"max_new_tokens": max_new_tokens, "chat": chat, "sample": sample, "seed": seed,
+                "temperature": temperature, "foil": foil if foil is None or isinstance(foil, str) else int(foil),
+                "lens": None if lens is None else getattr(lens, "kind", "tuned"),
+                **{k: v for k, v in method_options.items() if isinstance(v, (int, float, str))}}
+    return Generation(
+        model=lm.name, prompt=prompt if isinstance(prompt, str) else lm.tokenizer.decode(ids), ids=full,
+        text=lm.tokenizer.decode(tok),
+        tokens=lm.tokenizer.batch_decode([[int(i)] for i in full]), prompt_len=P, methods=methods,
+        prob=prob, entropy=entropy, runner_up=runner, depth=depth, tuned_depth=tuned,
+        scores=stack_scores([scores[m] for m in methods], n - 1),
+        invariant_error=torch.stack([invs[m].double() for m in methods]) if methods else torch.zeros(0, n - P),
+        foil_ids=foils, token_names=names, settings=settings, seconds=seconds, notes=notes)
