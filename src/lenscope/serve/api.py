@@ -6,6 +6,7 @@ the report, the attribution, the readout or the patching code."""
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -23,14 +24,26 @@ FIRST_VIEWS = ("prediction", "trajectory", "components")
 
 
 @dataclass
-class Entry:
-    """A cached context: the :class:`ReportContext` (its trace shared by every view of the same input), its run
-    card, the seconds its trace took, and whether the target/foil were the model's own top two."""
+class Card:
+    """What an answer says about its input besides the views (kept after its context's trace is let go, so that
+    a repeated request gets the same answer byte for byte): tokens, target and foil, the run card, the trace's
+    seconds, and the default views."""
 
-    ctx: ReportContext
+    tokens: list[str]
+    target: dict | None
+    foil: dict | None
     meta: dict
     trace_s: float
     default_keys: list[str]
+
+
+@dataclass
+class Entry:
+    """A cached context: the :class:`ReportContext` (its trace shared by every view of the same input) and its
+    :class:`Card`."""
+
+    ctx: ReportContext
+    card: Card
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -53,23 +66,43 @@ def _line(e: BaseException) -> str:
     return s.splitlines()[0] if s else type(e).__name__
 
 
+def _json_bytes(value) -> int:
+    """About what a cached result holds: the length of its JSON (a patching sweep: its tensors' bytes)."""
+    if hasattr(value, "raw"):
+        return sum(t.numel() * t.element_size() for t in (value.raw, value.values))
+    return len(json.dumps(value, default=str))
+
+
+def _context_bytes(entry) -> int:
+    """The bytes of a context's trace tensors (what a cached context holds)."""
+    total = 0
+    for v in vars(entry.ctx.trace).values():
+        vs = list(v.values()) if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else [v]
+        for t in (x for u in vs for x in (u if isinstance(u, (list, tuple)) else [u])):
+            if isinstance(t, torch.Tensor):
+                total += t.numel() * t.element_size()
+    return total
+
+
 class Service:
     """The server's state: models (:class:`ModelPool`), workers (:class:`Jobs`), the context and result caches."""
 
     def __init__(self, models: list[str], *, max_tokens: int = 512, max_queue: int = 16, max_resident: int = 2,
-                 lens: str | None = None, cache_size: int = 256, contexts: int = 8, loader=None):
+                 lens: str | None = None, contexts: int = 8, context_mb: float = 2048, results: int = 512,
+                 results_mb: float = 512, loader=None):
         self.models = list(models)
         self.max_tokens = int(max_tokens)
-        self.contexts = LRU(contexts)
-        self.results = LRU(cache_size)
-        self.extras = LRU(cache_size)  # head patching sweeps and token explanations
+        self.contexts = LRU(contexts, max_bytes=int(context_mb * 2**20), sizeof=_context_bytes)
+        self.cards = LRU(results)
+        self.results = LRU(results, max_bytes=int(results_mb * 2**20), sizeof=_json_bytes)
+        self.extras = LRU(results, max_bytes=int(results_mb * 2**20) // 4, sizeof=_json_bytes)  # heads, tokens
         self.pool = ModelPool(max_resident, lens, loader=loader, on_unload=self.forget)
         self.jobs = Jobs(max_queue)
         self.max_resident = self.pool.max_resident
 
     def forget(self, name: str) -> None:
         """Drop what was cached for a model that is let go (its traces hold most of the memory)."""
-        for c in (self.contexts, self.results, self.extras):
+        for c in (self.contexts, self.cards, self.results, self.extras):
             c.drop(lambda k: k[0] == name)
 
     # ------------------------------------------------------------------------------------------ models
@@ -118,20 +151,25 @@ class Service:
         ctx.target_id, ctx.foil_id  # noqa: B018 - a target/foil that is not one token is refused here (400)
         ctx.trace  # noqa: B018
         trace_s = time.perf_counter() - t
-        meta = report_meta(ctx)
-        if defaulted:
-            meta["target_is_top_prediction"] = True
-        entry = Entry(ctx, meta, round(trace_s, 3), [c.key for c in SECTIONS if c().wanted(ctx)])
+        card = self.cards.get(key)
+        if card is None:
+            meta = report_meta(ctx)
+            if defaulted:
+                meta["target_is_top_prediction"] = True
+            card = Card(ctx.tokens, _tok(ctx, ctx.target_id), _tok(ctx, ctx.foil_id), meta, round(trace_s, 3),
+                        [c.key for c in SECTIONS if c().wanted(ctx)])
+            self.cards.put(key, card)
+        entry = Entry(ctx, card)
         self.contexts.put(key, entry)
         return entry
 
     # ----------------------------------------------------------------------------------------- analyze
 
     @staticmethod
-    def section_keys(sections, entry: Entry | None = None) -> list[str]:
-        """The requested view keys (unknown ones refused), or the context's default views."""
+    def section_keys(sections, card: Card | None = None) -> list[str]:
+        """The requested view keys (unknown ones refused), or the input's default views."""
         if sections is None:
-            return [] if entry is None else list(entry.default_keys)
+            return [] if card is None else list(card.default_keys)
         unknown = [k for k in sections if k not in SECTION_KEYS]
         if unknown:
             raise InputError(f"unknown section(s) {unknown}; choose from {', '.join(SECTION_KEYS)}")
@@ -160,22 +198,18 @@ class Service:
         """``POST /api/analyze``. ``cached_only``: answer only from the caches (None when something must be
         computed), so that a repeated request needs no worker."""
         ckey = (name, text, target, foil, corrupted)
-        if cached_only:
-            entry = self.contexts.get(ckey)
-            if entry is None:
+        card = self.cards.get(ckey)
+        keys = self.section_keys(sections, card)
+        hits = None if card is None else [self.results.get(ckey + (k,)) for k in keys]
+        if hits is None or any(h is None for h in hits):
+            if cached_only:
                 return None
-            keys = self.section_keys(sections, entry)
-            hits = [self.results.get(ckey + (k,)) for k in keys]
-            if any(h is None for h in hits):
-                return None
-        else:
             entry = self.context(name, text, target, foil, corrupted)
-            keys = self.section_keys(sections, entry)
+            card = entry.card
+            keys = self.section_keys(sections, card)
             hits = [self._section(ckey, entry, k) for k in keys]
-        ctx = entry.ctx
-        out = {"model": name, "text": text, "tokens": ctx.tokens, "target": _tok(ctx, ctx.target_id),
-               "foil": _tok(ctx, ctx.foil_id), "checks": [], "sections": {}, "notes": {},
-               "timings": {"trace": entry.trace_s}, "meta": entry.meta}
+        out = {"model": name, "text": text, "tokens": card.tokens, "target": card.target, "foil": card.foil,
+               "checks": [], "sections": {}, "notes": {}, "timings": {"trace": card.trace_s}, "meta": card.meta}
         for k, (rec, checks, secs) in zip(keys, hits):
             if "note" in rec:
                 out["notes"][k] = rec["note"]
@@ -189,15 +223,15 @@ class Service:
         """``GET /api/report``: today's static page (:meth:`lenscope.report.Report.html`) from the cached views."""
         ckey = (name, text, target, foil, corrupted)
         entry = self.context(name, text, target, foil, corrupted)
-        keys = self.section_keys(None, entry)
-        recs, checks, timings = [], [], {"trace": entry.trace_s}
+        keys = self.section_keys(None, entry.card)
+        recs, checks, timings = [], [], {"trace": entry.card.trace_s}
         for k in keys:
             rec, ch, secs = self._section(ckey, entry, k)
             recs.append(rec)
             checks.extend(ch)
             timings[k] = secs
         timings["total"] = round(sum(timings.values()), 3)
-        return Report(meta=entry.meta, sections=recs, checks=checks, timings=timings).html()
+        return Report(meta=entry.card.meta, sections=recs, checks=checks, timings=timings).html()
 
     # -------------------------------------------------------------------------------------------- head
 

@@ -99,13 +99,16 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
     ``max_queue``: jobs waiting in all (503 above); ``max_resident``: models kept loaded; ``lens``: a tuned-lens
     directory shown beside the logit lens for the model it fits. ``loader(name) -> LoadedModel`` replaces
     :func:`lenscope.load` (tests)."""
-    if models is None:
-        from ..models.load import available_names
+    from ..models.load import available_names
 
-        models = available_names()
-    models = [m for m in dict.fromkeys(models)]
+    known = available_names()
+    models = list(dict.fromkeys(known if models is None else models))
     if not models:
         raise InputError("no models to serve: give at least one --model")
+    for m in models:  # the operator may name a local folder or .gguf file; clients only ever name these strings
+        if m not in known and not Path(m).expanduser().exists():
+            raise UnknownModelError(f"unknown model {m!r}: not a registered name ({', '.join(known)}), a "
+                                    "transformers folder or a .gguf file")
     for v, what in ((max_tokens, "--max-tokens"), (max_resident, "--max-resident")):
         if int(v) < 1:
             raise InputError(f"{what} must be at least 1")
@@ -304,13 +307,25 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
     return app
 
 
+def url(host: str, port: int, token: str | None = None) -> str:
+    """The address to open: ``http://host:port/`` (with ``?token=`` when one is set)."""
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/" + (f"?token={token}" if token else "")
+
+
 def serve(host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info", **kwargs) -> None:
-    """Run :func:`create_app` (``kwargs``) with uvicorn on ``host:port``. A host other than localhost needs a
-    ``token``."""
+    """Run :func:`create_app` (``kwargs``: ``models``, ``token``, ``max_tokens``, ``max_queue``, ``max_resident``,
+    ``lens``) with uvicorn on ``host:port``; prints the address to open. A host other than localhost needs a
+    ``token`` (:class:`~lenscope.errors.InputError` otherwise)."""
     import uvicorn
 
     if not _localhost(host) and not kwargs.get("token"):
         raise InputError(f"--host {host} makes the server reachable from other machines: give --token as well "
                          "(or keep the default 127.0.0.1)")
     app = create_app(**kwargs)
+    names = app.state.service.models
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format="%(message)s")
+    print(f"lenscope serve: {', '.join(names[:4])}{' ...' if len(names) > 4 else ''} (default {names[0]}; "
+          "each model is loaded on its first request, which then takes a while)", flush=True)
+    print(f"open {url(host, port, kwargs.get('token'))}", flush=True)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -24,12 +24,18 @@ class ApiError(Exception):
 
 
 class LRU:
-    """A thread-safe least-recently-used mapping with at most ``size`` entries; ``on_evict(key, value)`` is called
-    for each entry pushed out."""
+    """A thread-safe least-recently-used mapping with at most ``size`` entries and, with ``sizeof(value) -> bytes``,
+    at most ``max_bytes`` in all (the newest entry is always kept); ``on_evict(key, value)`` is called for each
+    entry pushed out."""
 
-    def __init__(self, size: int, on_evict: Callable | None = None):
+    def __init__(self, size: int, on_evict: Callable | None = None, *, max_bytes: int | None = None,
+                 sizeof: Callable | None = None):
         self.size = max(1, int(size))
+        self.max_bytes = max_bytes
+        self.sizeof = sizeof
+        self.bytes = 0
         self._d: OrderedDict = OrderedDict()
+        self._n: dict = {}
         self._lock = threading.Lock()
         self.on_evict = on_evict
 
@@ -41,12 +47,20 @@ class LRU:
             return self._d[key]
 
     def put(self, key, value) -> None:
+        n = self.sizeof(value) if self.sizeof is not None else 0
         evicted = []
         with self._lock:
+            if key in self._d:
+                self.bytes -= self._n.pop(key)
             self._d[key] = value
+            self._n[key] = n
+            self.bytes += n
             self._d.move_to_end(key)
-            while len(self._d) > self.size:
-                evicted.append(self._d.popitem(last=False))
+            while len(self._d) > self.size or (self.max_bytes is not None and self.bytes > self.max_bytes
+                                               and len(self._d) > 1):
+                k, v = self._d.popitem(last=False)
+                self.bytes -= self._n.pop(k)
+                evicted.append((k, v))
         if self.on_evict is not None:
             for k, v in evicted:
                 self.on_evict(k, v)
@@ -56,6 +70,7 @@ class LRU:
         with self._lock:
             for k in [k for k in self._d if pred(k)]:
                 del self._d[k]
+                self.bytes -= self._n.pop(k)
 
     def __contains__(self, key) -> bool:
         with self._lock:
