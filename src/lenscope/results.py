@@ -4,12 +4,14 @@ fields as JSON. Loading never unpickles anything."""
 from __future__ import annotations
 
 import dataclasses
+import html
+import io
 import json
 from pathlib import Path
 
 import torch
 
-from .errors import InputError
+from .errors import InputError, LenscopeError
 
 
 def axis_size(field: str, dim: int, doc: str = "") -> property:
@@ -23,7 +25,20 @@ def axis_size(field: str, dim: int, doc: str = "") -> property:
 
 
 class Result:
-    """Mixin for dataclass results: ``save(path)`` / ``Cls.load(path)``."""
+    """Mixin for dataclass results: ``save(path)`` / ``Cls.load(path)``, and ``_repr_html_`` for notebooks."""
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the result's ``plot()`` as an inline SVG, or a table of its fields where it has no plot
+        (results with a report view override this with that view: :mod:`lenscope.viz.notebook`)."""
+        plot = getattr(self, "plot", None)
+        if callable(plot):
+            try:
+                svg = figure_svg(plot())
+            except LenscopeError:  # a plot that does not apply to this result
+                svg = None
+            if svg is not None:
+                return f'<div class="lenscope-plot">{svg}</div>'
+        return fields_table(self)
 
     def save(self, path: str | Path) -> Path:
         from safetensors.torch import save_file
@@ -56,6 +71,42 @@ class Result:
         if meta.get("lenscope_type") != cls.__name__:
             raise InputError(f"{path} holds a {meta.get('lenscope_type')!r}, not a {cls.__name__}")
         return cls(**tensors, **json.loads(meta["fields"]))
+
+
+def figure_svg(fig) -> str | None:
+    """A matplotlib figure (or axes) as inline SVG markup (text kept as text), the figure closed so that a
+    notebook does not show it a second time; None when ``fig`` is not a figure."""
+    fig = getattr(fig, "figure", fig)
+    if not hasattr(fig, "savefig"):
+        return None
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _cell(v) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"tensor {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}"
+    if isinstance(v, (list, tuple)) and len(v) > 8:
+        return f"{type(v).__name__} of {len(v)}: {', '.join(repr(x) for x in v[:6])}, ..."
+    if isinstance(v, dict) and len(v) > 8:
+        return f"dict of {len(v)}: {', '.join(repr(k) for k in list(v)[:6])}, ..."
+    text = repr(v)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def fields_table(res) -> str:
+    """A small HTML table of a dataclass result's fields (tensors by shape and dtype, long lists shortened)."""
+    rows = "".join(f"<tr><th style=\"text-align: left\">{html.escape(f.name)}</th>"
+                   f"<td style=\"text-align: left\"><code>{html.escape(_cell(getattr(res, f.name)))}</code></td></tr>"
+                   for f in dataclasses.fields(res))
+    return f'<div class="lenscope-result"><b>{html.escape(type(res).__name__)}</b><table>{rows}</table></div>'
 
 
 def read_summary(out_dir: str | Path, what: str) -> dict:

@@ -80,6 +80,13 @@ class ComponentAttribution(Result):
 
         return plot_components(self, ax=ax, top=top)
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the report's direct logit attribution view of this result, drawn by the report's own
+        script (:func:`lenscope.viz.notebook.view`; ``lenscope.show(result)`` opens it in a browser)."""
+        from ..viz.notebook import view
+
+        return str(view(self))
+
     def __repr__(self) -> str:
         what = repr(self.target) + (f" - {self.foil!r}" if self.foil is not None else "")
         return (f"ComponentAttribution({what} at position {self.position}, {len(self.names)} components, "

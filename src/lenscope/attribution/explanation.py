@@ -116,6 +116,13 @@ class Explanation(Result):
 
         return explanation_html([self], path)
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the report's context attribution view of this result, drawn by the report's own
+        script (:func:`lenscope.viz.notebook.view`; ``lenscope.show(result)`` opens it in a browser)."""
+        from ..viz.notebook import view
+
+        return str(view(self))
+
     def __repr__(self) -> str:
         inv = "" if self.invariant_error is None else f", invariant_error={self.invariant_error:.1e}"
         return (f"Explanation({self.method}, {self.what()} at position {self.position}, "

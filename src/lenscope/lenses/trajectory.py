@@ -137,6 +137,13 @@ class PredictionTrajectory(Result):
 
         return trajectory_html([self, *others], path, title=title)
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the report's trajectory view of this result, drawn by the report's own
+        script (:func:`lenscope.viz.notebook.view`; ``lenscope.show(result)`` opens it in a browser)."""
+        from ..viz.notebook import view
+
+        return str(view(self))
+
     def __repr__(self) -> str:
         return (f"PredictionTrajectory({self.lens!r} lens on {self.model!r}, states={self.n_states}, "
                 f"pos={self.n_pos}, k={self.k}, output top-1={self.top_tokens[-1][-1]!r})")

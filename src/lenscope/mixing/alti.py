@@ -191,6 +191,13 @@ class MixingMatrices(Result):
                              "or compute them with mixing_matrices(..., rollout=True)")
         return plot_matrix(self, layer=layer, which=which)
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the report's information flow view of this result, drawn by the report's own
+        script (:func:`lenscope.viz.notebook.view`; ``lenscope.show(result)`` opens it in a browser)."""
+        from ..viz.notebook import view
+
+        return str(view(self))
+
     def __repr__(self) -> str:
         L, n, _ = self.contributions.shape
         return (f"MixingMatrices({self.method}, layers={L}, pos={n}, completeness_error={self.completeness_error:.1e}, "

@@ -179,6 +179,13 @@ class MixingMaps(Result):
 
         return plot_maps(self, layers=layers, cols=cols)
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the report's context mixing view of this result, drawn by the report's own
+        script (:func:`lenscope.viz.notebook.view`; ``lenscope.show(result)`` opens it in a browser)."""
+        from ..viz.notebook import view
+
+        return str(view(self))
+
     def __repr__(self) -> str:
         return (f"MixingMaps({self.scope!r}, layers={self.layers if len(self.layers) <= 4 else len(self.layers)}, "
                 f"pos={len(self.tokens)}, completeness_error={self.completeness_error:.1e})")

@@ -58,6 +58,12 @@ class Report:
 
         return write_page(self.html(), path)
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the whole page in a sandboxed frame (:func:`lenscope.viz.notebook.report_html`)."""
+        from ..viz.notebook import report_html
+
+        return str(report_html(self.to_dict()))
+
     def __repr__(self) -> str:
         shown = [s["key"] for s in self.sections if "note" not in s]
         return f"Report(model={self.meta['model']!r}, sections={shown}, ok={self.ok})"
