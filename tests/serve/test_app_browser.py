@@ -14,6 +14,7 @@ import shutil
 import socket
 import threading
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -225,6 +226,17 @@ def test_app_explores_a_prediction(browser, server, tmp_path, capsys):
         assert page.input_value("#text") == TEXT and page.input_value("#target") == " John"
         assert _dla(page) == dla_after and _fills(page, "#sec-components svg.dla-heads rect") == heads_after
 
+        # back: the previous state (the model's own target) again
+        run = page.get_attribute("body", "data-run")
+        page.go_back()
+        _ready(page, run)
+        assert "target=" not in page.url and page.input_value("#target") == top[0]["token"]
+        assert _dla(page) == dla_before
+        run = page.get_attribute("body", "data-run")
+        page.go_forward()
+        _ready(page, run)
+        assert page.input_value("#target") == " John" and _dla(page) == dla_after
+
         # save as report: the static page of the same state
         with page.expect_download(timeout=30000) as dl:
             page.click("#save")
@@ -291,3 +303,47 @@ def test_app_moves_on_patches_and_says_what_is_wrong(browser, server):
         assert blocked == [], f"the page tried to fetch {blocked}"
     finally:
         ctx.close()
+
+
+@needs_playwright
+@needs_chromium
+def test_app_sends_the_token_of_its_url(browser):
+    """With ``token=``: the page's own address carries the token, every API call sends it as a Bearer header."""
+    import uvicorn
+
+    from lenscope.serve import create_app
+
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    srv = uvicorn.Server(uvicorn.Config(create_app(["tiny:llama"], token="s3cret"), host="127.0.0.1", port=port,
+                                        log_level="warning"))
+    th = threading.Thread(target=srv.run, daemon=True)
+    th.start()
+    t0 = time.monotonic()
+    while not srv.started:
+        assert th.is_alive() and time.monotonic() - t0 < 30, "the server did not start"
+        time.sleep(0.05)
+    try:
+        ctx, page, errors, blocked = _open(browser, base, "?token=s3cret&text=The+capital+of+France+is")
+        sent: list[str | None] = []
+        page.on("request", lambda r: sent.append(r.headers.get("authorization")) if "/api/" in r.url else None)
+        try:
+            _ready(page)  # the text in the URL runs at once
+            assert page.get_attribute("#sec-components", "data-state") == "done"
+            page.click("#sec-components svg.dla-heads rect[data-r='0'][data-c='0']")
+            page.wait_for_selector("#panel[data-kind=head][data-state=done]", timeout=30000)
+            with page.expect_download(timeout=30000) as dl:
+                page.click("#save")
+            assert dl.value.suggested_filename == "lenscope-report.html"
+            assert sent and set(sent) == {"Bearer s3cret"}
+            assert "token=s3cret" in page.url and "text=The+capital" in page.url
+            assert errors == [], errors
+            assert blocked == [], f"the page tried to fetch {blocked}"
+        finally:
+            ctx.close()
+        with pytest.raises(urllib.error.HTTPError) as e:  # and without it, the API refuses
+            _post(base, "/api/analyze", {"model": "tiny:llama", "text": "The capital of France is"})
+        assert e.value.code == 401 and "error" in json.loads(e.value.read())
+    finally:
+        srv.should_exit = True
+        th.join(10)
