@@ -23,11 +23,16 @@ def report_cmd(
     corrupted: str = typer.Option(None, "--corrupted",
                                   help="A corrupted prompt with as many tokens as TEXT (needs --target and --foil): "
                                        "adds the circuit view (EAP-IG edges, a k slider, the faithfulness curve)."),
+    generate: int = typer.Option(None, "--generate",
+                                 help="Generate N tokens after TEXT (greedy) and add the generation view: each "
+                                      "generated token's probability, depth and explanation (ALTI-Logit, Logit, "
+                                      "ALTI over every earlier token), a clickable strip and a matrix."),
     lens: str = typer.Option(None, "--lens", help="A tuned-lens directory, shown beside the logit lens."),
     out: str = typer.Option("report.html", "--out", "-o", help="Where to write the page."),
     sections: str = typer.Option(None, "--sections",
                                  help="Comma-separated views (default all): prediction, trajectory, components, "
-                                      "attribution, mixing, flow, and circuit with --corrupted."),
+                                      "attribution, mixing, flow, circuit with --corrupted, generation with "
+                                      "--generate."),
     open_page: bool = typer.Option(False, "--open", help="Open the page in a web browser when written."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary (checks, timings, sections)."),
 ):
@@ -37,6 +42,8 @@ def report_cmd(
     if corrupted is not None and (target is None or foil is None):
         raise InputError("--corrupted needs --target and --foil (the circuit is scored on logit(target) - "
                          "logit(foil))")
+    if generate is not None and generate < 1:
+        raise InputError(f"--generate must be at least 1 (tokens to generate), not {generate}")
     con = Console(stderr=True, soft_wrap=True)
     t0 = time.perf_counter()
     con.print(f"lenscope report: loading [bold]{model}[/] "
@@ -52,6 +59,8 @@ def report_cmd(
         keys = [s.strip() for s in sections.split(",") if s.strip()]
         if not keys:
             raise InputError("--sections is empty")
+        if generate is not None and "generation" not in keys:
+            keys.append("generation")  # --generate asks for its view
     from ..report import build_report
 
     with con.status("computing") as status:
@@ -59,7 +68,7 @@ def report_cmd(
             status.update(f"computing: {title}")
 
         rep = build_report(lm, text, target, foil, corrupted=corrupted, lens=tuned, sections=keys,
-                           progress=progress)
+                           progress=progress, generate=generate)
     path = rep.write(out)
     size = path.stat().st_size
     if as_json:

@@ -80,23 +80,29 @@ def _versions() -> dict:
 
 
 def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None = None, lens=None, sections=None,
-                 top_k: int = 10, progress=None, circuit: dict | None = None) -> Report:
+                 top_k: int = 10, progress=None, circuit: dict | None = None, generate: int | None = None,
+                 explain=None) -> Report:
     """Compute every view of the prediction at the last position of ``text``.
 
     ``target``/``foil``: the token to explain (text, ``"#ID"`` or id) and an optional contrast; without a
     target the model's own top prediction is explained. ``corrupted``: a corrupted prompt with as many tokens
     as ``text`` (needs ``target`` and ``foil``): adds the circuit view (:class:`~.sections.Circuit`).
     ``lens``: a tuned lens shown beside the logit lens. ``sections``: keys to include (default all:
-    ``prediction, trajectory, components, attribution, mixing, flow``, and ``circuit`` when given a corrupted
-    prompt). ``progress(key, title)`` is called before each section. ``circuit``: a
-    :func:`~lenscope.circuits.circuit_json` result to draw instead of computing one (``lenscope circuit --html``).
+    ``prediction, trajectory, components, attribution, mixing, flow``, ``circuit`` when given a corrupted
+    prompt and ``generation`` when given ``generate``). ``progress(key, title)`` is called before each section.
+    ``circuit``: a :func:`~lenscope.circuits.circuit_json` result to draw instead of computing one (``lenscope
+    circuit --html``).
+    ``generate``: a number of tokens to generate after ``text`` and explain token by token (adds the generation
+    view, :class:`~.sections.Generation`); ``explain``: that view's methods (default
+    :attr:`~.sections.Generation.methods`).
     """
     if sections is not None:
         unknown = [k for k in sections if k not in SECTION_KEYS]
         if unknown:
             raise InputError(f"unknown report section(s) {unknown}; choose from {', '.join(SECTION_KEYS)}")
     t0 = time.perf_counter()
-    ctx = ReportContext(lm, text, target, foil, lens=lens, top_k=top_k, corrupted=corrupted, circuit=circuit)
+    ctx = ReportContext(lm, text, target, foil, lens=lens, top_k=top_k, corrupted=corrupted, circuit=circuit,
+                        generate=generate, explain=explain)
     if sections is None:
         chosen = [sec for sec in (cls() for cls in SECTIONS) if sec.wanted(ctx)]
     else:

@@ -66,6 +66,8 @@ class ReportContext:
     top_k: int = 10
     corrupted: str | None = None  # a corrupted prompt (same token count as ``text``): the circuit view
     circuit: dict | None = None  # a circuit_json result computed elsewhere (lenscope circuit --html) to show as is
+    generate: int | None = None  # tokens to generate after the text and explain (the generation view)
+    explain: tuple[str, ...] | None = None  # the generation view's methods (default: sections.Generation.methods)
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -80,6 +82,30 @@ class ReportContext:
                              "leave out --target/--foil")
         if self.corrupted is not None:
             self._check_contrast()
+        if self.generate is not None or self.explain is not None:
+            self._check_generate()
+
+    def _check_generate(self) -> None:
+        """``generate`` and ``explain`` are refused before any view is computed: a whole number of tokens, at least
+        one, that fits in the context after the text, and known methods. (An encoder gets the view's note.)"""
+        from ..attribution.explanation import METHODS
+
+        n = self.generate
+        if n is not None:
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise InputError(f"--generate takes a whole number of tokens, not {n!r}")
+            if n < 1:
+                raise InputError(f"--generate must be at least 1 (tokens to generate), not {n}")
+            room = self.lm.anatomy.n_ctx - len(self.ids)
+            if n > room:
+                raise InputError(f"--generate {n}: the text has {len(self.ids)} tokens and the model's context is "
+                                 f"{self.lm.anatomy.n_ctx}, so at most {max(room, 0)} more fit; generate fewer")
+        if self.explain is not None:
+            self.explain = (self.explain,) if isinstance(self.explain, str) else tuple(self.explain)
+            unknown = [m for m in self.explain if m not in METHODS]
+            if unknown or not self.explain:
+                raise InputError(f"unknown method(s) {unknown} for the generation view; choose from "
+                                 f"{', '.join(METHODS)}")
 
     def _check_contrast(self) -> None:
         """A corrupted prompt is refused before any view is computed: it needs a target and a foil (the circuit's

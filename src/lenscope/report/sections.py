@@ -242,5 +242,41 @@ def circuit_payload(ctx: ReportContext, d: dict) -> dict:
     return out
 
 
-SECTIONS: list[type[Section]] = [Prediction, Trajectory, Components, Attribution, Mixing, Flow, Circuit]
+from ..viz import generation_html as _gen_view  # noqa: E402 - the generation view's words live with its drawing
+
+
+class Generation(Section):
+    """A continuation of the text generated and explained token by token (``lenscope.generate``): shown when the
+    report is given ``generate=N`` (``lenscope report TEXT --generate N``), with ``ctx.explain`` methods (default
+    :attr:`methods`), each contrastive against the runner-up at its step."""
+
+    key = _gen_view.KEY
+    title = _gen_view.TITLE
+    blurb = _gen_view.BLURB
+    methods = ("alti-logit", "logit", "alti")  # the trace-based ones: all steps from one forward pass
+
+    def wanted(self, ctx: ReportContext) -> bool:
+        return ctx.generate is not None
+
+    def skip_reason(self, ctx):
+        if ctx.generate is None:
+            return ("The generation view needs a number of tokens to generate: give --generate N "
+                    "(build_report(..., generate=N)).")
+        A = ctx.lm.anatomy
+        if not A.causal or not ctx.has_logits:
+            return (f"Generating a continuation needs a causal decoder with a language-model head; {ctx.lm.name} "
+                    f"({A.family}) is not one.")
+        return None
+
+    def compute(self, ctx: ReportContext) -> dict:
+        from ..generation import generate
+
+        d = generate(ctx.lm, ctx.text, max_new_tokens=ctx.generate, explain=ctx.explain or self.methods).to_dict()
+        for m, worst in _gen_view.invariant_errors(d).items():
+            if worst is not None:
+                ctx.check(self.key, _gen_view.check_name(m), worst, _tol(ctx))
+        return _gen_view.generation_payload(d)
+
+
+SECTIONS: list[type[Section]] = [Prediction, Trajectory, Components, Attribution, Mixing, Flow, Circuit, Generation]
 SECTION_KEYS = tuple(s.key for s in SECTIONS)
