@@ -25,6 +25,7 @@ from .version import __version__ as __version__
 
 if TYPE_CHECKING:
     from .attribution import ComponentAttribution, Explanation, direct_logit_attribution, explain, explain_all
+    from .generation import Generation, generate
     from .models.anatomy import Anatomy
     from .models.load import LoadedModel, available_names, load
     from .models.trace import Trace, trace
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 # and the command line's ``--help`` stay fast: name -> the module that defines it.
 _LAZY = {
     "ComponentAttribution": ".attribution", "Explanation": ".attribution", "direct_logit_attribution": ".attribution",
-    "explain": ".attribution", "explain_all": ".attribution", "Anatomy": ".models.anatomy",
+    "explain": ".attribution", "explain_all": ".attribution", "Generation": ".generation", "generate": ".generation",
+    "Anatomy": ".models.anatomy",
     "LoadedModel": ".models.load", "available_names": ".models.load", "load": ".models.load",
     "Trace": ".models.trace", "trace": ".models.trace", "VerifyReport": ".models.verify", "verify": ".models.verify",
     "show": ".viz.notebook",
@@ -55,8 +57,8 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
-    "Anatomy", "ComponentAttribution", "Explanation", "InputError", "LenscopeError", "LoadedModel",
+    "Anatomy", "ComponentAttribution", "Explanation", "Generation", "InputError", "LenscopeError", "LoadedModel",
     "MissingDependencyError", "NotApplicableError", "Trace", "UnknownModelError", "UnsupportedModelError",
-    "VerifyReport", "available_names", "direct_logit_attribution", "explain", "explain_all", "load", "show",
-    "trace", "verify",
+    "VerifyReport", "available_names", "direct_logit_attribution", "explain", "explain_all", "generate", "load",
+    "show", "trace", "verify",
 ]

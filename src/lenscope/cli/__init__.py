@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from . import circuit, components, evaluate, explain, interventions, lens, mixing, models, report, serve
+from . import circuit, components, evaluate, explain, generate, interventions, lens, mixing, models, report, serve
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -23,6 +23,7 @@ interventions.register(app)
 circuit.register(app)
 evaluate.register(app)
 report.register(app)
+generate.register(app)
 serve.register(app)
 
 

@@ -145,7 +145,7 @@ def _trace_methods(lm, tr, methods, rows, tok, foils, parts_cache: dict, mm_cach
             if kind not in mm_cache:
                 mm_cache[kind] = mixing_matrices(A, tr, kind, model_name=lm.name, rollout=False,
                                                  progress=None if progress is None else
-                                                 (lambda l, k=kind: progress(k, l + 1, A.n_layers)))
+                                                 (lambda l, k=kind: progress(f"{k} layers", l + 1, A.n_layers)))
         if m == "logit":
             parts = parts_cache["parts"]
             out[m] = (parts["head_scores"].sum((1, 2)), parts["invariant_error"])
