@@ -136,6 +136,31 @@ def test_report_section_on_a_real_generation():
     assert math.isfinite(rep.timings["generation"])
 
 
+def test_standalone_page_and_png_of_a_real_generation(tmp_path):
+    from lenscope.generation import generate
+    from lenscope.models.verify import completeness_tolerance
+    from lenscope.viz.generation_plots import generation_matrix, plot_generation
+
+    lm = get_model("tiny:llama")
+    gen = generate(lm, PROMPT, max_new_tokens=5, explain=("alti-logit", "logit"))
+    page = generation_html(gen, tmp_path / "g.html", lm=lm)
+    data = _data_block(page)
+    assert data["sections"][0]["data"] == generation_payload(gen.to_dict())
+    meta = data["meta"]
+    assert meta["family"] == lm.anatomy.family and meta["n_layers"] == lm.anatomy.n_layers
+    assert meta["text"] == PROMPT and meta["target"] == gen.text
+    tol = completeness_tolerance(lm)
+    assert page.count(f"≤ {tol:g}") == 2 and page.count('<span class="badge ok">ok</span>') == 2
+    # the matrix drawn is the generation's own (step, src) scores, blank from each step's position on
+    m, method = generation_matrix(gen, "logit")
+    ref = gen.matrix("logit").double().numpy()
+    assert method == "logit" and m.shape == (5, len(gen.tokens) - 1)
+    for k, p in enumerate(gen.positions):
+        assert np.allclose(m[k, :p], ref[k, :p], rtol=1e-6, atol=1e-9) and np.isnan(m[k, p:]).all()
+    fig = plot_generation(gen, "logit")
+    assert np.ma.filled(fig.axes[0].get_images()[0].get_array(), np.nan).shape == (5, len(gen.tokens) - 1)
+
+
 def test_generation_is_not_in_the_default_report():
     from lenscope.report import ReportContext
     from lenscope.report.sections import Generation
