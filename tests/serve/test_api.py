@@ -269,3 +269,55 @@ def test_static_serves_the_report_assets(client):
 
     assert r.text == asset("core.js")
     assert client.get("/static/report.css").headers["content-type"].startswith("text/css")
+
+
+def test_circuit_view_with_a_corrupted_prompt(client):
+    d = analyze(client, target="#7", foil="#9", corrupted=CORRUPTED, sections=["circuit"]).json()
+    circ = d["sections"]["circuit"]
+    assert circ["edges"] and circ["faithfulness"]
+    assert any(c["section"] == "circuit" for c in d["checks"])
+    plain = analyze(client, target="#7", foil="#9", sections=["circuit"]).json()
+    assert "corrupted" in plain["notes"]["circuit"] and plain["sections"] == {}  # no corrupted prompt: a note
+    assert "circuit" not in analyze(client, target="#7", foil="#9", sections=None).json()["notes"]  # not by default
+
+
+def test_models_load_lazily_and_at_most_max_resident_stay():
+    app = create_app(["tiny:llama", "tiny:gpt2"], max_resident=1, loader=get_model)
+    svc = app.state.service
+    with TestClient(app) as c:
+        loaded = lambda: {m["name"]: m["loaded"] for m in c.get("/api/models").json()["models"]}  # noqa: E731
+        assert loaded() == {"tiny:llama": False, "tiny:gpt2": False}
+        assert analyze(c, sections=["prediction"]).status_code == 200
+        assert loaded() == {"tiny:llama": True, "tiny:gpt2": False} and len(svc.results) == 1
+        assert c.post("/api/analyze", json={"model": "tiny:gpt2", "text": TEXT, "sections": ["prediction"]}
+                      ).status_code == 200
+        assert loaded() == {"tiny:llama": False, "tiny:gpt2": True}
+        assert len(svc.results) == 1 and len(svc.contexts) == 1  # what was cached for tiny:llama went with it
+
+
+def test_create_app_and_serve_refuse_bad_settings():
+    from lenscope.errors import InputError, UnknownModelError
+    from lenscope.serve import serve
+
+    with pytest.raises(UnknownModelError, match="unknown model 'nope'"):
+        create_app(["nope"])
+    with pytest.raises(InputError, match="--max-tokens"):
+        create_app(["tiny:llama"], max_tokens=0)
+    with pytest.raises(InputError, match="--token"):
+        serve("0.0.0.0", 8000, models=["tiny:llama"])
+    assert [m["name"] for m in TestClient(create_app()).get("/api/models").json()["models"]][:1] == ["smollm2"]
+
+
+def test_cli_refuses_a_public_host_without_a_token():
+    from typer.testing import CliRunner
+
+    from lenscope.cli import app
+
+    r = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--model", "tiny:llama"])
+    assert r.exit_code == 2 and "--token" in r.output and len(r.output.strip().splitlines()) == 1
+    r = CliRunner().invoke(app, ["serve", "--model", "nope"])
+    assert r.exit_code == 2 and "unknown model 'nope'" in r.output
+    from lenscope.serve.app import url
+
+    assert url("127.0.0.1", 8000) == "http://127.0.0.1:8000/"
+    assert url("0.0.0.0", 9000, "abc") == "http://0.0.0.0:9000/?token=abc"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import json
 import logging
 import re
@@ -19,6 +20,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse
 from starlette.routing import Route
 
 from ..errors import InputError, LenscopeError, NotApplicableError, UnknownModelError
+from ..report import SECTIONS
 from .api import Service
 from .jobs import ApiError
 
@@ -212,8 +214,11 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
         except ImportError:
             return HTMLResponse("<!doctype html><title>lenscope serve</title><p>lenscope serve: the page is not "
                                 "installed yet; the API answers at /api/models and /api/analyze.</p>")
+        kw = {}
+        if "views" in inspect.signature(app_html).parameters:  # the cards' titles: the report's own
+            kw["views"] = [{"key": c.key, "title": c.title, "blurb": c.blurb} for c in SECTIONS]
         return HTMLResponse(app_html(models=models, default=models[0], token_required=token is not None,
-                                     max_tokens=svc.max_tokens))
+                                     max_tokens=svc.max_tokens, **kw))
 
     @endpoint
     async def static(request: Request):
