@@ -386,7 +386,8 @@
       var pb = $("panel-body");
       var p = LS.el("p", "meta", null, pb);
       p.textContent = "explaining " + JSON.stringify(t.target.token) + (t.foil ? " rather than " + JSON.stringify(t.foil.token) : "") +
-        " after position " + t.position + " " + JSON.stringify(t.token) + "; red = towards it, blue = against (each row on its own scale)";
+        (resolved.meta && resolved.meta.causal === false ? " at position " : " after position ") + t.position + " " +
+        JSON.stringify(t.token) + "; red = towards it, blue = against (each row on its own scale)";
       var methods = Object.keys(t.methods), n = 0;
       methods.forEach(function (m) { n = Math.max(n, t.methods[m].scores.length); });
       var toks = resolved.tokens.slice(0, n);
