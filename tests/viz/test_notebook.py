@@ -152,6 +152,16 @@ def test_mixing_flow_and_trajectory_views_are_the_reports(lm, report):
     _close(_shown(traj, "trajectory"), _section(report, "trajectory"))
 
 
+def test_generation_view_is_the_reports(lm):
+    methods = ("alti-logit", "logit")
+    gen = lenscope.generate(lm, TEXT, max_new_tokens=3, explain=methods)
+    rep = _section(build_report(lm, TEXT, generate=3, explain=methods, sections=["generation"]), "generation")
+    shown = _shown(gen, "generation")
+    drop = ("seconds", "timings")  # the wall-clock times of two runs differ
+    _close({k: v for k, v in shown.items() if k not in drop}, {k: v for k, v in rep.items() if k not in drop})
+    assert len(shown["generated"]) == 3 and shown["methods"] == list(methods)
+
+
 def test_report_shows_its_whole_page(report):
     fr = _frame(report._repr_html_())
     assert fr["sandbox"] == "allow-scripts"
@@ -218,14 +228,22 @@ def test_show_writes_the_page_and_opens_it(lm, tmp_path, monkeypatch):
 
 @pytest.mark.skipif(sync_playwright is None or CHROMIUM is None, reason="chromium and Playwright: see "
                     "tests/viz/test_report_browser.py")
-def test_frame_draws_in_chromium_without_errors_or_requests(lm, tmp_path):
-    """A notebook output (the _repr_html_ of a DLA and of explanations) in a page, opened in Debian's chromium:
-    each sandboxed frame draws its SVG, grows to its page's height, logs no error and fetches nothing."""
-    dla = lenscope.direct_logit_attribution(lm, TEXT, TARGET, FOIL, by_head=True)
-    exs = lenscope.explain_all(lm, TEXT, TARGET, FOIL, methods=["alti-logit", "logit", "erasure"])
-    body = dla._repr_html_() + str(notebook.view(exs))
+def test_frames_draw_in_chromium_without_errors_or_requests(lm, report, tmp_path):
+    """Notebook outputs (the _repr_html_ of every kind of view, and of a report) in one page, opened in Debian's
+    chromium: each sandboxed frame draws, grows to its page's height, logs no error and fetches nothing."""
+    outputs = [
+        ("components", lenscope.direct_logit_attribution(lm, TEXT, TARGET, FOIL, by_head=True)._repr_html_()),
+        ("attribution", str(notebook.view(lenscope.explain_all(lm, TEXT, TARGET, FOIL,
+                                                               methods=["alti-logit", "logit", "erasure"])))),
+        ("trajectory", prediction_trajectory(lm, TEXT)._repr_html_()),
+        ("mixing", str(notebook.view(context_mixing(lm, TEXT, scopes=["attention", "atb"])))),
+        ("flow", mixing_matrices(lm.anatomy, lenscope.trace(lm, TEXT), "alti", model_name=lm.name)._repr_html_()),
+        ("generation", lenscope.generate(lm, TEXT, max_new_tokens=3, explain=("logit",))._repr_html_()),
+        ("report", report._repr_html_()),
+    ]
     path = tmp_path / "notebook-output.html"
-    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'></head><body>{body}</body></html>")
+    path.write_text("<!doctype html><html><head><meta charset='utf-8'></head><body>"
+                    + "".join(html for _, html in outputs) + "</body></html>")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         ctx = browser.new_context(viewport={"width": 1300, "height": 900})
@@ -245,15 +263,20 @@ def test_frame_draws_in_chromium_without_errors_or_requests(lm, tmp_path):
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(path.resolve().as_uri())
         frames = [f for f in page.frames if f != page.main_frame]
-        assert len(frames) == 2
-        for f, key in zip(frames, ("components", "attribution")):
+        assert len(frames) == len(outputs)
+        for f, (key, _) in zip(frames, outputs):
             f.wait_for_selector("body[data-ready='1']", timeout=20000)
-            n = f.eval_on_selector_all(f"#sec-{key} svg rect", "els => els.length")
-            assert n > 10, f"{key} drew {n} rects"
-            assert f.eval_on_selector("#sec-run", "e => getComputedStyle(e).display") == "none"
-        # the frames told the page their height: it is no longer the first height
-        page.wait_for_function("() => [...document.querySelectorAll('iframe')].every(f => "
-                               "f.style.height !== '' && !['470px', '520px'].includes(f.style.height))", timeout=10000)
+            keys = ["components", "trajectory", "flow"] if key == "report" else [key]
+            for k in keys:
+                n = f.eval_on_selector_all(f"#sec-{k} svg rect, #sec-{k} svg line, #sec-{k} svg circle, "
+                                           f"#sec-{k} .body span", "els => els.length")
+                assert n > 5, f"{key}: {k} drew {n} elements"
+            shown = f.eval_on_selector("#sec-run", "e => getComputedStyle(e).display")
+            assert shown == ("block" if key == "report" else "none"), key  # a view shows its card only
+        # each frame told the page its height: none keeps its first height
+        firsts = [f"{notebook.HEIGHTS[k]}px" for k, _ in outputs]
+        page.wait_for_function("firsts => [...document.querySelectorAll('iframe')].every((f, i) => "
+                               "f.style.height !== firsts[i])", arg=firsts, timeout=10000)
         # the frame's script cannot reach the notebook (sandbox without allow-same-origin)
         assert frames[0].evaluate("() => { try { return !!parent.document; } catch (e) { return 'blocked'; } }") \
             == "blocked"

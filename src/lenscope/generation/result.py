@@ -128,6 +128,13 @@ class Generation(Result):
 
         return generation_html(self.to_dict(), path)
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the report's generation view of this result, drawn by the report's own
+        script (:func:`lenscope.viz.notebook.view`; ``lenscope.show(result)`` opens it in a browser)."""
+        from ..viz.notebook import view
+
+        return str(view(self))
+
     def __repr__(self) -> str:
         return (f"Generation({self.model}, {self.prompt_len} prompt + {self.n_steps} generated tokens, "
                 f"methods={self.methods}, text={self.text!r})")

@@ -176,8 +176,10 @@ def _generation(g):
     from .generation_html import generation_payload
 
     d = g.to_dict()
-    tokens = d.get("tokens", ())
-    return "generation", generation_payload(d), view_meta(d.get("model", ""), tokens), "Generated continuation"
+    settings = d.get("settings") or {}
+    run = {k: settings[k] for k in ("family", "model_type", "n_layers", "d_model", "placement") if k in settings}
+    meta = view_meta(d.get("model", ""), d.get("tokens", ()), text=d.get("prompt", ""), **run)
+    return "generation", generation_payload(d), meta, "Generated continuation"
 
 
 def _single(obj):
