@@ -53,6 +53,7 @@ def test_page_is_a_shell_without_inline_script_or_style():
     assert set(linked) <= set(names["report"]) | set(names["app"]) and "app.css" in linked and "report.css" in linked
     assert '<option value="tiny:gpt2" selected>' in page and "&lt;b&gt;x&lt;/b&gt;" in page and "<b>x" not in page
     assert 'data-token-required="1"' in page and "at most 77 tokens" in page
+    assert 'data-groups="prediction,trajectory,components;attribution;mixing;flow;circuit"' in page
     # the server's own titles replace the defaults; views the page does not request get no card
     page = app_html(models=["m"], default="m", token_required=False, max_tokens=1,
                     views=[{"key": "flow", "title": "Flow <t>", "blurb": "b & c"}, {"key": "other", "title": "X"}])

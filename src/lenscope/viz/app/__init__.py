@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 from importlib import resources
 
-__all__ = ["app_html", "asset_names", "DEFAULT_VIEWS"]
+__all__ = ["app_html", "asset_names", "DEFAULT_VIEWS", "GROUPS"]
 
 # The views the page asks for, in the order of its cards, with their titles. A server can pass the report's
 # own titles and blurbs instead (``views=`` of app_html: ``[{"key", "title", "blurb"}]`` from its sections).
@@ -26,7 +26,10 @@ DEFAULT_VIEWS = (
     {"key": "flow", "title": "Information flow"},
     {"key": "circuit", "title": "Circuit"},
 )
-_ASKED = {v["key"] for v in DEFAULT_VIEWS}  # the keys app.js requests (GROUPS there)
+# the requests the page makes for one input, in this order, each drawn as it arrives: the views that share the
+# one trace first, then each slower view on its own (the circuit only with a corrupted prompt)
+GROUPS = (("prediction", "trajectory", "components"), ("attribution",), ("mixing",), ("flow",), ("circuit",))
+_ASKED = {k for g in GROUPS for k in g}
 
 
 def _report_assets():
@@ -61,7 +64,7 @@ def app_html(*, models: list[str], default: str, token_required: bool, max_token
     ``token_required``: the server wants ``Authorization: Bearer``; the page takes the token from its URL
     (``?token=T``) and says so when it is missing. ``max_tokens``: the server's limit, shown in the prompt box.
     ``views``: ``[{"key", "title", "blurb"?}]`` (the report's sections) for the cards' titles; only the views the
-    page requests (:data:`DEFAULT_VIEWS`) get a card, in this order."""
+    page requests (:data:`GROUPS`) get a card, in this order."""
     given = {v["key"]: v for v in (views or ())}
     shown = [given.get(v["key"], v) for v in DEFAULT_VIEWS]
     order = [v for v in (views or ()) if v["key"] in _ASKED]
@@ -82,7 +85,7 @@ def app_html(*, models: list[str], default: str, token_required: bool, max_token
         '<link rel="stylesheet" href="static/report.css">\n<link rel="stylesheet" href="static/app.css">\n',
         '</head>\n',
         f'<body class="app" data-default="{e(default)}" data-token-required="{"1" if token_required else "0"}" '
-        f'data-max-tokens="{int(max_tokens)}">\n',
+        f'data-max-tokens="{int(max_tokens)}" data-groups="{";".join(",".join(g) for g in GROUPS)}">\n',
         '<header class="top app-top">\n<h1>lenscope <span class="sub">explore a prediction</span></h1>\n',
         '<form id="ask" autocomplete="off" spellcheck="false">\n',
         f'<div class="askrow"><label class="field">model <select id="model" name="model">{opts}</select></label>',

@@ -5,8 +5,8 @@
   "use strict";
   var $ = function (id) { return document.getElementById(id); };
   var FIELDS = ["text", "target", "foil", "corrupted"];
-  // the page asks for these views, each group one request, in this order (fast views first)
-  var GROUPS = [["prediction", "trajectory", "components"], ["attribution"], ["mixing"], ["flow"], ["circuit"]];
+  // the page asks for these views, each group one request, in this order (fast views first): app_html's GROUPS
+  var GROUPS = (document.body.getAttribute("data-groups") || "").split(";").map(function (g) { return g.split(","); });
   var TOKEN = new URLSearchParams(location.search).get("token");
   var body = document.body;
 
