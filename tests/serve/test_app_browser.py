@@ -348,3 +348,35 @@ def test_app_sends_the_token_of_its_url(browser):
     finally:
         srv.should_exit = True
         th.join(10)
+
+
+@needs_playwright
+@needs_chromium
+def test_static_report_ignores_the_clicks_the_app_listens_to(browser, tmp_path):
+    """The report's views emit head / token / target clicks; in the static report nothing listens: no change."""
+    from lenscope.report import build_report
+
+    from ..conftest import get_model
+
+    rep = build_report(get_model("tiny:llama"), TEXT, " Mary", " John", sections=["prediction", "components",
+                                                                                   "attribution"])
+    path = rep.write(tmp_path / "report.html")
+    ctx = browser.new_context()
+    ctx.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+    page = ctx.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(path.resolve().as_uri())
+        page.wait_for_selector("body[data-ready='1']")
+        before = page.inner_html("main")
+        clicks = ["#sec-components svg.dla-heads rect >> nth=3", "#sec-attribution [data-role=strip] .tok >> nth=2",
+                  "#sec-attribution svg.attr-all rect >> nth=5", "#sec-prediction svg.topk rect >> nth=1"]
+        for sel in clicks:
+            assert page.get_attribute(sel, "data-emit") in ("head", "token", "target")
+            page.click(sel)
+        assert page.inner_html("main") == before and page.url == path.resolve().as_uri()
+        assert errors == [], errors
+    finally:
+        ctx.close()

@@ -10,7 +10,6 @@
   // clicked; the app listens with LS.on; in the static report nothing listens and a click does nothing
   var listeners = {};
   LS.on = function (name, fn) { (listeners[name] = listeners[name] || []).push(fn); };
-  LS.listening = function (name) { return !!(listeners[name] && listeners[name].length); };
   LS.emit = function (name, detail) {
     (listeners[name] || []).forEach(function (fn) {
       try { fn(detail); } catch (e) { console.error("lenscope: a " + name + " listener failed: " + e); }
