@@ -7,7 +7,6 @@ the report, the attribution, the readout or the patching code."""
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +16,9 @@ import torch
 from ..errors import InputError, NotApplicableError
 from ..report import SECTION_KEYS, SECTIONS, Report, ReportContext, report_meta, run_section
 from ..report.sections import Attribution
+from ..viz.report.payloads import explanation_record
+from ..viz.report.payloads import rounded as _r
+from ..viz.report.payloads import rounded_list as _rl
 from .jobs import LRU, ApiError, Jobs, ModelPool
 
 SECTION_BY_KEY = {cls.key: cls for cls in SECTIONS}
@@ -49,16 +51,6 @@ class Entry:
 
 def _tok(ctx: ReportContext, tid: int | None) -> dict | None:
     return None if tid is None else {"token": ctx.token_text(tid), "id": int(tid)}
-
-
-def _r(x: float, digits: int = 5) -> float | None:
-    """A float for JSON as the report writes it: 5 significant digits, None for NaN or infinity."""
-    x = float(x)
-    return float(f"{x:.{digits}g}") if math.isfinite(x) else None
-
-
-def _rl(t, digits: int = 5) -> list:
-    return [_r(v, digits) for v in torch.as_tensor(t).reshape(-1).tolist()]
 
 
 def _line(e: BaseException) -> str:
@@ -355,7 +347,7 @@ class Service:
                 except NotApplicableError as err:
                     out["notes"][m] = _line(err)
                     continue
-                out["methods"][m] = {"scores": _rl(e.scores), "invariant_error": e.invariant_error}
+                out["methods"][m] = explanation_record(e)
         self.extras.put(tkey, out)
         return out
 
