@@ -176,6 +176,8 @@ def test_app_explores_a_prediction(browser, server, tmp_path, capsys):
         n_tok = len(direct["tokens"])
         assert page.locator("#sec-run [data-role=run-tokens] .tok").count() == n_tok
         assert page.url.startswith(server + "/?") and "text=When+Mary" in page.url and "target=" not in page.url
+        page.wait_for_function("document.getElementById('model-info').textContent.indexOf('layers') >= 0")
+        assert page.text_content("#model-info").startswith("llama \u00b7 2 layers")
 
         # a head of the DLA heat map: its attention pattern, its writes, its DLA (the heat map's own number)
         page.click("#sec-components svg.dla-heads rect[data-r='1'][data-c='2']")

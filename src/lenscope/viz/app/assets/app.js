@@ -212,6 +212,7 @@
     if (!shown.target && ans.target) setAuto("target", true, ans.target.token);
     if (!shown.foil && ans.foil && !shown.target) setAuto("foil", true, ans.foil.token);
     $("save").disabled = false;
+    loadModels();  // the model is resident now: its family, layers and heads
     var rc = card("run"), b = rc.querySelector(".body");
     rc.setAttribute("data-state", "done");
     clear(b);
