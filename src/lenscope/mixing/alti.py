@@ -4,8 +4,8 @@ Both read a layer as a map from the residual stream entering it (sources ``x_j``
 position ``i`` and give a contribution matrix ``C[i, j]`` (rows non-negative, summing to one); rollout
 composes the layers: ``M^0 = C^0``, ``M^l = C^l M^{l-1}``.
 
-- ALTI (computed in float64: a contribution is a difference of two L1 norms, which cancels badly in
-  float32 when a row's contributions are small): the state after attention + residual (Post-LN: + its
+- ALTI (each contribution computed as a sum of element-wise terms that do not cancel, see
+  :func:`factored_proximity`, so float32 suffices): the state after attention + residual (Post-LN: + its
   LayerNorm) decomposed exactly by :mod:`lenscope.models.algebra` (``"sources"`` convention):
   ``y_i = sum_j T~_i(j) + rest_i``;
   ``c_ij = max(0, ||y_i||_1 - ||y_i - T~_i(j)||_1)``, rows normalised. The MLP does not mix tokens.
@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models.algebra import (
+    Factored,
     activation_scale,
     attention_input_parts,
     f32,
@@ -97,27 +98,82 @@ def proximity(parts: Tensor, y: Tensor) -> Tensor:
     return (y.abs().sum(-1, keepdim=True) - (y.unsqueeze(-2) - parts).abs_().sum(-1)).clamp_min(0)
 
 
+BLOCK_BYTES = 2 * 2**20  # one (src, row, d_model) block of the contribution kernel: stays in a core's cache
+ROW_BLOCK = 64
+
+
+def factored_proximity(dec: Factored, y: Tensor, causal: bool = False) -> tuple[Tensor, Tensor]:
+    """:func:`proximity` of every part of a :class:`Factored` decomposition of ``y (row, d)`` (ALTI's
+    contributions before normalising), ``(row, src)``, without building the ``(row, src, d)`` parts; and the
+    decomposition's total ``(row, d)`` (``dec.total()``, summed in the same pass, for the completeness check).
+
+    Element-wise, with ``a = |y_ik|``, ``s = sign(y_ik)`` (+1 at zero) and ``u = s * parts_ijk``,
+    ``|y_ik| - |y_ik - parts_ijk| = min(u, 2a - u)`` exactly, so ``c_ij = sum_k min(u, 2a - u)`` =
+    ``sum_k u - 2 sum_k relu(u - a)`` has no difference of two large norms: each term is at most ``|u|``, and
+    float32 is enough (the difference of the L1 norms needed float64). The parts are formed block by block
+    (sources x rows, a few MB: they stay in cache) as one batched matmul over the heads. ``causal``: row ``r``
+    reads no source after ``rows[r]`` (those entries are left 0)."""
+    alpha, V = dec.alpha, dec.V
+    R, n = alpha.shape[1], alpha.shape[2]
+    d = V.shape[-1]
+    dt = V.dtype
+    sign = torch.where(y >= 0, 1.0, -1.0).to(dt)
+    a = y.abs().to(dt)
+    su = sign * dec.scale[:, None].to(dt)  # (row, d): the sign and the row's norm scale
+    sdiag = sign * dec.diag.to(dt)
+    al = alpha.permute(2, 1, 0)  # (src, row, head): one small matmul per source
+    Vt = V.transpose(0, 1)  # (src, head, d)
+    rows = dec.rows.to(alpha.device)
+    first = int(rows[0]) if R else 0
+    contiguous = R > 0 and bool((rows == torch.arange(first, first + R, device=rows.device)).all())
+    out = alpha.new_zeros(R, n)
+    mixed = V.new_zeros(R, d)
+    src_block = max(1, BLOCK_BYTES // (ROW_BLOCK * d * V.element_size()))
+    for r0 in range(0, R, ROW_BLOCK):
+        r1 = min(R, r0 + ROW_BLOCK)
+        top = min(n, int(rows[r1 - 1]) + 1) if causal else n
+        rr = rows[r0:r1]
+        for s0 in range(0, top, src_block):
+            s1 = min(top, s0 + src_block)
+            u = torch.bmm(al[s0:s1, r0:r1], Vt[s0:s1])  # (src, row, d): the attention parts, unscaled
+            mixed[r0:r1] += u.sum(0)
+            u.mul_(su[r0:r1])
+            if contiguous:  # the rows whose own position lies in this block of sources
+                lo, hi = max(r0, s0 - first), min(r1, s1 - first)
+                here = torch.arange(lo, hi, device=u.device) if lo < hi else None
+            else:
+                here = ((rr >= s0) & (rr < s1)).nonzero()[:, 0] + r0
+            if here is not None and here.numel():
+                u[rows[here] - s0, here - r0] += sdiag[here]
+            c = u.sum(-1) - 2 * u.sub_(a[r0:r1]).clamp_min_(0).sum(-1)
+            out[r0:r1, s0:s1] = c.T
+    total = mixed * dec.scale[:, None].to(dt) + dec.diag.to(dt) + dec.rest.to(dt)
+    return out.clamp_min_(0), total
+
+
 @torch.no_grad()
-def alti_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, float, int]:
+def alti_layer(A: Anatomy, tr: Trace, l: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, float, int]:
     """ALTI contributions of layer ``l``: ``(pos, src)`` rows summing to one, the relative completeness
     error of its decomposition (the parts plus remainder against the real residual after attention), and
-    the number of degenerate rows (see :func:`normalize_rows`)."""
+    the number of degenerate rows (see :func:`normalize_rows`).
+
+    The decomposition stays :class:`Factored` (attention weights times per-source vectors) and
+    :func:`factored_proximity` reads it block by block, in ``dtype`` (float32: no cancellation to fear)."""
     layer = A.layers[l]
-    dt = torch.float64
-    z, _ = attention_input_parts(layer, tr, l, "sources", dt)
+    z, _ = attention_input_parts(layer, tr, l, "sources", dtype)
     writes = value_writes(layer.attn, z, True)
     n, d = z.shape
-    real = f32(tr.resid_mid[l], dt)
+    real = f32(tr.resid_mid[l], dtype)
     rms = activation_scale(real)
     C = real.new_zeros(n, n)
     err = 0.0
-    for rows in _chunks(n, n * d * 8 * 3):
+    for rows in _chunks(n, n * layer.attn.n_heads * real.element_size() * 2):
         b = int(rows[-1]) + 1 if A.causal else n  # causal: these rows read no source at or after b
         sub = prefix_trace(tr, b) if A.causal else tr
-        dec = resid_mid_parts(A, sub, l, rows, "sources", writes=writes[:, :b], dtype=dt)
+        dec = resid_mid_parts(A, sub, l, rows, "sources", writes=writes[:, :b], dtype=dtype, factored=True)
         y = real[rows]
-        err = max(err, relative_gap(dec.total(), y, rms))
-        C[rows, :b] = proximity(dec.parts, y)
+        C[rows, :b], total = factored_proximity(dec, y, causal=A.causal)
+        err = max(err, relative_gap(total, y, rms))
     if A.causal:
         C = C.tril()
     C, bad = normalize_rows(C)

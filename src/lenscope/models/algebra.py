@@ -96,7 +96,9 @@ class Factored:
         return Decomposition(parts, self.rest, self.rows)
 
     def total(self) -> Tensor:
-        return self.dense().total()
+        """The hidden states the parts add up to, (row, d_model), without expanding over sources."""
+        mixed = torch.matmul(self.alpha, self.V).sum(0) if self.alpha.numel() else self.rest.new_zeros(())
+        return mixed * self.scale[:, None] + self.diag + self.rest
 
     def project(self, W: Tensor, b: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """``(parts @ W, rest @ W + b)`` for a weight ``W (d, m)``: (row, src, m) and (row, m)."""
@@ -239,19 +241,22 @@ def add_residual(dec, x: Tensor, inplace: bool = False):
 
 
 def attention_write_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Convention = "sources",
-                          *, writes: Tensor | None = None, dtype: torch.dtype = torch.float32) -> Decomposition:
+                          *, writes: Tensor | None = None, dtype: torch.dtype = torch.float32,
+                          factored: bool = False) -> Decomposition | Factored:
     """What the attention sub-layer adds to the residual stream (after Gemma's post-attention norm)."""
-    dec = attention_parts(A, tr, l, rows, convention, writes=writes, dtype=dtype)
+    dec = attention_parts(A, tr, l, rows, convention, writes=writes, dtype=dtype, factored=factored)
     post = A.layers[l].ln_attn_out
     return norm_step(dec, post, tr.attn_out[l][rows]) if post is not None else dec
 
 
 def resid_mid_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Convention = "sources",
-                    *, writes: Tensor | None = None, dtype: torch.dtype = torch.float32) -> Decomposition:
+                    *, writes: Tensor | None = None, dtype: torch.dtype = torch.float32,
+                    factored: bool = False) -> Decomposition | Factored:
     """The residual stream after the attention sub-layer (``tr.resid_mid[l]``) as a sum over the layer's
-    sources: ATTN (+ sandwich norm) + RES, and for Post-LN blocks the LayerNorm that follows."""
+    sources: ATTN (+ sandwich norm) + RES, and for Post-LN blocks the LayerNorm that follows (``factored``:
+    kept as a :class:`Factored`, nothing of size (row, src, d_model) built)."""
     layer = A.layers[l]
-    dec = attention_write_parts(A, tr, l, rows, convention, writes=writes, dtype=dtype)
+    dec = attention_write_parts(A, tr, l, rows, convention, writes=writes, dtype=dtype, factored=factored)
     dec = add_residual(dec, layer_input(tr, l, dtype), inplace=True)
     if layer.placement == "post":
         dec = norm_step(dec, layer.ln_attn, tr.norm_in["ln_attn"][l][rows])
