@@ -201,6 +201,9 @@ def test_token_required():
         assert c.get("/api/models", headers=ok).status_code == 200
         assert c.post("/api/analyze", json={"text": "a b", "sections": ["prediction"]}, headers=ok).status_code == 200
         assert c.get("/?token=s3cret").status_code == 200
+        r = c.get("/api/report", params={"text": "a b", "token": "s3cret"})  # a download link sends no header
+        assert r.status_code == 200 and "attachment" in r.headers["content-disposition"]
+        assert c.post("/api/analyze?token=s3cret", json={"text": "a b"}).status_code == 401  # JSON calls: the header
         assert c.get("/static/core.js").status_code == 200  # the page's own scripts need no token
 
 
