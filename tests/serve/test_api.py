@@ -324,3 +324,16 @@ def test_cli_refuses_a_public_host_without_a_token():
 
     assert url("127.0.0.1", 8000) == "http://127.0.0.1:8000/"
     assert url("0.0.0.0", 9000, "abc") == "http://0.0.0.0:9000/?token=abc"
+
+
+def test_head_and_token_on_an_encoder(client):
+    body = {"model": "tiny:bert", "text": TEXT}
+    h = client.post("/api/head", json=dict(body, layer=0, head=1)).json()
+    P = len(h["tokens"])
+    pattern = torch.tensor(h["pattern"])
+    assert pattern.shape == (P, P) and torch.allclose(pattern.sum(-1), torch.ones(P), atol=1e-4)
+    assert (pattern.triu(1) > 0).any()  # bidirectional
+    assert h["promoted"] is None and h["dla"] is None and "Post-LN" in h["notes"]["write"]
+    t = client.post("/api/token", json=dict(body, position=2)).json()
+    assert set(t["methods"]) == {"alti", "grad-norm", "grad-x-input", "ig", "erasure", "value-zeroing"}
+    assert all(len(m["scores"]) == P for m in t["methods"].values())
