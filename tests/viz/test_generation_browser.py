@@ -61,7 +61,7 @@ def test_generation_page_draws_and_reacts(browser, tmp_path):
         fills = _fills(page, cells)
         n_cols = d["generated"][-1]["position"]
         assert len(fills) == 5 * n_cols
-        blank = [f == "#f3f4f6" for f in fills]
+        blank = [f == "#e2e5e9" for f in fills]
         assert blank == [c >= g["position"] for g in d["generated"] for c in range(n_cols)]
         assert page.get_attribute(f"{SEC} svg.gen-matrix", "data-method") == "alti-logit"
 
@@ -88,6 +88,14 @@ def test_generation_page_draws_and_reacts(browser, tmp_path):
         j = max(range(len(sc)), key=lambda i: abs(sc[i]))
         assert f"{sc[j]:.3f}" in head
 
+        # the arrow keys step through the generated tokens
+        page.focus(f"{SEC} [data-role=strip]")
+        page.keyboard.press("ArrowRight")
+        assert page.get_attribute(detail, "data-step") == "4"
+        page.keyboard.press("ArrowRight")  # the last step stays selected
+        page.keyboard.press("ArrowLeft")
+        assert page.get_attribute(detail, "data-step") == "3"
+
         # the colour switch: depth instead of probability
         page.click(f"{SEC} [data-role=colour] button[data-value=depth]")
         by_depth = _styles(page, f"{strip}[data-step]")
@@ -102,7 +110,7 @@ def test_generation_page_draws_and_reacts(browser, tmp_path):
         page.click(f"{SEC} [data-role=method] button[data-value=alti]")
         assert page.get_attribute(f"{SEC} svg.gen-matrix", "data-method") == "alti"
         fills2 = _fills(page, cells)
-        assert fills2 != fills and [f == "#f3f4f6" for f in fills2] == blank
+        assert fills2 != fills and [f == "#e2e5e9" for f in fills2] == blank
 
         # clicking a matrix row selects that step; hovering a cell shows its number
         page.click(f"{cells}[data-r='1'][data-c='0']")

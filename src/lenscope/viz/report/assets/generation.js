@@ -6,7 +6,7 @@
   "use strict";
   var NAMES = { "alti-logit": "ALTI-Logit", logit: "Logit", "grad-x-input": "grad \u00d7 input", "grad-norm": "grad norm",
     ig: "integrated gradients", erasure: "erasure", alti: "ALTI rollout", "value-zeroing": "value zeroing" };
-  var EMPTY = "#f3f4f6";
+  var EMPTY = "#f3f4f6", BLANK = "#e2e5e9"; // prompt tokens in the strip; matrix cells past a step's position
 
   function name(m) { return NAMES[m] || m; }
   function depthOf(g, key) { // a number, null (never settles), or {lens: depth} with the logit lens first
@@ -36,9 +36,15 @@
     if (tuned) colourOptions.push({ value: "tuned_depth", label: "depth (tuned lens)" });
     LS.seg(cw1, "colour by", colourOptions, colourBy, function (v) { colourBy = v; drawStrip(); });
     var lg = LS.el("span", null, null, ctl);
-    LS.el("span", "meta", G.length + " generated tokens after a prompt of " + P + "; click one to see what wrote it", ctl);
+    LS.el("span", "meta", G.length + " generated tokens after a prompt of " + P + "; click one (or use \u2190 \u2192) to " +
+      "see what wrote it", ctl);
     var strip = LS.el("div", "tokens", null, body);
     strip.setAttribute("data-role", "strip");
+    strip.tabIndex = 0; // the arrow keys step through the generated tokens
+    strip.addEventListener("keydown", function (e) {
+      var k = e.key === "ArrowRight" ? sel + 1 : e.key === "ArrowLeft" ? sel - 1 : null;
+      if (k !== null && k >= 0 && k < G.length) { e.preventDefault(); select(k); }
+    });
     var spans = toks.map(function (t, i) {
       var s = LS.el("span", "tok", LS.show(t), strip), k = stepAt[i];
       s.setAttribute("data-pos", i);
@@ -152,7 +158,7 @@
     function score(r, c) { var e = G[r].explanations[method]; return e && c < e.scores.length ? e.scores[c] : null; }
     function drawMatrix() {
       var all = 0, rowMax = G.map(function (g) { var e = g.explanations[method]; var m = e ? LS.maxAbs(e.scores) : 0; if (m > all) all = m; return m; });
-      hm.draw(function (r, c) { var v = score(r, c); return v === null ? EMPTY : LS.div(v, rowScale ? rowMax[r] : all); });
+      hm.draw(function (r, c) { var v = score(r, c); return v === null ? BLANK : LS.div(v, rowScale ? rowMax[r] : all); });
       hm.svg.setAttribute("data-method", method);
       clear(lg2);
       LS.legendRamp(lg2, "diverging", rowScale ? "-row max" : LS.fmt(-all, 2), rowScale ? "+row max" : LS.fmt(all, 2), 120);
