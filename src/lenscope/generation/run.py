@@ -30,10 +30,11 @@ from torch import Tensor
 from ..attribution import baselines, context
 from ..attribution.explanation import METHODS, ROLLOUT_METHODS
 from ..errors import InputError, InvariantError
-from ..lenses.depth import depths_from_agreement, lens_top1
+from ..lenses.depth import depths_from_agreement
 from ..lenses.lenses import Lens, LogitLens
 from ..mixing.alti import mixing_matrices
 from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids
+from ..models.readout import Readout
 from ..models.trace import trace
 from .result import Generation, stack_scores
 
@@ -98,10 +99,14 @@ def decode(lm: LoadedModel, ids: Tensor, max_new_tokens: int, *, sample: bool = 
 
 
 def _depth(lm: LoadedModel, lens: Lens, tr, rows: Tensor, final_top: Tensor) -> Tensor:
-    """Prediction depth (:mod:`lenscope.lenses.depth`) of positions ``rows`` from the trace's residual states."""
+    """Prediction depth (:mod:`lenscope.lenses.depth`) of positions ``rows`` from the trace's residual states: the
+    lens's top-1 of every (state, row) from one float32 readout of all of them (``W_U`` read once, not once per
+    layer; for the few rows of a generation the bfloat16 fast path's conversion costs more than it saves)."""
     L = lm.anatomy.n_layers
-    agree = torch.stack([lens_top1(lm, lens, tr.resid_pre[l][rows].float(), l) for l in range(L)])
-    return depths_from_agreement(agree == final_top[None])
+    readout = Readout.from_anatomy(lm.anatomy)
+    y = torch.cat([readout.features(lens.transform(tr.resid_pre[l][rows].float(), l)) for l in range(L)])
+    top = torch.cat([readout.top1(y[i : i + 4096], exact=True) for i in range(0, len(y), 4096)])
+    return depths_from_agreement(top.view(L, -1) == final_top[None])
 
 
 def _foils(lm: LoadedModel, foil, tokens: Tensor, runner: Tensor, notes: list) -> Tensor | None:
