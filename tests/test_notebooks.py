@@ -15,7 +15,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from nbclient import NotebookClient
 
 TOUR = Path(__file__).resolve().parents[1] / "docs" / "notebooks" / "tour.ipynb"
-CELL_TIMEOUT = 300  # seconds per cell (the slowest, the mixing maps on smollm2, takes about 20 s)
+CELL_TIMEOUT = 300  # seconds per cell (the slowest, loading smollm2 and causal tracing, take 15-20 s here)
 
 
 def _html(cell) -> str:
