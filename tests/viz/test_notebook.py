@@ -148,6 +148,9 @@ def test_mixing_flow_and_trajectory_views_are_the_reports(lm, report):
     meta = _page_data(_frame(mm._repr_html_())["srcdoc"])["meta"]
     assert meta["causal"] is True and meta["tokens"] == report.meta["tokens"]  # flow.js reads meta.causal
 
+    bare = mixing_matrices(lm.anatomy, lenscope.trace(lm, TEXT), "alti", model_name=lm.name, rollout=False)
+    assert bare._repr_html_().startswith('<div class="lenscope-plot"><svg')  # no rollout: the contributions' plot
+
     traj = prediction_trajectory(lm, TEXT, LogitLens(lm.anatomy, model_name=lm.name), k=5)
     _close(_shown(traj, "trajectory"), _section(report, "trajectory"))
 

@@ -27,6 +27,7 @@ import webbrowser
 from pathlib import Path
 
 from ..errors import InputError
+from ..results import Result, figure_svg
 from ..version import __version__
 from .html import write_page
 from .report import payloads
@@ -234,10 +235,11 @@ def view(obj) -> View:
     if spec is not None:
         key, payload, meta, title = spec
         return view_html(key, payload, meta, title=title)
-    rep = getattr(obj, "_repr_html_", None)
-    if rep is None:
-        raise InputError(f"lenscope cannot show a {type(obj).__name__}; give a lenscope result or report")
-    return View(rep())
+    if type(obj).__name__ == "MixingMatrices":  # without its rollout (rollout=False): the last contributions
+        return View(f'<div class="lenscope-plot">{figure_svg(obj.plot(which="contributions"))}</div>')
+    if isinstance(obj, Result):
+        return View(Result._repr_html_(obj))  # the plot as SVG (never the subclass's: it may call view)
+    raise InputError(f"lenscope cannot show a {type(obj).__name__}; give a lenscope result or report")
 
 
 def _standalone(body: str, title: str) -> str:
