@@ -196,6 +196,24 @@ def test_results_without_a_view_show_their_plot_as_svg(lm):
     assert "Patching the residual stream (denoising)" in out  # the result's own plot: its title, kept as text
 
 
+def test_circuit_and_neuron_results_show_a_plot_or_a_table(lm):
+    from lenscope import circuits
+    from lenscope.data.contrast import ContrastPair
+    from lenscope.interventions import knowledge_neurons
+
+    pairs = [ContrastPair(TEXT, "The capital of Spain is", TARGET, FOIL)]
+    edges = circuits.edge_attribution(lm, pairs, method="eap")
+    plots = [circuits.faithfulness(lm, pairs, edges, ks=[1, 5]), circuits.information_flow_routes(lm, TEXT),
+             knowledge_neurons(lm, TEXT, TARGET)]
+    before = plt.get_fignums()
+    for res in plots:
+        assert res._repr_html_().startswith('<div class="lenscope-plot"><svg'), type(res).__name__
+    for res in (edges, circuits.attribution_patching(lm, TEXT, "The capital of Spain is", TARGET, FOIL)):
+        out = res._repr_html_()  # no plot: the fields
+        assert out.startswith(f'<div class="lenscope-result"><b>{type(res).__name__}</b><table>') and "tensor (" in out
+    assert plt.get_fignums() == before  # every figure closed once drawn
+
+
 @dataclass
 class _Plain(Result):
     model: str
