@@ -137,6 +137,15 @@ def _rows(lm: LoadedModel, method: str, ids, target, foil, position,
     return ids, per_row[0], per_row[1], p
 
 
+def _cut(lm: LoadedModel, p: int | Tensor, rows, n: int) -> int:
+    """How many leading positions a chunk of ``rows`` must run: all ``n``, except with one position per row in a
+    causal model, where nothing after the chunk's last explained position can change its objectives (so a chunk
+    of early generated tokens runs a shorter prefix; the gradients of the tokens cut off are exactly zero)."""
+    if isinstance(p, int) or not lm.anatomy.causal:
+        return n
+    return int(p[rows].max()) + 1
+
+
 def _at(p: int | Tensor, rows) -> int | Tensor:
     """The explained position(s) of a chunk of ``rows`` (a slice or index tensor): ``p`` itself when it is one int."""
     return p if isinstance(p, int) else p[rows]
@@ -216,11 +225,12 @@ def gradient_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: 
     with eval_mode(lm.model), torch.enable_grad():
         for s in range(0, B, chunk):
             rows = slice(s, s + chunk)
-            x = e[rows].clone().requires_grad_(True)
+            cut = _cut(lm, p, rows, n)
+            x = e[rows, :cut].clone().requires_grad_(True)
             obj = metric_of(model_logits(lm, inputs_embeds=x, last_only=last_only), "logit_diff", t[rows],
                             None if f is None else f[rows], at=-1 if last_only else _at(p, rows))
             (g,) = torch.autograd.grad(obj.sum(), x)
-            grads.append(g.detach())
+            grads.append(torch.nn.functional.pad(g.detach(), (0, 0, 0, n - cut)))
             objs.append(obj.detach())
     g = (grads[0] if len(grads) == 1 else torch.cat(grads)).float()
     return {"grad-norm": g.norm(dim=-1).cpu(), "grad-x-input": (g * e.float()).sum(-1).cpu(),
@@ -315,16 +325,17 @@ def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *
     with eval_mode(lm.model):
         for s in range(0, B * steps, chunk):
             rb, rs = rows_b[s : s + chunk], rows_s[s : s + chunk]
-            path = alphas[rs, None, None] * diff[rb]
+            cut = _cut(lm, p, rb, n)
+            path = alphas[rs, None, None] * diff[rb, :cut]
             x = (path if base is None else base + path).to(e.dtype).requires_grad_(True)
             with torch.enable_grad():
                 obj = objective(model_logits(lm, inputs_embeds=x, last_only=last_only), rb)
                 (g,) = torch.autograd.grad(obj.sum(), x)
             part = w[rs, None, None] * g.detach().double()
             if B == 1:
-                integral[0] += part.sum(0)
+                integral[0, :cut] += part.sum(0)
             else:
-                integral.index_add_(0, rb, part)
+                integral[:, :cut].index_add_(0, rb, part)
         with torch.no_grad():  # the two ends of the path, for completeness
             b_emb = torch.zeros_like(e) if base is None else base.to(e.dtype).expand_as(e)
             rows = torch.arange(B, device=e.device)

@@ -40,7 +40,9 @@ from .result import Generation, stack_scores
 
 GRADIENT_METHODS = ("grad-norm", "grad-x-input")
 OPTIONS = {"steps": ("ig",), "baseline": ("ig",), "batch_size": ("ig", "erasure", "grad-norm", "grad-x-input")}
-IG_MAX_TOKENS = 4096  # tokens per forward/backward pass of integrated gradients (steps x rows x positions)
+# tokens per forward/backward pass of the gradient methods (rows x positions) unless batch_size is given: about
+# 1 GB of saved activations for smollm2 (explain's integrated gradients on a 62-token text runs 16 x 62)
+MAX_TOKENS = 1024
 
 
 def _methods(explain) -> list[str]:
@@ -170,14 +172,15 @@ def _baseline_methods(lm, ids: Tensor, methods, rows, tok, foils, f_input: Tenso
     nan = torch.full((k,), float("nan"), dtype=torch.float64)
     bs = options.get("batch_size")
     if any(m in GRADIENT_METHODS for m in methods):
-        g = baselines.gradient_rows(lm, batch, tok, foils, position=rows, internal_batch_size=bs)
+        g = baselines.gradient_rows(lm, batch, tok, foils, position=rows, internal_batch_size=bs,
+                                    max_tokens=None if bs is not None else MAX_TOKENS)
         for m in GRADIENT_METHODS:
             out[m] = (g[m], nan)
     if "ig" in methods:
         res = baselines.integrated_gradients_rows(
             lm, batch, tok, foils, position=rows, steps=int(options.get("steps", 16)),
             baseline=options.get("baseline", "zero"), internal_batch_size=bs,
-            max_tokens=None if bs is not None else IG_MAX_TOKENS)
+            max_tokens=None if bs is not None else MAX_TOKENS)
         out["ig"] = (res["ig"], nan)
     if "erasure" in methods:
         res = baselines.erasure_rows(lm, batch, tok, foils, position=rows, f_input=f_input,
