@@ -45,17 +45,18 @@ TITLES = {"prediction": "Prediction", "trajectory": "Prediction trajectory", "co
 # shown in the frame: the section's card only
 _CSS = ("<style>header.top, nav.toc, #sec-run, footer { display: none !important; }\n"
         "main { padding: 8px 8px 10px !important; }</style>\n")
-# inside the frame: report the page's height to the parent (which frame: the id in the page's URL fragment is
-# not available in srcdoc, so the id is written into the script)
-_SIZER = ('<script>(function () {{ function post() {{ try {{ parent.postMessage({{ lenscopeFrame: "{id}", height: '
-          "document.documentElement.scrollHeight }}, \"*\"); }} catch (e) {{}} }}\n"
+# inside the frame: report the height of the page's content (the body's, which does not depend on the frame's own
+# height, so resizing the frame never feeds back) to the parent; the frame's id is written into the script
+_SIZER = ('<script>(function () {{ var last = 0; function post() {{ var h = Math.ceil('
+          "document.body.getBoundingClientRect().height); if (h === last) return; last = h;\n"
+          'try {{ parent.postMessage({{ lenscopeFrame: "{id}", height: h }}, "*"); }} catch (e) {{}} }}\n'
           'window.addEventListener("load", post); if (window.ResizeObserver) new ResizeObserver(post).observe('
           "document.body); setTimeout(post, 50); }})();</script>\n")
 # outside: resize the frame whose page said so
 _LISTENER = ('<script>(function () {{ var f = document.getElementById("lenscope-{id}"); if (!f) return;\n'
              'window.addEventListener("message", function (e) {{ var d = e.data;\n'
              'if (!d || d.lenscopeFrame !== "{id}" || e.source !== f.contentWindow) return;\n'
-             "var h = Math.min({max}, Math.max(60, Math.ceil(+d.height) + 6));\n"
+             "var h = Math.min({max}, Math.max(60, Math.ceil(+d.height) + 4));\n"
              'if (isFinite(h)) f.style.height = h + "px"; }}); }})();</script>')
 
 
