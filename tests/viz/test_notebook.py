@@ -298,6 +298,11 @@ def test_frames_draw_in_chromium_without_errors_or_requests(lm, report, tmp_path
         firsts = [f"{notebook.HEIGHTS[k]}px" for k, _ in outputs]
         page.wait_for_function("firsts => [...document.querySelectorAll('iframe')].every((f, i) => "
                                "f.style.height !== firsts[i])", arg=firsts, timeout=10000)
+        page.wait_for_timeout(500)  # and then keeps it: the frame's height is its content's, with no feedback
+        heights = page.evaluate("() => [...document.querySelectorAll('iframe')].map(f => parseFloat(f.style.height))")
+        for f, h in zip(frames, heights):
+            content = f.evaluate("() => Math.ceil(document.body.getBoundingClientRect().height)")
+            assert abs(h - min(notebook.MAX_HEIGHT, content + 4)) <= 2, (h, content)
         # the frame's script cannot reach the notebook (sandbox without allow-same-origin)
         assert frames[0].evaluate("() => { try { return !!parent.document; } catch (e) { return 'blocked'; } }") \
             == "blocked"
