@@ -110,6 +110,14 @@ class Factored:
         return parts, rest + b if b is not None else rest
 
 
+def take_rows(t: Tensor, rows: Tensor, dim: int = 0) -> Tensor:
+    """``t`` at ``rows`` along ``dim``: a view (no copy) when ``rows`` is a run of consecutive positions."""
+    n = len(rows)
+    if n and int(rows[-1]) - int(rows[0]) == n - 1 and (n < 3 or bool((rows.diff() == 1).all())):
+        return t.narrow(dim, int(rows[0]), n)
+    return t.index_select(dim, rows.to(t.device))
+
+
 def f32(t: Tensor | None, dtype: torch.dtype = torch.float32) -> Tensor | None:
     """``t`` in the working dtype (float32 by default; ALTI works in float64, see :mod:`lenscope.mixing.alti`)."""
     return None if t is None else t.to(dtype)
@@ -201,7 +209,7 @@ def attention_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Con
     vb = convention == "sources"
     if writes is None:
         writes = value_writes(layer.attn, z, vb)
-    probs = f32(tr.attn_probs[l][:, rows], dtype)  # (head, row, src)
+    probs = f32(take_rows(tr.attn_probs[l], rows, 1), dtype)  # (head, row, src)
     rest = bias_through_attention(layer.attn, beta, not vb, dtype).expand(len(rows), -1).clone()
     if factored:
         return Factored(probs, probs.new_ones(len(rows)), writes, rest.new_zeros(rest.shape), rest, rows)

@@ -1,0 +1,137 @@
+"""Lean traces: attention probabilities recomputed per layer, and the copies the model passes on shared."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lenscope.errors import InputError
+from lenscope.mixing.alti import mixing_matrices
+from lenscope.models.trace import (
+    RecomputedLogits,
+    RecomputedMLP,
+    RecomputedNorm,
+    RecomputedProbs,
+    prefix_trace,
+    recompute_probs,
+    trace,
+)
+from lenscope.models.verify import verify
+
+from ..conftest import get_model
+
+TEXT = "The cat sat on the mat because it was warm, and the dog watched it from the door."
+
+
+def _tensors(tr):
+    out = {}
+    for f in dataclasses.fields(tr):
+        v = getattr(tr, f.name)
+        if isinstance(v, dict):
+            out |= {f"{f.name}.{k}": t for k, t in v.items() if isinstance(t, torch.Tensor)}
+        elif isinstance(v, torch.Tensor):
+            out[f.name] = v
+    return out
+
+
+def _field(tr, key):
+    name, _, slot = key.partition(".")
+    return getattr(tr, name)[slot] if slot else getattr(tr, name)
+
+
+def test_lean_trace_equals_full_trace(tiny):
+    full = trace(tiny, TEXT, attn_probs="keep")
+    lean = trace(tiny, TEXT, attn_probs="recompute")
+    assert isinstance(full.attn_probs, torch.Tensor) and isinstance(lean.attn_probs, RecomputedProbs)
+    a, b = _tensors(full), _tensors(lean)
+    assert a.pop("attn_probs") is full.attn_probs and a.pop("mlp_pre") is full.mlp_pre
+    a.pop("mlp_up", None)
+    if tiny.anatomy.causal:  # ran with the last position's logits only; the others recomputed by the readout
+        assert isinstance(lean.logits, RecomputedLogits) and a.pop("logits") is full.logits
+        assert lean.logits.shape == full.logits.shape and lean.logits.dtype == full.logits.dtype
+        torch.testing.assert_close(lean.logits[-1], full.logits[-1], atol=1e-6, rtol=1e-6)  # the model's own
+        torch.testing.assert_close(lean.logits.materialize(), full.logits, atol=2e-5, rtol=1e-5)
+        rows = torch.tensor([1, len(full.tokens) - 1])
+        torch.testing.assert_close(lean.logits[rows], full.logits[rows], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(lean.logits[2:5, 7], full.logits[2:5, 7], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(lean.logits[3, :9], full.logits[3, :9], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(lean.logits.argmax(-1), full.logits.argmax(-1))
+        cut = prefix_trace(lean, 4).logits
+        torch.testing.assert_close(cut[-1], full.logits[3], atol=2e-5, rtol=1e-5)
+    recomputed = {k for k in a if isinstance(_field(lean, k), RecomputedNorm)}
+    for k in recomputed:  # a block norm's output (Gemma's attn_write / mlp_write too), recomputed from its input
+        got, want = _field(lean, k), a.pop(k)
+        assert got.shape == want.shape
+        for l in range(full.n_layers):
+            torch.testing.assert_close(got[l], want[l], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.narrow(1, 0, 3)[-1], want[-1, :3], atol=1e-5, rtol=1e-5)
+    assert recomputed or tiny.anatomy.placement == "post"
+    assert a.keys() <= b.keys()
+    for k in a:  # every capture the lean trace shares instead of keeping is bitwise the one the model passed on
+        assert torch.equal(a[k], b[k]), k
+    # the shared copies: the residual stream is one stack
+    assert lean.resid_post.untyped_storage().data_ptr() == lean.resid_pre.untyped_storage().data_ptr()
+    assert torch.equal(lean.resid_post[:-1], lean.resid_pre[1:])
+    # recomputed probabilities: what the model computed, up to float error
+    P = lean.attn_probs
+    assert P.shape == full.attn_probs.shape and P.dtype == torch.float32 and P.device == full.attn_probs.device
+    L = full.n_layers
+    for l in range(L):
+        torch.testing.assert_close(P[l], full.attn_probs[l], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(P[-1], full.attn_probs[L - 1], atol=2e-6, rtol=1e-5)
+    rows = torch.tensor([0, 3, 5])
+    torch.testing.assert_close(P[1][:, rows], full.attn_probs[1][:, rows], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(P[1, 0], full.attn_probs[1, 0], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(P[torch.tensor(1)], full.attn_probs[1], atol=2e-6, rtol=1e-5)
+    # anything else materialises the whole tensor
+    torch.testing.assert_close(P.materialize(), full.attn_probs, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(P[:, 0], full.attn_probs[:, 0], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(P.sum(-1), full.attn_probs.sum(-1), atol=1e-5, rtol=1e-5)
+    assert bool(torch.isfinite(P).all())
+    assert len(P) == L and P.dim() == P.ndim == 4 and P.size(2) == len(full.tokens)
+    # the MLP's pre-activations, recomputed from its input
+    assert isinstance(lean.mlp_pre, RecomputedMLP) and lean.mlp_pre.shape == full.mlp_pre.shape
+    assert (lean.mlp_up is None) == (full.mlp_up is None)
+    for name in ("mlp_pre", "mlp_up") if full.mlp_up is not None else ("mlp_pre",):
+        want, got = getattr(full, name), getattr(lean, name)
+        for l in range(L):
+            torch.testing.assert_close(got[l], want[l], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got[:, 2], want[:, 2], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(got.narrow(1, 0, 4)[0], want[0, :4], atol=1e-5, rtol=1e-5)
+    assert verify(tiny, tr=lean).ok
+
+
+def test_lean_prefix_and_mixing(tiny_decoder):
+    full = trace(tiny_decoder, TEXT, attn_probs="keep")
+    lean = trace(tiny_decoder, TEXT, attn_probs="recompute")
+    n = len(full.tokens) - 4
+    pf, pl = prefix_trace(full, n), prefix_trace(lean, n)
+    assert pl.attn_probs.shape == pf.attn_probs.shape and pl.mlp_pre.shape == pf.mlp_pre.shape
+    torch.testing.assert_close(pl.mlp_pre[1], pf.mlp_pre[1], atol=1e-5, rtol=1e-5)
+    for l in range(full.n_layers):
+        torch.testing.assert_close(pl.attn_probs[l], pf.attn_probs[l], atol=2e-6, rtol=1e-5)
+    half = lean.attn_probs.narrow(2, 0, n)  # rows cut first, keys still whole
+    assert half.shape[2:] == (n, len(full.tokens))
+    torch.testing.assert_close(half[0], full.attn_probs[0, :, :n], atol=2e-6, rtol=1e-5)
+    A = tiny_decoder.anatomy
+    m_full, m_lean = mixing_matrices(A, pf, "alti"), mixing_matrices(A, pl, "alti")
+    torch.testing.assert_close(m_lean.contributions, m_full.contributions, atol=1e-5, rtol=1e-4)
+    assert m_lean.completeness_error < 1e-5
+
+
+def test_auto_recomputes_only_long_float32_inputs(monkeypatch):
+    lm = get_model("tiny:llama")
+    n = 20
+    assert not recompute_probs(lm, n)
+    assert recompute_probs(lm, n, "recompute") and not recompute_probs(lm, n, "keep")
+    import lenscope.models.trace as trace_module
+
+    monkeypatch.setattr(trace_module, "KEEP_PROBS_BYTES", 1000)
+    assert recompute_probs(lm, n)
+    tr = trace(lm, list(range(5, 5 + n)))
+    assert isinstance(tr.attn_probs, RecomputedProbs)
+    assert not recompute_probs(lm, n, "keep")
+    with pytest.raises(InputError, match="attn_probs must be"):
+        recompute_probs(lm, n, "lazy")
