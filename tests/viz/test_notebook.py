@@ -196,15 +196,19 @@ def test_results_without_a_view_show_their_plot_as_svg(lm):
     assert "Patching the residual stream (denoising)" in out  # the result's own plot: its title, kept as text
 
 
-def test_circuit_and_neuron_results_show_a_plot_or_a_table(lm):
+def test_circuit_neuron_and_lens_results_show_a_plot_or_a_table(lm):
     from lenscope import circuits
     from lenscope.data.contrast import ContrastPair
     from lenscope.interventions import knowledge_neurons
+    from lenscope.lenses import evaluate_lens, text_depths
+    from lenscope.models.load import encode
 
     pairs = [ContrastPair(TEXT, "The capital of Spain is", TARGET, FOIL)]
     edges = circuits.edge_attribution(lm, pairs, method="eap")
+    ids = encode(lm, TEXT + " the city of Paris")[None].repeat(2, 1)
     plots = [circuits.faithfulness(lm, pairs, edges, ks=[1, 5]), circuits.information_flow_routes(lm, TEXT),
-             knowledge_neurons(lm, TEXT, TARGET)]
+             knowledge_neurons(lm, TEXT, TARGET), text_depths(lm, TEXT + " the city of Paris")["logit"],
+             evaluate_lens(lm, LogitLens(lm.anatomy), ids, progress=False)]
     before = plt.get_fignums()
     for res in plots:
         assert res._repr_html_().startswith('<div class="lenscope-plot"><svg'), type(res).__name__
