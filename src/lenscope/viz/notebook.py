@@ -38,10 +38,6 @@ HEIGHTS = {"prediction": 360, "trajectory": 560, "components": 470, "attribution
            "flow": 620, "circuit": 700, "generation": 620, "report": 900}
 MAX_HEIGHT = 4000
 
-TITLES = {"prediction": "Prediction", "trajectory": "Prediction trajectory", "components": "Direct logit attribution",
-          "attribution": "Context attribution", "mixing": "Context-mixing maps", "flow": "Information flow",
-          "circuit": "Circuit", "generation": "Generated continuation"}
-
 # shown in the frame: the section's card only
 _CSS = ("<style>header.top, nav.toc, #sec-run, footer { display: none !important; }\n"
         "main { padding: 8px 8px 10px !important; }</style>\n")
@@ -99,9 +95,10 @@ def _inject(page: str, head: str = "", body: str = "") -> str:
 def view_page(key: str, payload: dict, meta: dict | None = None, *, title: str | None = None,
               blurb: str = "") -> str:
     """The self-contained page of one report view: the report page (:func:`~lenscope.viz.report.render`) with
-    just the section ``key`` holding ``payload`` (drawn by ``assets/<key>.js``), its run card hidden."""
+    just the section ``key`` holding ``payload`` (drawn by ``assets/<key>.js``) under ``title`` (default: the
+    key), its run card hidden."""
     meta = view_meta() if meta is None else meta
-    report = {"meta": meta, "sections": [{"key": key, "title": title or TITLES.get(key, key), "blurb": blurb,
+    report = {"meta": meta, "sections": [{"key": key, "title": title or key, "blurb": blurb,
                                           "data": payload}], "checks": [], "timings": {}, "ok": True}
     return _inject(render(report), head=_CSS)
 
@@ -122,7 +119,7 @@ def view_html(key: str, payload: dict, meta: dict | None = None, *, title: str |
     """One report view for a notebook: :func:`view_page` in a sandboxed iframe (a :class:`View`, whose
     ``page`` is the page itself)."""
     page = view_page(key, payload, meta, title=title, blurb=blurb)
-    out = View(frame_html(page, height=height or HEIGHTS.get(key, 500), title=title or TITLES.get(key, key)))
+    out = View(frame_html(page, height=height or HEIGHTS.get(key, 500), title=title or key))
     out.page = page
     return out
 
@@ -175,13 +172,13 @@ def _flow(mm):
 
 
 def _generation(g):
-    from .generation_html import generation_payload
+    from .generation_html import TITLE, generation_payload
 
     d = g.to_dict()
     settings = d.get("settings") or {}
     run = {k: settings[k] for k in ("family", "model_type", "n_layers", "d_model", "placement") if k in settings}
     meta = view_meta(d.get("model", ""), d.get("tokens", ()), text=d.get("prompt", ""), **run)
-    return "generation", generation_payload(d), meta, "Generated continuation"
+    return "generation", generation_payload(d), meta, TITLE
 
 
 def _single(obj):
