@@ -120,6 +120,22 @@ def test_depth_is_the_logit_lens_prediction_depth(tiny_decoder):
     assert top[0, g.prompt_len - 1 : -1].tolist() == g.ids[g.prompt_len:].tolist()  # greedy
 
 
+def test_tuned_lens_depth_is_token_depths_under_that_lens(tmp_path):
+    from lenscope.lenses.lenses import TunedLens
+
+    lm = get_model("tiny:gpt2")
+    lens = TunedLens(lm.anatomy, model_name=lm.name)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # a lens that disagrees with the logit lens
+        lens.A.copy_(torch.randn(lens.A.shape, generator=g) * 0.5 / lens.d_model**0.5)
+        lens.b.copy_(torch.randn(lens.b.shape, generator=g) * 0.5)
+    out = generate(lm, PROMPT, max_new_tokens=5, explain=(), lens=lens)
+    depths, _, _ = token_depths(lm, {"tuned": lens}, out.ids[None])
+    assert out.tuned_depth.tolist() == depths["tuned"][0, out.prompt_len - 1 : -1].tolist()
+    steps = out.to_dict()["generated"]
+    assert [s["tuned_depth"] for s in steps] == [None if d < 0 else d for d in out.tuned_depth.tolist()]
+
+
 def test_result_dict_frame_matrix_and_file(tmp_path):
     lm = get_model("tiny:qwen2")
     g = generate(lm, PROMPT, max_new_tokens=3, explain=("alti-logit", "alti"))

@@ -17,6 +17,20 @@ def test_smollm2_greedy_is_transformers_generate_and_explains_each_step(smollm2)
     assert g.text == lm.tokenizer.decode(ref[ids.shape[1]:])
     d = g.to_dict()
     assert [s["id"] for s in d["generated"]] == ref[ids.shape[1]:].tolist()
+    # prediction depth: the logit lens's (and a tuned lens's) from the trace equal token_depths' own pass
+    from lenscope.lenses.depth import token_depths
+    from lenscope.lenses.lenses import LogitLens, TunedLens
+
+    lens = TunedLens(lm.anatomy, model_name=lm.name)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        lens.A.copy_(torch.randn(lens.A.shape, generator=gen) * 0.05 / lens.d_model**0.5)
+    t = generate(lm, prompt, max_new_tokens=6, explain=(), lens=lens)
+    depths, _, _ = token_depths(lm, {"logit": LogitLens(lm.anatomy), "tuned": lens}, g.ids[None])
+    P = g.prompt_len
+    assert t.depth.tolist() == g.depth.tolist() == depths["logit"][0, P - 1 : -1].tolist()
+    assert t.tuned_depth.tolist() == depths["tuned"][0, P - 1 : -1].tolist()
+    assert any(x > 0 for x in g.depth.tolist())  # real depths, not only "never settles"
     for s in d["generated"]:
         e = s["explanations"]["alti-logit"]
         assert len(e["scores"]) == s["position"] and e["invariant_error"] < 1e-4
