@@ -3,31 +3,15 @@ of checks (every completeness / invariant error a section computed) and timings.
 
 from __future__ import annotations
 
-import base64
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import numpy as np
 from torch import Tensor
 
 from ..errors import InputError
 from ..models.load import LoadedModel, token_ids
-
-
-def packed(x: Tensor | np.ndarray, digits: int | None = None) -> dict:
-    """A float tensor for the page: ``{"shape": [...], "f32": base64 of little-endian float32}`` (4 bytes a
-    number before base64, far smaller than JSON text for the large maps). Non-finite values are refused."""
-    a = x.detach().cpu().float().numpy() if isinstance(x, Tensor) else np.asarray(x, dtype=np.float32)
-    if not np.isfinite(a).all():
-        raise ValueError("a report array holds NaN or infinity")
-    a = np.ascontiguousarray(a, dtype="<f4")
-    return {"shape": list(a.shape), "f32": base64.b64encode(a.tobytes()).decode("ascii")}
-
-
-def unpack(d: dict) -> np.ndarray:
-    """Inverse of :func:`packed` (for tests and for reading a report's data back)."""
-    return np.frombuffer(base64.b64decode(d["f32"]), dtype="<f4").reshape(d["shape"])
+from ..viz.report.payloads import packed, unpack  # noqa: F401 - re-exported: lenscope.report.packed
 
 
 @dataclass
