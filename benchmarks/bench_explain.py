@@ -1,6 +1,6 @@
 """Speed and memory of ``lenscope.explain``, and integrated gradients beside captum and inseq.
 
-Four parts (``--parts``, default all), one JSON file (``--out``) and a printed table:
+Five parts (``--parts``, default the first four), one JSON file (``--out``) and a printed table:
 
 1. ``methods``: on a ~30-token sentence, the median time of every method of ``lenscope.explain`` (each doing
    its own trace / forward passes) divided by the median time of one plain forward pass
@@ -13,12 +13,16 @@ Four parts (``--parts``, default all), one JSON file (``--out``) and a printed t
    SDPA for smollm2), interleaved in the same rounds, and reports every ratio against both (``ratio`` and
    ``ratio_sdpa``): the SDPA forward is what a user of the plain model pays.
 2. ``alti1024``: ALTI-Logit on 1,024 WikiText tokens in a fresh subprocess (this script with ``--child``):
-   wall time, the child's peak RSS and its RSS right after loading the model. Target: peak < 4 GB.
+   wall time, the child's peak RSS and its RSS right after loading the model. Target: peak < 2 GB (the whole
+   process, the model's weights included).
 3. ``ig``: integrated gradients (16 Gauss-Legendre steps, zero embedding baseline, f = logit[target] -
    logit[foil] at the last position) on 128 WikiText tokens: lenscope beside captum's IntegratedGradients and
    inseq's ``integrated_gradients`` (interleaved), and the largest difference of the per-token attributions.
 4. ``sweep``: logit and alti-logit time vs input length (``--lengths``), as ratios to a forward pass (eager and
    SDPA, as in part 1).
+5. ``altiphases``: ALTI-Logit split into its phases at ``--phase-lengths`` (trace, logit parts, ALTI's
+   contribution matrices, carry_back, and the full rollout it replaces), each a ratio to a forward pass in the
+   same rounds: where the time goes as inputs grow.
 
 Part 3 needs captum and inseq next to lenscope (a throwaway venv; torch first, or pip pulls a CUDA build)::
 
@@ -58,7 +62,7 @@ TARGET, FOIL = " Mary", " John"
 METHODS = ("logit", "alti-logit", "alti", "value-zeroing", "grad-norm", "grad-x-input", "ig", "erasure")
 TRACE_METHODS = ("logit", "alti-logit", "alti", "value-zeroing")  # can share one precomputed trace
 TARGET_RATIOS = {"logit": 2.0, "alti-logit": 3.0}
-MEMORY_TARGET_BYTES = 4 * 10**9
+MEMORY_TARGET_BYTES = 2 * 10**9  # issue 21 (it was 4 GB before the lean trace)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -369,6 +373,51 @@ def bench_sweep(lm, args, sdpa: DefaultAttention) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
+# part 5: where ALTI-Logit's time goes
+
+
+def bench_alti_phases(lm, args) -> dict:
+    """ALTI-Logit in its phases, each as a ratio to a forward pass measured in the same rounds: the trace (lean
+    above ``trace.KEEP_PROBS_BYTES``: probabilities recomputed when read), the logit explanation on that trace
+    (the per-layer logit parts), ``mixing_matrices(rollout=False)`` (ALTI's contributions), ``carry_back`` of
+    one row per layer, the former full rollout (which carry_back replaces), and the whole explanation."""
+    from lenscope.mixing.alti import carry_back, mixing_matrices, rollout
+    from lenscope.models.trace import recompute_probs
+
+    ids_all = wikitext_ids(lm, args.text, max(args.phase_lengths) + 1)
+    out = {}
+    for n in args.phase_lengths:
+        ids, t_id = ids_all[:n], int(ids_all[n])
+        forward(lm, ids)
+        t = {k: [] for k in ("forward", "trace", "logit_on_trace", "mixing", "carry_back", "rollout", "alti_logit")}
+        tr = mm = None
+        for _ in range(args.phase_repeats):
+            tr = mm = None  # the previous round's trace and matrices go first
+            t["forward"].append(seconds(lambda: forward(lm, ids)))
+            t0 = time.perf_counter()
+            tr = lenscope.trace(lm, ids)
+            t["trace"].append(time.perf_counter() - t0)
+            t["logit_on_trace"].append(seconds(lambda: lenscope.explain(lm, ids, t_id, method="logit", tr=tr)))
+            t0 = time.perf_counter()
+            mm = mixing_matrices(lm.anatomy, tr, "alti", rollout=False)
+            t["mixing"].append(time.perf_counter() - t0)
+            deltas = torch.randn(mm.contributions.shape[0], 1, n, dtype=torch.float64)
+            t["carry_back"].append(seconds(lambda: carry_back(mm.contributions, deltas)))
+            t["rollout"].append(seconds(lambda: rollout(mm.contributions)))
+            tr = mm = None
+            t["alti_logit"].append(seconds(lambda: lenscope.explain(lm, ids, t_id, method="alti-logit")))
+        f = med(t["forward"])
+        out[str(n)] = {"forward_median_s": f, "lean_trace": recompute_probs(lm, n)} | {
+            k: {"median_s": med(v), "ratio": med(v) / f, "times_s": v} for k, v in t.items() if k != "forward"}
+        r = out[str(n)]
+        print(f"  {n:5d} tokens: forward {f:.3f}s; x forward: trace {r['trace']['ratio']:.2f}, logit on trace "
+              f"{r['logit_on_trace']['ratio']:.2f}, ALTI matrices {r['mixing']['ratio']:.2f}, carry_back "
+              f"{r['carry_back']['ratio']:.3f} (rollout {r['rollout']['ratio']:.2f}); "
+              f"ALTI-Logit {r['alti_logit']['ratio']:.2f}", flush=True)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
 # report
 
 
@@ -397,7 +446,7 @@ def print_report(res: dict) -> None:
             print(f"\n[2] ALTI-Logit on {p['n_tokens']} tokens: {p['wall_s']:.1f} s; "
                   f"peak RSS {gb['peak_rss_bytes']:.2f} GB (after load {gb['rss_after_load_bytes']:.2f} GB, "
                   f"+{gb['peak_minus_loaded_bytes']:.2f} GB); "
-                  f"target < 4 GB: {'met' if p['target_met'] else 'MISSED'}")
+                  f"target < {MEMORY_TARGET_BYTES / 1e9:g} GB: {'met' if p['target_met'] else 'MISSED'}")
     if "ig" in res:
         p = res["ig"]
         print(f"\n[3] IG, {p['steps']} steps, {p['n_tokens']} tokens, target {p['target']!r} foil {p['foil']!r}")
@@ -414,6 +463,12 @@ def print_report(res: dict) -> None:
         for n, r in res["sweep"].items():
             print(f"{n:>8}{r['forward_median_s']:>8.3f}{r['forward_sdpa_median_s']:>8.3f}{r['logit']['ratio']:>8.2f}"
                   f"{r['logit']['ratio_sdpa']:>7.2f}{r['alti-logit']['ratio']:>12.2f}{r['alti-logit']['ratio_sdpa']:>7.2f}")
+    if "altiphases" in res:
+        print("\n[5] ALTI-Logit phases (x forward)")
+        cols = ("trace", "logit_on_trace", "mixing", "carry_back", "rollout", "alti_logit")
+        print(f"{'tokens':>8}{'fwd s':>8}" + "".join(f"{c:>16}" for c in cols))
+        for n, r in res["altiphases"].items():
+            print(f"{n:>8}{r['forward_median_s']:>8.3f}" + "".join(f"{r[c]['ratio']:>16.3f}" for c in cols))
 
 
 def main() -> None:
@@ -428,6 +483,8 @@ def main() -> None:
     ap.add_argument("--ig-repeats", type=int, default=3)
     ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[16, 32, 64, 128, 256, 512])
     ap.add_argument("--sweep-repeats", type=int, default=3)
+    ap.add_argument("--phase-lengths", type=lambda s: [int(x) for x in s.split(",")], default=[128, 512, 1024])
+    ap.add_argument("--phase-repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads(),
                     help="torch threads (on a machine shared with other jobs, 1 gives steadier timings)")
     ap.add_argument("--out", type=Path, default=None)
@@ -454,6 +511,9 @@ def main() -> None:
     if "sweep" in parts:
         print("[4] length sweep ...", flush=True)
         res["sweep"] = bench_sweep(lm, args, sdpa)
+    if "altiphases" in parts:
+        print("[5] ALTI-Logit phases ...", flush=True)
+        res["altiphases"] = bench_alti_phases(lm, args)
     res["machine"]["load_average_at_end"] = os.getloadavg()
     print_report(res)
     if args.out is not None:

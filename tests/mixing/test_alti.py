@@ -66,3 +66,87 @@ def test_mixing_matrices_without_rollout(tmp_path):
         lean.plot()
     back = type(lean).load(lean.save(tmp_path / "mm.safetensors"))
     assert back.rollout is None and torch.equal(back.contributions, lean.contributions)
+
+
+def _alti_float64_dense(A, tr, l):
+    """The former ALTI: the (pos, src, d_model) parts in float64, ||y||_1 - ||y - part||_1, rows normalised."""
+    from lenscope.mixing.alti import normalize_rows, proximity
+    from lenscope.models.algebra import attention_input_parts, f32, resid_mid_parts, value_writes
+
+    dt = torch.float64
+    z, _ = attention_input_parts(A.layers[l], tr, l, "sources", dt)
+    writes = value_writes(A.layers[l].attn, z, True)
+    n = z.shape[0]
+    dec = resid_mid_parts(A, tr, l, torch.arange(n), "sources", writes=writes, dtype=dt)
+    C = proximity(dec.parts, f32(tr.resid_mid[l], dt))
+    return normalize_rows(C.tril() if A.causal else C)[0]
+
+
+def test_float32_alti_equals_float64_dense(tiny):
+    """The float32 kernel (min(u, 2a - u) per element, no difference of large norms) against the float64 dense
+    formula on every family: contributions agree to ~5e-7 (measured 1.2e-7 .. 4.9e-7)."""
+    from lenscope.mixing.alti import alti_layer
+
+    tr = trace(tiny, "The cat sat on the mat because it was warm, and the dog watched it from the door. " * 2)
+    A = tiny.anatomy
+    for l in range(A.n_layers):
+        C, err, bad = alti_layer(A, tr, l)
+        ref = _alti_float64_dense(A, tr, l)
+        assert C.dtype == torch.float32 and err < 1e-5
+        assert float((C.double() - ref).abs().max()) < 2e-6
+        C64, _, _ = alti_layer(A, tr, l, torch.float64)
+        assert float((C64.double() - ref).abs().max()) < 1e-7  # float64 kernel: only the float32 output rounds
+
+
+def test_factored_proximity_any_rows(tiny_decoder):
+    """Rows in any order, some repeated, against the dense proximity; the total is the decomposition's."""
+    from lenscope.mixing.alti import factored_proximity, proximity
+    from lenscope.models.algebra import f32, resid_mid_parts
+
+    tr = trace(tiny_decoder, "one two three four five six seven eight nine ten eleven twelve")
+    A = tiny_decoder.anatomy
+    rows = torch.tensor([7, 2, 9, 2, 0])
+    y = f32(tr.resid_mid[1])[rows]
+    fac = resid_mid_parts(A, tr, 1, rows, "sources", factored=True)
+    dense = resid_mid_parts(A, tr, 1, rows, "sources", dtype=torch.float64)
+    c, total = factored_proximity(fac, y)
+    torch.testing.assert_close(c.double(), proximity(dense.parts, y.double()), atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(total.double(), dense.total(), atol=1e-5, rtol=1e-5)
+    causal, _ = factored_proximity(fac, y, causal=True)  # a causal row reads nothing after itself
+    for r, p in enumerate(rows.tolist()):
+        assert bool((causal[r, p + 1:] == 0).all())
+        torch.testing.assert_close(causal[r, : p + 1], c[r, : p + 1])
+
+
+@pytest.mark.slow
+def test_float32_alti_on_smollm2():
+    """smollm2 (30 layers, 9 heads) at 120 tokens: float32 contributions within 1e-6 of the float64 dense ones
+    (measured 2.9e-7 at 256 tokens), rows exact stochastic, completeness ~1e-7."""
+    from lenscope.mixing.alti import alti_layer
+
+    lm = get_model("smollm2")
+    tr = trace(lm, "In the spring of 1887 the small town by the river held its first fair, and farmers came from "
+                   "every valley around to sell cattle, grain and cloth, while children watched the jugglers. " * 3)
+    A = lm.anatomy
+    for l in (0, 7, 15, 29):
+        C, err, bad = alti_layer(A, tr, l)
+        ref = _alti_float64_dense(A, tr, l)
+        assert float((C.double() - ref).abs().max()) < 1e-6 and err < 1e-5 and bad == 0
+        assert float((C.double().sum(-1) - 1).abs().max()) < 1e-6
+
+
+def test_alti_logit_on_a_lean_trace(tiny_decoder):
+    """ALTI-Logit (and the rollout row) on a lean trace, whose probabilities are recomputed per layer, equals the
+    one on the full trace, and keeps its invariants."""
+    from lenscope.attribution.context import alti_logit_explanation, rollout_explanation
+
+    ids = list(range(5, 45))
+    full, lean = trace(tiny_decoder, ids, attn_probs="keep"), trace(tiny_decoder, ids, attn_probs="recompute")
+    for position in (-1, 20):
+        a = alti_logit_explanation(tiny_decoder, ids, 7, 9, position=position, tr=full)
+        b = alti_logit_explanation(tiny_decoder, ids, 7, 9, position=position, tr=lean)
+        torch.testing.assert_close(b.layer_scores, a.layer_scores, atol=1e-5, rtol=1e-4)
+        assert b.invariant_error < 1e-4
+    r_full = rollout_explanation(tiny_decoder, ids, tr=full)
+    r_lean = rollout_explanation(tiny_decoder, ids, tr=lean)
+    torch.testing.assert_close(r_lean.layer_scores, r_full.layer_scores, atol=1e-5, rtol=1e-4)

@@ -135,3 +135,27 @@ def test_auto_recomputes_only_long_float32_inputs(monkeypatch):
     assert not recompute_probs(lm, n, "keep")
     with pytest.raises(InputError, match="attn_probs must be"):
         recompute_probs(lm, n, "lazy")
+
+
+def _held_bytes(tr) -> int:
+    seen, total = set(), 0
+    for t in _tensors(tr).values():
+        s = t.untyped_storage()
+        if s.data_ptr() not in seen:
+            seen.add(s.data_ptr())
+            total += s.nbytes()
+    return total
+
+
+def test_lean_trace_holds_less(tiny_decoder):
+    """A lean trace keeps no (pos, src) probabilities, no d_mlp pre-activations, no logits but the last row, and
+    one stack of the residual stream: on a 60-token text it holds a fraction of the full trace's bytes."""
+    ids = list(range(3, 63))
+    full, lean = trace(tiny_decoder, ids, attn_probs="keep"), trace(tiny_decoder, ids, attn_probs="recompute")
+    A = tiny_decoder.anatomy
+    d, n, L = A.d_model, len(ids), A.n_layers
+    assert _held_bytes(lean) < _held_bytes(full) - 4 * L * n * (n + d)  # at least the probabilities and one copy
+    # what a lean trace holds: the residual stack (with the final norm's input), resid_mid, attn_out, mlp_out,
+    # the final norm's output and the last row of logits
+    per_pos = 4 * ((L + 1) + 3 * L + 1) * d
+    assert _held_bytes(lean) <= per_pos * n + 4 * A.vocab_size + 4096

@@ -112,7 +112,8 @@ def factored_proximity(dec: Factored, y: Tensor, causal: bool = False) -> tuple[
     ``sum_k u - 2 sum_k relu(u - a)`` has no difference of two large norms: each term is at most ``|u|``, and
     float32 is enough (the difference of the L1 norms needed float64). The parts are formed block by block
     (sources x rows, a few MB: they stay in cache) as one batched matmul over the heads. ``causal``: row ``r``
-    reads no source after ``rows[r]`` (those entries are left 0)."""
+    reads no source after ``rows[r]`` (attention weights 0 there), so blocks of sources after a block's last row
+    are skipped (their entries stay 0)."""
     alpha, V = dec.alpha, dec.V
     R, n = alpha.shape[1], alpha.shape[2]
     d = V.shape[-1]
@@ -131,7 +132,7 @@ def factored_proximity(dec: Factored, y: Tensor, causal: bool = False) -> tuple[
     src_block = max(1, BLOCK_BYTES // (ROW_BLOCK * d * V.element_size()))
     for r0 in range(0, R, ROW_BLOCK):
         r1 = min(R, r0 + ROW_BLOCK)
-        top = min(n, int(rows[r1 - 1]) + 1) if causal else n
+        top = min(n, int(rows[r0:r1].max()) + 1) if causal else n
         rr = rows[r0:r1]
         for s0 in range(0, top, src_block):
             s1 = min(top, s0 + src_block)

@@ -329,7 +329,7 @@ def _is_index(k) -> bool:
 # lean traces: copies the model passes on unchanged are shared. (slot.in/out, placements) -> the field it equals
 SHARED = {
     "ln_attn.in": ("pre", "sandwich", "parallel"),  # == resid_pre: a pre-norm reads the block's input
-    "ln_mlp.in": ("pre", "sandwich"),  # == resid_mid
+    "ln_mlp.in": ("pre", "sandwich", "parallel"),  # == resid_mid (parallel blocks: resid_pre, both norms read it)
     "ln_attn.out": ("post",),  # == resid_mid (Post-LN: the state after attention is the norm's output)
     "ln_attn_out.in": ("sandwich",),  # == attn_out (the sub-layer's output before its sandwich norm)
     "ln_mlp_out.in": ("sandwich",),  # == mlp_out
