@@ -358,3 +358,16 @@ def test_logit_lens_object_is_default():
     a = prediction_trajectory(lm, TEXT)
     b = prediction_trajectory(lm, TEXT, LogitLens(lm.anatomy))
     assert torch.equal(a.top_ids, b.top_ids) and torch.equal(a.kl, b.kl)
+
+
+def test_trajectory_from_a_trace_equals_a_fresh_run():
+    """``tr=``: the report's shared trace gives the same trajectory as running the model again."""
+    for name in ("tiny:llama", "tiny:gpt2"):
+        lm = get_model(name)
+        text = "When Mary and John went to the store, John gave"
+        a = prediction_trajectory(lm, text, k=3)
+        b = prediction_trajectory(lm, lens=None, k=3, tr=lenscope.trace(lm, text))
+        assert a.tokens == b.tokens and a.top_tokens == b.top_tokens
+        for key in ("top_prob", "entropy", "kl", "topk_prob"):
+            torch.testing.assert_close(getattr(a, key), getattr(b, key), atol=1e-5, rtol=1e-5)
+        assert torch.equal(a.top_ids, b.top_ids)

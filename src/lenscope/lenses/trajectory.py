@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
 from ..models.load import LoadedModel, encode, require_decoder
-from ..models.trace import residual_states
+from ..models.trace import Trace, residual_states
 from ..results import Result, axis_size
 from .lenses import Lens, LogitLens, decode
 
@@ -161,8 +161,9 @@ def _token_strings(tokenizer, ids: Tensor) -> list:
 
 
 @torch.no_grad()
-def prediction_trajectory(lm: LoadedModel, text: str, lens: Lens | None = None, k: int = 5, mid: bool = False,
-                          *, name: str | None = None) -> PredictionTrajectory:
+def prediction_trajectory(lm: LoadedModel, text: str | None = None, lens: Lens | None = None, k: int = 5,
+                          mid: bool = False, *, name: str | None = None, tr: Trace | None = None
+                          ) -> PredictionTrajectory:
     """Decode every residual state of ``text`` at every position with ``lens`` (default: the logit lens).
 
     States are ``0..n_layers`` (state ``l < n_layers`` enters block ``l``, state 0 = embeddings, state
@@ -176,7 +177,8 @@ def prediction_trajectory(lm: LoadedModel, text: str, lens: Lens | None = None, 
 
     Each cell records the top-1 token and probability, the top-``k`` tokens, the entropy (nats) and
     KL(final || lens) (nats), final being the model's own output distribution. Computed in float32.
-    ``name`` labels the lens in plots (default: its kind, ``"logit"`` or ``"tuned"``).
+    ``name`` labels the lens in plots (default: its kind, ``"logit"`` or ``"tuned"``). ``tr``: a trace of the
+    text (``lenscope.trace``) to read the states and logits from instead of running the model again.
     """
     A = lm.anatomy
     if lens is None:
@@ -192,8 +194,16 @@ def prediction_trajectory(lm: LoadedModel, text: str, lens: Lens | None = None, 
         raise InputError(f"k must be a positive integer, not {k!r}")
     require_decoder(lm, "the prediction trajectory", instead="use a model with a language-model head")
 
-    ids = encode(lm, text)
-    cap = residual_states(lm, ids[None], mid=mid)
+    if tr is not None:
+        ids = tr.input_ids
+        cap = {"states": torch.cat([tr.resid_pre, tr.final_resid[None]])[:, None],
+               "mid": tr.resid_mid[:, None] if mid else None,
+               "logits": None if tr.logits is None else tr.logits[None]}
+    elif text is None:
+        raise InputError("give a text (or a trace of one)")
+    else:
+        ids = encode(lm, text)
+        cap = residual_states(lm, ids[None], mid=mid)
     regular = cap["states"][:, 0]  # (layer + 1, pos, d_model)
     if cap["logits"] is None:
         raise NotApplicableError("the model returned no logits, so there is no final distribution to compare with")

@@ -89,7 +89,8 @@ class Trajectory(Section):
         lenses = [LogitLens(ctx.lm.anatomy, model_name=ctx.lm.name)]
         if ctx.lens is not None:
             lenses.insert(0, ctx.lens)
-        return payloads.trajectory_payload([prediction_trajectory(ctx.lm, ctx.text, lens, k=5) for lens in lenses])
+        trajs = [prediction_trajectory(ctx.lm, lens=lens, k=5, tr=ctx.trace) for lens in lenses]  # the shared trace
+        return payloads.trajectory_payload(trajs)
 
 
 class Components(Section):
