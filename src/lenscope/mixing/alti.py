@@ -122,7 +122,6 @@ def factored_proximity(dec: Factored, y: Tensor, causal: bool = False) -> tuple[
     a = y.abs().to(dt)
     su = sign * dec.scale[:, None].to(dt)  # (row, d): the sign and the row's norm scale
     sdiag = sign * dec.diag.to(dt)
-    al = alpha.permute(2, 1, 0)  # (src, row, head): one small matmul per source
     Vt = V.transpose(0, 1)  # (src, head, d)
     rows = dec.rows.to(alpha.device)
     first = int(rows[0]) if R else 0
@@ -134,9 +133,10 @@ def factored_proximity(dec: Factored, y: Tensor, causal: bool = False) -> tuple[
         r1 = min(R, r0 + ROW_BLOCK)
         top = min(n, int(rows[r0:r1].max()) + 1) if causal else n
         rr = rows[r0:r1]
+        al = alpha[:, r0:r1, :top].permute(2, 1, 0).contiguous()  # (src, row, head): one matmul per source
         for s0 in range(0, top, src_block):
             s1 = min(top, s0 + src_block)
-            u = torch.bmm(al[s0:s1, r0:r1], Vt[s0:s1])  # (src, row, d): the attention parts, unscaled
+            u = torch.bmm(al[s0:s1], Vt[s0:s1])  # (src, row, d): the attention parts, unscaled
             mixed[r0:r1] += u.sum(0)
             u.mul_(su[r0:r1])
             if contiguous:  # the rows whose own position lies in this block of sources
