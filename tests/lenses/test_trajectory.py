@@ -371,3 +371,17 @@ def test_trajectory_from_a_trace_equals_a_fresh_run():
         for key in ("top_prob", "entropy", "kl", "topk_prob"):
             torch.testing.assert_close(getattr(a, key), getattr(b, key), atol=1e-5, rtol=1e-5)
         assert torch.equal(a.top_ids, b.top_ids)
+
+
+def test_trajectory_in_small_chunks_equals_one_chunk(monkeypatch):
+    """Rows are decoded in chunks of whole states (a memory bound for long texts): any chunk size, same result."""
+    import lenscope.lenses.trajectory as T
+
+    lm = get_model("tiny:llama")
+    text = "When Mary and John went to the store, John gave"
+    whole = prediction_trajectory(lm, text, k=3)
+    monkeypatch.setattr(T, "CHUNK_BYTES", 1)  # one state per chunk
+    parts = prediction_trajectory(lm, text, k=3)
+    for key in ("top_prob", "entropy", "kl", "topk_prob"):
+        torch.testing.assert_close(getattr(whole, key), getattr(parts, key), atol=1e-6, rtol=1e-6)
+    assert torch.equal(whole.topk_ids, parts.topk_ids)

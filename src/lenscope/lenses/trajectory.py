@@ -149,6 +149,9 @@ class PredictionTrajectory(Result):
                 f"pos={self.n_pos}, k={self.k}, output top-1={self.top_tokens[-1][-1]!r})")
 
 
+CHUNK_BYTES = 256 * 2**20  # logits decoded at once (float32): bounds the memory of long texts
+
+
 def _token_strings(tokenizer, ids: Tensor) -> list:
     """Nested lists of token strings for an integer tensor, decoding each distinct id once."""
     uniq = torch.unique(ids).tolist()
@@ -219,20 +222,32 @@ def prediction_trajectory(lm: LoadedModel, text: str | None = None, lens: Lens |
         if mid and layer < L:
             plan.append((f"{layer}.mid", cap["mid"][layer, 0], lambda h, i=layer: lens.transform_mid(h, i)))
 
-    rows = {key: [] for key in ("top_ids", "top_prob", "entropy", "kl", "topk_ids", "topk_prob")}
-    for _, h, translate in plan:
-        h = h.float()
-        x = h if translate is None else translate(h)
-        logq = torch.log_softmax(decode(A, x).float(), -1)  # (pos, vocab)
-        q = logq.exp()
-        top_p, top_i = q.topk(k, dim=-1)
-        rows["topk_prob"].append(top_p)
+    # every (state, position) row decoded in chunks of many rows: one large unembedding matmul per chunk instead
+    # of one per state (a matmul of a few rows runs far below the CPU's peak)
+    X = torch.stack([h.float() if translate is None else translate(h.float()) for _, h, translate in plan])
+    S, n = X.shape[:2]
+    X = X.reshape(S * n, -1)
+    final_plogp = (final_p * final_logp).sum(-1)  # (pos,)
+    chunk = max(n, (CHUNK_BYTES // (4 * final_logp.shape[-1])) // n * n)  # whole states per chunk
+    rows = {key: [] for key in ("topk_ids", "topk_prob", "entropy", "kl")}
+    def dot(a: Tensor, b: Tensor) -> Tensor:  # row-wise a . b over the vocabulary without an (row, V) temporary
+        return torch.matmul(a.unsqueeze(-2), b.unsqueeze(-1))[..., 0, 0]
+
+    for a in range(0, S * n, chunk):
+        x = decode(A, X[a: a + chunk]).float().unflatten(0, (-1, n))  # logits (state, pos, V)
+        top_x, top_i = x.topk(k, dim=-1)
+        m = top_x[..., :1]
+        e = torch.sub(x, m).exp_()  # q * Z with Z = sum(e): log q = x - lse, lse = m + log Z
+        Z = e.sum(-1)
+        lse = m[..., 0] + Z.log()
+        rows["topk_prob"].append((top_x - lse[..., None]).exp())
         rows["topk_ids"].append(top_i)
-        rows["top_prob"].append(top_p[:, 0])
-        rows["top_ids"].append(top_i[:, 0])
-        rows["entropy"].append(-(q * logq).sum(-1))
-        rows["kl"].append((final_p * (final_logp - logq)).sum(-1).clamp_min(0.0))
-    t = {key: torch.stack(v).cpu() for key, v in rows.items()}
+        rows["entropy"].append(lse - dot(e, x) / Z)  # H(q) = lse - q . x
+        px = torch.matmul(x.transpose(0, 1), final_p[:, :, None])[..., 0].T  # final_p . x: (state, pos)
+        rows["kl"].append((final_plogp - px + lse).clamp_min(0.0))  # sum p (log p - log q), sum p = 1
+        del x, e
+    t = {key: torch.cat(v).cpu() for key, v in rows.items()}
+    t["top_prob"], t["top_ids"] = t["topk_prob"][..., 0], t["topk_ids"][..., 0]
 
     tok = lm.tokenizer
     return PredictionTrajectory(
