@@ -150,3 +150,21 @@ def test_alti_logit_on_a_lean_trace(tiny_decoder):
     r_full = rollout_explanation(tiny_decoder, ids, tr=full)
     r_lean = rollout_explanation(tiny_decoder, ids, tr=lean)
     torch.testing.assert_close(r_lean.layer_scores, r_full.layer_scores, atol=1e-5, rtol=1e-4)
+
+
+def test_alti_blocks_do_not_change_results(monkeypatch):
+    """One source and three rows per block, or everything in one block: the same contributions."""
+    from lenscope.mixing import alti
+
+    lm = get_model("tiny:qwen2")
+    tr = trace(lm, "a b c d e f g h i j k l m n o p q r s t")
+    ref, err, _ = alti.alti_layer(lm.anatomy, tr, 1)
+    monkeypatch.setattr(alti, "ROW_BLOCK", 3)
+    monkeypatch.setattr(alti, "BLOCK_BYTES", 1)
+    small, err_small, _ = alti.alti_layer(lm.anatomy, tr, 1)
+    monkeypatch.setattr(alti, "ROW_BLOCK", 10**6)
+    monkeypatch.setattr(alti, "BLOCK_BYTES", 2**40)
+    big, err_big, _ = alti.alti_layer(lm.anatomy, tr, 1)
+    torch.testing.assert_close(small, ref, atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(big, ref, atol=1e-7, rtol=1e-6)
+    assert max(err, err_small, err_big) < 1e-5

@@ -159,3 +159,22 @@ def test_lean_trace_holds_less(tiny_decoder):
     # the final norm's output and the last row of logits
     per_pos = 4 * ((L + 1) + 3 * L + 1) * d
     assert _held_bytes(lean) <= per_pos * n + 4 * A.vocab_size + 4096
+
+
+def test_recomputed_reads_like_a_tensor():
+    """Operators, numpy, iteration and torch functions on the recomputed captures give the tensor's answers."""
+    import numpy as np
+
+    lm = get_model("tiny:llama")
+    full, lean = trace(lm, TEXT, attn_probs="keep"), trace(lm, TEXT, attn_probs="recompute")
+    P, Q = lean.attn_probs, full.attn_probs
+    for got, want in [(P + 1, Q + 1), (1 - P, 1 - Q), (P * 2, Q * 2), (-P, -Q), (abs(P), Q.abs()), (P ** 2, Q ** 2),
+                      (P / 2, Q / 2), (P @ Q[0, 0].T, Q @ Q[0, 0].T), (torch.stack([P[0], P[1]]), Q[:2]),
+                      (torch.softmax(P, -1), torch.softmax(Q, -1)), (lean.logits.log_softmax(-1),
+                                                                     full.logits.log_softmax(-1))]:
+        torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-5)
+    assert torch.equal(P > 0.5, P.materialize() > 0.5) and torch.equal(P == 0, P.materialize() == 0)
+    np.testing.assert_allclose(np.asarray(P), Q.numpy(), atol=2e-6)
+    layers = list(P)
+    assert len(layers) == full.n_layers and all(torch.allclose(a, b, atol=2e-6) for a, b in zip(layers, Q))
+    assert "RecomputedProbs(shape=" in repr(P) and hash(P) == hash(P)

@@ -100,6 +100,7 @@ def proximity(parts: Tensor, y: Tensor) -> Tensor:
 
 BLOCK_BYTES = 2 * 2**20  # one (src, row, d_model) block of the contribution kernel: stays in a core's cache
 ROW_BLOCK = 64
+DEVICE_BLOCK_BYTES, DEVICE_ROW_BLOCK = 256 * 2**20, 1024  # an accelerator: fewer, larger kernels
 
 
 def factored_proximity(dec: Factored, y: Tensor, causal: bool = False) -> tuple[Tensor, Tensor]:
@@ -128,9 +129,11 @@ def factored_proximity(dec: Factored, y: Tensor, causal: bool = False) -> tuple[
     contiguous = R > 0 and bool((rows == torch.arange(first, first + R, device=rows.device)).all())
     out = alpha.new_zeros(R, n)
     mixed = V.new_zeros(R, d)
-    src_block = max(1, BLOCK_BYTES // (ROW_BLOCK * d * V.element_size()))
-    for r0 in range(0, R, ROW_BLOCK):
-        r1 = min(R, r0 + ROW_BLOCK)
+    cpu = V.device.type == "cpu"
+    row_block, budget = (ROW_BLOCK, BLOCK_BYTES) if cpu else (DEVICE_ROW_BLOCK, DEVICE_BLOCK_BYTES)
+    src_block = max(1, budget // (row_block * d * V.element_size()))
+    for r0 in range(0, R, row_block):
+        r1 = min(R, r0 + row_block)
         top = min(n, int(rows[r0:r1].max()) + 1) if causal else n
         rr = rows[r0:r1]
         al = alpha[:, r0:r1, :top].permute(2, 1, 0).contiguous()  # (src, row, head): one matmul per source

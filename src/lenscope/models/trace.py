@@ -155,8 +155,28 @@ class Lazy:
             raise AttributeError(name)
         return getattr(self.materialize(), name)
 
+    def __array__(self, dtype=None, copy=None):
+        a = self.materialize().cpu().numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    __hash__ = object.__hash__
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(shape={tuple(self.shape)})"
+
+
+def _materializing(name: str):
+    def op(self, *args):
+        return getattr(self.materialize(), name)(*args)
+
+    op.__name__ = name
+    return op
+
+
+for _name in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "matmul", "rmatmul", "pow",
+              "rpow", "neg", "abs", "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "invert", "iter"):
+    if _name not in vars(Lazy):
+        setattr(Lazy, f"__{_name}__", _materializing(f"__{_name}__"))  # operators are looked up on the type
 
 
 class Recomputed(Lazy):
@@ -189,6 +209,9 @@ class Recomputed(Lazy):
             self._cache = None  # the old layer goes before the new one is made
             self._cache = (l, self._compute(l).to(device=self.device, dtype=self.dtype))
         return self._cache[1]
+
+    def __iter__(self):
+        return (self.layer(l) for l in range(self._n_layers))
 
     def materialize(self) -> Tensor:
         """Every layer's values as one tensor."""
