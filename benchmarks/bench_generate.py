@@ -1,9 +1,8 @@
 """Speed of ``lenscope.generate``: every generated token explained from one pass, against one explain per step
 and against inseq's step-wise attribution (issue 21). Writes one JSON file (``--out``) and prints a summary.
 
-smollm2, a ``--prompt-tokens`` (30) token prompt, ``--tokens`` (32) generated tokens (greedy; the generation
-runs until ``--tokens`` even past an end-of-sequence token is not forced: the count actually generated is
-recorded):
+smollm2, a ``--prompt-tokens`` (30) token prompt, ``--tokens`` (32) generated tokens (greedy; generation stops
+early at an end-of-sequence token, so the count actually generated is recorded):
 
 - (a) ``generate_alti_logit_s``: everything ``generate(..., explain=("alti-logit",))`` does after decoding (one
   trace, per-step statistics and depth, all ALTI-Logit explanations); the decoding loop is reported apart
@@ -55,8 +54,8 @@ def zero_baseline(*a, **kw):  # lenscope's baseline: the zero embedding (inseq e
     batch.embedding.baseline_embeds = torch.zeros_like(batch.embedding.baseline_embeds)
     return batch
 decoder_only.get_batch_from_inputs = zero_baseline
-out = {"versions": {"inseq": getattr(inseq, "__version__", None) or __import__("importlib.metadata").metadata.version("inseq"),
-                    "transformers": __import__("transformers").__version__, "torch": torch.__version__}}
+import importlib.metadata as md
+out = {"versions": {k: md.version(k) for k in ("inseq", "transformers", "torch", "captum")}}
 for method in ("input_x_gradient", "integrated_gradients"):
     try:
         model = inseq.load_model(folder, method)

@@ -137,13 +137,27 @@ def _rows(lm: LoadedModel, method: str, ids, target, foil, position,
     return ids, per_row[0], per_row[1], p
 
 
-def _cut(lm: LoadedModel, p: int | Tensor, rows, n: int) -> int:
-    """How many leading positions a chunk of ``rows`` must run: all ``n``, except with one position per row in a
-    causal model, where nothing after the chunk's last explained position can change its objectives (so a chunk
-    of early generated tokens runs a shorter prefix; the gradients of the tokens cut off are exactly zero)."""
+def _span(lm: LoadedModel, p: int | Tensor, rows, n: int) -> tuple[int, int | None]:
+    """What a chunk of ``rows`` must run: ``(cut, keep)``, its leading ``cut`` positions, and the last ``keep``
+    positions' logits (None: all of them). With one position per row in a causal model nothing after the
+    chunk's last explained position changes its objectives (the gradients of the tokens cut off are exactly
+    zero), and only the logits from its first explained position on are read, so a chunk of generated tokens
+    runs just that prefix and unembeds just those positions (an unembedding as wide as smollm2's costs about
+    a quarter of its forward and backward pass). Otherwise ``(n, None)``."""
     if isinstance(p, int) or not lm.anatomy.causal:
-        return n
-    return int(p[rows].max()) + 1
+        return n, None
+    q = p[rows]
+    cut = int(q.max()) + 1
+    return cut, cut - int(q.min())
+
+
+def _read(p: int | Tensor, rows, last_only: bool, cut: int, keep: int | None) -> int | Tensor:
+    """Where a chunk's logits are read: the last one (``last_only``), else each row's position, counted within
+    the last ``keep`` positions of the ``cut`` the chunk ran (:func:`_span`)."""
+    if last_only:
+        return -1
+    at = _at(p, rows)
+    return at if keep is None else at - (cut - keep)
 
 
 def _at(p: int | Tensor, rows) -> int | Tensor:
@@ -174,12 +188,16 @@ def eval_mode(model):
 
 
 def model_logits(lm: LoadedModel, *, input_ids: Tensor | None = None, inputs_embeds: Tensor | None = None,
-                 last_only: bool = False) -> Tensor:
+                 last_only: bool = False, keep: int | None = None) -> Tensor:
     """The real model's logits ``(batch, pos, vocab)`` (no padding, no cache); with ``last_only`` (causal
-    models) only the last position's, ``(batch, 1, vocab)``, so a batch of long inputs stays small."""
+    models) only the last position's, ``(batch, 1, vocab)``, so a batch of long inputs stays small; with
+    ``keep`` (causal models) the last ``keep`` positions', ``(batch, keep, vocab)``."""
     from ..models.engine import forward_kwargs
 
-    out = lm.model(**forward_kwargs(lm, input_ids, inputs_embeds=inputs_embeds, last_only=last_only))
+    kw = forward_kwargs(lm, input_ids, inputs_embeds=inputs_embeds, last_only=last_only)
+    if keep is not None and not last_only:
+        kw["logits_to_keep"] = int(keep)
+    out = lm.model(**kw)
     logits = getattr(out, "logits", None)
     if logits is None:
         raise NotApplicableError(
@@ -225,10 +243,10 @@ def gradient_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: 
     with eval_mode(lm.model), torch.enable_grad():
         for s in range(0, B, chunk):
             rows = slice(s, s + chunk)
-            cut = _cut(lm, p, rows, n)
+            cut, keep = _span(lm, p, rows, n)
             x = e[rows, :cut].clone().requires_grad_(True)
-            obj = metric_of(model_logits(lm, inputs_embeds=x, last_only=last_only), "logit_diff", t[rows],
-                            None if f is None else f[rows], at=-1 if last_only else _at(p, rows))
+            obj = metric_of(model_logits(lm, inputs_embeds=x, last_only=last_only, keep=keep), "logit_diff",
+                            t[rows], None if f is None else f[rows], at=_read(p, rows, last_only, cut, keep))
             (g,) = torch.autograd.grad(obj.sum(), x)
             grads.append(torch.nn.functional.pad(g.detach(), (0, 0, 0, n - cut)))
             objs.append(obj.detach())
@@ -310,8 +328,9 @@ def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *
     B, n = ids.shape
     base, binfo = ig_baseline(lm, baseline)
 
-    def objective(logits: Tensor, rb: Tensor) -> Tensor:
-        return metric_of(logits, "logit_diff", t[rb], None if f is None else f[rb], at=-1 if last_only else _at(p, rb))
+    def objective(logits: Tensor, rb: Tensor, cut: int = n, keep: int | None = None) -> Tensor:
+        return metric_of(logits, "logit_diff", t[rb], None if f is None else f[rb],
+                         at=_read(p, rb, last_only, cut, keep))
 
     with torch.no_grad():
         e = lm.model.get_input_embeddings()(ids).detach()
@@ -325,11 +344,11 @@ def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *
     with eval_mode(lm.model):
         for s in range(0, B * steps, chunk):
             rb, rs = rows_b[s : s + chunk], rows_s[s : s + chunk]
-            cut = _cut(lm, p, rb, n)
+            cut, keep = _span(lm, p, rb, n)
             path = alphas[rs, None, None] * diff[rb, :cut]
             x = (path if base is None else base + path).to(e.dtype).requires_grad_(True)
             with torch.enable_grad():
-                obj = objective(model_logits(lm, inputs_embeds=x, last_only=last_only), rb)
+                obj = objective(model_logits(lm, inputs_embeds=x, last_only=last_only, keep=keep), rb, cut, keep)
                 (g,) = torch.autograd.grad(obj.sum(), x)
             part = w[rs, None, None] * g.detach().double()
             if B == 1:
