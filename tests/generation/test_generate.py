@@ -183,3 +183,25 @@ def test_bad_inputs():
         generate(lm, PROMPT, max_new_tokens=2, seed=1)
     with pytest.raises(NotApplicableError):
         generate(get_model("tiny:bert"), PROMPT, max_new_tokens=2)
+
+
+def test_erasure_runs_one_copy_per_source_and_gradients_one_batch(monkeypatch):
+    from lenscope.attribution import baselines
+
+    lm = get_model("tiny:llama")
+    calls = []
+    real = baselines.model_logits
+
+    def counting(lm_, *, input_ids=None, inputs_embeds=None, **kw):
+        x = input_ids if input_ids is not None else inputs_embeds
+        calls.append(tuple(x.shape[:2]))
+        return real(lm_, input_ids=input_ids, inputs_embeds=inputs_embeds, **kw)
+
+    monkeypatch.setattr(baselines, "model_logits", counting)
+    g = generate(lm, PROMPT, max_new_tokens=5, explain=("erasure",))
+    n = len(g.tokens)
+    # the last step reads position n - 2: every token 0..n-2 is erased once, each copy n - 2 tokens long
+    assert sum(b for b, _ in calls) == n - 1 and {t for _, t in calls} == {n - 2}
+    calls.clear()
+    generate(lm, PROMPT, max_new_tokens=5, explain=("grad-x-input", "grad-norm"))
+    assert len(calls) == 1 and calls[0][0] == 5  # both gradient methods: one pass, one row per step

@@ -449,15 +449,16 @@ def _erasure_per_row(lm: LoadedModel, ids: Tensor, t: Tensor, f: Tensor | None, 
     b_idx, j_idx = (torch.arange(m, device=dev)[None, :] <= p[:, None]).nonzero(as_tuple=True)  # (row, erased j)
     need, copy = torch.unique(inverse[b_idx] * m + j_idx, return_inverse=True)  # copies to run; each pair's copy
     read = p[b_idx] - 1
+    keep = m - 1 - int(read.min())  # only the last `keep` positions are ever read
     chunk = _chunk(len(need), m - 1, internal_batch_size, max_tokens)
-    chunk = min(chunk, max(1, 2**26 // ((m - 1) * lm.anatomy.vocab_size)))  # all logits: <= 256 MB per chunk
+    chunk = min(chunk, max(1, 2**26 // (keep * lm.anatomy.vocab_size)))  # the logits kept: <= 256 MB per chunk
     f_ablated = torch.empty(len(b_idx), dtype=torch.float64, device=dev)
     with eval_mode(lm.model), torch.no_grad():
         for s in range(0, len(need), chunk):
-            logits = model_logits(lm, input_ids=ablated[need[s : s + chunk]])
+            logits = model_logits(lm, input_ids=ablated[need[s : s + chunk]], keep=keep)
             sel = ((copy >= s) & (copy < s + chunk)).nonzero(as_tuple=True)[0]
-            f_ablated[sel] = metric_of(logits[copy[sel] - s, read[sel]], "logit_diff", t[b_idx[sel]],
-                                       None if f is None else f[b_idx[sel]]).double()
+            f_ablated[sel] = metric_of(logits[copy[sel] - s, read[sel] - (m - 1 - keep)], "logit_diff",
+                                       t[b_idx[sel]], None if f is None else f[b_idx[sel]]).double()
     if f_input is None:
         f_input = logit_diff_rows(lm, ids, t, f, position=p)
     f_input = torch.as_tensor(f_input).to(device=dev, dtype=torch.float64).reshape(B)
