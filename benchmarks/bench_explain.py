@@ -378,7 +378,7 @@ def bench_sweep(lm, args, sdpa: DefaultAttention) -> dict:
 
 def bench_alti_phases(lm, args) -> dict:
     """ALTI-Logit in its phases, each as a ratio to a forward pass measured in the same rounds: the trace (lean
-    above ``trace.KEEP_PROBS_BYTES``: probabilities recomputed when read), the logit explanation on that trace
+    above ``trace.KEEP_BYTES``: probabilities recomputed when read), the logit explanation on that trace
     (the per-layer logit parts), ``mixing_matrices(rollout=False)`` (ALTI's contributions), ``carry_back`` of
     one row per layer, the former full rollout (which carry_back replaces), and the whole explanation."""
     from lenscope.mixing.alti import carry_back, mixing_matrices, rollout

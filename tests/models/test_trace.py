@@ -128,11 +128,16 @@ def test_auto_recomputes_only_long_float32_inputs(monkeypatch):
     assert recompute_probs(lm, n, "recompute") and not recompute_probs(lm, n, "keep")
     import lenscope.models.trace as trace_module
 
-    monkeypatch.setattr(trace_module, "KEEP_PROBS_BYTES", 1000)
+    monkeypatch.setattr(trace_module, "KEEP_BYTES", 1000)
     assert recompute_probs(lm, n)
     tr = trace(lm, list(range(5, 5 + n)))
     assert isinstance(tr.attn_probs, RecomputedProbs)
     assert not recompute_probs(lm, n, "keep")
+    smollm2_like = 4 * (30 * 9 * 1024 * 1024 + 30 * 1024 * 1536 * 2 + 1023 * 49152)
+    assert smollm2_like > trace_module.KEEP_BYTES  # ALTI-Logit's 1,024 tokens on smollm2 get a lean trace
+    assert trace_module.lean_bytes(lm, n) == 4 * (lm.anatomy.n_layers * lm.anatomy.layers[0].attn.n_heads * n * n
+                                                  + lm.anatomy.n_layers * n * lm.anatomy.layers[0].mlp.d_mlp * 2
+                                                  + (n - 1) * lm.anatomy.vocab_size)
     with pytest.raises(InputError, match="attn_probs must be"):
         recompute_probs(lm, n, "lazy")
 

@@ -10,17 +10,19 @@ block's capture, i.e. the model's own device for a model on one device). Capture
 stored in float32 (exact), the dtype the Anatomy computes in.
 
 Long inputs: the per-head attention probabilities ``(layer, head, pos, src)`` grow as ``pos^2`` (1.1 GB for a
-30-layer, 9-head model at 1,024 tokens). When they would exceed :data:`KEEP_PROBS_BYTES` (and the model computes
-in float32), :func:`trace` makes a lean trace: ``attn_probs`` is then a :class:`RecomputedProbs`, which recomputes
-one layer's probabilities from the traced attention input with the Anatomy's own attention
-(:meth:`~lenscope.models.anatomy.Attention.pattern`, the code ``verify`` checks against the model) when
-``tr.attn_probs[l]`` is read; ``mlp_pre`` / ``mlp_up`` (:class:`RecomputedMLP`, from the MLP's traced input:
-``d_mlp`` values per position are the largest per-position captures) and the block norms' outputs
-(:class:`RecomputedNorm`) likewise; and the trace's copies of tensors
-the model passes on unchanged are shared
-(``resid_post[l]`` is ``resid_pre[l + 1]``; a pre-norm's input is the block's input, the MLP norm's input is
-``resid_mid``). A causal model then computes the last position's logits only; ``tr.logits`` of other positions
-are recomputed from the final residual state with the readout when read (:class:`RecomputedLogits`).
+30-layer, 9-head model at 1,024 tokens), every position's logits as ``pos * vocab``. When what a lean trace
+leaves out would exceed :data:`KEEP_BYTES` (and the model computes in float32), :func:`trace` makes a lean trace:
+
+- ``attn_probs`` is a :class:`RecomputedProbs`: reading ``tr.attn_probs[l]`` recomputes layer ``l``'s
+  probabilities from the traced attention input with the Anatomy's own attention
+  (:meth:`~lenscope.models.anatomy.Attention.pattern`, the code ``verify`` checks against the model);
+- ``mlp_pre`` / ``mlp_up`` (:class:`RecomputedMLP`, from the MLP's traced input) and the block norms' outputs
+  (:class:`RecomputedNorm`) likewise;
+- a causal model computes the last position's logits only; ``tr.logits`` of other positions are recomputed from
+  the final residual state with the readout when read (:class:`RecomputedLogits`);
+- copies of tensors the model passes on unchanged are shared (``resid_post[l]`` is ``resid_pre[l + 1]``; a
+  pre-norm's input is the block's input, the MLP norm's input is ``resid_mid``).
+
 ``trace(..., attn_probs="keep")`` keeps every capture whatever the length.
 """
 
@@ -102,7 +104,7 @@ class Trace:
         return f"Trace(pos={len(self.tokens)}, layers={self.n_layers}, placement={self.placement!r})"
 
 
-KEEP_PROBS_BYTES = 512 * 2**20  # trace(attn_probs="auto") recomputes the probabilities above this size
+KEEP_BYTES = 2**30  # trace(attn_probs="auto") is lean when it would leave out more than this (see lean_bytes)
 
 
 class Lazy:
@@ -478,17 +480,27 @@ def _math_device(lm: LoadedModel, device):
     return None if device is None else torch.device(device)
 
 
+def lean_bytes(lm: LoadedModel, n: int) -> int:
+    """What a lean trace of ``n`` tokens leaves out, in bytes: the attention probabilities, the MLP's
+    pre-activations and (causal models) the logits of all but the last position."""
+    A = lm.anatomy
+    mlp = A.layers[0].mlp
+    probs = A.n_layers * A.layers[0].attn.n_heads * n * n
+    pre = A.n_layers * n * mlp.d_mlp * (2 if mlp.gated else 1)
+    logits = (n - 1) * A.vocab_size if A.causal and A.unembed is not None else 0
+    return 4 * (probs + pre + logits)
+
+
 def recompute_probs(lm: LoadedModel, n: int, attn_probs: str = "auto") -> bool:
-    """Whether :func:`trace` of ``n`` tokens recomputes the attention probabilities instead of keeping them
-    (``attn_probs``: ``"auto"``, ``"keep"`` or ``"recompute"``; see the module's docstring)."""
+    """Whether :func:`trace` of ``n`` tokens makes a lean trace (recomputing the attention probabilities and the
+    rest when read) instead of keeping every capture (``attn_probs``: ``"auto"``, ``"keep"`` or ``"recompute"``;
+    ``"auto"``: when :func:`lean_bytes` exceeds :data:`KEEP_BYTES` and the model computes in float32)."""
     if attn_probs not in ("auto", "keep", "recompute"):
         raise InputError(f"attn_probs must be 'auto', 'keep' or 'recompute', not {attn_probs!r}")
     if attn_probs != "auto":
         return attn_probs == "recompute"
-    A = lm.anatomy
-    size = A.n_layers * A.layers[0].attn.n_heads * n * n * 4
     dtype = getattr(lm.model, "dtype", torch.float32)
-    return size > KEEP_PROBS_BYTES and not is_reduced(dtype)
+    return lean_bytes(lm, n) > KEEP_BYTES and not is_reduced(dtype)
 
 
 def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torch.device | None = None,
@@ -498,8 +510,8 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torc
     ``device``: where the captures are kept (default: the ``math_device`` the model was loaded with, else where the
     first block's capture arrives: the model's device for a model on one device). Captures of bfloat16 / float16
     models are kept in float32. ``attn_probs``: ``"keep"`` the captured attention probabilities, ``"recompute"``
-    them per layer when read (:class:`RecomputedProbs`: a lean trace), or ``"auto"``: recompute when keeping them
-    would take more than :data:`KEEP_PROBS_BYTES` and the model computes in float32."""
+    them per layer when read (:class:`RecomputedProbs`: a lean trace), or ``"auto"``: a lean trace where it leaves
+    out more than :data:`KEEP_BYTES` and the model computes in float32 (:func:`recompute_probs`)."""
     ids = token_ids(lm, text)
     lean = recompute_probs(lm, ids.numel(), attn_probs)
     logits, cap = run(lm, ids[None], capture=trace_sites(lm, lean=lean), device=_math_device(lm, device),
