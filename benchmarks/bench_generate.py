@@ -12,13 +12,23 @@ early at an end-of-sequence token, so the count actually generated is recorded):
 - (c) ``explain_per_step_s``: ``lenscope.explain`` once per generated step on that step's prefix (what a
   step-wise tool does);
 - ratios ``a_over_b`` (target <= 3) and ``c_over_a`` (target >= 10);
-- (d) the gradient methods ``grad-x-input`` and ``ig`` (16 Gauss-Legendre steps, zero baseline): generate's batch
-  (all steps as rows of one batch) vs explain once per step;
+- (d) the gradient methods ``grad-x-input`` and ``ig`` (16 Gauss-Legendre steps, zero baseline), explaining each
+  generated token's logit (``foil=None``): generate's batch (all steps as rows of one batch) vs explain once per
+  step (``--grad-repeats``, default 1, after a short warm-up);
 - (e) inseq (``--inseq-python``, a separate venv with inseq; the model saved with ``save_pretrained``) run
   step-wise over the same generated tokens with ``input_x_gradient`` and ``integrated_gradients`` (the same
   objective, the generated token's logit; zero baseline; 16 steps), in one ``model.attribute`` call per method,
-  timed in its own process; lenscope's batched times for the same objective (``foil=None``) beside them. Where
-  inseq cannot run, the file says why.
+  timed in its own process (after a warm-up call); lenscope's batched times of (d) beside them. Where inseq
+  cannot run, the file says why.
+
+The inseq venv (inseq 0.7.1 runs with transformers 5.23 and captum 0.9): torch 2.13.0 shared from the main venv
+(a folder of symlinks on a ``.pth`` path, no second torch download), then inseq from PyPI::
+
+    python3 -m venv /tmp/inseq-venv && mkdir -p /tmp/inseq-torch
+    for p in torch torch-2.13.0+cpu.dist-info torchgen; do ln -s $PWD/.venv/lib/python3.11/site-packages/$p \
+        /tmp/inseq-torch/; done
+    echo /tmp/inseq-torch > /tmp/inseq-venv/lib/python3.11/site-packages/torch-shared.pth
+    /tmp/inseq-venv/bin/pip install inseq typing_extensions sympy networkx jinja2 fsspec filelock
 
 Every time is the median of ``--repeats`` runs, the variants interleaved, after a warm-up. Run it quietly::
 
@@ -130,28 +140,33 @@ def _last_prediction(lm, full):
     return int(top2[0]), int(top2[1])
 
 
-def part_gradients(lm, ids, n_new: int, repeats: int, foil="runner-up") -> dict:
+def part_gradients(lm, ids, n_new: int, repeats: int) -> dict:
+    """(d): generate's batch vs explain once per step, both explaining the generated token's logit (no foil: the
+    objective inseq's ``"logit"`` step function attributes, so (e) compares with these same numbers)."""
     import lenscope
 
     out = {}
     for m in ("grad-x-input", "ig"):
         opts = {"steps": 16} if m == "ig" else {}
-        g = lenscope.generate(lm, ids, n_new, explain=(m,), foil=foil, **opts)
-        full, P = g.ids, g.prompt_len
-        steps = list(range(P, len(full)))
+        g = lenscope.generate(lm, ids, 2, explain=(m,), foil=None, **opts)  # warm-up (short)
+        g = None
         batched, per_step = [], []
-        for _ in range(repeats):
-            gg = lenscope.generate(lm, ids, n_new, explain=(m,), foil=foil, **opts)
+        for _ in range(repeats):  # interleaved
+            gg = lenscope.generate(lm, ids, n_new, explain=(m,), foil=None, **opts)
+            g = g or gg
             batched.append(gg.seconds[m])
-            per_step.append(timed(lambda: [lenscope.explain(
-                lm, full[:p], int(full[p]), None if g.foil_ids is None else int(g.foil_ids[i]), method=m, **opts)
-                for i, p in enumerate(steps)])[0])
+            full, P = g.ids, g.prompt_len
+            per_step.append(timed(lambda: [lenscope.explain(lm, full[:p], int(full[p]), None, method=m, **opts)
+                                           for p in range(P, len(full))])[0])
         out[m] = {"batched_s": med(batched), "per_step_s": med(per_step), "per_step_over_batched":
-                  med(per_step) / med(batched), "times_s": {"batched": batched, "per_step": per_step}}
+                  med(per_step) / med(batched), "times_s": {"batched": batched, "per_step": per_step},
+                  "foil": None}
     return out
 
 
-def part_inseq(lm, ids, n_new: int, repeats: int, python: str, threads: int) -> dict:
+def part_inseq(lm, ids, n_new: int, repeats: int, python: str, threads: int, ours: dict | None) -> dict:
+    """(e): inseq's step-wise attribution over the same generated tokens, in its own venv and process; beside it
+    lenscope's batched times of part (d) (the same objective; run here when (d) was not asked for)."""
     if not python or not Path(python).exists():
         return {"skipped": f"no inseq interpreter at {python!r} (make a venv with inseq and pass --inseq-python)"}
     import lenscope
@@ -159,7 +174,7 @@ def part_inseq(lm, ids, n_new: int, repeats: int, python: str, threads: int) -> 
     g = lenscope.generate(lm, ids, n_new, explain=())
     full = g.ids.tolist()
     res = {"objective": "logit of the generated token (no foil), zero baseline, 16 Gauss-Legendre steps for ig",
-           "lenscope": part_gradients(lm, ids, n_new, repeats, foil=None)}
+           "lenscope": ours if ours is not None else part_gradients(lm, ids, n_new, repeats)}
     with tempfile.TemporaryDirectory() as d:
         lm.model.save_pretrained(d)
         lm.tokenizer.save_pretrained(d)
@@ -185,7 +200,9 @@ def main(argv=None):
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--prompt-tokens", type=int, default=30)
     ap.add_argument("--tokens", type=int, default=32, help="tokens to generate")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3, help="repeats of (a)-(c)")
+    ap.add_argument("--grad-repeats", type=int, default=1,
+                    help="repeats of (d) and (e): integrated gradients over 32 steps runs minutes per variant")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--parts", default="alti-logit,gradients,inseq")
     ap.add_argument("--inseq-python", default="/tmp/inseq-venv/bin/python")
@@ -204,7 +221,7 @@ def main(argv=None):
     ids = prompt_ids(lm, args.prompt_tokens)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     res = {"machine": record(), "model": args.model, "prompt_tokens": args.prompt_tokens, "tokens": args.tokens,
-           "repeats": args.repeats}
+           "repeats": args.repeats, "grad_repeats": args.grad_repeats}
     if "alti-logit" in parts:
         print("[a-c] ALTI-Logit: generate vs one full explain vs explain per step ...", flush=True)
         res["alti_logit"] = part_alti_logit(lm, ids, args.tokens, args.repeats)
@@ -214,13 +231,14 @@ def main(argv=None):
               f"a/b {r['a_over_b']:.2f} (<= 3), c/a {r['c_over_a']:.1f} (>= 10)", flush=True)
     if "gradients" in parts:
         print("[d] gradient methods: batched vs per step ...", flush=True)
-        res["gradients"] = part_gradients(lm, ids, args.tokens, args.repeats)
+        res["gradients"] = part_gradients(lm, ids, args.tokens, args.grad_repeats)
         for m, r in res["gradients"].items():
             print(f"  {m}: batched {r['batched_s']:.3f}s, per step {r['per_step_s']:.3f}s "
                   f"({r['per_step_over_batched']:.1f}x)", flush=True)
     if "inseq" in parts:
         print("[e] inseq step-wise attribution ...", flush=True)
-        res["inseq"] = part_inseq(lm, ids, args.tokens, args.repeats, args.inseq_python, args.threads)
+        res["inseq"] = part_inseq(lm, ids, args.tokens, args.grad_repeats, args.inseq_python, args.threads,
+                                  res.get("gradients"))
         print("  " + json.dumps({k: (v if k != "lenscope" else "...") for k, v in res["inseq"].items()})[:600],
               flush=True)
     out = Path(args.out)
