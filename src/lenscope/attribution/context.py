@@ -10,6 +10,10 @@ given its traced scale at ``t``, the residual-stream read-out direction is
 
 and ``sum_j Delta^l_j + remainder^l`` equals the layer's attention logit update read from the trace,
 ``attn_write[l, t] . d``. Every call checks this (``invariant_error``) and refuses beyond 1e-3.
+
+The parts are computed for a batch of read-out positions at once (:func:`logit_parts`,
+:func:`attention_logit_rows`, :func:`alti_logit_rows`, :func:`rollout_rows`: one direction per row): ``explain``
+passes one row, :func:`lenscope.generate` one per generated token, all from one trace.
 """
 
 from __future__ import annotations
@@ -79,7 +83,7 @@ def attention_logit_rows(A, tr: Trace, l: int, rows: Tensor, directions: Tensor)
     return alpha * proj, rem
 
 
-def _logit_parts(lm: LoadedModel, tr: Trace, rows: Tensor, t_ids: Tensor, f_ids: Tensor | None) -> dict:
+def logit_parts(lm: LoadedModel, tr: Trace, rows: Tensor, t_ids: Tensor, f_ids: Tensor | None) -> dict:
     """The logit parts of the predictions at positions ``rows (k,)``: head scores ``(k, layer, head, src)``,
     remainders, attention and MLP updates ``(k, layer)``, and per row the embedding's direct term, the constant,
     the model's logit difference, the relative invariant error and the completeness error ``(k,)``."""
@@ -110,7 +114,7 @@ def _one(t_id: int, f_id: int | None) -> tuple[Tensor, Tensor | None]:
 
 
 def _row(parts: dict, r: int = 0) -> dict:
-    """Row ``r`` of :func:`_logit_parts` (numbers as Python floats): one prediction's parts."""
+    """Row ``r`` of :func:`logit_parts` (numbers as Python floats): one prediction's parts."""
     return {k: (float(v[r]) if v.dim() == 1 else v[r]) for k, v in parts.items()}
 
 
@@ -139,7 +143,7 @@ def _logit_request(lm: LoadedModel, method: str, title: str, text, target, foil,
     if target is None:
         raise InputError(f"{title} needs a target token (--target)")
     t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)
-    parts = _row(_logit_parts(lm, tr, torch.tensor([p]), *_one(t_id, f_id)))
+    parts = _row(logit_parts(lm, tr, torch.tensor([p]), *_one(t_id, f_id)))
     _refuse(parts["invariant_error"], method, lm)
     return t_id, f_id, tr, p, parts
 
@@ -182,7 +186,7 @@ def logit_explanation(lm: LoadedModel, text, target, foil=None, *, position: int
 
 def alti_logit_rows(lm: LoadedModel, parts: dict, mm) -> tuple[Tensor, Tensor]:
     """ALTI-Logit of several predictions from one ALTI computation: the per-layer logit updates of
-    :func:`_logit_parts` ``(k, layer, src)`` carried back to the input tokens through the rollout of the layers
+    :func:`logit_parts` ``(k, layer, src)`` carried back to the input tokens through the rollout of the layers
     below (:func:`~lenscope.mixing.alti.carry_back` on ``mm.contributions``, ``mixing_matrices(...,
     rollout=False)`` is enough). In a causal model a prefix's contributions are the top-left block of the full
     text's, and a prediction's updates are exactly zero after its position, so one ALTI of the whole text serves
@@ -222,7 +226,7 @@ def alti_logit_explanation(lm: LoadedModel, text, target, foil=None, *, position
         raise InputError("the ALTI-Logit explanation needs a target token (--target)")
     t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)
     sub = prefix_trace(tr, p + 1)  # causal: positions after p neither see nor reach p
-    parts = _logit_parts(lm, sub, torch.tensor([p]), *_one(t_id, f_id))
+    parts = logit_parts(lm, sub, torch.tensor([p]), *_one(t_id, f_id))
     _refuse(float(parts["invariant_error"][0]), "alti-logit", lm)
     mm = mixing_matrices(lm.anatomy, sub, "alti", model_name=lm.name, rollout=False)
     carried, inv = alti_logit_rows(lm, parts, mm)

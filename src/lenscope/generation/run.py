@@ -146,7 +146,7 @@ def _trace_methods(lm, tr, methods, rows, tok, foils, parts_cache: dict, mm_cach
     A = lm.anatomy
     for m in methods:
         if m in ("logit", "alti-logit") and "parts" not in parts_cache:
-            parts_cache["parts"] = context._logit_parts(lm, tr, rows, tok, foils)
+            parts_cache["parts"] = context.logit_parts(lm, tr, rows, tok, foils)
         if m in ("alti-logit", "alti", "value-zeroing"):
             kind = "value-zeroing" if m == "value-zeroing" else "alti"
             if kind not in mm_cache:
