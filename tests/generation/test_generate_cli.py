@@ -50,6 +50,25 @@ def test_sample_with_seed_and_foil_token():
     assert all(s["foil"]["id"] == 5 or s["id"] == 5 for s in da["generated"])
 
 
+def test_tuned_lens_folder(tmp_path):
+    import torch
+
+    from lenscope.lenses.lenses import TunedLens
+
+    lm = get_model("tiny:gpt2")
+    lens = TunedLens(lm.anatomy, model_name=lm.name)
+    with torch.no_grad():
+        lens.b.copy_(torch.randn(lens.b.shape, generator=torch.Generator().manual_seed(1)))
+    lens.save(tmp_path / "lens")
+    r = run("generate", PROMPT, "--model", "tiny:gpt2", "-n", "3", "--explain", "", "--lens", str(tmp_path / "lens"),
+            "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    ref = generate(lm, PROMPT, 3, explain=(), lens=lens)
+    assert [s["tuned_depth"] for s in d["generated"]] == [s["tuned_depth"] for s in ref.to_dict()["generated"]]
+    assert d["methods"] == [] and all(s["explanations"] == {} for s in d["generated"])
+
+
 @pytest.mark.parametrize("args, message", [
     (("-n", "0"), "--max-new-tokens must be at least 1"),
     (("-n", "100000"), "context"),
