@@ -183,3 +183,21 @@ def test_recomputed_reads_like_a_tensor():
     layers = list(P)
     assert len(layers) == full.n_layers and all(torch.allclose(a, b, atol=2e-6) for a, b in zip(layers, Q))
     assert "RecomputedProbs(shape=" in repr(P) and hash(P) == hash(P)
+
+
+def test_verify_given_a_lean_trace_checks_the_model_itself(monkeypatch):
+    """A lean trace's attention probabilities are lenscope's own recomputation: verify must not compare them with
+    themselves, so it captures the model's (a wrong reading of the model then still fails)."""
+    lm = get_model("tiny:llama")
+    lean = trace(lm, TEXT, attn_probs="recompute")
+    import lenscope.models.verify as V
+
+    seen = []
+    real_trace = V.trace
+    monkeypatch.setattr(V, "trace", lambda *a, **k: seen.append(k) or real_trace(*a, **k))
+    rep = verify(lm, tr=lean)
+    assert rep.ok and seen == [{"attn_probs": "keep"}]
+    full = real_trace(lm, TEXT, attn_probs="keep")
+    seen.clear()
+    verify(lm, tr=full)
+    assert seen == []  # a full trace is used as it is
