@@ -100,15 +100,28 @@ def decode(lm: LoadedModel, ids: Tensor, max_new_tokens: int, *, sample: bool = 
     return out[0].cpu()
 
 
-def _depth(lm: LoadedModel, lens: Lens, tr, rows: Tensor, final_top: Tensor) -> Tensor:
-    """Prediction depth (:mod:`lenscope.lenses.depth`) of positions ``rows`` from the trace's residual states: the
-    lens's top-1 of every (state, row) from one float32 readout of all of them (``W_U`` read once, not once per
-    layer; for the few rows of a generation the bfloat16 fast path's conversion costs more than it saves)."""
+def _depth(lm: LoadedModel, lens: Lens, tr, rows: Tensor, final_top: Tensor, block: int = 6) -> Tensor:
+    """Prediction depth (:mod:`lenscope.lenses.depth`) of positions ``rows`` from the trace's residual states.
+
+    The depth is the first state from which the lens's top-1 agrees with the model's at every later state, so the
+    states are read from the top down, ``block`` layers at a time (one float32 readout of all rows still agreeing:
+    ``W_U`` read once per block), and a row stops at its first disagreement: the states below it cannot change
+    its depth (they are left "disagreeing"). For the few rows of a generation the bfloat16 fast path's
+    conversion costs more than it saves."""
     L = lm.anatomy.n_layers
     readout = Readout.from_anatomy(lm.anatomy)
-    y = torch.cat([readout.features(lens.transform(tr.resid_pre[l][rows].float(), l)) for l in range(L)])
-    top = torch.cat([readout.top1(y[i : i + 4096], exact=True) for i in range(0, len(y), 4096)])
-    return depths_from_agreement(top.view(L, -1) == final_top[None])
+    agree = torch.zeros(L, len(rows), dtype=torch.bool)
+    alive = torch.arange(len(rows))
+    hi = L
+    while hi > 0 and len(alive):
+        lo = max(0, hi - block)
+        at = rows[alive]
+        y = torch.cat([readout.features(lens.transform(tr.resid_pre[l][at].float(), l)) for l in range(lo, hi)])
+        a = (readout.top1(y, exact=True).cpu().view(hi - lo, len(alive)) == final_top[alive][None])
+        agree[lo:hi, alive] = a
+        alive = alive[a.all(0)]  # still agreeing at every state so far: may settle lower
+        hi = lo
+    return depths_from_agreement(agree)
 
 
 def _foils(lm: LoadedModel, foil, tokens: Tensor, runner: Tensor, notes: list) -> Tensor | None:
