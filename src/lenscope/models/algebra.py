@@ -271,31 +271,6 @@ def resid_mid_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Con
     return dec
 
 
-def attention_logit_parts(A: Anatomy, tr: Trace, l: int, row: int, direction: Tensor,
-                          convention: Convention = "sources") -> tuple[Tensor, Tensor]:
-    """The attention sub-layer's write at position ``row``, read along the residual-stream ``direction``
-    (d_model,), per head and source: ``(head, src)`` scores and the remainder (a scalar tensor).
-
-    ``scores.sum() + remainder == attn_write[l, row] . direction`` (up to float error). The direction is
-    pulled back through a sandwich norm first, so nothing of size (src, d_model) is ever built.
-    """
-    layer = A.layers[l]
-    attn = layer.attn
-    z, beta = attention_input_parts(layer, tr, l, convention)
-    d_post = direction.float()
-    post = layer.ln_attn_out
-    const = direction.new_zeros(())
-    if post is not None:
-        if post.bias is not None:
-            const = const + post.bias.float() @ d_post
-        d_post = post.pullback(d_post, post.scale(f32(tr.attn_out[l][row])))
-    vb = convention == "sources"
-    proj = projected_value_writes(attn, z, d_post[None], vb)[0]  # (head, src)
-    alpha = f32(tr.attn_probs[l][:, row])  # (head, src)
-    rem = const + bias_through_attention(attn, beta, not vb) @ d_post
-    return alpha * proj, rem
-
-
 def combine(a: Decomposition, b: Decomposition) -> Decomposition:
     """The sum of two decompositions of the same rows (a residual connection adding a decomposed branch)."""
     return Decomposition(a.parts + b.parts, a.rest + b.rest, a.rows)
