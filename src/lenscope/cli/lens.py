@@ -10,16 +10,22 @@ from ..errors import InputError
 from .common import MODEL_HELP, handle_errors, load_model, print_json
 
 lens_app = typer.Typer(
-    rich_markup_mode=None, help="Logit lens and tuned lens: train, evaluate, show prediction trajectories.",
+    rich_markup_mode=None, help="Logit, tuned and Patchscope lenses: train, evaluate, show prediction trajectories.",
     no_args_is_help=True)
 
 
+LENS_NAMES = ("logit", "patchscope")  # lenses named on the command line; anything else is a tuned-lens directory
+
+
 def get_lens(lm, spec: str | None):
-    """``logit``/None -> LogitLens; a directory -> the TunedLens saved there (checked against the model)."""
-    from ..lenses import LogitLens, TunedLens
+    """``logit``/None -> LogitLens; ``patchscope`` -> PatchscopeLens (the token-identity prompt, each state patched
+    at its own layer); a directory -> the TunedLens saved there (checked against the model)."""
+    from ..lenses import LogitLens, PatchscopeLens, TunedLens
 
     if spec is None or spec == "logit":
         return LogitLens(lm.anatomy, model_name=lm.name)
+    if spec == "patchscope":
+        return PatchscopeLens(lm)
     return TunedLens.load(spec, lm)
 
 
@@ -122,7 +128,7 @@ def train_cmd(
 def eval_cmd(
     data: str = typer.Option(..., "--data", help="Plain text file."),
     model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
-    lens: str = typer.Option("logit", "--lens", help="'logit' or a tuned-lens directory."),
+    lens: str = typer.Option("logit", "--lens", help="'logit', 'patchscope' or a tuned-lens directory."),
     tokens: int = typer.Option(8192, "--tokens", help="Evaluation token budget."),
     seq_len: int = typer.Option(256, "--seq-len"),
     part: str = typer.Option("eval", "--part", help="eval (last 20% of the file, default), train or all."),
@@ -168,7 +174,8 @@ def eval_cmd(
 def show_cmd(
     text: str = typer.Argument(..., help="Text whose prediction trajectory to show."),
     model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
-    lens: str = typer.Option(None, "--lens", help="A tuned-lens directory (shown beside the logit lens)."),
+    lens: str = typer.Option(None, "--lens", help="'patchscope' or a tuned-lens directory (shown beside the logit "
+                                                  "lens)."),
     html: str = typer.Option(None, "--html", help="Write an interactive HTML page."),
     png: str = typer.Option(None, "--png", help="Write a static heat map."),
     value: str = typer.Option("entropy", "--value", help="Colour by entropy, kl or prob."),
@@ -182,7 +189,7 @@ def show_cmd(
         raise InputError(f"--value must be entropy, kl or prob, not {value!r}")
     lm = load_model(model)
     trajs = []
-    if lens is not None and lens != "logit":  # a tuned lens is shown beside the logit lens; the logit lens once
+    if lens is not None and lens != "logit":  # a tuned/Patchscope lens beside the logit lens; the logit lens once
         trajs.append(prediction_trajectory(lm, text, get_lens(lm, lens)))
     trajs.append(prediction_trajectory(lm, text, LogitLens(lm.anatomy, model_name=lm.name)))
     if html:

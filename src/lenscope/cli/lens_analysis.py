@@ -10,18 +10,19 @@ import typer
 from ..errors import InputError
 from .common import MODEL_HELP, handle_errors, load_model, print_json
 
-LENS_HELP = "'logit' or a tuned-lens directory; repeat to compare (the first is the main one in JSON)."
+LENS_HELP = "'logit', 'patchscope' or a tuned-lens directory; repeat to compare (the first is the main one in JSON)."
 
 
 def _lenses(lm, specs: list[str] | None) -> dict:
-    """Lens specs -> {name: Lens}: 'logit' is named logit, a single tuned lens 'tuned', several by their path."""
-    from .lens import get_lens
+    """Lens specs -> {name: Lens}: 'logit' and 'patchscope' by their names, a single tuned lens 'tuned', several by
+    their path."""
+    from .lens import LENS_NAMES, get_lens
 
     specs = list(specs or ["logit"])
-    dirs = [s for s in specs if s != "logit"]
+    dirs = [s for s in specs if s not in LENS_NAMES]
     out = {}
     for s in specs:
-        name = "logit" if s == "logit" else ("tuned" if len(dirs) == 1 else s)
+        name = s if s in LENS_NAMES else ("tuned" if len(dirs) == 1 else s)
         if name in out:
             raise InputError(f"--lens {s} is given twice")
         out[name] = get_lens(lm, s)

@@ -27,7 +27,8 @@ def report_cmd(
                                  help="Generate N tokens after TEXT (greedy) and add the generation view: each "
                                       "generated token's probability, depth and explanation (ALTI-Logit, Logit, "
                                       "ALTI over every earlier token), a clickable strip and a matrix."),
-    lens: str = typer.Option(None, "--lens", help="A tuned-lens directory, shown beside the logit lens."),
+    lens: str = typer.Option(None, "--lens", help="'patchscope' or a tuned-lens directory, shown beside the logit "
+                                                  "lens."),
     out: str = typer.Option("report.html", "--out", "-o", help="Where to write the page."),
     sections: str = typer.Option(None, "--sections",
                                  help="Comma-separated views (default all): prediction, trajectory, components, "
@@ -51,9 +52,9 @@ def report_cmd(
     lm = load_model(model, dtype=dtype, device_map=device_map)
     tuned = None
     if lens is not None and lens != "logit":
-        from ..lenses import TunedLens
+        from .lens import get_lens
 
-        tuned = TunedLens.load(lens, lm)
+        tuned = get_lens(lm, lens)
     keys = None
     if sections:
         keys = [s.strip() for s in sections.split(",") if s.strip()]

@@ -27,7 +27,8 @@ class LensEvaluation(Result):
     - ``kl``: KL(final || lens) in nats, mean over tokens
     - ``ce``: cross-entropy of the lens against the next token (encoders: the token itself), nats
     - ``entropy``: entropy of the lens distribution, nats
-    - ``top1``: fraction of tokens whose lens top-1 equals the final top-1
+    - ``top1``: fraction of tokens whose lens top-1 equals the final top-1 (precision@1 against the model's own
+      prediction; ``layers()`` gives it as ``top1_agreement`` and ``precision_at_1``)
     - ``depth_hist``: how many tokens have prediction depth 0..n_layers (the first state from which the
       lens's top-1 equals the final top-1 and stays equal)
 
@@ -70,7 +71,7 @@ class LensEvaluation(Result):
         return [
             {"layer": i, "kl": float(self.kl[i]), "ce": float(self.ce[i]),
              "perplexity": _finite(float(self.ce[i].exp())), "entropy": float(self.entropy[i]),
-             "top1_agreement": float(self.top1[i])}
+             "top1_agreement": float(self.top1[i]), "precision_at_1": float(self.top1[i])}
             for i in range(self.kl.shape[0])
         ]
 
@@ -85,7 +86,7 @@ class LensEvaluation(Result):
         return [
             {"layer": i, "kl": float(self.mid_kl[i]), "ce": float(self.mid_ce[i]),
              "perplexity": _finite(float(self.mid_ce[i].exp())), "entropy": float(self.mid_entropy[i]),
-             "top1_agreement": float(self.mid_top1[i])}
+             "top1_agreement": float(self.mid_top1[i]), "precision_at_1": float(self.mid_top1[i])}
             for i in range(self.mid_kl.shape[0])
         ]
 
@@ -119,7 +120,9 @@ def lens_metrics(lm: LoadedModel, lens: Lens, states: Tensor, final_logits: Tens
     """Metrics for ``states (state, tokens, d_model)`` against ``final_logits (tokens, vocab)``, in float32.
 
     Returns per-state sums over tokens of kl, ce, entropy (each (state,)), and ``agree (state, tokens)``.
-    ``mid=True``: the states are the mid-layer ones (``lens.transform_mid``).
+    ``mid=True``: the states are the mid-layer ones (``lens.transform_mid``); otherwise each chunk of tokens goes
+    through ``lens.transform_all`` at once (every state of a chunk in one batch: the Patchscope lens runs them as
+    rows of one batch).
 
     Exact full-vocabulary values, computed with few passes over the ``(tokens, vocab)`` logits ``z``:
     ``KL = sum p log p - p . z + lse(z)``, entropy ``= lse(z) - q . z`` with ``q = exp(z - lse)``.
@@ -129,7 +132,6 @@ def lens_metrics(lm: LoadedModel, lens: Lens, states: Tensor, final_logits: Tens
     kl, ce, ent = (torch.zeros(n, dtype=torch.float64) for _ in range(3))
     agree = torch.zeros(n, N, dtype=torch.bool)
     step = max(1, int(2.5e8 // (V * 4)))  # tokens per chunk: ~250 MB per (tokens, vocab) tensor
-    transform = lens.transform_mid if mid else lens.transform
     with torch.no_grad():
         for t0 in range(0, N, step):
             ts = slice(t0, min(N, t0 + step))
@@ -138,8 +140,9 @@ def lens_metrics(lm: LoadedModel, lens: Lens, states: Tensor, final_logits: Tens
             neg_ent_p = (p * logp).sum(-1)
             final_top = logp.argmax(-1)
             del logp
+            x = None if mid else lens.transform_all(states[:, ts])
             for i in range(n):
-                z = decode(lm.anatomy, transform(states[i, ts], i)).float()
+                z = decode(lm.anatomy, lens.transform_mid(states[i, ts], i) if mid else x[i]).float()
                 lse = torch.logsumexp(z, -1)
                 kl[i] += (neg_ent_p - (p * z).sum(-1) + lse).clamp_min(0.0).double().sum()  # >= 0 up to rounding
                 q = torch.exp(z - lse[:, None])

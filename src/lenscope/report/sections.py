@@ -77,7 +77,7 @@ class Trajectory(Section):
     key = "trajectory"
     title = "Prediction trajectory"
     blurb = ("What each layer's residual stream already predicts, read through the logit lens "
-             "(and the tuned lens when given): top token per layer and position.")
+             "(and a tuned or Patchscope lens when given): top token per layer and position.")
 
     def skip_reason(self, ctx):
         return _need_logits(ctx, "logit lens")
