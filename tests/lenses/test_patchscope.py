@@ -231,3 +231,18 @@ def test_cli_eval_show_depth(tmp_path):
             "--lens", "patchscope", "--json")
     assert r.exit_code == 0, r.output
     assert set(json.loads(r.stdout)["lenses"]) == {"logit", "patchscope"}
+
+
+@pytest.mark.slow
+def test_smollm2_equals_the_brute_force(smollm2):
+    """A real model (grouped-query attention, rotary, 30 blocks): exact at the first, a middle and the last block,
+    and with l* != l."""
+    lm = smollm2
+    L = lm.anatomy.n_layers
+    states = states_of(lm, n=3)
+    for state, block in ((0, 0), (15, 15), (L - 1, L - 1), (10, 20)):
+        ps = PatchscopeLens(lm, target_layer=block)
+        got = ps.logits(states[state], state)
+        ref = brute_force(lm, ps, states[state], block)
+        assert (got - ref).abs().max() < 1e-3 * ref.abs().max(), (state, block)
+        assert torch.equal(got.argmax(-1), ref.argmax(-1))
