@@ -106,6 +106,21 @@ def test_all_pairs_batched_equal_one_state_at_a_time_and_chunking_changes_nothin
         assert torch.allclose(got[r : r + 1], ref, atol=1e-5)
 
 
+def test_the_last_query_alone_equals_every_query_row(tiny_decoder):
+    """Without ALiBi or a short window the last query's attention row is computed alone; the same as the rows of
+    the whole prompt (the path ALiBi and windowed models take)."""
+    lm = tiny_decoder
+    L = lm.anatomy.n_layers
+    fast = PatchscopeLens(lm)
+    full = PatchscopeLens(lm)
+    full._unmasked = [None] * L
+    uses_fast = [fast._last_row_attention(j) is not None for j in range(L)]
+    A = lm.anatomy.layers
+    assert uses_fast == [a.attn.alibi is None and (a.attn.window or 10**9) >= fast.n_prompt for a in A]
+    h = states_of(lm)
+    assert torch.allclose(fast.transform_all(h), full.transform_all(h), atol=1e-5)
+
+
 def test_the_prefix_is_computed_once(monkeypatch):
     lm = get_model("tiny:llama")
     calls = []

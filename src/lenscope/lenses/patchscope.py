@@ -24,6 +24,7 @@ the brute force (the real model on the whole prompt with an engine edit of ``res
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -64,6 +65,7 @@ class PatchscopeLens(Lens):
         self._targets = [self._resolve(layer) for layer in range(L + 1)]
         self.ids = encode(lm, prompt)  # (pos,): the prompt's tokens, special tokens as the tokenizer adds them
         self._prefix: list[tuple[Tensor, Tensor, Tensor]] | None = None
+        self._unmasked: list | None = None
 
     # ------------------------------------------------------------------ settings
 
@@ -133,15 +135,32 @@ class PatchscopeLens(Lens):
         attn_in = (x if layer.placement == "post" else layer.ln_attn(x))[:, None, :]  # (row, 1, d_model)
         q, k = at.queries_keys(attn_in, positions[-1:])  # (row, head, 1, d_head)
         v = at.values(attn_in)
-        Q = torch.cat([pq.expand(R, *pq.shape), q], -2)  # (row, head, pos, d_head)
-        K = torch.cat([pk.expand(R, *pk.shape), k], -2)
+        K = torch.cat([pk.expand(R, *pk.shape), k], -2)  # (row, head, pos, d_head)
         V = torch.cat([pv.expand(R, *pv.shape), v], -2)
-        probs = at.probs(Q, K, positions)[:, :, -1, :].to(V.dtype)  # the last query's row: (row, head, pos)
+        last_only = self._last_row_attention(j)
+        if last_only is not None:  # the last query sees every key: its row alone, nothing to mask
+            probs = last_only.probs(q, K, positions)[:, :, -1, :]
+        else:  # ALiBi or a window shorter than the prompt: every query row, the last one kept
+            Q = torch.cat([pq.expand(R, *pq.shape), q], -2)
+            probs = at.probs(Q, K, positions)[:, :, -1, :]  # (row, head, pos)
+        probs = probs.to(V.dtype)
         z = torch.einsum("rhk,rhke->rhe", probs, V)
         attn_out = torch.einsum("rhe,hed->rd", z, at.W_O)  # the output projection, as Attention.__call__
         if at.b_O is not None:
             attn_out = attn_out + at.b_O
         return layer.after_attention(x, attn_out)["resid_post"]
+
+    def _last_row_attention(self, j: int):
+        """Block ``j``'s attention without its mask (the same weights, no copies) when the prompt's last query may
+        attend to every key of the prompt (no ALiBi, no window shorter than the prompt): then its probabilities
+        are :meth:`~lenscope.models.anatomy.Attention.probs` of that query alone. None otherwise."""
+        if self._unmasked is None:
+            P = self.n_prompt
+            self._unmasked = [
+                dataclasses.replace(layer.attn, causal=False, window=None)
+                if layer.attn.alibi is None and (layer.attn.window is None or layer.attn.window >= P) else None
+                for layer in self.anatomy.layers]
+        return self._unmasked[j]
 
     def _rows_per_chunk(self) -> int:
         A = self.anatomy
