@@ -386,21 +386,15 @@ class MLP:
             gate = gate + self.b_gate
         return gate, lin
 
-    def hidden(self, x: Tensor) -> Tensor:
-        return self.activate(*self.pre(x))
-
-    def activate(self, pre: Tensor, up: Tensor | None = None) -> Tensor:
-        """The hidden units (pos, d_mlp) from :meth:`pre`'s two outputs."""
+    def hidden(self, x: Tensor, pre: tuple[Tensor, Tensor | None] | None = None) -> Tensor:
+        """The hidden units (pos, d_mlp); ``pre``: :meth:`pre`'s two outputs when already computed."""
+        pre, up = self.pre(x) if pre is None else pre
         h = ACTIVATIONS[self.act](pre)
         return h * up if up is not None else h
 
-    def from_pre(self, pre: Tensor, up: Tensor | None = None) -> Tensor:
-        """The MLP's output from :meth:`pre`'s two outputs (``mlp(x) == mlp.from_pre(*mlp.pre(x))``)."""
-        out = torch.matmul(*_mix(self.activate(pre, up), self.W_out))
+    def __call__(self, x: Tensor, pre: tuple[Tensor, Tensor | None] | None = None) -> Tensor:
+        out = torch.matmul(*_mix(self.hidden(x, pre), self.W_out))
         return out + self.b_out if self.b_out is not None else out
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return self.from_pre(*self.pre(x))
 
     def __repr__(self) -> str:
         return f"MLP(d_mlp={self.d_mlp}, act={self.act}, gated={self.gated}, bias={self.b_in is not None})"

@@ -189,7 +189,7 @@ def verify(lm: LoadedModel, text: str = DEFAULT_TEXT, tr: Trace | None = None) -
         row["mlp_pre"] = rel_err(pre, tr.mlp_pre[i], scale)
         if up is not None:
             row["mlp_up"] = rel_err(up, tr.mlp_up[i], scale)
-        row["mlp_out"] = rel_err(layer.mlp.from_pre(pre, up), tr.mlp_out[i], scale)  # one MLP pass for both
+        row["mlp_out"] = rel_err(layer.mlp(tr.mlp_in[i], pre=(pre, up)), tr.mlp_out[i], scale)  # one MLP pass for both
         block = layer.forward(tr.resid_pre[i], pos)
         row["resid_mid"] = rel_err(block["resid_mid"], tr.resid_mid[i], scale)
         row["resid_post"] = rel_err(block["resid_post"], tr.resid_post[i], scale)
