@@ -44,7 +44,8 @@ class PatchscopeLens(Lens):
     - ``prompt``: the target prompt (its last token's residual is replaced; its earlier tokens are the context);
     - ``target_layer``: ``None`` (``l* = l``), an int (every state patched at that block) or a function
       ``l -> l*``; ``l*`` lies in ``0..n_layers`` (``n_layers``: no block runs, only the readout);
-    - ``memory_mb``: the working memory of one chunk of patched rows.
+    - ``memory_mb``: the working memory of one chunk of patched rows (64 MB: about 300 rows on smollm2, faster
+      there than 16 or 256 MB).
 
     Raises :class:`NotApplicableError` for models that do not predict a next token (encoders, no language-model
     head) and :class:`InputError` for a bad ``target_layer`` or prompt.
@@ -53,7 +54,7 @@ class PatchscopeLens(Lens):
     kind = "patchscope"
 
     def __init__(self, lm: LoadedModel, *, prompt: str = IDENTITY_PROMPT,
-                 target_layer: int | Callable[[int], int] | None = None, memory_mb: float = 256.0):
+                 target_layer: int | Callable[[int], int] | None = None, memory_mb: float = 64.0):
         require_decoder(lm, "the Patchscope lens", causal=True,
                         instead="use the logit lens (--lens logit), which reads a state without running the model")
         super().__init__(lm.anatomy, model_name=lm.name)
