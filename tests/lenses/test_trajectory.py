@@ -294,6 +294,10 @@ def test_plot_lens_evaluation(tmp_path):
     assert save_figure(fig, tmp_path / "ev.png").stat().st_size > 5_000
     with pytest.raises(lenscope.InputError, match="metric"):
         plot_lens_evaluation(tuned, metric="loss")
+    patch = ev("patchscope", [2.0, 1.0, 0.0])
+    fig = plot_lens_evaluation(tuned, [logit, patch])  # several others: one curve each, in order
+    assert [list(line.get_ydata()) for line in fig.axes[0].lines] == [[1.0, 0.5, 0.0], [4.0, 2.0, 0.0],
+                                                                      [2.0, 1.0, 0.0]]
 
 
 # ---------------------------------------------------------------------------------------------- HTML

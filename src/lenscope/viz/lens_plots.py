@@ -167,8 +167,8 @@ def plot_trajectories(trajs, value: str = "entropy", width: int = 7):
 
 
 def plot_lens_evaluation(ev, other=None, ax=None, log: bool = False, metric: str = "kl"):
-    """Per-state curves of a :class:`~lenscope.lenses.evaluate.LensEvaluation` (and ``other``, e.g. the logit
-    lens next to a tuned lens), labelled by their ``.lens`` names.
+    """Per-state curves of a :class:`~lenscope.lenses.evaluate.LensEvaluation` (and ``other``, one or a list, e.g.
+    the logit lens next to a tuned lens), labelled by their ``.lens`` names.
 
     ``metric`` is ``"kl"`` (default), ``"ce"``, ``"entropy"`` or ``"top1"``; ``log=True`` puts the y axis on a
     log scale (the output state, where KL is 0 by definition, is then left out).
@@ -177,7 +177,7 @@ def plot_lens_evaluation(ev, other=None, ax=None, log: bool = False, metric: str
 
     if metric not in METRIC_LABELS:
         raise InputError(f"metric must be one of {', '.join(METRIC_LABELS)}, not {metric!r}")
-    evs = [ev] + ([other] if other is not None else [])
+    evs = [ev] + (list(other) if isinstance(other, (list, tuple)) else [other] if other is not None else [])
     fig, ax = _figure(ax, (7, 4))
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
     for i, e in enumerate(evs):
