@@ -112,6 +112,39 @@ def costs(lm, lens: PatchscopeLens, ids: torch.Tensor, repeat: int, brute_rows: 
     return out
 
 
+def figure(evs: list, title: str, path: Path) -> None:
+    """Per-layer KL (log scale; the output state, where every lens is the model's own readout and KL is 0 up to
+    rounding, falls below the axis) and precision@1 of every lens, drawn by ``plot_lens_evaluation``."""
+    import matplotlib.pyplot as plt
+
+    from lenscope.viz.lens_plots import plot_lens_evaluation
+    from lenscope.viz.plots import save_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+    plot_lens_evaluation(evs[0], evs[1:], ax=axes[0], log=True, metric="kl")
+    axes[0].set_ylim(bottom=1e-3)
+    plot_lens_evaluation(evs[0], evs[1:], ax=axes[1], metric="top1")
+    axes[1].set_ylabel("precision@1 (top-1 = the model's final top-1)")
+    fig.suptitle(title, y=1.04)
+    save_figure(fig, path)
+    print(f"figure: {path}")
+
+
+def evaluations_from(path: Path) -> tuple[list, str]:
+    """The lens evaluations of a results file this script wrote (for ``--replot``)."""
+    from lenscope.lenses import LensEvaluation
+
+    d = json.loads(path.read_text())
+    evs = []
+    for e in d["evaluations"].values():
+        col = {k: torch.tensor([float(r[k] if r[k] is not None else "nan") for r in e["layers"]])
+               for k in ("kl", "ce", "entropy", "top1_agreement")}
+        evs.append(LensEvaluation(model=e["model"], lens=e["lens"], n_tokens=e["n_tokens"], kl=col["kl"], ce=col["ce"],
+                                  entropy=col["entropy"], top1=col["top1_agreement"],
+                                  depth_hist=torch.zeros(len(e["layers"]) + 1)))
+    return evs, f"{d['model']}: {d['n_tokens']} held-out tokens of {Path(d['data']).name} (eval part)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
@@ -124,7 +157,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--brute-rows", type=int, default=64, help="(state, token) rows for the brute force (0: skip)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--png", type=Path, help="the per-layer KL and precision@1 of every lens as a figure")
+    ap.add_argument("--replot", type=Path, help="only draw --png from this results file")
     args = ap.parse_args()
+    if args.replot:
+        figure(*evaluations_from(args.replot), args.png)
+        return
     machine = record()
     lm = lenscope.load(args.model)
     L = lm.anatomy.n_layers
@@ -166,6 +204,9 @@ def main() -> None:
     print("| mean | " + " | ".join(f"{summary[n]['mean_kl']:.3f} / {summary[n]['mean_precision_at_1']:.2f}"
                                    for n in names) + " |")
     print(json.dumps(cost, indent=1))
+    if args.png:
+        figure([evs[n] for n in names], f"{lm.name}: {result['n_tokens']} held-out tokens of {args.data.name} "
+               "(eval part)", args.png)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
