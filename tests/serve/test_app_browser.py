@@ -19,6 +19,8 @@ import urllib.request
 
 import pytest
 
+from ..browser import isolated_page
+
 CHROMIUM = os.environ.get("LENSCOPE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 try:
     from playwright.sync_api import sync_playwright
@@ -104,21 +106,8 @@ def browser():
 
 def _open(browser, base: str, query: str = ""):
     """The app with every request outside the server blocked; console errors and page errors collected."""
-    ctx = browser.new_context(viewport={"width": 1500, "height": 1000}, accept_downloads=True)
-    blocked: list[str] = []
-
-    def route(r):
-        if r.request.url.startswith(base + "/"):
-            r.continue_()
-        else:
-            blocked.append(r.request.url)
-            r.abort()
-
-    ctx.route("**/*", route)
-    page = ctx.new_page()
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    ctx, page, errors, blocked = isolated_page(browser, (base + "/",), viewport={"width": 1500, "height": 1000},
+                                               accept_downloads=True)
     page.goto(base + "/" + query)
     page.wait_for_selector("body[data-app='1']", timeout=20000)
     return ctx, page, errors, blocked

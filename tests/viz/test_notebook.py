@@ -27,6 +27,7 @@ from lenscope.results import Result
 from lenscope.viz import notebook
 from lenscope.viz.report import asset
 
+from ..browser import isolated_page
 from ..conftest import get_model
 from .test_report_browser import CHROMIUM, sync_playwright
 
@@ -271,21 +272,8 @@ def test_frames_draw_in_chromium_without_errors_or_requests(lm, report, tmp_path
                     + "".join(html for _, html in outputs) + "</body></html>")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        ctx = browser.new_context(viewport={"width": 1300, "height": 900})
-        blocked: list[str] = []
-
-        def route(r):
-            if r.request.url.startswith(("file:", "about:")):
-                r.continue_()
-            else:
-                blocked.append(r.request.url)
-                r.abort()
-
-        ctx.route("**/*", route)
-        page = ctx.new_page()
-        errors: list[str] = []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
+        ctx, page, errors, blocked = isolated_page(browser, ("file:", "about:"),
+                                                   viewport={"width": 1300, "height": 900})
         page.goto(path.resolve().as_uri())
         frames = [f for f in page.frames if f != page.main_frame]
         assert len(frames) == len(outputs)

@@ -13,6 +13,7 @@ import pytest
 
 from lenscope.report import build_report
 
+from ..browser import isolated_page
 from ..conftest import get_model
 
 CHROMIUM = os.environ.get("LENSCOPE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -39,21 +40,7 @@ def browser():
 
 def _open(browser, path: Path):
     """Load the page from a file URL with every other request blocked; collect console errors."""
-    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-    blocked: list[str] = []
-
-    def route(r):
-        if r.request.url.startswith("file:"):
-            r.continue_()
-        else:
-            blocked.append(r.request.url)
-            r.abort()
-
-    ctx.route("**/*", route)
-    page = ctx.new_page()
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    ctx, page, errors, blocked = isolated_page(browser, ("file:",), viewport={"width": 1400, "height": 1000})
     page.goto(path.resolve().as_uri())
     page.wait_for_selector("body[data-ready='1']", timeout=20000)
     return ctx, page, errors, blocked
