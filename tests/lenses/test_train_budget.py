@@ -285,7 +285,10 @@ def test_mid_translators_trained_evaluated_saved_and_used(tmp_path):
     lm = get_model("tiny:gemma3")
     train = token_sequences(lm, split_text(TEXT * 4, "train"), 32)
     held = token_sequences(lm, split_text(TEXT * 4, "eval"), 32)
-    s = TrainSettings(tokens=2048, seq_len=32, batch_size=4, lr=1e-2, mid=True, validation_tokens=64)
+    # from the identity: on this tiny model's repeated text the least-squares start fits the training text so well
+    # (validation KL 1e-4) that the last mid state's held-out KL ties the logit lens's 2e-3 (the start itself, mid
+    # states included, is tested on every family in tests/lenses/test_warmstart.py)
+    s = TrainSettings(tokens=2048, seq_len=32, batch_size=4, lr=1e-2, mid=True, validation_tokens=64, init="identity")
     lens = train_tuned_lens(lm, train, s, out=tmp_path / "lens", progress=False)
     assert lens.has_mid_translators and lens.A_mid.abs().sum() > 0
     assert len(lens.training_info["selection"]["mid"]["validation_kl"]) == lm.anatomy.n_layers

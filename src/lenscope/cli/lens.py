@@ -66,6 +66,10 @@ def train_cmd(
     validation_tokens: int = typer.Option(512, "--validation-tokens",
                                           help="Tokens held out of the training text for --keep-best."),
     checkpoint_every: int = typer.Option(10, "--checkpoint-every", help="Save a checkpoint every N steps (0: never)."),
+    init: str = typer.Option("least-squares", "--init",
+                             help="The translators' start: least-squares (each fitted in closed form to the last "
+                                  "state on --init-tokens tokens, a minute or two; default) or identity."),
+    init_tokens: int = typer.Option(32768, "--init-tokens", help="Tokens the least-squares start reads."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its checkpoint in --out."),
     seed: int = typer.Option(0, "--seed"),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
@@ -85,7 +89,8 @@ def train_cmd(
     extra = {} if patience is None else {"patience": patience}
     settings = TrainSettings(tokens=tokens or 0, max_minutes=max_minutes, seq_len=seq_len, batch_size=batch_size,
                              optimizer=optimizer, lr=lr, checkpoint_every=checkpoint_every, seed=seed,
-                             keep_best=keep_best, validation_tokens=validation_tokens, mid=mid,
+                             keep_best=keep_best, validation_tokens=validation_tokens, mid=mid, init=init,
+                             init_tokens=init_tokens,
                              bf16={"auto": None, "bf16": True, "fp32": False}[precision], **extra)
     from ..distributed import ddp
 
@@ -99,7 +104,7 @@ def train_cmd(
                "seconds": info["seconds"], "tokens_per_s": info["tokens_per_s"],
                "final_train_kl": info["history"][-1][1] if info["history"] else None,
                "precision": info.get("precision"), "time_budget": info.get("time_budget"),
-               "selection": info.get("selection"), "ranks": d.world}
+               "selection": info.get("selection"), "init": info.get("init"), "ranks": d.world}
     if as_json:
         print_json(summary)
     else:
@@ -112,9 +117,11 @@ def train_cmd(
         sel = info.get("selection")
         if sel:
             backed = [i for i, f in enumerate(sel["step_size_factor"]) if f < 1.0]
-            typer.echo("validation KL per layer (identity -> kept): " + ", ".join(
-                f"{i}: {a:.2f}->{b:.2f}"
-                for i, (a, b) in enumerate(zip(sel["validation_kl_identity"], sel["validation_kl"]))))
+            start = sel.get("validation_kl_start")
+            typer.echo(f"validation KL per layer (identity{' -> least-squares start' if start else ''} -> kept): "
+                       + ", ".join(f"{i}: {a:.2f}->" + (f"{start[i]:.2f}->" if start else "") + f"{b:.2f}"
+                                   for i, (a, b) in enumerate(zip(sel["validation_kl_identity"],
+                                                                  sel["validation_kl"]))))
             if sel.get("mid"):
                 m = sel["mid"]
                 typer.echo("mid-layer states (identity -> kept): " + ", ".join(

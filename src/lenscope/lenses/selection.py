@@ -57,6 +57,7 @@ class BestPerState:
         self.kl = torch.full((n,), float("inf"))
         self.step = torch.zeros(n, dtype=torch.long)
         self.identity_kl = torch.full((n,), float("nan"))
+        self.start_kl = torch.full((n,), float("nan"))  # the least-squares start's (nan: no such start)
         self.lr_scale = torch.ones(n)
 
     @staticmethod
@@ -111,6 +112,19 @@ class BestPerState:
                             if buf is not None:
                                 buf[w] = 0.0
 
+    def adopt(self, lens: TunedLens) -> None:
+        """After :meth:`update` at step 0 (the identity) and a closed-form start of ``lens``'s translators: each
+        state keeps the start where its validation KL is lower, and goes back to the identity where it is not."""
+        kl = self.state_kl(lens)
+        self.start_kl = kl.clone()
+        better = kl < self.kl
+        self.kl = torch.where(better, kl, self.kl)
+        now_A, now_b = self._stack(lens)
+        with torch.no_grad():
+            self.A[better] = now_A[better]
+            self.b[better] = now_b[better]
+            self._write(lens, ~better, self.A, self.b)
+
     def step_scaled(self, opt, lens: TunedLens) -> None:
         """``opt.step()`` with each state's change multiplied by its step-size factor."""
         if bool((self.lr_scale == 1.0).all()):
@@ -138,20 +152,26 @@ class BestPerState:
                      "validation_kl": [round(x, 4) for x in self.kl[:L].tolist()],
                      "validation_kl_identity": [round(x, 4) for x in self.identity_kl[:L].tolist()],
                      "step_size_factor": sel(self.lr_scale[:L])}
+        if not bool(self.start_kl.isnan().all()):
+            selection["validation_kl_start"] = [round(x, 4) for x in self.start_kl[:L].tolist()]
         if lens.has_mid_translators:
             selection["mid"] = {"selected_step": self.step[L:].tolist(),
                                 "validation_kl": [round(x, 4) for x in self.kl[L:].tolist()],
                                 "validation_kl_identity": [round(x, 4) for x in self.identity_kl[L:].tolist()],
                                 "step_size_factor": sel(self.lr_scale[L:])}
+            if "validation_kl_start" in selection:
+                selection["mid"]["validation_kl_start"] = [round(x, 4) for x in self.start_kl[L:].tolist()]
         return selection
 
     def tensors(self) -> dict:
         return {"best.A": self.A, "best.b": self.b, "best.kl": self.kl, "best.step": self.step,
-                "best.identity_kl": self.identity_kl, "best.lr_scale": self.lr_scale, "best.fails": self.fails}
+                "best.identity_kl": self.identity_kl,
+                "best.start_kl": self.start_kl, "best.lr_scale": self.lr_scale, "best.fails": self.fails}
 
     def load(self, t: dict) -> None:
         self.A, self.b, self.kl, self.step = t["best.A"], t["best.b"], t["best.kl"], t["best.step"]
         self.identity_kl, self.lr_scale, self.fails = t["best.identity_kl"], t["best.lr_scale"], t["best.fails"]
+        self.start_kl = t.get("best.start_kl", torch.full_like(self.identity_kl, float("nan")))
 
 
 __all__ = ["BestPerState", "split_validation"]

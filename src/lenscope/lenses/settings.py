@@ -36,6 +36,10 @@ class TrainSettings:
     validation_tokens: int = 512  # held out of the training sequences for keep_best
     validate_every: int = 0  # steps between validations; 0 = about 12 per run
     mid: bool = False  # also train translators for the mid-layer (after-attention) states
+    init: str = "least-squares"  # the translators' start: "least-squares" (lenscope.lenses.warmstart) or "identity"
+    init_tokens: int = 32_768  # least-squares start: tokens it reads (whole training sequences)
+    init_ridge: float = 1e-3  # least-squares start: ridge towards the identity, relative to the mean diagonal
+    init_max_fraction: float = 0.15  # time budget: the start stops reading text after this share of the budget
 
     def base_lr(self) -> float:
         if self.lr is not None:
@@ -45,6 +49,10 @@ class TrainSettings:
     def check(self) -> None:
         if self.optimizer not in ("adam", "sgd"):
             raise InputError(f"optimizer must be 'adam' or 'sgd', not {self.optimizer!r}")
+        if self.init not in ("least-squares", "identity"):
+            raise InputError(f"init must be 'least-squares' or 'identity', not {self.init!r}")
+        if self.init_tokens < 1 or self.init_ridge < 0 or not 0.0 < self.init_max_fraction < 1.0:
+            raise InputError("init_tokens must be >= 1, init_ridge >= 0 and init_max_fraction in (0, 1)")
         if self.patience < 1:
             raise InputError(f"patience must be >= 1, not {self.patience}")
         if not 0.0 < self.backoff <= 1.0:
@@ -71,6 +79,7 @@ class TrainState:
     precision: dict = field(default_factory=dict)  # the bfloat16 decision, kept on resume
     timing: dict = field(default_factory=dict)  # time budget: measured seconds per step, validation, checkpoint
     fits: list = field(default_factory=list)  # time budget: [step, planned steps, seconds per step] per (re)fit
+    init: dict = field(default_factory=dict)  # the translators' start (least-squares: tokens, seconds, ridge)
 
 
 __all__ = ["TrainSettings", "TrainState"]
