@@ -3,9 +3,10 @@
 # twice each, in one invocation:
 #   defaults: each side's own recipe (library: SGD Nesterov, clip 1.0, bf16 autocast, 1 sequence per forward
 #             x 4 accumulated per step; lenscope: AdamW 2e-3, warm-up + decay, 4 sequences per step, precision
-#             auto);
+#             auto, the least-squares start on the same ids);
 #   matched:  the same recipe on both (lenscope's: AdamW 2e-3 wd 1e-3, warm-up max(1, 10%) + linear decay, no
-#             clipping, float32, 4 sequences per step with no accumulation), the same token ids in the same budget.
+#             clipping, float32, 4 sequences per step with no accumulation, the identity start), the same token ids
+#             in the same budget.
 # lenscope's per-layer selection (--keep-best) is off in all runs (the library has none; it would hold out text).
 # Prints a table and writes every run's JSON (with benchmarks/machine.py's record() under "machine") into OUT.
 # Needs .venv (./dev) and .venv-tunedlens (see the docstring of reference_tuned_lens.py).
@@ -27,7 +28,7 @@ fi
 # 2. lenscope defaults; 3. library with lenscope's recipe, 4 sequences per forward, no accumulation;
 # 4. lenscope, the same recipe in float32. PARALLEL=1 runs 2-4 at the same time (each one thread; on a loaded
 # machine compare the CPU seconds, which the runs also record).
-run2() { .venv/bin/python benchmarks/bench_tuned_lens.py --ids "$tmp/ids.safetensors" --tokens "$tokens" \
+run2() { .venv/bin/python benchmarks/bench_tuned_lens.py --ids "$tmp/ids.safetensors" --tokens "$tokens" --init least-squares \
   --eval-tokens "$eval_tokens" --out "$tmp/ours-lens" > "$tmp/ours.json"; }
 run3() { .venv-tunedlens/bin/python benchmarks/reference_tuned_lens.py "${common[@]}" --tokens-per-step "$per_step" \
   --batch-size 4 --recipe lenscope > "$tmp/ref-matched.json"; }
