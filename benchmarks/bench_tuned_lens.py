@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--init", choices=("identity", "least-squares"), default="identity",
                     help="the translators' start: identity (as the library; default, so the runs stay matched) or "
                          "lenscope's least-squares start, fitted on the same training ids")
+    ap.add_argument("--seed", type=int, default=0, help="the order of the training batches (TrainSettings.seed)")
     ap.add_argument("--combine", type=Path, default=None,
                     help="only combine the run files of tuned_lens_vs_library.sh in this folder into --results")
     ap.add_argument("--results", type=Path, default=Path("docs/results/bench-tuned-lens-vs-library.json"))
@@ -108,6 +109,7 @@ def main() -> None:
     evals = evals[: args.eval_tokens // evals.shape[1]]
     settings = TrainSettings(tokens=args.tokens, seq_len=train.shape[1], batch_size=args.batch_size,
                              optimizer=args.optimizer, lr=args.lr, keep_best=args.keep_best, init=args.init,
+                             seed=args.seed,
                              init_tokens=int(train.numel()),
                              bf16={"auto": None, "fp32": False, "bf16": True}[args.precision])
     t0, c0 = time.perf_counter(), time.process_time()
@@ -123,7 +125,8 @@ def main() -> None:
         "kl_per_layer_tuned": tuned, "kl_per_layer_logit": logit, "steps": lens.training_info["steps"],
         "optimizer": args.optimizer, "lr": settings.base_lr(), "batch_size": args.batch_size,
         "precision": lens.training_info.get("precision"), "keep_best": args.keep_best,
-        "init": lens.training_info.get("init", "identity"), "eval_tokens": int(evals.numel()), "machine": machine,
+        "init": lens.training_info.get("init", "identity"), "seed": args.seed, "eval_tokens": int(evals.numel()),
+        "machine": machine,
     }))
 
 
