@@ -125,7 +125,8 @@ def main() -> None:
         "kl_per_layer_tuned": tuned, "kl_per_layer_logit": logit, "steps": lens.training_info["steps"],
         "optimizer": args.optimizer, "lr": settings.base_lr(), "batch_size": args.batch_size,
         "precision": lens.training_info.get("precision"), "keep_best": args.keep_best,
-        "init": lens.training_info.get("init", "identity"), "seed": args.seed, "eval_tokens": int(evals.numel()),
+        "init": lens.training_info.get("init", "identity"), "seed": args.seed,
+        "eval_tokens": int(evals.numel()),
         "machine": machine,
     }))
 

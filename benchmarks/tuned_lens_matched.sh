@@ -10,10 +10,12 @@
 # per CPU second, which every run records). Evaluation: the same held-out ids, all positions, float32.
 # SEEDS="1 2" also trains the identity-start lenscope run with those batch orders (TrainSettings.seed), one thread
 # each, side by side after the others: how much the order of the same sequences moves the result.
+# LIBRARY_RUNS=N repeats the library's run N more times, side by side: its loader (torchdata's DataLoader2) orders
+# the batches differently on every run despite its fixed seed, so its spread is measured the same way as lenscope's.
 # BENCH_DIR=DIR keeps the runs there and skips any run whose JSON is already in it (then only the rest and the
 # combining step run).
 # Needs .venv (./dev) and .venv-tunedlens (see the docstring of reference_tuned_lens.py).
-# Usage: [SEEDS="1 2"] [BENCH_DIR=DIR] benchmarks/tuned_lens_matched.sh [TOKENS] [EVAL_TOKENS] [SEQ_LEN] [OUT]
+# Usage: [SEEDS="1 2"] [LIBRARY_RUNS=N] [BENCH_DIR=DIR] benchmarks/tuned_lens_matched.sh [TOKENS] [EVAL_TOKENS] [SEQ_LEN] [OUT]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tokens="${1:-4096}"; eval_tokens="${2:-1024}"; seq_len="${3:-256}"
@@ -35,7 +37,14 @@ ours least-squares ours-start & b=$!
 pids=()
 for sd in ${SEEDS:-}; do ours identity "ours-matched-seed$sd" "$sd" & pids+=($!); done
 for p in "${pids[@]}"; do wait "$p"; done
-.venv/bin/python - "$tmp" "$out" "SEEDS='${SEEDS:-}' bash $0 $*" <<'PY'
+pids=()
+for k in $(seq 1 "${LIBRARY_RUNS:-0}"); do
+  done_ "ref-matched-run$k" || { .venv-tunedlens/bin/python benchmarks/reference_tuned_lens.py --tokens "$tokens" \
+    --eval-tokens "$eval_tokens" --seq-len "$seq_len" --tokens-per-step $((4 * seq_len)) --batch-size 4 \
+    --recipe lenscope > "$tmp/ref-matched-run$k.json" & pids+=($!); }
+done
+for p in "${pids[@]}"; do wait "$p"; done
+.venv/bin/python - "$tmp" "$out" "SEEDS='${SEEDS:-}' LIBRARY_RUNS=${LIBRARY_RUNS:-0} bash $0 $*" <<'PY'
 import json, sys
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
@@ -58,11 +67,18 @@ if seeds:  # the identity-start run with other batch orders: the spread that the
     res["kl_ratio_mean_over_seeds"] = sum(ratios) / len(ratios)
     res["kl_ratio_min_over_seeds"], res["kl_ratio_max_over_seeds"] = min(ratios), max(ratios)
     print(f"identity start, batch orders {[0, *seeds]}: KL ratios {[round(x, 3) for x in ratios]}")
-for name, x in (("tuned-lens", r), ("lenscope", o), ("lenscope, start", s)):
-    print(f"{name:18}{x['tokens_per_cpu_s']:>8.2f} tok/CPU-s  mean KL tuned {x['mean_kl_tuned']:.3f}  "
-          f"logit {x['mean_kl_logit']:.3f}")
-print(f"held-out mean KL, lenscope / library: {res['kl_ratio']:.3f} (identity start), {res['kl_ratio_start']:.3f} "
-      f"(least-squares start)")
+reps = [json.loads(f.read_text().strip().splitlines()[-1]) for f in sorted(tmp.glob("ref-matched-run*.json"))]
+if reps:  # the library's own spread over batch orders (its loader reorders on every run)
+    kls = [r["mean_kl_tuned"]] + [x["mean_kl_tuned"] for x in reps]
+    res["tuned-lens-reruns"] = reps
+    res["library_kl_runs"] = kls
+    res["library_kl_mean"] = sum(kls) / len(kls)
+    ours = [o["mean_kl_tuned"]] + [x["mean_kl_tuned"] for x in seeds.values()]
+    res["lenscope_kl_runs"] = ours
+    res["lenscope_kl_mean"] = sum(ours) / len(ours)
+    res["kl_ratio_of_means"] = res["lenscope_kl_mean"] / res["library_kl_mean"]
+    print(f"library runs {[round(x, 3) for x in kls]}, lenscope runs {[round(x, 3) for x in ours]}: ratio of means "
+          f"{res['kl_ratio_of_means']:.4f}")
 out.write_text(json.dumps(res, indent=1) + "\n")
 print(f"wrote {out}")
 PY
