@@ -57,6 +57,23 @@ def _groups(lens: TunedLens) -> list[tuple[Tensor, Tensor]]:
     return [(lens.A, lens.b)] + ([(lens.A_mid, lens.b_mid)] if lens.A_mid is not None else [])
 
 
+def stacked_translators(lens: TunedLens) -> tuple[Tensor, Tensor]:
+    """Copies of every state's ``A, b`` stacked in training order (regular states, then mid-layer ones)."""
+    g = _groups(lens)
+    return torch.cat([a.detach() for a, _ in g]).clone(), torch.cat([b.detach() for _, b in g]).clone()
+
+
+def write_translators(lens: TunedLens, A: Tensor, b: Tensor, mask: Tensor | None = None) -> None:
+    """Set the translators of the states in ``mask`` (default: all) to ``A[mask], b[mask]``, both stacked in
+    training order like :func:`stacked_translators`."""
+    L = lens.n_layers
+    with torch.no_grad():
+        for gi, (pA, pb) in enumerate(_groups(lens)):
+            m = slice(None) if mask is None else mask[gi * L : (gi + 1) * L]
+            pA[m] = A[gi * L : (gi + 1) * L][m]
+            pb[m] = b[gi * L : (gi + 1) * L][m]
+
+
 def _translators(lens: TunedLens, first: int, n: int) -> tuple[Tensor, Tensor]:
     """``A, b`` of training states ``first .. first + n - 1`` (``n_layers + l`` is layer ``l``'s mid state)."""
     L = lens.n_layers
@@ -137,4 +154,5 @@ def _training_states(cap: dict, L: int, mid: bool) -> Tensor:
     return states.flatten(1, 2)
 
 
-__all__ = ["TRAIN_BLOCK_BYTES", "chunks", "kl_backward", "kl_to_final_terms", "lens_kl", "lens_kl_loss"]
+__all__ = ["TRAIN_BLOCK_BYTES", "chunks", "kl_backward", "kl_to_final_terms", "lens_kl", "lens_kl_loss",
+           "stacked_translators", "write_translators"]

@@ -15,7 +15,16 @@ from torch import Tensor
 from ..models.load import LoadedModel
 from ..models.trace import residual_states
 from .lenses import TunedLens
-from .objective import _groups, _training_states, _unembed_weight, chunks, kl_to_final_terms, lens_kl
+from .objective import (
+    _groups,
+    _training_states,
+    _unembed_weight,
+    chunks,
+    kl_to_final_terms,
+    lens_kl,
+    stacked_translators,
+    write_translators,
+)
 
 
 def split_validation(sequences: Tensor, validation_tokens: int) -> tuple[Tensor, Tensor | None]:
@@ -53,27 +62,12 @@ class BestPerState:
         cap = residual_states(lm, val, mid=self.mid)
         self.states = _training_states(cap, A.n_layers, self.mid)
         self.c, self.pbar = kl_to_final_terms(lm, cap["logits"].flatten(0, 1))
-        self.A, self.b = self._stack(lens)
+        self.A, self.b = stacked_translators(lens)
         self.kl = torch.full((n,), float("inf"))
         self.step = torch.zeros(n, dtype=torch.long)
         self.identity_kl = torch.full((n,), float("nan"))
         self.start_kl = torch.full((n,), float("nan"))  # the least-squares start's (nan: no such start)
         self.lr_scale = torch.ones(n)
-
-    @staticmethod
-    def _stack(lens: TunedLens) -> tuple[Tensor, Tensor]:
-        g = _groups(lens)
-        return (torch.cat([a.detach() for a, _ in g]).clone(), torch.cat([b.detach() for _, b in g]).clone())
-
-    @staticmethod
-    def _write(lens: TunedLens, mask: Tensor, A: Tensor, b: Tensor) -> None:
-        """Set the translators of the states in ``mask`` to ``A[mask], b[mask]``."""
-        L = lens.n_layers
-        with torch.no_grad():
-            for gi, (pA, pb) in enumerate(_groups(lens)):
-                m = mask[gi * L : (gi + 1) * L]
-                pA[m] = A[gi * L : (gi + 1) * L][m]
-                pb[m] = b[gi * L : (gi + 1) * L][m]
 
     def state_kl(self, lens) -> Tensor:
         n_states, n_tokens = self.states.shape[:2]
@@ -84,21 +78,27 @@ class BestPerState:
                                   first_state=ss.start).sum(1)
         return kl / n_tokens
 
+    def _keep_better(self, lens: TunedLens, kl: Tensor) -> Tensor:
+        """Record ``lens``'s translators and validation ``kl`` for the states where it beats the best so far;
+        returns that mask."""
+        better = kl < self.kl
+        self.kl = torch.where(better, kl, self.kl)
+        now_A, now_b = stacked_translators(lens)
+        self.A[better] = now_A[better]
+        self.b[better] = now_b[better]
+        return better
+
     def update(self, lens: TunedLens, opt, step: int) -> None:
         kl = self.state_kl(lens)
         if step == 0:
             self.identity_kl = kl.clone()
-        better = kl < self.kl
-        self.kl = torch.where(better, kl, self.kl)
+        better = self._keep_better(lens, kl)
         self.step[better] = step
         self.fails[better] = 0
-        now_A, now_b = self._stack(lens)
         with torch.no_grad():
-            self.A[better] = now_A[better]
-            self.b[better] = now_b[better]
             worse = ~better
             if step > 0 and bool(worse.any()):
-                self._write(lens, worse, self.A, self.b)
+                write_translators(lens, self.A, self.b, worse)
                 self.fails[worse] += 1
                 shrink = worse & (self.fails >= self.patience)
                 self.lr_scale[shrink] *= self.backoff
@@ -115,15 +115,9 @@ class BestPerState:
     def adopt(self, lens: TunedLens) -> None:
         """After :meth:`update` at step 0 (the identity) and a closed-form start of ``lens``'s translators: each
         state keeps the start where its validation KL is lower, and goes back to the identity where it is not."""
-        kl = self.state_kl(lens)
-        self.start_kl = kl.clone()
-        better = kl < self.kl
-        self.kl = torch.where(better, kl, self.kl)
-        now_A, now_b = self._stack(lens)
-        with torch.no_grad():
-            self.A[better] = now_A[better]
-            self.b[better] = now_b[better]
-            self._write(lens, ~better, self.A, self.b)
+        self.start_kl = self.state_kl(lens)
+        better = self._keep_better(lens, self.start_kl)
+        write_translators(lens, self.A, self.b, ~better)
 
     def step_scaled(self, opt, lens: TunedLens) -> None:
         """``opt.step()`` with each state's change multiplied by its step-size factor."""
@@ -143,8 +137,7 @@ class BestPerState:
     def finish(self, lens: TunedLens, every: int) -> dict:
         """Give every state its best translator; returns the ``selection`` record of the training info
         (``every``: the steps between validations)."""
-        with torch.no_grad():
-            self._write(lens, torch.ones_like(self.kl, dtype=torch.bool), self.A, self.b)
+        write_translators(lens, self.A, self.b)
         L = lens.n_layers
         sel = lambda t: [round(float(x), 6) for x in t]
         selection = {"validation_tokens": int(self.states.shape[1]), "validate_every": every,

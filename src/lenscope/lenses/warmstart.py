@@ -28,7 +28,7 @@ from torch import Tensor
 from ..models.load import LoadedModel
 from ..models.trace import residual_states
 from .lenses import TunedLens
-from .objective import _groups, _training_states
+from .objective import _training_states, write_translators
 
 
 class NormalEquations:
@@ -98,13 +98,7 @@ def regression_start(lm: LoadedModel, lens: TunedLens, sequences: Tensor, *, tok
     bar.close()
     if d.active:
         eq.XtX, eq.XtR = ddp.all_sum(eq.XtX, d), ddp.all_sum(eq.XtR, d)
-    At, bt = eq.solve(ridge)
-    with torch.no_grad():
-        k = 0
-        for pA, pb in _groups(lens):
-            pA.copy_(At[k : k + pA.shape[0]])
-            pb.copy_(bt[k : k + pb.shape[0]])
-            k += pA.shape[0]
+    write_translators(lens, *eq.solve(ridge))
     return {"method": "least-squares", "tokens": done * S, "ridge": ridge, "seconds": round(clock() - t0, 3)}
 
 
