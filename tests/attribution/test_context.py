@@ -55,6 +55,7 @@ def brute_logit(lm, tr, t, w, f=None):
     A = lm.anatomy
     n = len(tr.tokens)
     u = A.unembed.W_U[:, w].double() - (A.unembed.W_U[:, f].double() if f is not None else 0)
+    u = u * A.unembed.logit_scale  # Cohere's logits are multiplied by a constant
     out = torch.zeros(A.n_layers, A.layers[0].attn.n_heads, n, dtype=torch.float64)
     for l, layer in enumerate(A.layers):
         for h in range(layer.attn.n_heads):

@@ -36,6 +36,7 @@ def brute_logits(A, h):
     z = x @ A.unembed.W_U.double()
     if A.unembed.b_U is not None:
         z = z + A.unembed.b_U.double()
+    z = z * A.unembed.logit_scale  # Cohere
     c = A.unembed.softcap
     return torch.tanh(z / c) * c if c is not None else z
 
@@ -70,6 +71,7 @@ def test_linearised_parts_sum_to_the_logit_with_the_traced_scale(tiny_decoder):
     for t, f in [(5, None), (5, 9), (int(tr.logits[p].argmax()), 3)]:
         u = ro.direction(t, f)
         want_u = A.unembed.W_U[:, t].double() - (A.unembed.W_U[:, f].double() if f is not None else 0)
+        want_u = want_u * A.unembed.logit_scale  # Cohere's logits are multiplied by a constant
         assert torch.allclose(u.double(), want_u, atol=1e-6)
         values = ro.part_logits(parts, s, u)
         logit = ro.traced_logit(tr.logits[p], t, f)

@@ -121,8 +121,8 @@ TRAIN_BLOCK_BYTES = 1.5e9
 
 def _unembed_weight(lm: LoadedModel, bf16: bool) -> Tensor:
     """The unembedding as a contiguous matrix in the training dtype, converted once per model."""
-    W_U = lm.anatomy.unembed.W_U
-    return Readout.from_anatomy(lm.anatomy).unembedding(torch.bfloat16) if bf16 else W_U
+    ro = Readout.from_anatomy(lm.anatomy)
+    return ro.unembedding(torch.bfloat16) if bf16 else ro.W_U
 
 
 def kl_backward(lm: LoadedModel, lens: TunedLens, states: Tensor, final_logits: Tensor, bf16: bool = True,

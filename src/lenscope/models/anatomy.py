@@ -175,21 +175,28 @@ class Norm:
         return astype(self, dtype)
 
     def __repr__(self) -> str:
-        d = None if self.weight is None else self.weight.shape[0]
+        d = None if self.weight is None else self.weight.shape[-1]
         return f"Norm({self.kind}, d={d}, bias={self.bias is not None}, eps={self.eps:g})"
 
 
 @dataclass(repr=False)
 class Rotary:
-    """Rotary position embedding (rotate-half convention) on the first ``dim`` features of a head."""
+    """Rotary position embedding on the first ``dim`` features of a head (partial rotary when ``dim < d_head``:
+    the other features pass through unrotated).
+
+    Frequency ``i`` rotates the feature pair ``(i, i + dim/2)`` (rotate-half convention: Llama, GPT-NeoX, Falcon)
+    or, with ``interleaved``, the adjacent pair ``(2i, 2i + 1)`` (rotate-every-two: GPT-J, Cohere).
+    """
 
     inv_freq: Tensor  # (dim/2,)
     dim: int
     attention_scaling: float = 1.0
+    interleaved: bool = False
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """``cos, sin (pos, dim)``, laid out as the features they multiply."""
         freqs = positions.double()[:, None] * self.inv_freq.double()[None, :]
-        emb = torch.cat([freqs, freqs], dim=-1)
+        emb = freqs.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat([freqs, freqs], dim=-1)
         return (emb.cos() * self.attention_scaling).float(), (emb.sin() * self.attention_scaling).float()
 
     def apply(self, x: Tensor, positions: Tensor) -> Tensor:
@@ -197,12 +204,16 @@ class Rotary:
         cos, sin = self.cos_sin(_on(positions, self.inv_freq))
         cos, sin = _on(cos, x), _on(sin, x)
         xr, xp = x[..., : self.dim], x[..., self.dim :]
-        half = self.dim // 2
-        rot = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+        if self.interleaved:
+            rot = torch.stack([-xr[..., 1::2], xr[..., 0::2]], dim=-1).flatten(-2)
+        else:
+            half = self.dim // 2
+            rot = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
         return torch.cat([xr * cos + rot * sin, xp], dim=-1)
 
     def __repr__(self) -> str:
-        return f"Rotary(dim={self.dim}, scaling={self.attention_scaling:g})"
+        kind = ", interleaved" if self.interleaved else ""
+        return f"Rotary(dim={self.dim}, scaling={self.attention_scaling:g}{kind})"
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -236,8 +247,8 @@ class Attention:
     scale: float
     causal: bool = True
     rotary: Rotary | None = None
-    q_norm: Norm | None = None
-    k_norm: Norm | None = None
+    q_norm: Norm | None = None  # over each head's d_head features; weight (d_head,) or per head (head, 1, d_head)
+    k_norm: Norm | None = None  # weight (d_head,) or per key/value head (kv_head, 1, d_head)
     alibi: Tensor | None = None  # (head,) slopes
     softcap: float | None = None
     window: int | None = None  # causal: query i sees keys j with i - j < window; bidirectional: |i - j| <= window
@@ -272,11 +283,19 @@ class Attention:
         if self.q_norm is not None:
             q = self.q_norm(q)
         if self.k_norm is not None:
-            k = self.k_norm(k)
+            k = self._key_norm(per_head)(k)
         if self.rotary is not None:
             q = self.rotary.apply(q, positions)
             k = self.rotary.apply(k, positions)
         return q, k if per_head else self._per_kv(k, dim=-3)
+
+    def _key_norm(self, per_head: bool) -> Norm:
+        """The key norm for keys laid out per key/value head, or (``per_head``) per query head: a norm with one
+        weight per key/value head ``(kv_head, 1, d_head)`` (Cohere) repeats it for its query group."""
+        n = self.k_norm
+        if not per_head or n.weight is None or n.weight.dim() < 3 or self.n_kv_heads == self.n_heads:
+            return n
+        return Norm(n.kind, self._per_kv(n.weight), None if n.bias is None else self._per_kv(n.bias), n.eps)
 
     def values(self, x: Tensor, *, per_head: bool = False) -> Tensor:
         """x (..., pos, d_model) -> v (..., head, pos, d_head) per query head; ``per_head``: see queries_keys."""
@@ -512,15 +531,17 @@ class Embedding:
 
 @dataclass(repr=False)
 class Unembed:
-    """Logits = ``transform(x) @ W_U + b_U`` (then optional soft-capping).
+    """Logits = ``(transform(x) @ W_U + b_U) * logit_scale`` (then optional soft-capping).
 
     ``transform`` is the masked-LM head's dense + activation + norm of encoders, None for decoders.
+    ``logit_scale`` is a constant multiplier of the logits (Cohere's ``logit_scale``; 1 elsewhere).
     Shapes: ``W_U (d_model, vocab)``, ``b_U (vocab,)``.
     """
 
     W_U: Tensor
     b_U: Tensor | None = None
     softcap: float | None = None
+    logit_scale: float = 1.0
     transform_W: Tensor | None = None  # (d_model, d_model)
     transform_b: Tensor | None = None
     transform_act: str | None = None
@@ -584,6 +605,41 @@ class Anatomy:
         from .readout import Readout
 
         return Readout.from_anatomy(self).logits(resid)
+
+    def summary(self) -> dict:
+        """What this reading of the model holds, in words (``lenscope models`` lists it per family): ``kind``
+        (decoder / encoder), ``block`` (placements), ``norms``, ``attention``, ``mlp`` and ``head`` (lists of
+        features), and the flags ``parallel`` and ``moe``."""
+        layers = self.layers
+        norms = [n for layer in layers for n in layer.norms().values()] + [n for n in (self.final_norm,) if n]
+        shared = any(layer.ln_mlp is layer.ln_attn for layer in layers if layer.ln_mlp is not None)
+        norm = sorted({n.kind for n in norms}) + (["shared by attention and MLP"] if shared else [])
+        if norms and all(n.bias is None for n in norms if n.kind == "layernorm") and "layernorm" in norm:
+            norm.append("no bias")
+        attns = [layer.attn for layer in layers]
+        groups = {(a.n_heads, a.n_kv_heads) for a in attns}
+        att = sorted({"multi-query" if k == 1 < h else "grouped-query" if k < h else "multi-head" for h, k in groups})
+        rots = [a.rotary for a in attns if a.rotary is not None]
+        if rots:
+            att.append("rotary" + (" (interleaved)" if any(r.interleaved for r in rots) else "")
+                       + (" (partial)" if any(a.rotary and a.rotary.dim < a.d_head for a in attns) else ""))
+        att += [name for name, on in (
+            ("alibi", any(a.alibi is not None for a in attns)), ("learned positions", self.embed.W_pos is not None),
+            ("sliding window", any(a.window is not None for a in attns)), ("q/k norms", any(a.q_norm for a in attns)),
+            ("soft-capped", any(a.softcap is not None for a in attns)),
+            ("biases", any(a.b_Q is not None or a.b_O is not None for a in attns)),
+            ("bidirectional", not self.causal)) if on]
+        moe = any(type(layer.mlp) is not MLP for layer in layers)  # the one other feed-forward kind: experts
+        mlp = sorted({"mixture of experts" if type(m) is not MLP else "gated" if m.gated else "plain"
+                      for m in (layer.mlp for layer in layers)})
+        mlp += sorted({f"act {m.act}" for m in (layer.mlp for layer in layers) if hasattr(m, "act")})
+        u = self.unembed
+        head = [] if u is None else [name for name, on in (
+            ("bias", u.b_U is not None), (f"logit scale {u.logit_scale:g}", u.logit_scale != 1),
+            ("soft-capped", u.softcap is not None), ("masked-LM transform", u.transform_W is not None)) if on]
+        return {"kind": "encoder" if self.is_encoder else "decoder", "block": sorted({x.placement for x in layers}),
+                "norms": norm, "attention": att, "mlp": mlp, "head": head if u is not None else ["none"],
+                "parallel": any(x.placement == "parallel" for x in layers), "moe": moe}
 
     def __repr__(self) -> str:
         lines = [

@@ -295,7 +295,9 @@ class _Session:
             if self.grad and x.is_floating_point() and name not in READ_ONLY:
                 if not v.requires_grad:
                     v = v.detach().requires_grad_(True)  # a leaf the gradient of the output reaches
-                x = v.reshape(x.shape)  # the model goes on from the captured tensor itself
+                # the model goes on from the captured tensor (a copy in the graph: a model may add to a module's
+                # output in place, as Falcon's block does to its MLP's, which must not change the capture)
+                x = v.clone().reshape(x.shape)
             self.keep(key, v)
         if key == self.stop_after:
             raise _Stop
@@ -340,13 +342,19 @@ def _register(s: _Session, hooks, handles: list) -> None:
             write = any(k in s.by_site or (s.grad and k in s.capture) for k in keys)
             B, P = s.B, s.P
             H = _n_heads(s.lm, "q", layer)
-            axis = 3 if layout == "heads" else 2  # (head, [q k v], d_head) per position: GPT-NeoX, BLOOM
-            parts = out.view(B, P, H, 3, -1).unbind(3) if axis == 3 else out.view(B, P, 3, -1).unbind(2)  # GPT-2
-            # the model goes on from the visited parts, stacked anew (never written into a captured view: a captured
-            # part must stay a node of the graph its gradient is taken through)
+            if layout == "grouped":  # per key/value head [q_1 .. q_g k v], each d_head: Falcon
+                K = _n_heads(s.lm, "k", layer)
+                x = out.view(B, P, K, H // K + 2, -1)
+                parts = (x[:, :, :, :-2], x[:, :, :, -2:-1], x[:, :, :, -1:])
+            else:
+                axis = 3 if layout == "heads" else 2  # (head, [q k v], d_head) per position: GPT-NeoX, BLOOM
+                parts = (out.view(B, P, H, 3, -1).split(1, dim=3) if axis == 3
+                         else out.view(B, P, 3, -1).split(1, dim=2))  # GPT-2
+            # the model goes on from the visited parts, put together anew (never written into a captured view: a
+            # captured part must stay a node of the graph its gradient is taken through)
             new = [s.visit(k, part.reshape(B, P, -1)).reshape(part.shape) if s.wants(k) else part
                    for k, part in zip(keys, parts)]
-            return torch.stack(new, dim=axis).reshape(out.shape) if write else out
+            return torch.cat(new, dim=3 if layout == "grouped" else axis).reshape(out.shape) if write else out
         return f
 
     def norm(slot, layer, mod):
@@ -359,6 +367,33 @@ def _register(s: _Session, hooks, handles: list) -> None:
                     s.visit(kscale, s.norm_scale(slot, layer, args[0]))
                 return post(kout)(mod, args, out) if s.wants(kout) else out
             handles.append(mod.register_forward_hook(f))
+
+    def shared_norm(layer, mod, reader):
+        """The ``ln_mlp`` sites of a norm that attention and the MLP share (``LayerHooks.mlp_in``): the MLP reads
+        its own copy, the real norm module run again on the block's input as it entered the norm (before any
+        ``ln_attn`` edit), after the ``ln_mlp`` edits."""
+        keys = [(f"{slot}.{w}", layer) for slot in ("ln_attn", "ln_mlp") for w in ("in", "out", "scale")]
+        if not any(s.wants(k) for k in keys):  # the model's own single norm then serves both
+            return
+        kin, kout, kscale = keys[3:]
+        stash: list = []
+
+        def keep_input(mod, args):  # registered before the ln_attn hooks: sees the input they may edit
+            stash.append(args[0])
+
+        def mlp_input(_, args):
+            x = stash.pop()
+            if s.wants(kin):
+                x = s.visit(kin, x)
+            if s.wants(kscale):
+                s.visit(kscale, s.norm_scale("ln_mlp", layer, x))
+            y = mod.forward(x)  # forward, not __call__: the norm's own hooks are the ln_attn sites
+            if s.wants(kout):
+                y = s.visit(kout, y)
+            return (y,) + tuple(args[1:])
+
+        handles.append(mod.register_forward_pre_hook(keep_input))
+        handles.append(reader.register_forward_pre_hook(mlp_input))
 
     for i, lh in enumerate(hooks.layers):
         w = lambda name, i=i: s.wants((name, i))  # noqa: E731
@@ -389,8 +424,11 @@ def _register(s: _Session, hooks, handles: list) -> None:
                 for name, mod in (("q", lh.q), ("k", lh.k), ("v", lh.v)):
                     if w(name):
                         handles.append(mod.register_forward_hook(post((name, i))))
+        if lh.mlp_in is not None:
+            shared_norm(i, lh.norms["ln_mlp"], lh.mlp_in)
         for slot, mod in lh.norms.items():
-            norm(slot, i, mod)
+            if not (slot == "ln_mlp" and lh.mlp_in is not None):
+                norm(slot, i, mod)
         for slot in NORM_SLOTS:
             if slot not in lh.norms and any(w(f"{slot}.{x}") for x in ("in", "out", "scale")):
                 raise NotApplicableError(f"this model's blocks have no norm {slot!r}; they have "

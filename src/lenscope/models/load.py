@@ -334,7 +334,7 @@ def load(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | str = torch.float32,
       weight at a time, but methods that use the weights directly in float32 may refuse (see ``docs/devices.md``).
     """
     from .devices import compute_dtype, device_summary, dispatch, materialised, parse_device_map, parse_dtype
-    from .families import family_for
+    from .families import read_anatomy
 
     dtype = parse_dtype(dtype)
     device_map = parse_device_map(device_map)
@@ -371,9 +371,8 @@ def load(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | str = torch.float32,
         model.to(device)
     elif not getattr(model, "hf_device_map", None):  # tiny models are built whole, then placed
         model = dispatch(model, device_map, max_memory=max_memory, offload_folder=offload_folder)
-    fam = family_for(model)
     with materialised(model):  # offloaded weights: read their real values (into CPU memory), not meta tensors
-        anatomy = fam.read(model)
+        _, anatomy = read_anatomy(model)
         want = compute_dtype(dtype) if anatomy_dtype is None else (
             dtype if anatomy_dtype == "model" else parse_dtype(anatomy_dtype))
         if want != dtype:  # e.g. float32 copies of a bfloat16 model's weights, on each layer's own device

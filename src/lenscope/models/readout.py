@@ -4,6 +4,8 @@ A decoder reads its last residual state ``h (..., d_model)`` as
 
     logits = cap( transform(final_norm(h)) @ W_U + b_U ),     cap(z) = c * tanh(z / c)  (when soft-capped)
 
+(a head with a ``logit_scale`` multiplies the logits before the cap: ``W_U`` and ``b_U`` here are the scaled ones,
+:attr:`Readout.W_U`, :attr:`Readout.b_U`)
 with ``final_norm`` using ``h``'s own statistics and ``transform`` an encoder's masked-LM head (the identity for
 decoders). :class:`Readout` holds the final norm and the unembedding and is the only code that writes this
 equation; everything that needs part of it (a lens decoding a state, direct logit attribution, the Logit
@@ -57,6 +59,20 @@ def _converted(W: Tensor, dtype: torch.dtype) -> dict:
     return e
 
 
+# one scaled unembedding per process (a model whose logits are multiplied by a constant, Cohere's logit_scale): the
+# readout works with ``W_U * logit_scale`` and ``b_U * logit_scale``, so every equation below holds unchanged
+_SCALED: dict = {}
+
+
+def _scaled(W: Tensor, scale: float) -> Tensor:
+    """``W * scale``, cached for this very tensor (identity and in-place version, as :func:`_converted`)."""
+    e = _SCALED.get("entry")
+    if e is None or e["src"]() is not W or e["version"] != W._version or e["scale"] != scale:
+        e = {"src": weakref.ref(W), "version": W._version, "scale": scale, "W": W * scale}
+        _SCALED["entry"] = e
+    return e["W"]
+
+
 @dataclass(repr=False)
 class Readout:
     """The final norm (``None`` for a model without one) and the unembedding of a model, with the readout's
@@ -74,13 +90,15 @@ class Readout:
 
     @property
     def W_U(self) -> Tensor:
-        """``(d_model, vocab)``."""
-        return self.head.W_U
+        """``(d_model, vocab)``: the unembedding times the head's ``logit_scale`` (the weight itself when 1)."""
+        s = self.head.logit_scale
+        return self.head.W_U if s == 1 else _scaled(self.head.W_U, s)
 
     @property
     def b_U(self) -> Tensor | None:
-        """``(vocab,)`` or None."""
-        return self.head.b_U
+        """``(vocab,)`` or None, times the head's ``logit_scale``."""
+        b, s = self.head.b_U, self.head.logit_scale
+        return b if b is None or s == 1 else b * s
 
     @property
     def softcap(self) -> float | None:

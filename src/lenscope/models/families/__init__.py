@@ -33,7 +33,14 @@ class LayerHooks:
     - ``norms``: slot name (as in :meth:`Layer.norms`) -> norm module (input and output captured)
     - ``q``, ``k``, ``v``: the query, key and value projections (output = per-head q/k/v, heads concatenated), or
     - ``qkv``: one fused projection, its output laid out as ``qkv_layout``: ``"blocks"`` (``[q | k | v]``, GPT-2)
-      or ``"heads"`` (per head ``[q k v]``, each ``d_head``: GPT-NeoX, BLOOM)
+      or ``"heads"`` (per head ``[q k v]``, each ``d_head``: GPT-NeoX, BLOOM) or ``"grouped"`` (per key/value head
+      its query heads then its key and value, ``[q_1 .. q_g k v]``, each ``d_head``: Falcon; multi-query attention
+      is one group, ``[q_1 .. q_H k v]``)
+    - ``mlp_in``: a parallel block whose attention and MLP read one shared norm (GPT-J, Cohere, Falcon): the MLP
+      module, whose first input is that norm's output. The norm is named under both slots (``ln_attn`` and
+      ``ln_mlp``); the engine gives the MLP its own copy (the real norm module run again on the block's input), so
+      that an edit or a gradient at ``ln_mlp`` reaches only the MLP and one at ``ln_attn`` only the attention, as
+      for two norms with the same weights.
     """
 
     block: nn.Module
@@ -48,6 +55,7 @@ class LayerHooks:
     v: nn.Module | None = None
     qkv: nn.Module | None = None
     qkv_layout: str = "blocks"
+    mlp_in: nn.Module | None = None
 
 
 @dataclass
@@ -62,9 +70,14 @@ class ModelHooks:
         (``attn="self_attn", attn_out="self_attn.o_proj", norms={"ln_attn": "input_layernorm"}, ...``)."""
 
         def at(block, path: str) -> nn.Module:
+            mod = block
             for name in path.split("."):
-                block = getattr(block, name)
-            return block
+                mod = getattr(mod, name, None)
+                if mod is None:
+                    raise UnsupportedModelError(
+                        f"{type(block).__name__} has no module {path!r}, where lenscope hooks this family; this "
+                        "variant of the model is not supported")
+            return mod
 
         layers = [LayerHooks(block=b, norms={slot: at(b, p) for slot, p in norms.items()}, qkv_layout=qkv_layout,
                              **{k: at(b, p) for k, p in paths.items()}) for b in blocks]
@@ -172,6 +185,19 @@ def rotary(rot_module: nn.Module, prefix: str = "") -> Rotary:
     return Rotary(inv_freq=inv_freq, dim=2 * inv_freq.shape[0], attention_scaling=float(scaling))
 
 
+# rope types whose frequencies change with the input's length inside the context (lenscope reads them once)
+LENGTH_DEPENDENT_ROPE = ("longrope",)
+
+
+def static_rotary(rot_module: nn.Module, what: str) -> Rotary:
+    """:func:`rotary` of a model whose rope frequencies do not change with the input's length; refused (naming the
+    rope type) otherwise. ``what``: the model, for the message."""
+    kind = getattr(rot_module, "rope_type", "default")
+    require(kind not in LENGTH_DEPENDENT_ROPE,
+            f"{what} with rope_type={kind!r} is not supported: its rotary frequencies change with the input's length")
+    return rotary(rot_module)
+
+
 def require(cond: bool, what: str) -> None:
     if not cond:
         raise UnsupportedModelError(what)
@@ -207,6 +233,11 @@ def tiny_names() -> dict[str, Family]:
     return {name: fam for fam in families().values() for name in fam.tiny}
 
 
+def supported_model_types() -> list[str]:
+    """Every ``config.model_type`` lenscope reads, sorted."""
+    return sorted(m for f in families().values() for m in f.model_types)
+
+
 def family_for(model_or_config) -> Family:
     """The family of a transformers model or config (by ``config.model_type``)."""
     cfg = getattr(model_or_config, "config", model_or_config)
@@ -214,10 +245,48 @@ def family_for(model_or_config) -> Family:
     for fam in families().values():
         if mt in fam.model_types:
             return fam
-    known = sorted(m for f in families().values() for m in f.model_types)
+    archs = ", ".join(getattr(cfg, "architectures", None) or [])
+    what = f"model type {mt!r}" + (f" ({archs})" if archs else "")
     raise UnsupportedModelError(
-        f"model type {mt!r} is not supported; supported model types: {', '.join(known)}"
+        f"{what} is not supported; supported model types: {', '.join(supported_model_types())} "
+        "(`lenscope models` lists what each family reads)"
     )
+
+
+def read_anatomy(model: nn.Module) -> tuple[Family, Anatomy]:
+    """The family of a transformers model and its Anatomy, after checking that the engine finds every module it
+    hooks. A variant the family's reader does not know (a module or config field it did not find) is an
+    :class:`UnsupportedModelError` naming it, never a traceback."""
+    fam = family_for(model)
+    mt = getattr(model.config, "model_type", None)
+    try:
+        anatomy = fam.read(model)
+        fam.hooks(model)
+    except (AttributeError, KeyError, TypeError) as e:
+        raise UnsupportedModelError(
+            f"lenscope's {fam.name} reader cannot read this {mt!r} model ({type(e).__name__}: {e}); this variant "
+            f"is not supported"
+        ) from None
+    return fam, anatomy
+
+
+def family_rows() -> list[dict]:
+    """One row per family: its name, the model types it reads, and what it supports (:meth:`Anatomy.summary`),
+    read from the Anatomies of its ``tiny:`` models (every list the union over them). ``lenscope models`` prints
+    these rows."""
+    from ..load import load
+
+    rows = []
+    for fam in sorted(families().values(), key=lambda f: f.name):
+        sums = [load(f"tiny:{name}").anatomy.summary() for name in sorted(fam.tiny)]
+        row = {"family": fam.name, "model_types": list(fam.model_types),
+               "tiny": [f"tiny:{n}" for n in sorted(fam.tiny)], "kind": "encoder" if fam.encoder else "decoder"}
+        for key in ("block", "norms", "attention", "mlp", "head"):
+            row[key] = list(dict.fromkeys(x for s in sums for x in s[key]))
+        row["parallel"] = any(s["parallel"] for s in sums)
+        row["moe"] = any(s["moe"] for s in sums)
+        rows.append(row)
+    return rows
 
 
 @torch.no_grad()
@@ -225,7 +294,7 @@ def randomize_(model: nn.Module, seed: int = 0) -> nn.Module:
     """Give a freshly initialised tiny model non-trivial norms and biases (so tests can catch a
     mishandled weight or bias), deterministically."""
     g = torch.Generator().manual_seed(seed)
-    for p in model.parameters():
-        if p.ndim == 1:
+    for name, p in model.named_parameters():
+        if p.ndim == 1 or name.endswith("norm.weight"):  # norms with one weight per head too (Cohere's q/k norms)
             p.add_(0.1 * torch.randn(p.shape, generator=g))
     return model
