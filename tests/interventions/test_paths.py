@@ -73,6 +73,15 @@ def _proj(lm, layer, which, head):
     if hasattr(blk, "attn") and hasattr(blk.attn, "c_attn"):  # GPT-2: [q | k | v], each (head, d_head)
         off = j * H * dh + head * dh
         return blk.attn.c_attn, slice(off, off + dh)
+    if hasattr(blk, "attn") and hasattr(blk.attn, "q_proj"):  # GPT-J
+        return getattr(blk.attn, f"{which}_proj"), slice(head * dh, (head + 1) * dh)
+    cfg = lm.model.config
+    if cfg.model_type == "falcon":  # per key/value head [q_1 .. q_g k v], each d_head (multi-query: one group)
+        K = cfg.num_kv_heads if cfg.new_decoder_architecture else (1 if cfg.multi_query else H)
+        g = H // K
+        group, i = (head // g, head % g) if which == "q" else (head, g + j - 1)
+        off = (group * (g + 2) + i) * dh
+        return blk.self_attention.query_key_value, slice(off, off + dh)
     fused = getattr(getattr(blk, "attention", None), "query_key_value", None)  # GPT-NeoX
     fused = fused or getattr(getattr(blk, "self_attention", None), "query_key_value", None)  # BLOOM
     if fused is not None:  # per head [q k v], each d_head
