@@ -17,10 +17,29 @@ def run(*args):
 def test_models_json():
     r = run("models", "--json")
     assert r.exit_code == 0
-    rows = json.loads(r.stdout)
+    out = json.loads(r.stdout)
+    rows = out["models"]
     names = {row["name"] for row in rows}
     assert {"smollm2", "gemma3-270m", "minilm", "tiny:gpt2", "tiny:bert", "tiny:gemma3"} <= names
     assert all(isinstance(row["installed"], bool) for row in rows)
+    # every family, with what it supports read from its tiny models' Anatomies
+    from lenscope.models.families import families
+
+    fams = {f["family"]: f for f in out["families"]}
+    assert set(fams) == set(families())
+    assert {m for f in fams.values() for m in f["model_types"]} >= {"gptj", "cohere", "falcon", "starcoder2", "bert"}
+    assert fams["bert"]["kind"] == "encoder" and fams["bert"]["block"] == ["post"]
+    assert fams["gpt-neox"]["parallel"] and not fams["llama"]["parallel"] and fams["llama"]["block"] == ["pre"]
+    assert "shared by attention and MLP" in fams["gptj"]["norms"] and "rotary (interleaved) (partial)" in \
+        fams["gptj"]["attention"]
+    assert fams["cohere"]["norms"][:1] == ["layernorm"] and "no bias" in fams["cohere"]["norms"]
+    assert "logit scale 0.25" in fams["cohere"]["head"] and "gated" in fams["cohere"]["mlp"]
+    assert fams["falcon"]["tiny"] == ["tiny:falcon", "tiny:falcon-new"]
+    assert {"multi-query", "grouped-query"} <= set(fams["falcon"]["attention"])
+    assert "sliding window" in fams["starcoder2"]["attention"] and fams["gemma3"]["block"] == ["sandwich"]
+    assert fams["llama"]["norms"] == ["rmsnorm"] and not fams["llama"]["moe"] and not fams["falcon"]["moe"]
+    text = run("models")
+    assert text.exit_code == 0 and "model families" in text.stdout and "starcoder2" in text.stdout
 
 
 def test_verify_json_fields():

@@ -10,18 +10,20 @@ from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, handle_errors, 
 def register(app: typer.Typer) -> None:
     @app.command("models")
     @handle_errors
-    def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
-        """List the model names lenscope knows and whether each is installed."""
-        from ..models.families import tiny_names
+    def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON: {models, families}.")):
+        """List the model names lenscope knows (and whether each is installed), and every model family it reads with
+        what the family supports (read from the Anatomies of its tiny models)."""
+        from ..models.families import family_rows, tiny_names
         from ..models.load import EMBEDDED, installed
 
         rows = [{"name": m.name, "kind": "embedded", "installed": installed(m.name), "description": m.description,
                  "install": m.install} for m in EMBEDDED.values()]
         for name, fam in sorted(tiny_names().items()):
-            rows.append({"name": f"tiny:{name}", "kind": "tiny", "installed": True,
+            rows.append({"name": f"tiny:{name}", "kind": "tiny", "installed": True, "family": fam.name,
                          "description": f"small random {name} ({fam.name} family) for tests and demos", "install": ""})
+        fams = family_rows()
         if as_json:
-            print_json(rows)
+            print_json({"models": rows, "families": fams})
             return
         from rich.console import Console
         from rich.table import Table
@@ -32,7 +34,15 @@ def register(app: typer.Typer) -> None:
         for r in rows:
             inst = "yes" if r["installed"] else f"no — {r['install']}"
             table.add_row(r["name"], inst, r["description"])
-        Console().print(table)
+        con = Console()
+        con.print(table)
+        con.print("model families lenscope reads (config.model_type), with what each supports as read from its tiny "
+                  "models:", highlight=False)
+        for f in fams:
+            parts = [f"{f['kind']}, {' / '.join(f['block'])} block"] + [
+                f"{k}: {', '.join(f[k]) or '-'}" for k in ("norms", "attention", "mlp", "head")]
+            con.print(f"  {f['family']} ({', '.join(f['model_types'])}): " + "; ".join(parts), highlight=False,
+                      soft_wrap=True)
 
     @app.command("verify")
     @handle_errors
