@@ -12,54 +12,14 @@ Tensors are views of the real model's parameters where possible (detached, no co
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from ..errors import UnsupportedModelError
 from ..results import axis_size
-
-# ----------------------------------------------------------------------------------------------
-# activations
-
-
-def _gelu_tanh(x: Tensor) -> Tensor:
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
-
-
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "gelu": lambda x: torch.nn.functional.gelu(x),
-    "gelu_tanh": _gelu_tanh,
-    "relu": torch.relu,
-    "silu": torch.nn.functional.silu,
-}
-
-# transformers' names for the same functions
-ACTIVATION_ALIASES = {
-    "gelu": "gelu",
-    "gelu_new": "gelu_tanh",
-    "gelu_fast": "gelu_tanh",
-    "gelu_pytorch_tanh": "gelu_tanh",
-    "gelu_tanh": "gelu_tanh",
-    "bloom_gelu": "gelu_tanh",
-    "relu": "relu",
-    "silu": "silu",
-    "swish": "silu",
-}
-
-
-def activation_name(hf_name: str) -> str:
-    """Canonical activation name for a transformers ``hidden_act`` string."""
-    try:
-        return ACTIVATION_ALIASES[hf_name]
-    except KeyError:
-        raise UnsupportedModelError(
-            f"activation {hf_name!r} is not supported; supported: {sorted(ACTIVATION_ALIASES)}"
-        ) from None
-
+from .activations import ACTIVATION_ALIASES, ACTIVATIONS, activation_name  # noqa: F401 (re-exported)
 
 # ----------------------------------------------------------------------------------------------
 # parts
@@ -181,12 +141,9 @@ class Norm:
 
 @dataclass(repr=False)
 class Rotary:
-    """Rotary position embedding on the first ``dim`` features of a head (partial rotary when ``dim < d_head``:
-    the other features pass through unrotated).
-
-    Frequency ``i`` rotates the feature pair ``(i, i + dim/2)`` (rotate-half convention: Llama, GPT-NeoX, Falcon)
-    or, with ``interleaved``, the adjacent pair ``(2i, 2i + 1)`` (rotate-every-two: GPT-J, Cohere).
-    """
+    """Rotary position embedding on the first ``dim`` features of a head (the rest pass through: partial rotary).
+    Frequency ``i`` rotates the features ``(i, i + dim/2)`` (rotate-half: Llama, GPT-NeoX, Falcon) or, ``interleaved``,
+    the adjacent pair ``(2i, 2i + 1)`` (rotate-every-two: GPT-J, Cohere)."""
 
     inv_freq: Tensor  # (dim/2,)
     dim: int
@@ -204,16 +161,13 @@ class Rotary:
         cos, sin = self.cos_sin(_on(positions, self.inv_freq))
         cos, sin = _on(cos, x), _on(sin, x)
         xr, xp = x[..., : self.dim], x[..., self.dim :]
-        if self.interleaved:
-            rot = torch.stack([-xr[..., 1::2], xr[..., 0::2]], dim=-1).flatten(-2)
-        else:
-            half = self.dim // 2
-            rot = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+        half = self.dim // 2
+        rot = (torch.stack([-xr[..., 1::2], xr[..., 0::2]], dim=-1).flatten(-2) if self.interleaved
+               else torch.cat([-xr[..., half:], xr[..., :half]], dim=-1))
         return torch.cat([xr * cos + rot * sin, xp], dim=-1)
 
     def __repr__(self) -> str:
-        kind = ", interleaved" if self.interleaved else ""
-        return f"Rotary(dim={self.dim}, scaling={self.attention_scaling:g}{kind})"
+        return f"Rotary(dim={self.dim}, scaling={self.attention_scaling:g}{', interleaved' * self.interleaved})"
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -283,19 +237,14 @@ class Attention:
         if self.q_norm is not None:
             q = self.q_norm(q)
         if self.k_norm is not None:
-            k = self._key_norm(per_head)(k)
+            n = self.k_norm  # a weight per key/value head (kv_head, 1, d_head), Cohere's, repeats for per-head keys
+            if per_head and n.weight is not None and n.weight.dim() == 3:
+                n = Norm(n.kind, self._per_kv(n.weight), n.bias, n.eps)
+            k = n(k)
         if self.rotary is not None:
             q = self.rotary.apply(q, positions)
             k = self.rotary.apply(k, positions)
         return q, k if per_head else self._per_kv(k, dim=-3)
-
-    def _key_norm(self, per_head: bool) -> Norm:
-        """The key norm for keys laid out per key/value head, or (``per_head``) per query head: a norm with one
-        weight per key/value head ``(kv_head, 1, d_head)`` (Cohere) repeats it for its query group."""
-        n = self.k_norm
-        if not per_head or n.weight is None or n.weight.dim() < 3 or self.n_kv_heads == self.n_heads:
-            return n
-        return Norm(n.kind, self._per_kv(n.weight), None if n.bias is None else self._per_kv(n.bias), n.eps)
 
     def values(self, x: Tensor, *, per_head: bool = False) -> Tensor:
         """x (..., pos, d_model) -> v (..., head, pos, d_head) per query head; ``per_head``: see queries_keys."""
@@ -531,10 +480,9 @@ class Embedding:
 
 @dataclass(repr=False)
 class Unembed:
-    """Logits = ``(transform(x) @ W_U + b_U) * logit_scale`` (then optional soft-capping).
+    """Logits = ``(transform(x) @ W_U + b_U) * logit_scale`` (Cohere's constant, 1 elsewhere), then a soft-cap.
 
     ``transform`` is the masked-LM head's dense + activation + norm of encoders, None for decoders.
-    ``logit_scale`` is a constant multiplier of the logits (Cohere's ``logit_scale``; 1 elsewhere).
     Shapes: ``W_U (d_model, vocab)``, ``b_U (vocab,)``.
     """
 
@@ -605,41 +553,6 @@ class Anatomy:
         from .readout import Readout
 
         return Readout.from_anatomy(self).logits(resid)
-
-    def summary(self) -> dict:
-        """What this reading of the model holds, in words (``lenscope models`` lists it per family): ``kind``
-        (decoder / encoder), ``block`` (placements), ``norms``, ``attention``, ``mlp`` and ``head`` (lists of
-        features), and the flags ``parallel`` and ``moe``."""
-        layers = self.layers
-        norms = [n for layer in layers for n in layer.norms().values()] + [n for n in (self.final_norm,) if n]
-        shared = any(layer.ln_mlp is layer.ln_attn for layer in layers if layer.ln_mlp is not None)
-        norm = sorted({n.kind for n in norms}) + (["shared by attention and MLP"] if shared else [])
-        if norms and all(n.bias is None for n in norms if n.kind == "layernorm") and "layernorm" in norm:
-            norm.append("no bias")
-        attns = [layer.attn for layer in layers]
-        groups = {(a.n_heads, a.n_kv_heads) for a in attns}
-        att = sorted({"multi-query" if k == 1 < h else "grouped-query" if k < h else "multi-head" for h, k in groups})
-        rots = [a.rotary for a in attns if a.rotary is not None]
-        if rots:
-            att.append("rotary" + (" (interleaved)" if any(r.interleaved for r in rots) else "")
-                       + (" (partial)" if any(a.rotary and a.rotary.dim < a.d_head for a in attns) else ""))
-        att += [name for name, on in (
-            ("alibi", any(a.alibi is not None for a in attns)), ("learned positions", self.embed.W_pos is not None),
-            ("sliding window", any(a.window is not None for a in attns)), ("q/k norms", any(a.q_norm for a in attns)),
-            ("soft-capped", any(a.softcap is not None for a in attns)),
-            ("biases", any(a.b_Q is not None or a.b_O is not None for a in attns)),
-            ("bidirectional", not self.causal)) if on]
-        moe = any(type(layer.mlp) is not MLP for layer in layers)  # the one other feed-forward kind: experts
-        mlp = sorted({"mixture of experts" if type(m) is not MLP else "gated" if m.gated else "plain"
-                      for m in (layer.mlp for layer in layers)})
-        mlp += sorted({f"act {m.act}" for m in (layer.mlp for layer in layers) if hasattr(m, "act")})
-        u = self.unembed
-        head = [] if u is None else [name for name, on in (
-            ("bias", u.b_U is not None), (f"logit scale {u.logit_scale:g}", u.logit_scale != 1),
-            ("soft-capped", u.softcap is not None), ("masked-LM transform", u.transform_W is not None)) if on]
-        return {"kind": "encoder" if self.is_encoder else "decoder", "block": sorted({x.placement for x in layers}),
-                "norms": norm, "attention": att, "mlp": mlp, "head": head if u is not None else ["none"],
-                "parallel": any(x.placement == "parallel" for x in layers), "moe": moe}
 
     def __repr__(self) -> str:
         lines = [

@@ -271,14 +271,15 @@ def read_anatomy(model: nn.Module) -> tuple[Family, Anatomy]:
 
 
 def family_rows() -> list[dict]:
-    """One row per family: its name, the model types it reads, and what it supports (:meth:`Anatomy.summary`),
+    """One row per family: its name, the model types it reads, and what it supports (:func:`summarize`),
     read from the Anatomies of its ``tiny:`` models (every list the union over them). ``lenscope models`` prints
     these rows."""
     from ..load import load
+    from ..summary import summarize
 
     rows = []
     for fam in sorted(families().values(), key=lambda f: f.name):
-        sums = [load(f"tiny:{name}").anatomy.summary() for name in sorted(fam.tiny)]
+        sums = [summarize(load(f"tiny:{name}").anatomy) for name in sorted(fam.tiny)]
         row = {"family": fam.name, "model_types": list(fam.model_types),
                "tiny": [f"tiny:{n}" for n in sorted(fam.tiny)], "kind": "encoder" if fam.encoder else "decoder"}
         for key in ("block", "norms", "attention", "mlp", "head"):
