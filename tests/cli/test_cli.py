@@ -17,18 +17,18 @@ def run(*args):
 def test_models_json():
     r = run("models", "--json")
     assert r.exit_code == 0
-    out = json.loads(r.stdout)
-    rows = out["models"]
+    rows = json.loads(r.stdout)  # one list (kept as before families were listed): kinds embedded, tiny, family
     names = {row["name"] for row in rows}
     assert {"smollm2", "gemma3-270m", "minilm", "tiny:gpt2", "tiny:bert", "tiny:gemma3"} <= names
     assert all(isinstance(row["installed"], bool) for row in rows)
     # every family, with what it supports read from its tiny models' Anatomies
     from lenscope.models.families import families
 
-    fams = {f["family"]: f for f in out["families"]}
+    fams = {f["family"]: f for f in rows if f["kind"] == "family"}
+    assert all(f["name"] == f["family"] for f in fams.values())
     assert set(fams) == set(families())
     assert {m for f in fams.values() for m in f["model_types"]} >= {"gptj", "cohere", "falcon", "starcoder2", "bert"}
-    assert fams["bert"]["kind"] == "encoder" and fams["bert"]["block"] == ["post"]
+    assert fams["bert"]["architecture"] == "encoder" and fams["bert"]["block"] == ["post"]
     assert fams["gpt-neox"]["parallel"] and not fams["llama"]["parallel"] and fams["llama"]["block"] == ["pre"]
     assert "shared by attention and MLP" in fams["gptj"]["norms"] and "rotary (interleaved) (partial)" in \
         fams["gptj"]["attention"]

@@ -10,7 +10,9 @@ from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, handle_errors, 
 def register(app: typer.Typer) -> None:
     @app.command("models")
     @handle_errors
-    def models_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON: {models, families}.")):
+    def models_cmd(
+        as_json: bool = typer.Option(False, "--json", help="Print JSON: a list of rows (embedded, tiny, family)."),
+    ):
         """List the model names lenscope knows (and whether each is installed), and every model family it reads with
         what the family supports (read from the Anatomies of its tiny models)."""
         from ..models.families import family_rows, tiny_names
@@ -23,7 +25,12 @@ def register(app: typer.Typer) -> None:
                          "description": f"small random {name} ({fam.name} family) for tests and demos", "install": ""})
         fams = family_rows()
         if as_json:
-            print_json({"models": rows, "families": fams})
+            # one list, as before families were listed: a family's row has kind "family", its name and what it supports
+            # (the family's decoder/encoder is its "architecture")
+            print_json(rows + [{**f, "name": f["family"], "kind": "family", "architecture": f["kind"],
+                                "installed": True, "install": "",
+                                "description": f"{f['kind']} family reading {', '.join(f['model_types'])}"}
+                               for f in fams])
             return
         from rich.console import Console
         from rich.table import Table
