@@ -132,6 +132,7 @@ class Attribution(Section):
 
     def compute(self, ctx: ReportContext) -> dict:
         from ..attribution.explain import explain
+        from ..models.engine import checkpoint
 
         if ctx.has_logits and ctx.lm.anatomy.causal:
             methods = self.methods
@@ -141,6 +142,7 @@ class Attribution(Section):
             methods = ("alti", "value-zeroing")
         explanations = {}
         for m in methods:
+            checkpoint()  # each method is a chunk (and within one, each forward pass or layer)
             kw = {}
             if m in ("logit", "alti-logit", "alti", "value-zeroing"):
                 kw["tr"] = ctx.trace
