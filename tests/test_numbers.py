@@ -70,6 +70,10 @@ LEGACY: dict[str, str] = {
         "a 15-minute float32 training run plus its evaluation; the JSON's training.fp32_wall15.precision names the CPU",
     "docs/results/smollm2-lens-eval-issue11.json":
         "four lens trainings of 15 min to 1 h; its 'machine' is a hand-written string (CPU, load 8-13, threads)",
+    "docs/results/lens-training-step-bench.json":
+        "benchmarks/bench_lens_step.py --repeats 2 --fp32 (issue 11) on an Intel Xeon with AVX512-BF16 and AMX that "
+        "this project no longer runs on, hand-annotated (its note: date, load, threads); what it compares is "
+        "bfloat16 on a CPU that has it natively, which the AMD EPYC cannot measure",
 }
 
 # Results files a `--combine` step merged from run files that are not committed (they lived in /tmp). Each entry says

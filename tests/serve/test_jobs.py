@@ -117,7 +117,7 @@ def chunks(n: int, seconds: float, ran: list):
     return job
 
 
-def wait_for(cond, timeout: float = 20) -> None:
+def wait_for(cond, timeout: float = 120) -> None:
     t0 = time.monotonic()
     while not cond():
         assert time.monotonic() - t0 < timeout, "timed out"
@@ -187,7 +187,7 @@ def server():
     th.join(10)
 
 
-def post(port: int, body: dict, timeout: float = 60) -> tuple[int, dict]:
+def post(port: int, body: dict, timeout: float = 600) -> tuple[int, dict]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
         conn.request("POST", "/api/analyze", json.dumps(body), {"Content-Type": "application/json"})

@@ -344,7 +344,7 @@ class Service:
             for m in methods:
                 kw = {"tr": tr} if m in ("logit", "alti-logit", "alti", "value-zeroing") else {}
                 if m == "ig":
-                    kw["steps"] = 32
+                    kw.update(Attribution.ig_options)
                 needs_target = m not in ROLLOUT_METHODS
                 try:
                     e = explain(lm, ctx.ids, tid if needs_target else None, fid if needs_target else None,
