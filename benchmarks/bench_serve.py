@@ -2,7 +2,8 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py --model smollm2 --out docs/results/serve-speed.json
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py --model tiny:llama --out /tmp/serve-tiny.json
-    .venv/bin/python benchmarks/bench_serve.py --case supersede --model smollm2 --out docs/results/serve-supersede.json
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_serve.py --case supersede --model smollm2 \
+        --out docs/results/serve-supersede.json
 
 Starts ``lenscope serve --model M`` as a child process (``python -m lenscope``, a free 127.0.0.1 port) and measures,
 in the default case (``--case speed``),
