@@ -43,7 +43,8 @@ def kl_per_layer(lm, lens, seqs: torch.Tensor, batch: int = 4) -> list[float]:
 def combine(folder: Path, out: Path, command: str) -> None:
     """One results file from the runs of ``tuned_lens_vs_library.sh`` in ``folder`` (ref, ours, ref-matched,
     ours-matched .json), for when the script's own combining step cannot run (a run that did not finish in time
-    is recorded as such, never filled in)."""
+    is recorded as such, never filled in). The run files are copied to ``<out's stem>-runs/`` beside it, to be
+    committed with it (``tests/test_numbers.py`` asks for them)."""
     runs = {}
     for k in ("ref", "ours", "ref-matched", "ours-matched"):
         f = folder / f"{k}.json"
@@ -61,7 +62,12 @@ def combine(folder: Path, out: Path, command: str) -> None:
         if "tokens_per_cpu_s" in r and "tokens_per_cpu_s" in o:
             res[part]["cpu_speed_ratio"] = o["tokens_per_cpu_s"] / r["tokens_per_cpu_s"]
     out.write_text(json.dumps(res, indent=1) + "\n")
-    print(f"wrote {out}")
+    keep = out.with_name(out.stem + "-runs")  # the run files, committed beside the results file
+    keep.mkdir(parents=True, exist_ok=True)
+    for k in runs:
+        if (folder / f"{k}.json").exists():
+            (keep / f"{k}.json").write_text((folder / f"{k}.json").read_text())
+    print(f"wrote {out} and the run files to {keep}/")
 
 
 def main() -> None:

@@ -6,7 +6,8 @@ tokens) of it and of the logit lens; one results file with the training record, 
 
 Runs the three CLI commands exactly as a user would (each its own process, on an otherwise idle machine: the
 time budget is wall-clock) and keeps their JSON. `--combine DIR` only combines `train.json`, `eval-tuned.json`
-and `eval-logit.json` already in DIR (the same commands run by hand) into `--results`.
+and `eval-logit.json` already in DIR (the same commands run by hand) into `--results`. Either way the three run files
+are copied to `<results stem>-runs/` beside the results file, to be committed with it (`tests/test_numbers.py`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ def combine(folder: Path, results: Path, machine: dict, cmds: dict) -> dict:
     }
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(res, indent=1) + "\n")
+    keep = results.with_name(results.stem + "-runs")  # the run files, committed beside the results file
+    keep.mkdir(parents=True, exist_ok=True)
+    for k in runs:
+        (keep / f"{k}.json").write_text((folder / f"{k}.json").read_text())
     return res
 
 

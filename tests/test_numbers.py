@@ -16,8 +16,10 @@ matches when the value, rounded to the decimals the number is written with, is t
 14.03; ``8e-8`` matches 7.6e-8).
 
 Every results file a marker names carries a ``"machine"`` record (``benchmarks/machine.py``'s ``record()``:
-the command, the CPU, bf16, threads, load, date), except the few files in ``LEGACY`` written before that
-record existed, each with the reason it is not regenerated.
+the command, the CPU, bf16, threads, load, date) whose ``command`` names a committed ``benchmarks/`` script, except
+the few files in ``LEGACY`` written before that record existed, each with the reason it is not regenerated. A
+results file that a ``--combine`` step merged from run files has those run files committed beside it, in
+``<results file's stem>-runs/``, except the files in ``COMBINED_RUNS_LOST``, each with the reason.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -66,12 +70,28 @@ LEGACY: dict[str, str] = {
         "a 15-minute float32 training run plus its evaluation; the JSON's training.fp32_wall15.precision names the CPU",
     "docs/results/smollm2-lens-eval-issue11.json":
         "four lens trainings of 15 min to 1 h; its 'machine' is a hand-written string (CPU, load 8-13, threads)",
+    "docs/results/lens-training-step-bench.json":
+        "benchmarks/bench_lens_step.py --repeats 2 --fp32 (issue 11) on an Intel Xeon with AVX512-BF16 and AMX that "
+        "this project no longer runs on, hand-annotated (its note: date, load, threads); what it compares is "
+        "bfloat16 on a CPU that has it natively, which the AMD EPYC cannot measure",
+}
+
+# Results files a `--combine` step merged from run files that are not committed (they lived in /tmp). Each entry says
+# what the results file keeps of them; the combining scripts now copy the run files into `<stem>-runs/`.
+COMBINED_RUNS_LOST: dict[str, str] = {
+    "docs/results/bench-tuned-lens-vs-library.json":
+        "the four run files of tuned_lens_vs_library.sh were in /tmp/tlbench; the combine step kept each one's JSON "
+        "line whole, under defaults.* and matched.*",
+    "docs/results/smollm2-lens-15min-issue22.json":
+        "train.json, eval-tuned.json and eval-logit.json were in /tmp/lens15-runs on a machine since restarted; the "
+        "results file keeps the training record and the per-layer KL and precision@1 the docs quote",
 }
 
 MARKER = re.compile(r"<!--\s*(?P<file>[\w./-]+\.json)\s*:\s*(?P<expr>.*?)\s*-->")
 NUMBER = re.compile(r"(?<![\w.])[+\-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+\-−]?\d+)?")
 CODE_SPAN = re.compile(r"`[^`]*`")
 EXPR = re.compile(r"^(?P<key>\S+)(?:\s+/\s+(?P<div>\S+))?(?:\s+\*\s+(?P<scale>\S+))?$")
+SCRIPT = re.compile(r"(?<![\w.-])benchmarks/[\w./-]+\.(?:py|sh)\b")
 
 
 @dataclass
@@ -149,6 +169,34 @@ def matches(written: str, value: float) -> bool:
     return math.isfinite(value) and abs(value - num) <= half * (1 + 1e-9) + 1e-12 * abs(num)
 
 
+@cache
+def committed() -> frozenset[str] | None:
+    """The repository's tracked files under benchmarks/ (None outside a git checkout: then a file that exists)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "benchmarks"], cwd=ROOT, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return frozenset(out.stdout.split())
+
+
+def record_problem(data: dict, file: str) -> str | None:
+    """None when the machine record's command names committed benchmarks/ scripts (and a --combine step's run
+    files are committed beside the results file), else what is wrong."""
+    cmd = data["machine"].get("command")
+    scripts = SCRIPT.findall(cmd) if isinstance(cmd, str) else []
+    if not scripts:
+        return f"its machine.command {cmd!r} names no benchmarks/ script (benchmarks/machine.py record())"
+    tracked = committed()
+    for script in scripts:
+        if not (ROOT / script).is_file() or (tracked is not None and script not in tracked):
+            return f"its machine.command names {script}, which is not committed"
+    if "--combine" in cmd and file not in COMBINED_RUNS_LOST:
+        runs = (ROOT / file).with_name(Path(file).stem + "-runs")
+        if not runs.is_dir() or not any(runs.glob("*.json")):
+            return f"it was combined from run files ({cmd!r}): commit them in {runs.relative_to(ROOT)}/"
+    return None
+
+
 def check(q: Quote, root: Path = ROOT) -> str | None:
     """None when the quote traces to its results file, else what is wrong."""
     path = root / q.file
@@ -163,10 +211,12 @@ def check(q: Quote, root: Path = ROOT) -> str | None:
     if not matches(q.written, v):
         return f"{q}: the results file says {v!r}"
     data = json.loads(path.read_text())
+    if q.file in LEGACY:
+        return None
     if not isinstance(data, dict) or not isinstance(data.get("machine"), dict):
-        if q.file not in LEGACY:
-            return f"{q}: the results file has no 'machine' record (benchmarks/machine.py record())"
-    return None
+        return f"{q}: the results file has no 'machine' record (benchmarks/machine.py record())"
+    problem = record_problem(data, q.file)
+    return None if problem is None else f"{q}: {problem}"
 
 
 ALL = [q for doc in DOCS for q in quotes(doc)]
@@ -188,15 +238,27 @@ def test_legacy_files_exist_and_lack_a_record():
         assert not isinstance(data.get("machine"), dict), f"{f} has a machine record now: remove it from LEGACY"
 
 
+def test_combined_files_without_their_runs_are_still_combined_and_quoted():
+    """The list of combined results files without committed run files only holds files that need it."""
+    quoted = {q.file for q in ALL}
+    for f in COMBINED_RUNS_LOST:
+        data = json.loads((ROOT / f).read_text())
+        assert "--combine" in data["machine"]["command"] and f in quoted, f"{f}: remove it from COMBINED_RUNS_LOST"
+        assert not (ROOT / f).with_name(Path(f).stem + "-runs").is_dir(), f"{f}'s runs are committed now"
+
+
 # ------------------------------------------------------------------------------------------------------------
 # the checker itself can fail
 
 
 def test_checker_rejects_wrong_markers(tmp_path):
-    res = {"machine": {"command": "python x.py"}, "rows": [{"seconds": 14.03, "bytes": 1477989}], "a": 3.0,
-           "path_23.3.q": {"v": [0.5]}}
+    res = {"machine": {"command": "python benchmarks/bench_serve.py --out r.json"},
+           "rows": [{"seconds": 14.03, "bytes": 1477989}], "a": 3.0, "path_23.3.q": {"v": [0.5]}}
     (tmp_path / "r.json").write_text(json.dumps(res))
     (tmp_path / "old.json").write_text(json.dumps({"x": 2.0}))
+    for name, command in (("nocmd", None), ("noscript", "python x.py"), ("gone", "python benchmarks/nope.py"),
+                          ("combined", "python benchmarks/bench_tuned_lens.py --combine /tmp/runs")):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"machine": {"command": command}, "x": 2.0}))
     doc = tmp_path / "doc.md"
     doc.write_text(
         "took 14.0 s<!-- r.json: rows.0.seconds --> and 1.5 MB<!-- r.json: rows.0.bytes * 1e-6 -->\n"  # right
@@ -208,14 +270,20 @@ def test_checker_rejects_wrong_markers(tmp_path):
         "took 14 s<!-- missing.json: rows.0.seconds -->\n"  # no such file
         "took 2 s<!-- old.json: x -->\n"  # no machine record
         "took −1,477,989 bytes<!-- r.json: rows.0.bytes -->\n"  # sign differs
+        "took 2 s<!-- nocmd.json: x --> 2 s<!-- noscript.json: x --> 2 s<!-- gone.json: x -->\n"  # no script
+        "took 2 s<!-- combined.json: x -->\n"  # combined from run files that are not committed
     )
     qs = quotes(doc)
-    assert [q.written for q in qs] == ["14.0", "1.5", "4.68", "0.50", "14.1", "14", "14", "14", "2", "−1,477,989"]
+    assert [q.written for q in qs] == ["14.0", "1.5", "4.68", "0.50", "14.1", "14", "14", "14", "2", "−1,477,989",
+                                       "2", "2", "2", "2"]
     errors = [check(q, tmp_path) for q in qs]
     assert errors[:4] == [None, None, None, None]
     assert all(errors[4:]), errors
     assert "says 14.03" in errors[4] and "minutes" in errors[5] and "missing" in errors[7]
     assert "machine" in errors[8]
+    assert all("names no benchmarks/ script" in e for e in errors[10:12])
+    assert "benchmarks/nope.py, which is not committed" in errors[12]
+    assert "commit them in" in errors[13]
 
 
 @pytest.mark.parametrize("written,value,ok", [

@@ -27,3 +27,8 @@ class NotApplicableError(LenscopeError):
 
 class InvariantError(LenscopeError):
     """A decomposition does not add up to what the model computed; the method refuses to return numbers."""
+
+
+class Stopped(Exception):
+    """A computation was asked to stop before it finished, because nobody waits for its result any more (``lenscope
+    serve``: the client went away). Not a :class:`LenscopeError`: nothing was wrong with the input."""

@@ -32,6 +32,7 @@ from ..models.algebra import (
     value_writes,
 )
 from ..models.anatomy import Anatomy, astype
+from ..models.engine import checkpoint
 from ..models.trace import Trace, prefix_trace
 from ..results import Result
 
@@ -283,6 +284,7 @@ def mixing_matrices(A: Anatomy, tr: Trace, method: str = "alti", *, model_name: 
     C = torch.empty(A.n_layers, n, n)
     err, bad = 0.0, 0
     for l in range(A.n_layers):
+        checkpoint()  # a layer is a chunk: a caller that no longer waits stops the loop here
         if method == "alti":
             C[l], e, b = alti_layer(A, tr, l)
             err = max(err, e)

@@ -40,6 +40,7 @@ from ..models.algebra import (
     norm_step,
     relative_gap,
 )
+from ..models.engine import checkpoint
 from ..models.trace import Trace, prefix_trace
 from ..results import Result
 
@@ -232,6 +233,7 @@ def context_mixing(lm, text=None, scopes=None, *, layers=None, tr: Trace | None 
     quad = 0.0
     chunks = _chunks(n, A, causal)
     for k, l in enumerate(layers):
+        checkpoint()  # a layer is a chunk: a caller that no longer waits stops the loop here
         if "attention" in scopes:
             maps["attention"][k] = f32(tr.attn_probs[l]).mean(0).cpu()
         real = {s: f32(v) for s, v in _real(tr, A, l).items() if s in scopes}

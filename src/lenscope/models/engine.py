@@ -43,14 +43,17 @@ captured positions where the mask is ``0`` are NaN, so nothing downstream can re
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from ..errors import InputError, NotApplicableError, UnsupportedModelError
+from ..errors import InputError, NotApplicableError, Stopped, UnsupportedModelError
 from .devices import compute_dtype, main_device
 from .families import family_for
 from .load import LoadedModel
@@ -65,6 +68,29 @@ HEAD_SITES = ("head", "q", "k", "v")
 _ALL = frozenset(LAYER_SITES + MODEL_SITES)
 # the interventions' first vocabulary, still accepted in Edit / run
 ALIASES = {"resid": "resid_pre", "attn": "attn_out", "mlp": "mlp_out", "hidden": "mlp_hidden"}
+
+_STOP: ContextVar[threading.Event | None] = ContextVar("lenscope_stop", default=None)
+
+
+@contextmanager
+def stoppable(event: threading.Event) -> Iterator[None]:
+    """Within this block (in this thread), :func:`checkpoint` raises :class:`~lenscope.errors.Stopped` once
+    ``event`` is set: another thread asks the computation to stop, and it stops at its next chunk (``lenscope
+    serve`` sets it when the client of a running job goes away)."""
+    token = _STOP.set(event)
+    try:
+        yield
+    finally:
+        _STOP.reset(token)
+
+
+def checkpoint() -> None:
+    """Raise :class:`~lenscope.errors.Stopped` when the computation running in this thread was asked to stop (see
+    :func:`stoppable`); otherwise nothing. :func:`run` calls it before every forward pass, and long loops of the
+    methods between their chunks, so nothing is left half-done: a chunk either ran or did not start."""
+    event = _STOP.get()
+    if event is not None and event.is_set():
+        raise Stopped("the computation was stopped: nobody waits for its result any more")
 
 
 def site_key(site) -> tuple[str, int | None]:
@@ -477,6 +503,7 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
     - ``grad``: run with autograd on; captures and logits keep their graph.
     - ``device``: move captures there as they arrive; ``upcast``: keep bfloat16 / float16 captures in float32.
     """
+    checkpoint()
     model = lm.model
     if ids is not None:
         ids = torch.as_tensor(ids, dtype=torch.long)

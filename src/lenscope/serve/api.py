@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import InputError, NotApplicableError
+from ..models.engine import checkpoint
 from ..report import SECTION_KEYS, SECTIONS, Report, ReportContext, report_meta, run_section
 from ..report.sections import Attribution
 from ..viz.report.payloads import explanation_record
@@ -172,6 +173,7 @@ class Service:
         hit = self.results.get(rkey)
         if hit is not None:
             return hit
+        checkpoint()  # each view is a chunk: a job whose client has gone stops before the next one
         ctx = entry.ctx
         sec = SECTION_BY_KEY[key]()
         with entry.lock:
@@ -180,6 +182,9 @@ class Service:
                 rec, secs = run_section(ctx, sec)
             except NotApplicableError as e:
                 rec, secs = {"key": sec.key, "title": sec.title, "blurb": sec.blurb, "note": _line(e)}, 0.0
+            except BaseException:
+                del ctx.checks[n0:]  # a view stopped (or failed) half-way leaves none of its checks behind
+                raise
             checks = [c.to_dict() for c in ctx.checks[n0:]]
         out = (rec, checks, round(secs, 3))
         self.results.put(rkey, out)
@@ -339,7 +344,7 @@ class Service:
             for m in methods:
                 kw = {"tr": tr} if m in ("logit", "alti-logit", "alti", "value-zeroing") else {}
                 if m == "ig":
-                    kw["steps"] = 32
+                    kw.update(Attribution.ig_options)
                 needs_target = m not in ROLLOUT_METHODS
                 try:
                     e = explain(lm, ctx.ids, tid if needs_target else None, fid if needs_target else None,

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, JSONResponse
 from starlette.routing import Route
 
-from ..errors import InputError, LenscopeError, NotApplicableError, UnknownModelError
+from ..errors import InputError, LenscopeError, NotApplicableError, Stopped, UnknownModelError
 from ..report import SECTIONS
 from .api import Service
 from .jobs import ApiError
@@ -67,6 +67,8 @@ def error(status: int, message: str, headers: dict | None = None) -> JSONRespons
 def _status(e: BaseException) -> int:
     if isinstance(e, ApiError):
         return e.status
+    if isinstance(e, Stopped):
+        return 499  # its client has gone: nobody reads this answer
     if isinstance(e, UnknownModelError):
         return 404
     if isinstance(e, (InputError, NotApplicableError, LenscopeError)):
@@ -185,17 +187,28 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
         return v
 
     async def run(request: Request, name: str, fn):
-        """Run ``fn`` in the model's worker; drop it (before it starts) when the client disconnects."""
+        """Run ``fn`` in the model's worker. When the client disconnects (the page aborts the requests of an input it
+        leaves), the job is dropped if it has not started, else stopped at its next chunk, so the next input's
+        views wait for at most the chunk in progress."""
         fut = svc.jobs.submit(name, fn)
         wrapped = asyncio.wrap_future(fut)
-        while True:
-            done, _ = await asyncio.wait({wrapped}, timeout=0.2)
-            if done:
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            await asyncio.wait({wrapped, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if wrapped.done():
                 return wrapped.result()
-            if await request.is_disconnected():
-                fut.cancel()  # skipped by the worker if it has not started; a running one finishes (and is cached)
-                log.info("client went away; job %s", "dropped" if fut.cancelled() else "left to finish")
-                raise ApiError(499, "the client closed the request")
+            how = fut.stop()  # "dropped" before it ran, "stopping" at its next chunk (nothing cached), or "done"
+            wrapped.cancel()  # nobody reads its outcome
+            log.info("client went away; job %s", how)
+            raise ApiError(499, "the client closed the request")
+        finally:
+            gone.cancel()
+
+    async def disconnected(request: Request) -> None:
+        """Returns when the client has gone (the body is read, so the next ASGI message is the disconnect)."""
+        while True:
+            if (await request.receive())["type"] == "http.disconnect":
+                return
 
     def endpoint(fn):
         async def wrapper(request: Request):

@@ -1,6 +1,6 @@
 """The server's machinery: one worker thread per model (one computation per model at a time), a bound on the jobs
-waiting in all, jobs dropped before they run when their client has gone, least-recently-used caches, and the pool
-of loaded models (loaded lazily on first use, at most ``max_resident`` kept)."""
+waiting in all, jobs whose client has gone dropped before they run or stopped at their next chunk, least-recently-used
+caches, and the pool of loaded models (loaded lazily on first use, at most ``max_resident`` resident or loading)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
+
+from ..errors import Stopped
+from ..models.engine import stoppable
 
 log = logging.getLogger("lenscope.serve")
 
@@ -81,9 +84,29 @@ class LRU:
             return len(self._d)
 
 
+class Job(Future):
+    """A job's future with a way to stop it: :meth:`stop` drops it if it has not started, else asks it to stop at its
+    next chunk (:func:`lenscope.models.engine.checkpoint`: before a forward pass, a layer of a mixing loop, an
+    attribution method, a view); it then ends with :class:`~lenscope.errors.Stopped` and nothing of it is cached."""
+
+    def __init__(self):
+        super().__init__()
+        self.stopping = threading.Event()
+
+    def stop(self) -> str:
+        """``"dropped"`` (it had not started), ``"stopping"`` (it stops at its next chunk) or ``"done"``."""
+        if self.cancel():
+            return "dropped"
+        if self.done():
+            return "done"
+        self.stopping.set()
+        return "stopping"
+
+
 class Jobs:
     """Per-model worker threads fed by FIFO queues. :meth:`submit` refuses (503) when ``max_queue`` jobs already wait
-    (in all models together); a job cancelled before its worker reaches it is skipped (its future was cancelled)."""
+    (in all models together); a job stopped before its worker reaches it is skipped, a running one stops at its next
+    chunk (:meth:`Job.stop`)."""
 
     def __init__(self, max_queue: int = 16):
         self.max_queue = max(0, int(max_queue))
@@ -92,11 +115,12 @@ class Jobs:
         self._lock = threading.Lock()
         self.waiting = 0  # submitted, not yet started (or skipped)
         self.running = 0
-        self.skipped = 0  # dropped because their client went away
+        self.skipped = 0  # dropped before they ran because their client went away
+        self.stopped = 0  # stopped while running, at a chunk's end, because their client went away
         self._closed = False
 
-    def submit(self, model: str, fn: Callable[[], object]) -> Future:
-        fut: Future = Future()
+    def submit(self, model: str, fn: Callable[[], object]) -> Job:
+        fut = Job()
         with self._lock:
             if self._closed:
                 raise ApiError(503, "the server is shutting down; try again later")
@@ -128,7 +152,13 @@ class Jobs:
             with self._lock:
                 self.running += 1
             try:
-                fut.set_result(fn())
+                with stoppable(fut.stopping):
+                    fut.set_result(fn())
+            except Stopped as e:
+                log.info("job stopped at a chunk's end: its client went away")
+                with self._lock:
+                    self.stopped += 1
+                fut.set_exception(e)
             except BaseException as e:  # noqa: BLE001 - handed to the request, the worker keeps serving
                 fut.set_exception(e)
             finally:
@@ -144,9 +174,15 @@ class Jobs:
 
 
 class ModelPool:
-    """Loads models by registered name on first use (inside that model's worker), keeps at most ``max_resident``
-    (the least recently used one is let go; a computation still holding it finishes), and a tuned lens per model
-    when a lens directory is given and fits it. ``on_unload(name)`` drops what the server cached for a model."""
+    """Loads models by registered name on first use, keeps at most ``max_resident`` resident or loading (the least
+    recently used resident one is let go to make room; a computation still holding it finishes), and a tuned lens
+    per model when a lens directory is given and fits it. ``on_unload(name)`` drops what the server cached for a
+    model.
+
+    A load reserves its slot under the lock before it starts (letting the least recently used resident model go
+    first), so simultaneous first requests for different models never hold more than ``max_resident`` between
+    them: when every slot is taken by a load in progress, the next waits for one to finish. Requests for a model
+    that is being loaded wait for that one load."""
 
     def __init__(self, max_resident: int = 2, lens: str | None = None, loader: Callable | None = None,
                  on_unload: Callable[[str], None] | None = None):
@@ -155,36 +191,55 @@ class ModelPool:
         self._loader = loader
         self._on_unload = on_unload
         self._models: OrderedDict = OrderedDict()  # name -> (lm, lens)
-        self._lock = threading.Lock()
+        self._loading: set[str] = set()  # names with a reserved slot, loading now
+        self._cond = threading.Condition()
 
     def loaded(self, name: str):
         """``(lm, lens)`` when resident, else None (never loads)."""
-        with self._lock:
+        with self._cond:
             return self._models.get(name)
 
     def get(self, name: str):
-        """``(lm, lens)``, loading the model on first use. Call only from that model's worker."""
-        with self._lock:
-            if name in self._models:
-                self._models.move_to_end(name)
-                return self._models[name]
-        log.info("loading model %s (first use)", name)
-        if self._loader is not None:
-            lm = self._loader(name)
-        else:
-            from ..models.load import load
+        """``(lm, lens)``, loading the model on first use (in the calling thread, after reserving its slot)."""
+        gone = None
+        with self._cond:
+            while True:
+                if name in self._models:
+                    self._models.move_to_end(name)
+                    return self._models[name]
+                if name in self._loading:  # another thread loads it: wait for that one load
+                    self._cond.wait()
+                    continue
+                if len(self._models) + len(self._loading) < self.max_resident:
+                    break
+                if self._models:  # make room: the least recently used resident model goes
+                    gone = self._models.popitem(last=False)[0]
+                    break
+                self._cond.wait()  # every slot is a load in progress: wait for one to finish
+            self._loading.add(name)
+        try:
+            if gone is not None:
+                log.info("unloading model %s (--max-resident %d)", gone, self.max_resident)
+                if self._on_unload is not None:
+                    self._on_unload(gone)
+            log.info("loading model %s (first use)", name)
+            with stoppable(threading.Event()):  # a load is never stopped half-way: the next request needs it
+                if self._loader is not None:
+                    lm = self._loader(name)
+                else:
+                    from ..models.load import load
 
-            lm = load(name)
-        lens = self._load_lens(lm)
-        gone = []
-        with self._lock:
+                    lm = load(name)
+                lens = self._load_lens(lm)
+        except BaseException:
+            with self._cond:
+                self._loading.discard(name)
+                self._cond.notify_all()
+            raise
+        with self._cond:
+            self._loading.discard(name)
             self._models[name] = (lm, lens)
-            while len(self._models) > self.max_resident:
-                gone.append(self._models.popitem(last=False)[0])
-        for g in gone:
-            log.info("unloading model %s (--max-resident %d)", g, self.max_resident)
-            if self._on_unload is not None:
-                self._on_unload(g)
+            self._cond.notify_all()
         log.info("model %s ready", name)
         return lm, lens
 
