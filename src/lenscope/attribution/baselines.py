@@ -192,7 +192,8 @@ def model_logits(lm: LoadedModel, *, input_ids: Tensor | None = None, inputs_emb
     """The real model's logits ``(batch, pos, vocab)`` (no padding, no cache); with ``last_only`` (causal
     models) only the last position's, ``(batch, 1, vocab)``, so a batch of long inputs stays small; with
     ``keep`` (causal models) the last ``keep`` positions', ``(batch, keep, vocab)``."""
-    from ..models.engine import checkpoint, forward_kwargs
+    from ..models.engine import forward_kwargs
+    from ..models.stop import checkpoint
 
     checkpoint()  # every forward pass of the baselines is a chunk a caller that no longer waits can stop before
     kw = forward_kwargs(lm, input_ids, inputs_embeds=inputs_embeds, last_only=last_only)

@@ -32,7 +32,7 @@ from ..models.algebra import (
     value_writes,
 )
 from ..models.anatomy import Anatomy, astype
-from ..models.engine import checkpoint
+from ..models.stop import checkpoint
 from ..models.trace import Trace, prefix_trace
 from ..results import Result
 

@@ -40,7 +40,7 @@ from ..models.algebra import (
     norm_step,
     relative_gap,
 )
-from ..models.engine import checkpoint
+from ..models.stop import checkpoint
 from ..models.trace import Trace, prefix_trace
 from ..results import Result
 

@@ -43,20 +43,18 @@ captured positions where the mask is ``0`` are NaN, so nothing downstream can re
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from ..errors import InputError, NotApplicableError, Stopped, UnsupportedModelError
+from ..errors import InputError, NotApplicableError, UnsupportedModelError
 from .devices import compute_dtype, main_device
 from .families import family_for
 from .load import LoadedModel
+from .stop import checkpoint
 
 NORM_SLOTS = ("ln_attn", "ln_mlp", "ln_attn_out", "ln_mlp_out")
 NORM_SITES = tuple(f"{s}.{w}" for s in NORM_SLOTS for w in ("in", "out", "scale"))
@@ -68,30 +66,6 @@ HEAD_SITES = ("head", "q", "k", "v")
 _ALL = frozenset(LAYER_SITES + MODEL_SITES)
 # the interventions' first vocabulary, still accepted in Edit / run
 ALIASES = {"resid": "resid_pre", "attn": "attn_out", "mlp": "mlp_out", "hidden": "mlp_hidden"}
-
-_STOP: ContextVar[threading.Event | None] = ContextVar("lenscope_stop", default=None)
-
-
-@contextmanager
-def stoppable(event: threading.Event) -> Iterator[None]:
-    """Within this block (in this thread), :func:`checkpoint` raises :class:`~lenscope.errors.Stopped` once
-    ``event`` is set: another thread asks the computation to stop, and it stops at its next chunk (``lenscope
-    serve`` sets it when the client of a running job goes away)."""
-    token = _STOP.set(event)
-    try:
-        yield
-    finally:
-        _STOP.reset(token)
-
-
-def checkpoint() -> None:
-    """Raise :class:`~lenscope.errors.Stopped` when the computation running in this thread was asked to stop (see
-    :func:`stoppable`); otherwise nothing. :func:`run` calls it before every forward pass, and long loops of the
-    methods between their chunks, so nothing is left half-done: a chunk either ran or did not start."""
-    event = _STOP.get()
-    if event is not None and event.is_set():
-        raise Stopped("the computation was stopped: nobody waits for its result any more")
-
 
 def site_key(site) -> tuple[str, int | None]:
     """``("resid_pre", 3)``, ``"resid_pre.3"``, ``"ln_final.in"`` -> ``(name, layer)`` (checked)."""

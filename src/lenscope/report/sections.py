@@ -135,7 +135,7 @@ class Attribution(Section):
 
     def compute(self, ctx: ReportContext) -> dict:
         from ..attribution.explain import explain
-        from ..models.engine import checkpoint
+        from ..models.stop import checkpoint
 
         if ctx.has_logits and ctx.lm.anatomy.causal:
             methods = self.methods

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import InputError, NotApplicableError
-from ..models.engine import checkpoint
+from ..models.stop import checkpoint
 from ..report import SECTION_KEYS, SECTIONS, Report, ReportContext, report_meta, run_section
 from ..report.sections import Attribution
 from ..viz.report.payloads import explanation_record
