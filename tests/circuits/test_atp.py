@@ -13,13 +13,13 @@ from lenscope.models.load import encode, resolve_token
 from ..conftest import get_model
 
 CLEAN, CORRUPT = "The capital of France is", "The capital in France is"
-# A pair whose every token differs, for the finite-difference checks: its nodes move the metric by 1e-3 or more on
-# every tiny family (one changed token moves some of them by less than 1e-4, too close to float32 rounding)
+# A pair whose every token differs, for the finite-difference checks: its strongest nodes move the metric by 18x
+# float32 rounding (_fd_floor) or more on every tiny family; with one changed token some move it by less than that
 FD_PAIR = ("The cat sat on the mat", "A dog ran in the park", " the", " a")
 FD_H = 0.01
-# The extrapolated difference's truncation error is O(h^4) for smooth activations (measured below 1e-3 relative at
-# h = 0.01); OPT's ReLU is not smooth, and a step that crosses a kink costs O(h) (measured 1.2e-2 relative on its
-# embedding node, whose patch moves every token)
+# The extrapolated difference's truncation error is O(h^4) for smooth activations (measured: within the rounding
+# floor or 1e-3 relative at h = 0.01); OPT's ReLU is not smooth, and a step that crosses a kink costs O(h)
+# (measured 1.2e-2 relative on its embedding node, whose patch moves every token)
 FD_REL = 2e-2
 EPS32 = torch.finfo(torch.float32).eps
 
