@@ -128,6 +128,59 @@ def test_eap_is_the_first_order_term_of_edge_patching(tiny_decoder):
     assert float(want.abs().max()) > 1e-4
 
 
+# Fixed edges into every receiver kind on grouped-query models (gemma3: 4 query heads share 1 key/value head;
+# llama: 4 share 2), so receiver_grads' grouped branch (each query head's share of a shared key/value head) is
+# checked for query heads other than a group's first. Chosen where the edge moves the metric by far more than the
+# difference's rounding floor; llama's queries and keys move it by 1e-4 at most on these prompts.
+GROUPED_EDGES = {
+    "gemma3": [("embed", "L0H2.q"), ("L0H0", "L1H2.q"), ("L0.mlp", "L2H0.q"),
+               ("embed", "L0H3.k"), ("L0.mlp", "L1H2.k"), ("L0H1", "L1H1.k"),
+               ("embed", "L0H1.v"), ("L0H2", "L1H2.v"), ("L0H3", "L1H3.v"),
+               ("L0H2", "L0.mlp"), ("L0H0", "L1.mlp"), ("L1H0", "L2.mlp"),
+               ("L2H3", "logits"), ("L1H1", "logits"), ("L0H0", "logits")],
+    "llama": [("L0H1", "L1H2.q"), ("embed", "L1H2.k"), ("embed", "L1H3.k"),
+              ("embed", "L0H2.v"), ("L0H1", "L1H1.v"), ("L0H0", "L1H3.v"),
+              ("L0H1", "L0.mlp"), ("L1H1", "L1.mlp"), ("L1H0", "logits"), ("L0H1", "logits")],
+}
+
+
+@pytest.mark.parametrize("family", sorted(GROUPED_EDGES))
+def test_eap_of_fixed_edges_into_every_receiver_kind_under_grouped_query_attention(family):
+    """EAP is the derivative of exact edge patching along the edge's patch: exact patching with the sender's
+    change scaled by ``+-h`` and ``+-2h`` (central differences extrapolated to ``(4 D(h) - D(2h)) / 3``, error
+    O(h^4)) equals the EAP score of every fixed q, k, v, MLP and logits edge."""
+    lm = get_model(f"tiny:{family}")
+    A = lm.anatomy
+    assert A.layers[0].attn.n_kv_heads < A.layers[0].attn.n_heads
+    graph = ComponentGraph.of(lm)
+    pairs = _pairs(lm, n=2)
+    eap = edge_attribution(lm, pairs, method="eap")
+    (g,) = groups(lm, pairs, "logit_diff")
+    clean, abl = _writes(lm, graph, g, "corrupted")
+    edges = GROUPED_EDGES[family]
+    assert {r.split(".")[-1] if "." in r else r for _, r in edges} == {"q", "k", "v", "mlp", "logits"}
+    idx = torch.tensor([[graph.sender_index(s), graph.receiver_index(r)] for s, r in edges])
+    removed = torch.zeros((len(edges),) + tuple(graph.valid.shape), dtype=torch.bool)
+    removed[torch.arange(len(edges)), idx[:, 0], idx[:, 1]] = True
+    h = 0.05
+
+    def central(step):
+        up = circuit_metrics(lm, graph, g, removed, writes=(clean, clean + step * (abl - clean))).mean(1)
+        down = circuit_metrics(lm, graph, g, removed, writes=(clean, clean - step * (abl - clean))).mean(1)
+        return (up.double() - down.double()) / (2 * step)
+
+    fd = (4 * central(h) - central(2 * h)) / 3
+    want = eap.scores[idx[:, 0], idx[:, 1]].double()
+    # float32 rounding: a metric (a difference of two logits) is off by at most about 4 eps32 max|logit|, and the
+    # extrapolated difference divides that by h / 1.5; the O(h^4) truncation is measured below 4e-3 relative
+    lg, _ = run(lm, g.clean, last_only=True)
+    floor = 1.5 * 4 * torch.finfo(torch.float32).eps * float(lg.abs().max()) / h
+    err = (fd - want).abs()
+    assert bool((err <= torch.maximum(1e-2 * fd.abs(), torch.tensor(floor))).all()), \
+        [(e, float(a), float(b)) for e, a, b in zip(edges, fd, want)]
+    assert float(fd.abs().min()) > 10 * floor, (float(fd.abs().min()), floor)  # every edge moves the metric
+
+
 def test_eap_ig_with_one_step_is_eap_and_converges_towards_exact():
     lm = get_model("tiny:gpt2")
     pairs = _pairs(lm)

@@ -59,7 +59,8 @@ def test_resume_gives_identical_results_without_recomputing(tmp_path):
 def test_summary_counts_skips_groups_and_accuracy(tmp_path):
     lm = get_model("tiny:gpt2")
     specs = [str(DATA / "tiny.csv"), f"sva:{DATA / 'sva.tsv'}"]
-    s = run_alignment(lm, specs, METHODS, progress=False)
+    s = run_alignment(lm, specs, METHODS, out=tmp_path / "all", progress=False)
+    records = read_records(tmp_path / "all" / "records.jsonl")
     csv, sva = s.datasets["tiny.csv"], s.datasets["sva:sva.tsv"]
     recs = {}
     for name, exs in (("tiny.csv", load_dataset(specs[0])), ("sva:sva.tsv", load_dataset(specs[1]))):
@@ -71,7 +72,11 @@ def test_summary_counts_skips_groups_and_accuracy(tmp_path):
         e = csv["methods"][m]
         for k in ("mrr", "mrr_ci", "n", "skipped", "accuracy", "probes", "dot", "correct"):
             assert k in e
-        assert e["n"] == 5 and e["skipped"] == 1 and 0 < e["mrr"] <= 1
+        assert e["n"] == 5 and e["skipped"] == 1
+        # the mean of the records' reciprocal ranks, each one over the rank the record holds
+        ms = [r["metrics"][m] for r in records.values() if r["dataset"] == "tiny.csv" and r["skip"] is None]
+        assert len(ms) == 5 and all(x["rr"] == pytest.approx(1 / x["rank"]) for x in ms)
+        assert e["mrr"] == pytest.approx(sum(x["rr"] for x in ms) / 5)
         assert e["mrr_ci"][0] <= e["mrr"] <= e["mrr_ci"][1]
     # sva: groups "0", "1", "2"; the ungrouped line without evidence counts for accuracy only
     assert list(sva["groups"]) == ["0", "1", "2"]

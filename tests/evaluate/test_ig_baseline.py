@@ -3,6 +3,7 @@
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ import lenscope
 from lenscope.attribution.baselines import ig_baseline, integrated_gradients_rows
 from lenscope.data.datasets import Example
 from lenscope.errors import InputError
-from lenscope.evaluate.alignment import evaluate_examples, run_alignment
+from lenscope.evaluate.alignment import evaluate_examples, read_records, run_alignment
 
 from ..conftest import get_model
 from .test_alignment import DATA
@@ -94,7 +95,15 @@ def test_records_and_summary_report_completeness(tmp_path):
     # the summary: median and max per dataset; a folder holds one baseline
     s = run_alignment(lm, [str(DATA / "tiny.csv")], ["ig"], ig_steps=4, baseline="pad", out=tmp_path, progress=False)
     c = s.datasets["tiny.csv"]["ig_completeness"]
-    assert c["baseline"] == "pad" and c["n"] == 5 and 0 <= c["median"] <= c["max"] and c["max_abs"] >= 0
+    assert c["baseline"] == "pad" and c["n"] == 5
+    # median and max of the records' own completeness errors, each recomputed from the record's scores
+    recs = [r for r in read_records(tmp_path / "records.jsonl").values() if r["skip"] is None]
+    ab = [abs(sum(r["scores"]["ig"]) - (r["info"]["ig_f_input"] - r["info"]["ig_f_baseline"])) for r in recs]
+    assert [r["info"]["ig_completeness_abs"] for r in recs] == pytest.approx(ab, abs=1e-6)
+    rel = [r["info"]["ig_completeness_error"] for r in recs]
+    assert len(recs) == 5 and c["median"] == pytest.approx(float(np.median(rel)))
+    assert c["max"] == pytest.approx(max(rel)) and c["median_abs"] == pytest.approx(float(np.median(ab)), abs=1e-6)
+    assert c["max_abs"] == pytest.approx(max(ab), abs=1e-6)
     assert s.info["baseline"] == "pad" and "completeness error" in (tmp_path / "table.md").read_text()
     with pytest.raises(InputError, match="holds results for"):
         run_alignment(lm, [str(DATA / "tiny.csv")], ["ig"], ig_steps=4, baseline="mean", out=tmp_path,

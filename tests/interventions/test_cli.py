@@ -90,8 +90,15 @@ def test_neurons_json_and_table(tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     assert d["target"] == " capital" and len(d["neurons"]) > 0
+    # the same neurons and probabilities as the library call (tests/interventions/test_neurons.py checks those
+    # against hooks on the real model)
+    from lenscope.interventions.neurons import knowledge_neurons
+
+    ref = knowledge_neurons(get_model("tiny:gemma3"), CLEAN, " capital", steps=4)
+    assert [[n["layer"], n["index"]] for n in d["neurons"]] == ref.neurons.tolist()
+    assert d["control"] == ref.control.tolist()
     for k in ("p_base", "p_suppressed", "p_amplified", "p_control_suppressed", "p_control_amplified"):
-        assert 0 <= d[k] <= 1
+        assert d[k] == pytest.approx(getattr(ref, k), rel=1e-6), k
     assert {"layer", "index", "score"} <= set(d["neurons"][0])
     assert d["suppress"] == {"before": d["p_base"], "after": d["p_suppressed"]}
     assert d["amplify"] == {"before": d["p_base"], "after": d["p_amplified"]}

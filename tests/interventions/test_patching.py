@@ -164,8 +164,41 @@ def test_head_position_and_prob_metric():
     lm = get_model("tiny:llama")
     r = activation_patching(lm, CLEAN, CORRUPT, " capital", what="heads", metric="prob", head_position=-1)
     assert r.head_position == len(r.tokens) - 1 and r.values.shape == (2, 4)
-    assert torch.equal(r.values, r.raw) and 0 < r.clean_metric < 1
-    assert (r.values > 0).all() and (r.values < 1).all()
+    assert torch.equal(r.values, r.raw)
+    # by plain hooks: the target's probability in the corrupted run with one head's input to the output
+    # projection at the last position taken from the clean run (denoising); float32 softmax of the same passes
+    tid = resolve_token(lm, " capital")
+    hooks = family_for(lm.model).hooks(lm.model).layers
+    c, x = encode(lm, CLEAN), encode(lm, CORRUPT)
+
+    def prob(ids, layer=None, head=None, value=None):
+        def pre(m, a):
+            z = a[0].clone()
+            z.view(*z.shape[:-1], 4, -1)[0, -1, head] = value
+            return (z,)
+
+        h = None if layer is None else hooks[layer].attn_out.register_forward_pre_hook(pre)
+        try:
+            with torch.no_grad():
+                return float(lm.model(input_ids=ids[None], use_cache=False).logits[0, -1].softmax(-1)[tid])
+        finally:
+            if h is not None:
+                h.remove()
+
+    store = {}
+    hs = [hooks[layer].attn_out.register_forward_pre_hook(lambda m, a, layer=layer: store.__setitem__(layer, a[0]))
+          for layer in range(2)]
+    try:
+        p_clean = prob(c)
+    finally:
+        for h in hs:
+            h.remove()
+    assert r.clean_metric == pytest.approx(p_clean, rel=1e-5) and r.corrupted_metric == pytest.approx(prob(x), rel=1e-5)
+    for layer in range(2):
+        for head in range(4):
+            want = prob(x, layer, head, store[layer].view(1, len(c), 4, -1)[0, -1, head])
+            assert float(r.values[layer, head]) == pytest.approx(want, rel=1e-5), (layer, head)
+    assert float(r.values.max() - r.values.min()) > 1e-3 * p_clean  # the heads differ: the check can fail
 
 
 def test_errors():

@@ -259,5 +259,8 @@ def test_smollm2_equals_the_brute_force(smollm2):
         ps = PatchscopeLens(lm, target_layer=block)
         got = ps.logits(states[state], state)
         ref = brute_force(lm, ps, states[state], block)
-        assert (got - ref).abs().max() < 1e-3 * ref.abs().max(), (state, block)
+        # float32 both ways through up to 30 blocks (lenscope's own math against the real model): a few eps32 of
+        # the logits' scale per block, so 1e-5 (84 eps32) of the largest logit; measured at most 2.6e-6 of it
+        # (7.5e-5 absolute) with the default and the AVX2 kernels
+        assert (got - ref).abs().max() < 1e-5 * ref.abs().max(), (state, block)
         assert torch.equal(got.argmax(-1), ref.argmax(-1))

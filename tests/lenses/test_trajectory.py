@@ -117,7 +117,10 @@ def test_shapes_labels_and_strings():
     assert traj.top_tokens == [[decode_one(i) for i in row] for row in traj.top_ids.tolist()]
     assert traj.topk_tokens == [[[decode_one(i) for i in cell] for cell in row] for row in traj.topk_ids.tolist()]
     assert torch.all(traj.topk_prob[..., :-1] >= traj.topk_prob[..., 1:])  # most likely first
-    assert torch.all(traj.entropy >= 0) and torch.all(traj.entropy <= torch.log(torch.tensor(512.0)) + 1e-4)
+    cap = residual_states(lm, encode(lm, TEXT)[None])
+    for layer in range(L + 1):  # the logit lens's entropy, recomputed in float64 (a float32 log-softmax over 512)
+        _, ent, _ = by_hand(lm, cap["states"][layer, 0], cap["logits"][0])
+        assert torch.allclose(traj.entropy[layer].double(), ent, atol=1e-4), layer
     assert traj.top_ids.dtype == torch.long and traj.kl.dtype == torch.float32
     assert "logit" in repr(traj) and "tiny:llama" in repr(traj)
 

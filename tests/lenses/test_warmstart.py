@@ -12,6 +12,8 @@ from tests.conftest import DECODERS, get_model
 
 TEXT = ("When Mary and John went to the store, John gave a drink to Mary. The capital of France is Paris. "
         "The keys to the cabinet are on the table. A cat sat on the mat and looked at the dog. ") * 8
+HELD_OUT = ("A dog ran to the park, and the children played with a red ball until the sun went down. "
+            "Madrid is the capital of Spain. The book on the shelf is old. ") * 4
 
 
 def _lstsq(X, Y, w, ridge_rows=None):
@@ -77,11 +79,21 @@ def test_start_is_the_least_squares_fit_on_every_family(family):
             direct = X @ B + h
             # compare the fits by what they predict (the coefficients of a rank-deficient tiny model are not unique)
             assert torch.allclose(pred, direct, atol=1e-3 * float(last.abs().max())), (family, name, layer)
-    # the start is a better lens than the identity on the text it was fitted to, at every state
-    ev = evaluate_lenses(lm, {"logit": LogitLens(lm.anatomy), "start": lens}, seqs, progress=False)
-    kl_id = [r["kl"] for r in ev["logit"].layers()][:L]
-    kl_start = [r["kl"] for r in ev["start"].layers()][:L]
-    assert all(s < i for s, i in zip(kl_start, kl_id)), (family, kl_id, kl_start)
+    # the start is a better lens than the identity at every state on sequences it never saw: fitted with the
+    # default ridge on 4,096 tokens of random ids (a random tiny model reads those as well as any text; the 528
+    # tokens of TEXT repeat one paragraph, too few for 65 coefficients per output), evaluated on other random ids
+    # and on a text of other sentences (measured: at most 0.87 of the identity's KL, llama's state 0)
+    V = lm.anatomy.vocab_size
+    fit = torch.randint(0, V, (256, 16), generator=torch.Generator().manual_seed(0))
+    start = TunedLens(lm.anatomy)
+    regression_start(lm, start, fit, tokens=fit.numel(), ridge=TrainSettings().init_ridge)
+    held_ids = torch.randint(0, V, (32, 16), generator=torch.Generator().manual_seed(1))
+    for held in (held_ids, token_sequences(lm, HELD_OUT, 16)):
+        assert not (held[:, None, :] == fit[None]).all(-1).any()  # no held-out sequence was fitted
+        ev = evaluate_lenses(lm, {"logit": LogitLens(lm.anatomy), "start": start}, held, progress=False)
+        kl_id = [r["kl"] for r in ev["logit"].layers()][:L]
+        kl_start = [r["kl"] for r in ev["start"].layers()][:L]
+        assert all(s < i for s, i in zip(kl_start, kl_id)), (family, kl_id, kl_start)
 
 
 def test_start_stops_at_its_deadline():

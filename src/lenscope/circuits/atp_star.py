@@ -18,9 +18,10 @@ to components"): attribution patching with two fixes.
   the gradient); all variants are batch rows of one gradient pass. ``score_GD(n) = sign(AtP(n)) *
   mean_{l != layer(n)} |AtP_l(n)|``: the magnitude of the paper's estimate with the sign of plain AtP (the
   paper's estimate is unsigned; the sign keeps the scores comparable to exact patching's signed effect). The
-  mean runs over the ``L - 1`` layers other than the node's (``AtP_{layer(n)}(n)`` is 0: the node writes
-  through the dropped contributions) and over all ``L`` layers for the embedding. For a node in the last layer
-  no later layer exists, so its GradDrop score is plain AtP.
+  mean runs over the ``L - 1`` layers other than the node's (the node writes through the dropped
+  contributions: a head's ``AtP_{layer(n)}(n)`` is 0; an MLP node is read at the edited site itself, so that row
+  holds its plain AtP, which the mean leaves out) and over all ``L`` layers for the embedding. For a node in the
+  last layer no later layer exists, so its GradDrop score is plain AtP.
 """
 
 from __future__ import annotations
