@@ -16,19 +16,22 @@ def test_verify_every_tiny_family(tiny):
 
 
 def test_verify_catches_a_wrong_weight(tiny):
-    """verify must fail when the Anatomy disagrees with the model (here: a perturbed MLP weight)."""
-    W = tiny.anatomy.layers[0].mlp.W_out
+    """verify must fail when the Anatomy disagrees with the model (here: a perturbed MLP weight; a mixture of
+    experts: every expert's)."""
+    mlp = tiny.anatomy.layers[0].mlp
+    owner = getattr(mlp, "experts", mlp)  # an MoE block keeps its experts' stacked weights in an MLP
+    W = owner.W_out
     saved = W.clone()
     try:
         W.add_(0.05 * torch.randn_like(W))  # the Anatomy views the model's weights: perturb the model itself
         tr = lenscope.trace(tiny, "The capital of France is Paris.")
-        tiny.anatomy.layers[0].mlp.W_out = saved  # ... while lenscope's reading keeps the old weight
+        owner.W_out = saved  # ... while lenscope's reading keeps the old weight
         rep = lenscope.verify(tiny, tr=tr)
         assert not rep.ok
         assert rep.layers[0]["mlp_out"] > RESID_TOL
     finally:
         W.copy_(saved)
-        tiny.anatomy.layers[0].mlp.W_out = W
+        owner.W_out = W
 
 
 def test_trace_shapes_and_chain(tiny):

@@ -8,33 +8,47 @@ Sites: a name and a block index, written ``("resid_pre", 3)`` or ``"resid_pre.3"
 final norm's take ``None``: ``"ln_final.in"``). Shapes as a hook sees them, reshaped to a batch of rows
 (``b``: batch row, ``p``: position, ``h``: head, ``hk``: key/value head, ``s``: source position):
 
-==================  ======================  ======  =====================================================
-site                shape                   edit    what it is
-==================  ======================  ======  =====================================================
-``resid_pre``       ``(b, p, d_model)``     yes     the residual stream entering block ``i``
-``resid_mid``       ``(b, p, d_model)``     no      after the block's attention part (derived: the input
-                                                    of ``ln_mlp``; ``ln_attn``'s output for Post-LN;
-                                                    ``resid_pre + attn_out`` for parallel blocks)
-``resid_post``      ``(b, p, d_model)``     yes     the residual stream leaving block ``i``
-``attn_out``        ``(b, p, d_model)``     yes     the attention output projection's output (with bias)
-``head``            ``(b, p, h, d_head)``   yes     per-head outputs: the output projection's input
-``q``               ``(b, p, h, d_head)``   yes     per-head queries: the query projection's output
-                                                    (before rotary / q-norm / scaling)
-``k``, ``v``        ``(b, p, hk, d_head)``  yes     per key/value-head keys and values (fused q/k/v
-                                                    projections are split: GPT-2, GPT-NeoX, BLOOM)
-``pattern``         ``(b, h, p, s)``        no      attention probabilities (the attention module's
-                                                    second output; computed inside transformers'
-                                                    attention function, which has no module to edit)
-``mlp_pre``         ``(b, p, d_mlp)``       yes     the activation's input (of the gate for gated MLPs)
-``mlp_up``          ``(b, p, d_mlp)``       yes     the linear branch of a gated MLP
-``mlp_hidden``      ``(b, p, d_mlp)``       yes     the down projection's input: act(pre) (·up)
-``mlp_out``         ``(b, p, d_model)``     yes     the MLP's output (with bias)
-``<slot>.in``       ``(b, p, d_model)``     yes     a norm's input; slots ``ln_attn``, ``ln_mlp``,
-``<slot>.out``      ``(b, p, d_model)``     yes     ``ln_attn_out``, ``ln_mlp_out`` (sandwich) per block,
-``<slot>.scale``    ``(b, p)``              no      ``ln_final`` (block ``None``); ``scale`` is the
-                                                    per-token factor ``1/sqrt(var + eps)``
-``logits``          ``(b, p, vocab)``       no      the model's output (block ``None``)
-==================  ======================  ======  =====================================================
+======================  ======================  ======  =====================================================
+site                    shape                   edit    what it is
+======================  ======================  ======  =====================================================
+``resid_pre``           ``(b, p, d_model)``     yes     the residual stream entering block ``i``
+``resid_mid``           ``(b, p, d_model)``     no      after the block's attention part (derived: the input
+                                                        of ``ln_mlp``; ``ln_attn``'s output for Post-LN;
+                                                        ``resid_pre + attn_out`` for parallel blocks)
+``resid_post``          ``(b, p, d_model)``     yes     the residual stream leaving block ``i``
+``attn_out``            ``(b, p, d_model)``     yes     the attention output projection's output (with bias)
+``head``                ``(b, p, h, d_head)``   yes     per-head outputs: the output projection's input
+``q``                   ``(b, p, h, d_head)``   yes     per-head queries: the query projection's output
+                                                        (before rotary / q-norm / scaling)
+``k``, ``v``            ``(b, p, hk, d_head)``  yes     per key/value-head keys and values (fused q/k/v
+                                                        projections are split: GPT-2, GPT-NeoX, BLOOM)
+``pattern``             ``(b, h, p, s)``        no      attention probabilities (the attention module's
+                                                        second output; computed inside transformers'
+                                                        attention function, which has no module to edit)
+``mlp_pre``             ``(b, p, d_mlp)``       yes     the activation's input (of the gate for gated MLPs)
+``mlp_up``              ``(b, p, d_mlp)``       yes     the linear branch of a gated MLP
+``mlp_hidden``          ``(b, p, d_mlp)``       yes     the down projection's input: act(pre) (·up)
+``mlp_out``             ``(b, p, d_model)``     yes     the MLP's output (with bias); a mixture of experts: the
+                                                        whole block's output
+``router_logits``       ``(b, p, expert)``      no      a mixture of experts' router logits
+``routing_weights``     ``(b, p, expert)``      no      the routing weights: the chosen experts' weights, 0 for
+                                                        the others (dense over the experts)
+``expert_out``          ``(b, p, e, d_model)``  yes     each expert's weighted output (0 where not chosen); they
+                                                        add up to ``mlp_out``; an edit names the expert in
+                                                        ``head``
+``<slot>.in``           ``(b, p, d_model)``     yes     a norm's input; slots ``ln_attn``, ``ln_mlp``,
+``<slot>.out``          ``(b, p, d_model)``     yes     ``ln_attn_out``, ``ln_mlp_out`` (sandwich) per block,
+``<slot>.scale``        ``(b, p)``              no      ``ln_final`` (block ``None``); ``scale`` is the
+                                                        per-token factor ``1/sqrt(var + eps)``
+``logits``              ``(b, p, vocab)``       no      the model's output (block ``None``)
+======================  ======================  ======  =====================================================
+
+In a mixture-of-experts block the MLP sites ``mlp_pre``, ``mlp_up``, ``mlp_hidden`` hold every expert's units side
+by side, ``(b, p, expert * d_mlp)`` (unit ``i`` of expert ``e`` at ``e * d_mlp + i``; 0 for the experts a token
+does not use). transformers runs the chosen experts inside one module, so the engine computes these sites and
+``expert_out`` with the Anatomy's own math (:meth:`~lenscope.models.anatomy.MoE.run`) from what that module
+receives (its input and the router's choice); an unedited run goes on with the model's own output, an edit adds
+its change to it.
 
 Edits (:class:`Edit`) set, add to or scale a site's entries per batch row and position (and head). Captures
 keep what the model used, after the edits at that site. Padding: with ``attention_mask`` (``1`` = real token),
@@ -51,16 +65,19 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError, UnsupportedModelError
+from .anatomy import MOE_SITES
 from .devices import compute_dtype, main_device
 from .families import family_for
 from .load import LoadedModel
 
 NORM_SLOTS = ("ln_attn", "ln_mlp", "ln_attn_out", "ln_mlp_out")
 NORM_SITES = tuple(f"{s}.{w}" for s in NORM_SLOTS for w in ("in", "out", "scale"))
+ROUTER_SITES = ("router_logits", "routing_weights")
 LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "head", "q", "k", "v", "pattern", "mlp_pre",
-               "mlp_up", "mlp_hidden", "mlp_out") + NORM_SITES
+               "mlp_up", "mlp_hidden", "mlp_out") + NORM_SITES + ROUTER_SITES + ("expert_out",)
 MODEL_SITES = ("ln_final.in", "ln_final.out", "ln_final.scale", "logits")
-READ_ONLY = {"resid_mid", "pattern", "logits"} | {s for s in LAYER_SITES + MODEL_SITES if s.endswith(".scale")}
+READ_ONLY = ({"resid_mid", "pattern", "logits"} | set(ROUTER_SITES)
+             | {s for s in LAYER_SITES + MODEL_SITES if s.endswith(".scale")})
 HEAD_SITES = ("head", "q", "k", "v")
 _ALL = frozenset(LAYER_SITES + MODEL_SITES)
 # the interventions' first vocabulary, still accepted in Edit / run
@@ -98,6 +115,7 @@ class Edit:
 
     ``rows, pos, head: (n,)`` long; ``values: (n, d)`` where ``d`` is the site's last axis (``d_head`` for
     per-head sites), or ``(n,)``/``(n, d)`` factors for ``"scale"``. Edits at one site apply in list order.
+    ``expert_out`` edits name the expert in ``head``.
     """
 
     site: str
@@ -245,6 +263,8 @@ class _Session:
         """``x`` as ``(b, p, ...)`` (some modules see ``(b * p, d)``: OPT's MLP); heads split for per-head sites."""
         if name == "pattern" or name.endswith(".scale"):
             return x
+        if name == "expert_out":
+            return x.reshape(self.B, self.P, *x.shape[-2:])
         x = x.reshape(self.B, self.P, x.shape[-1])
         if name in HEAD_SITES:
             H = _n_heads(self.lm, name, layer)
@@ -349,6 +369,47 @@ def _register(s: _Session, hooks, handles: list) -> None:
             return torch.stack(new, dim=axis).reshape(out.shape) if write else out
         return f
 
+    def router(layer):
+        kl, kw = ("router_logits", layer), ("routing_weights", layer)
+
+        def f(mod, args, out):
+            logits, scores, idx = out[:3]
+            if s.wants(kl):
+                s.visit(kl, logits)
+            if s.wants(kw):  # dense over the experts: the chosen experts' weights, 0 elsewhere
+                s.visit(kw, scores.new_zeros(idx.shape[0], logits.shape[-1]).scatter(1, idx, scores))
+            return out
+        return f
+
+    def experts(layer):
+        keys = {n: (n, layer) for n in MOE_SITES}
+
+        def f(mod, args, out):
+            if not any(s.wants(k) for k in keys.values()):
+                return out
+            if len(args) < 3:
+                raise UnsupportedModelError("this mixture-of-experts block calls its experts with keyword arguments; "
+                                            "it is not supported")
+            x, idx, w = args[:3]
+            moe = s.lm.anatomy.layers[layer].mlp
+            weights = w.new_zeros(idx.shape[0], moe.n_experts).scatter(1, idx, w)
+
+            def visit(name, t):
+                return s.visit(keys[name], t) if s.wants(keys[name]) else t
+
+            if any(k in s.by_site for k in keys.values()):
+                # the edit's change on the model's own output; with gradients, the unedited recomputation's path
+                # cancels the model's own, so what reaches the block's input goes through the edited computation
+                total = moe.run(x, weights, visit)
+                return out + (total - moe.run(x, weights, lambda name, t: t)).to(out)
+            # unedited: the block's input reaches the output through the model's own path only; the captures are
+            # computed beside it (leaves with grad=True: the same numbers, and the gradient reaches them)
+            total = moe.run(x.detach(), weights.detach(), visit)
+            if s.grad and any(k in s.capture for k in keys.values()):
+                return out + (total - total.detach()).to(out)
+            return out
+        return f
+
     def norm(slot, layer, mod):
         kin, kout, kscale = ((f"{slot}.{w}", layer) for w in ("in", "out", "scale"))
         if s.wants(kin):
@@ -374,14 +435,24 @@ def _register(s: _Session, hooks, handles: list) -> None:
             handles.append(lh.attn_out.register_forward_pre_hook(pre(("head", i))))
         if w("mlp_out"):
             handles.append(lh.mlp_out.register_forward_hook(post(("mlp_out", i))))
-        if w("mlp_hidden"):
-            handles.append(lh.mlp_out.register_forward_pre_hook(pre(("mlp_hidden", i))))
-        if w("mlp_pre"):
-            handles.append(lh.act.register_forward_pre_hook(pre(("mlp_pre", i))))
-        if w("mlp_up"):
-            if lh.up is None:
-                raise NotApplicableError("site 'mlp_up' exists only for gated MLPs")
-            handles.append(lh.up.register_forward_hook(post(("mlp_up", i))))
+        if lh.experts is not None:  # a mixture of experts: the MLP sites come from the experts module
+            if any(w(n) for n in MOE_SITES):
+                handles.append(lh.experts.register_forward_hook(experts(i)))
+            if any(w(n) for n in ROUTER_SITES):
+                handles.append(lh.router.register_forward_hook(router(i)))
+        else:
+            for n in ROUTER_SITES + ("expert_out",):
+                if w(n):
+                    raise NotApplicableError(f"site {n!r} exists only for mixture-of-experts blocks; block {i} has a "
+                                             "dense MLP")
+            if w("mlp_hidden"):
+                handles.append(lh.mlp_out.register_forward_pre_hook(pre(("mlp_hidden", i))))
+            if w("mlp_pre"):
+                handles.append(lh.act.register_forward_pre_hook(pre(("mlp_pre", i))))
+            if w("mlp_up"):
+                if lh.up is None:
+                    raise NotApplicableError("site 'mlp_up' exists only for gated MLPs")
+                handles.append(lh.up.register_forward_hook(post(("mlp_up", i))))
         if w("q") or w("k") or w("v"):
             if lh.qkv is not None:
                 handles.append(lh.qkv.register_forward_hook(fused(i, lh.qkv_layout)))
