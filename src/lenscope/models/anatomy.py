@@ -241,6 +241,9 @@ class Attention:
     alibi: Tensor | None = None  # (head,) slopes
     softcap: float | None = None
     window: int | None = None  # causal: query i sees keys j with i - j < window; bidirectional: |i - j| <= window
+    sinks: Tensor | None = None  # (head,) learned logits in each head's softmax denominator (GPT-OSS): the weights
+    # over the real tokens then sum to less than one
+    qk_norm_across_heads: bool = False  # q_norm / k_norm over all heads' features at once (OLMoE), not per head
 
     n_heads = axis_size("W_Q", 0)
     n_kv_heads = axis_size("W_K", 0)
@@ -262,17 +265,44 @@ class Attention:
             out = torch.einsum("...pd,hde->...hpe", *_mix(x, W))
         return out if b is None else out + b[:, None, :]
 
+    def _normed_across(self, norm: Norm | None, x: Tensor, W: Tensor, b: Tensor | None, per_head: bool,
+                       kv: bool) -> Tensor:
+        """Projections normed over all heads' features at once (``norm``'s weight ``(n * d_head,)``), as
+        :meth:`_project` returns them. ``per_head``: each query head's own input is projected by every head's
+        weights and normed, and the head keeps its own (a key: its key/value head's) part."""
+        if not per_head:
+            out = self._project(x, W, b, False, kv)  # (..., n, pos, e)
+            if norm is None:
+                return out
+            flat = out.transpose(-3, -2)  # (..., pos, n, e)
+            return norm(flat.reshape(*flat.shape[:-2], -1)).reshape(flat.shape).transpose(-3, -2)
+        x = _on(x, W)
+        full = torch.einsum("...phd,nde->...phne", *_mix(x, W))  # every head's projection of each input
+        if b is not None:
+            full = full + b
+        if norm is not None:
+            full = norm(full.reshape(*full.shape[:-2], -1)).reshape(full.shape)
+        H = self.n_heads
+        own = torch.arange(H, device=full.device)
+        idx = own // (H // self.n_kv_heads) if kv else own
+        return full[..., own, idx, :].transpose(-3, -2)  # (..., head, pos, e)
+
     def queries_keys(self, x: Tensor, positions: Tensor, *, x_k: Tensor | None = None,
                      per_head: bool = False) -> tuple[Tensor, Tensor]:
         """x (..., pos, d_model) -> q, k (..., head, pos, d_head) after norms and rotary (keys repeated per query
         head). ``x_k``: another input for the keys (default ``x``); ``per_head``: inputs ``(..., pos, head,
         d_model)``, one per query head."""
-        q = self._project(x, self.W_Q, self.b_Q, per_head, kv=False)
-        k = self._project(x if x_k is None else x_k, self.W_K, self.b_K, per_head, kv=True)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        if self.k_norm is not None:
-            k = self.k_norm(k)
+        xk = x if x_k is None else x_k
+        if self.qk_norm_across_heads:
+            q = self._normed_across(self.q_norm, x, self.W_Q, self.b_Q, per_head, kv=False)
+            k = self._normed_across(self.k_norm, xk, self.W_K, self.b_K, per_head, kv=True)
+        else:
+            q = self._project(x, self.W_Q, self.b_Q, per_head, kv=False)
+            k = self._project(xk, self.W_K, self.b_K, per_head, kv=True)
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+            if self.k_norm is not None:
+                k = self.k_norm(k)
         if self.rotary is not None:
             q = self.rotary.apply(q, positions)
             k = self.rotary.apply(k, positions)
@@ -309,6 +339,9 @@ class Attention:
             scores = scores + self.alibi.to(scores)[:, None, None] * rel
         allowed = self.mask(q.shape[-2], k.shape[-2], q.device)
         scores = scores.masked_fill(~allowed, float("-inf"))
+        if self.sinks is not None:  # one more logit per head in the denominator, dropped after the softmax
+            sink = _on(self.sinks, scores).to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)
+            return torch.softmax(torch.cat([scores, sink], -1).float(), dim=-1)[..., :-1]
         return torch.softmax(scores.float(), dim=-1)
 
     def pattern(self, x: Tensor, positions: Tensor) -> Tensor:
@@ -343,7 +376,7 @@ class Attention:
     def __repr__(self) -> str:
         flags = [(self.rotary is not None, repr(self.rotary)), (self.alibi is not None, "alibi"),
                  (self.q_norm is not None, "qk_norm"), (self.softcap is not None, f"softcap={self.softcap or 0:g}"),
-                 (self.window is not None, f"window={self.window}")]
+                 (self.window is not None, f"window={self.window}"), (self.sinks is not None, "sinks")]
         parts = [f"heads={self.n_heads}", f"kv_heads={self.n_kv_heads}", f"d_head={self.d_head}",
                  "causal" if self.causal else "bidirectional"] + [text for on, text in flags if on]
         return "Attention(" + ", ".join(parts) + ")"

@@ -259,9 +259,9 @@ def family_for(model_or_config) -> Family:
 @torch.no_grad()
 def randomize_(model: nn.Module, seed: int = 0) -> nn.Module:
     """Give a freshly initialised tiny model non-trivial norms and biases (so tests can catch a
-    mishandled weight or bias), deterministically."""
+    mishandled weight or bias), deterministically (a mixture of experts' stacked expert biases, ``*_bias``, too)."""
     g = torch.Generator().manual_seed(seed)
-    for p in model.parameters():
-        if p.ndim == 1:
+    for name, p in model.named_parameters():
+        if p.ndim == 1 or name.endswith("_bias"):
             p.add_(0.1 * torch.randn(p.shape, generator=g))
     return model
