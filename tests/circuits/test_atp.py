@@ -17,17 +17,27 @@ EPS = 1e-2
 
 
 def _directional(lm, ids, site, delta, head, tid, fid):
-    """(metric(a + eps delta) - metric(a - eps delta)) / (2 eps) at the last position, through the engine."""
+    """(metric(a + eps delta) - metric(a - eps delta)) / (2 eps) at the last position, through the engine. A mixture
+    of experts is differentiable only where its router's choice stays put: eps shrinks (from EPS, by 3x) until
+    neither run changes which experts any token uses."""
     P = ids.shape[1]
-    vals = []
-    for sign in (1, -1):
-        d = sign * EPS * delta
-        edit = Edit(site[0], site[1], torch.zeros(P, dtype=torch.long), torch.arange(P), d, mode="add",
-                    head=None if head is None else torch.full((P,), head))
-        with torch.no_grad():
-            lg, _ = run(lm, ids, [edit])
-        vals.append(float(metric_of(lg[:, -1], "logit_diff", tid, fid)[0]))
-    return (vals[0] - vals[1]) / (2 * EPS)
+    L = lm.anatomy.n_layers
+    moe = lm.anatomy.layers[0].mlp.__class__.__name__ == "MoE"
+    routes = [("routing_weights", i) for i in range(L)] if moe else []
+    base = capture(lm, ids, routes) if moe else None
+    for eps in (EPS, EPS / 3, EPS / 10, EPS / 30):
+        vals, same = [], True
+        for sign in (1, -1):
+            d = sign * eps * delta
+            edit = Edit(site[0], site[1], torch.zeros(P, dtype=torch.long), torch.arange(P), d, mode="add",
+                        head=None if head is None else torch.full((P,), head))
+            with torch.no_grad():
+                lg, cap = run(lm, ids, [edit], capture=routes)
+            vals.append(float(metric_of(lg[:, -1], "logit_diff", tid, fid)[0]))
+            same = same and all(torch.equal(cap[k] > 0, base[k] > 0) for k in routes)
+        if same:
+            return (vals[0] - vals[1]) / (2 * eps)
+    raise AssertionError("the router's choice changes within every step tried")
 
 
 def test_atp_is_the_derivative_along_the_patch(tiny_decoder):
@@ -188,3 +198,30 @@ def test_exact_resid_at_the_last_block_is_its_direct_effect(tiny_decoder):
         lg = A.logits(out)[None]
         want = float(metric_of(lg, "logit_diff", tid, fid)[0]) - ex.metric_clean
         assert float(ex.resid[L - 1, p]) == pytest.approx(want, abs=2e-4, rel=2e-3), (lm.name, p)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt-oss"])
+def test_expert_nodes(family):
+    """A mixture of experts' nodes are its experts (L{l}.E{e}.mlp): their AtP scores add up to the block's, and
+    exact node patching of one sets that expert's output to the corrupted run's (an engine edit written here)."""
+    from lenscope.circuits import exact_node_patching
+
+    lm = get_model(f"tiny:{family}")
+    res = attribution_patching(lm, CLEAN, CORRUPT, " capital", " of")
+    L, E = lm.anatomy.n_layers, lm.anatomy.layers[0].mlp.n_experts
+    assert res.experts.shape == (L, E)
+    torch.testing.assert_close(res.experts.sum(-1), res.mlps, atol=1e-5, rtol=1e-4)
+    names = [n["name"] for n in res.nodes()]
+    assert f"L0.E{E - 1}.mlp" in names and names.index("L0.E0.mlp") == names.index("L0.mlp") + 1
+    ex = exact_node_patching(lm, CLEAN, CORRUPT, " capital", " of")
+    c, x = encode(lm, CLEAN)[None], encode(lm, CORRUPT)[None]
+    tid, fid = resolve_token(lm, " capital"), resolve_token(lm, " of")
+    P = c.shape[1]
+    corr = capture(lm, x, [("expert_out", 1)])["expert_out", 1][0]
+    e = int(ex.experts[1].abs().argmax())
+    with torch.no_grad():
+        lg, _ = run(lm, c, [Edit("expert_out", 1, torch.zeros(P, dtype=torch.long), torch.arange(P), corr[:, e],
+                                 head=torch.full((P,), e))])
+    want = float(metric_of(lg[:, -1], "logit_diff", tid, fid)[0]) - ex.metric_clean
+    assert float(ex.experts[1, e]) == pytest.approx(want, abs=1e-5) and abs(want) > 1e-5
+    assert {n["name"] for n in ex.nodes()} == set(names)

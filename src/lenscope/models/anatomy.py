@@ -327,9 +327,10 @@ class Attention:
                 allowed &= (qi - kj).abs() <= self.window
         return allowed
 
-    def probs(self, q: Tensor, k: Tensor, positions: Tensor) -> Tensor:
+    def probs(self, q: Tensor, k: Tensor, positions: Tensor, sink_column: bool = False) -> Tensor:
         """Attention probabilities ``(..., head, pos, src)`` (float32) from queries and keys ``(..., head, pos,
-        d_head)`` as :meth:`queries_keys` returns them: scale, soft-cap, ALiBi, mask, softmax."""
+        d_head)`` as :meth:`queries_keys` returns them: scale, soft-cap, ALiBi, mask, softmax. ``sink_column``:
+        with attention sinks, the sink's probability as a last column ``(..., head, pos, src + 1)``."""
         scores = torch.einsum("...hqe,...hke->...hqk", q, k) * self.scale
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
@@ -341,7 +342,8 @@ class Attention:
         scores = scores.masked_fill(~allowed, float("-inf"))
         if self.sinks is not None:  # one more logit per head in the denominator, dropped after the softmax
             sink = _on(self.sinks, scores).to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)
-            return torch.softmax(torch.cat([scores, sink], -1).float(), dim=-1)[..., :-1]
+            full = torch.softmax(torch.cat([scores, sink], -1).float(), dim=-1)
+            return full if sink_column else full[..., :-1]
         return torch.softmax(scores.float(), dim=-1)
 
     def pattern(self, x: Tensor, positions: Tensor) -> Tensor:
