@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lenscope.errors import NotApplicableError, UnsupportedModelError
-from lenscope.models.anatomy import MoE
 from lenscope.models.engine import Edit, capture, run
 from lenscope.models.families import family_for
+from lenscope.models.moe import MoE
 from tests.conftest import DECODERS, get_model
 
 MOE = [n for n in DECODERS if isinstance(get_model(f"tiny:{n}").anatomy.layers[0].mlp, MoE)]

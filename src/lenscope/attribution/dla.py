@@ -7,7 +7,7 @@ final norm's per-token scale ``s`` taken from the trace, the norm is affine, so 
     logit = sum_c  u . (w * s * center(c))  +  u . b_norm  +  b_U[t] - b_U[f],   u = W_U[:, t] - W_U[:, f]
 
 A mixture of experts' write splits into its chosen experts (``L{l}.E{e}.mlp``): with the routing read from the trace,
-the block's output is the sum of the experts' weighted outputs (:meth:`lenscope.models.anatomy.MoE.expert_outputs`).
+the block's output is the sum of the experts' weighted outputs (:meth:`lenscope.models.moe.MoE.expert_outputs`).
 Each attention write splits further into its heads and its output bias through the decomposition algebra
 (:func:`lenscope.models.algebra.attention_parts` with the attention weights from the trace, then
 :func:`~lenscope.models.algebra.norm_step` for Gemma's sandwich norm, affine given its traced scale); the final

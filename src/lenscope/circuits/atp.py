@@ -20,9 +20,9 @@ from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
 from ..interventions.patching import METRICS, _tokens, contrast, metric_of
-from ..models.anatomy import MoE
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, require_decoder, token_str
+from ..models.moe import is_moe
 from ..results import Result
 
 FINE = ("heads_pos", "mlps_pos", "resid")
@@ -198,10 +198,6 @@ def read_at(pos: int, P: int) -> tuple[bool, int]:
     return (True, -1) if pos == P - 1 else (False, pos)
 
 
-def is_moe(lm: LoadedModel) -> bool:
-    return isinstance(lm.anatomy.layers[0].mlp, MoE)
-
-
 def atp_sites(L: int, fine: bool, moe: bool = False) -> list[tuple[str, int]]:
     """The engine sites AtP reads (``moe``: a mixture of experts' per-expert outputs too)."""
     sites = [("resid_pre", 0)] + [(s, layer) for layer in range(L) for s in ("head", "mlp_out")]
@@ -251,7 +247,7 @@ def attribution_patching(lm: LoadedModel, clean=None, corrupted=None, target=Non
     if fine:
         one_length(ps, "heads_pos, mlps_pos and resid")
     L = lm.anatomy.n_layers
-    sites = atp_sites(L, fine, is_moe(lm))
+    sites = atp_sites(L, fine, is_moe(lm.anatomy))
     total: dict[str, Tensor] = {}
     m_clean = m_corr = 0.0
     for c, x, t, f, pos, _ in groups(ps):
@@ -354,7 +350,7 @@ def exact_node_patching(lm: LoadedModel, clean=None, corrupted=None, target=None
     AtP*'s ``queries``/``keys``/``values``: the engine's ``q`` (per head), ``k``/``v`` (per kv head) at one
     position (before rotary; the corrupted run's value). Per-position nodes need prompts of one length."""
     ps = prompts(lm, clean, corrupted, target, foil, metric, position, pairs, what="exact node patching")
-    kinds = ["embed", "heads", "mlps"] + (["experts"] if is_moe(lm) else []) + (list(FINE) if fine else []) + (
+    kinds = ["embed", "heads", "mlps"] + (["experts"] if is_moe(lm.anatomy) else []) + (list(FINE) if fine else []) + (
         list(QKV) if qkv else [])
     P = one_length(ps, "per-position nodes") if fine or qkv else ps[0][0].numel()
     spec = node_list(lm, kinds, P)

@@ -32,7 +32,8 @@ from ..errors import InputError
 from ..interventions.patching import metric_of
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel
-from .atp import NodeAttribution, atp_terms, groups, is_moe, prompts, read_at, result
+from ..models.moe import is_moe
+from .atp import NodeAttribution, atp_terms, groups, prompts, read_at, result
 
 
 def pattern_grad(g_z: Tensor, v: Tensor, n_heads: int) -> Tensor:
@@ -72,7 +73,9 @@ def key_scores(attn, q: Tensor, k: Tensor, k_corr: Tensor, g_A: Tensor, position
     ``r = 1 / (1 + A[t,s] (e^(S'-S) - 1))``, so the change is ``u r (g_A[t,s] - sum_s' g_A[t,s'] A[t,s'])``,
     ``u = A[t,s] (e^(S'-S) - 1)``. ``S' - S`` is read from ``probs`` (never re-derived): with the even keys
     corrupted, the odd keys' log-probabilities all move by the same ``-log Z'/Z``, which fixes the row's shift
-    (and the other way round for odd keys); a row with a single visible key does not change. ``linear``: the
+    (and the other way round for odd keys); a row with a single visible key does not change. Attention sinks
+    (GPT-OSS) join each row as one more key that never moves (``Attention.probs(..., sink_column=True)``): the
+    sink fixes the shift of a row whose keys all move, and a single key's row changes with it. ``linear``: the
     softmax linearised, ``u = A[t,s] (S'-S)``, ``r = 1`` (plain AtP through the pattern)."""
     P = k.shape[-2]
     sink = attn.sinks is not None  # attention sinks: the sink's column is one more key that never moves
@@ -154,7 +157,7 @@ def atp_star(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=None
     V = 1 + (L if grad_drop and L > 1 else 0)
     qk_sites = [("ln_attn.out", layer) for layer in range(L)]
     grad_sites = [("resid_pre", 0)] + [(s, layer) for layer in range(L) for s in ("head", "mlp_out")]
-    expert_sites = [("expert_out", layer) for layer in range(L)] if is_moe(lm) else []
+    expert_sites = [("expert_out", layer) for layer in range(L)] if is_moe(lm.anatomy) else []
     qk_sites += [("v", layer) for layer in range(L)]
     drop_sites = [(s, layer) for layer in range(L) for s in ("attn_out", "mlp_out")] if V > 1 else []
     total: dict[str, Tensor] = {}

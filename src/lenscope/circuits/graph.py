@@ -25,9 +25,10 @@ from torch import Tensor
 from ..data.contrast import ContrastPair
 from ..errors import InputError, NotApplicableError
 from ..interventions.patching import metric_of
-from ..models.anatomy import Layer, MoE
+from ..models.anatomy import Layer
 from ..models.engine import run
 from ..models.load import LoadedModel, require_decoder
+from ..models.moe import is_moe
 from .atp import groups as node_groups
 from .atp import prompts
 
@@ -61,7 +62,7 @@ class ComponentGraph:
                                      "model renormalises it after every sub-layer (Post-LN). Use node-level "
                                      "attribution patching (level='nodes') instead")
         L, H = A.n_layers, A.layers[0].attn.n_heads
-        moe = isinstance(A.layers[0].mlp, MoE)
+        moe = is_moe(A)
         if moe and A.layers[0].ln_mlp_out is not None:
             raise NotApplicableError("edges of a mixture of experts followed by a sandwich norm are not supported")
         M = A.layers[0].mlp.n_experts if moe else 1

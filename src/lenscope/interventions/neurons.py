@@ -14,9 +14,10 @@ layers, as a control.
 
 A mixture of experts' neurons are (expert, neuron) pairs: the engine's ``mlp_hidden`` site holds every expert's
 units side by side (unit ``e * d_mlp + i`` is neuron ``i`` of expert ``e``), with the router's choice as the model
-made it; the experts a token does not use have no units there (0, so their attribution is 0), and the random controls
-are drawn from the units of the experts the prediction position uses. ``to_frame`` / ``to_dict`` name each neuron's
-``expert`` and ``neuron``.
+made it; the experts a token does not use have no units there (0, so their attribution is 0), and
+:func:`knowledge_neurons` draws its random controls from the units of the experts the prediction position uses
+(:func:`refined_knowledge_neurons`, over prompts routed differently, from all of the layer's units). ``to_frame`` /
+``to_dict`` name each neuron's ``expert`` and ``neuron``.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..models.anatomy import MoE
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, encode, require_decoder, resolve_token, token_ids, token_str
+from ..models.moe import MoE
 from ..results import Result
 from .patching import _position, _tokens
 

@@ -456,7 +456,7 @@ def ff_step(dec, mlp, *, nodes: int = 32, numeric_steps: int | None = None,
     units without expanding over ``d_model``) through the whole MLP (output with its bias), splitting the
     activation among the sources with :func:`ig_hidden`. Returns it and the quadrature error estimate.
     A mixture of experts needs its ``routing (row, expert)`` from the trace (:func:`moe_ff_step`)."""
-    from .anatomy import MoE
+    from .moe import MoE
 
     if isinstance(mlp, MoE):
         if routing is None:

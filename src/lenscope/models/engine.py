@@ -43,12 +43,9 @@ site                    shape                   edit    what it is
 ``logits``              ``(b, p, vocab)``       no      the model's output (block ``None``)
 ======================  ======================  ======  =====================================================
 
-In a mixture-of-experts block the MLP sites ``mlp_pre``, ``mlp_up``, ``mlp_hidden`` hold every expert's units side
-by side, ``(b, p, expert * d_mlp)`` (unit ``i`` of expert ``e`` at ``e * d_mlp + i``; 0 for the experts a token
-does not use). transformers runs the chosen experts inside one module, so the engine computes these sites and
-``expert_out`` with the Anatomy's own math (:meth:`~lenscope.models.anatomy.MoE.run`) from what that module
-receives (its input and the router's choice); an unedited run goes on with the model's own output, an edit adds
-its change to it.
+A mixture of experts' ``mlp_pre``, ``mlp_up``, ``mlp_hidden`` hold every expert's units side by side, ``(b, p,
+expert * d_mlp)`` (0 for the experts a token does not use), computed with ``expert_out`` by the Anatomy's own math
+(:meth:`~lenscope.models.moe.MoE.run`) from what the experts module receives (docs/design.md).
 
 Edits (:class:`Edit`) set, add to or scale a site's entries per batch row and position (and head). Captures
 keep what the model used, after the edits at that site. Padding: with ``attention_mask`` (``1`` = real token),
@@ -65,10 +62,10 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError, UnsupportedModelError
-from .anatomy import MOE_SITES
 from .devices import compute_dtype, main_device
 from .families import family_for
 from .load import LoadedModel
+from .moe import MOE_SITES
 
 NORM_SLOTS = ("ln_attn", "ln_mlp", "ln_attn_out", "ln_mlp_out")
 NORM_SITES = tuple(f"{s}.{w}" for s in NORM_SLOTS for w in ("in", "out", "scale"))
@@ -372,12 +369,11 @@ def _register(s: _Session, hooks, handles: list) -> None:
     def router(layer):
         kl, kw = ("router_logits", layer), ("routing_weights", layer)
 
-        def f(mod, args, out):
-            logits, scores, idx = out[:3]
+        def f(mod, args, out):  # out: router logits, the chosen experts' weights, their indices
             if s.wants(kl):
-                s.visit(kl, logits)
-            if s.wants(kw):  # dense over the experts: the chosen experts' weights, 0 elsewhere
-                s.visit(kw, scores.new_zeros(idx.shape[0], logits.shape[-1]).scatter(1, idx, scores))
+                s.visit(kl, out[0])
+            if s.wants(kw):  # dense over the experts: 0 for those not chosen
+                s.visit(kw, out[1].new_zeros(out[2].shape[0], out[0].shape[-1]).scatter(1, out[2], out[1]))
             return out
         return f
 
@@ -388,8 +384,7 @@ def _register(s: _Session, hooks, handles: list) -> None:
             if not any(s.wants(k) for k in keys.values()):
                 return out
             if len(args) < 3:
-                raise UnsupportedModelError("this mixture-of-experts block calls its experts with keyword arguments; "
-                                            "it is not supported")
+                raise UnsupportedModelError("this mixture-of-experts block passes its experts keyword arguments")
             x, idx, w = args[:3]
             moe = s.lm.anatomy.layers[layer].mlp
             weights = w.new_zeros(idx.shape[0], moe.n_experts).scatter(1, idx, w)
@@ -397,17 +392,12 @@ def _register(s: _Session, hooks, handles: list) -> None:
             def visit(name, t):
                 return s.visit(keys[name], t) if s.wants(keys[name]) else t
 
-            if any(k in s.by_site for k in keys.values()):
-                # the edit's change on the model's own output; with gradients, the unedited recomputation's path
-                # cancels the model's own, so what reaches the block's input goes through the edited computation
-                total = moe.run(x, weights, visit)
+            if any(k in s.by_site for k in keys.values()):  # the edit's change, on the model's own output (with
+                total = moe.run(x, weights, visit)  # gradients the unedited path cancels the model's own)
                 return out + (total - moe.run(x, weights, lambda name, t: t)).to(out)
-            # unedited: the block's input reaches the output through the model's own path only; the captures are
-            # computed beside it (leaves with grad=True: the same numbers, and the gradient reaches them)
-            total = moe.run(x.detach(), weights.detach(), visit)
-            if s.grad and any(k in s.capture for k in keys.values()):
-                return out + (total - total.detach()).to(out)
-            return out
+            total = moe.run(x.detach(), weights.detach(), visit)  # unedited: captures beside the model's own path
+            return out + (total - total.detach()).to(out) if s.grad and any(k in s.capture for k in keys.values()) \
+                else out  # with grad=True: the same numbers, and the gradient reaches the captures
         return f
 
     def norm(slot, layer, mod):
@@ -441,10 +431,8 @@ def _register(s: _Session, hooks, handles: list) -> None:
             if any(w(n) for n in ROUTER_SITES):
                 handles.append(lh.router.register_forward_hook(router(i)))
         else:
-            for n in ROUTER_SITES + ("expert_out",):
-                if w(n):
-                    raise NotApplicableError(f"site {n!r} exists only for mixture-of-experts blocks; block {i} has a "
-                                             "dense MLP")
+            for n in (n for n in ROUTER_SITES + ("expert_out",) if w(n)):
+                raise NotApplicableError(f"site {n!r} exists only for mixture-of-experts blocks; block {i} is dense")
             if w("mlp_hidden"):
                 handles.append(lh.mlp_out.register_forward_pre_hook(pre(("mlp_hidden", i))))
             if w("mlp_pre"):

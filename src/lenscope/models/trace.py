@@ -38,6 +38,7 @@ from ..errors import InputError
 from .devices import compute_dtype, is_reduced
 from .engine import run
 from .load import LoadedModel, token_ids
+from .moe import is_moe
 
 
 @dataclass(repr=False)
@@ -54,9 +55,8 @@ class Trace:
     - ``attn_probs (layer, head, pos, src)``
     - ``mlp_pre (layer, pos, d_mlp)``: pre-activation of the activated branch; ``mlp_up``: the linear
       branch of gated MLPs (else None); both None for mixtures of experts, which hold instead
-    - ``router_logits, routing (layer, pos, expert)``: a mixture of experts' router logits and routing weights (the
-      chosen experts' weights, 0 elsewhere), None for dense MLPs. Decompositions read the routing from here, as
-      they read attention weights from ``attn_probs``
+    - ``router_logits, routing (layer, pos, expert)``: a mixture of experts' router logits and routing weights (0
+      for the experts not chosen; None for dense MLPs), read by decompositions as ``attn_probs`` are
     - ``norm_in[slot], norm_out[slot] (layer, pos, d_model)`` for every norm slot of the blocks
     - ``final_in, final_out (pos, d_model)``: the final norm's input and output (None for encoders)
     - ``logits (pos, vocab)`` (None for a model without a language-model head)
@@ -383,9 +383,7 @@ def trace_sites(lm: LoadedModel, *, lean: bool = False) -> list[tuple]:
     if is_moe(A):  # the routing, read by the decompositions (small: kept by lean traces too)
         names += ["router_logits", "routing_weights"]
     else:
-        names.append("mlp_pre")
-        if A.layers[0].mlp.gated:
-            names.append("mlp_up")
+        names += ["mlp_pre"] + (["mlp_up"] if A.layers[0].mlp.gated else [])
     names += [f"{slot}.{w}" for slot in A.layers[0].norms() for w in ("in", "out")]
     if lean:
         names = [n for n in names if n not in RECOMPUTED and A.placement not in SHARED.get(n, ())
@@ -396,13 +394,6 @@ def trace_sites(lm: LoadedModel, *, lean: bool = False) -> list[tuple]:
     if A.final_norm is not None:
         sites += [("ln_final.in", None), ("ln_final.out", None)]
     return sites
-
-
-def is_moe(A) -> bool:
-    """Whether the model's blocks are mixtures of experts (their MLP an :class:`~lenscope.models.anatomy.MoE`)."""
-    from .anatomy import MoE
-
-    return isinstance(A.layers[0].mlp, MoE)
 
 
 def _view(lm: LoadedModel, cap, ids: Tensor, row: int, logits: Tensor | None, lean: bool = False) -> Trace:

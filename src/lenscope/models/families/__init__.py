@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import UnsupportedModelError
-from ..anatomy import MLP, Anatomy, MoE, Norm, Rotary
+from ..anatomy import MLP, Anatomy, Norm, Rotary
+from ..moe import MoE
 
 
 @dataclass
@@ -34,7 +35,7 @@ class LayerHooks:
     - ``q``, ``k``, ``v``: the query, key and value projections (output = per-head q/k/v, heads concatenated), or
     - ``qkv``: one fused projection, its output laid out as ``qkv_layout``: ``"blocks"`` (``[q | k | v]``, GPT-2)
       or ``"heads"`` (per head ``[q k v]``, each ``d_head``: GPT-NeoX, BLOOM)
-    - mixture-of-experts blocks (:class:`~lenscope.models.anatomy.MoE`): ``router``: output = ``(router logits,
+    - mixture-of-experts blocks (:class:`~lenscope.models.moe.MoE`): ``router``: output = ``(router logits,
       the chosen experts' weights, their indices)``; ``experts``: input = ``(hidden states, expert indices, expert
       weights)``, output = the weighted sum of the experts' outputs; ``mlp_out`` is then the whole block and
       ``act``, ``up`` are not used (the engine computes the experts' units with the Anatomy's math)
@@ -166,7 +167,7 @@ def stacked_experts(ex: nn.Module, act: str, *, interleaved: bool = False, trans
 
 
 def moe_block(router: nn.Module, experts: MLP, top_k: int, **kw) -> MoE:
-    """An :class:`~lenscope.models.anatomy.MoE` from a router module (``weight (expert, d_model)``, optional
+    """An :class:`~lenscope.models.moe.MoE` from a router module (``weight (expert, d_model)``, optional
     ``bias``) and its experts; ``kw``: how the routing weights are formed (``softmax_first``, ``renormalize``)."""
     require(experts.W_in.shape[0] == router.weight.shape[0],
             f"the router scores {router.weight.shape[0]} experts but the block holds {experts.W_in.shape[0]}")
