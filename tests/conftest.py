@@ -78,6 +78,17 @@ def tiny_with_layers(family: str, n_layers: int):
     return _cache[key]
 
 
+def module_output(o):
+    """A hooked module's output tensor: the first element where the module returns a tuple (GPT-OSS's MoE block
+    returns its router scores beside its output)."""
+    return o[0] if isinstance(o, tuple) else o
+
+
+def with_module_output(o, new):
+    """A hooked module's output ``o`` with its output tensor replaced by ``new`` (see :func:`module_output`)."""
+    return (new,) + tuple(o[1:]) if isinstance(o, tuple) else new
+
+
 # Results of different processes (Ray workers, a resumed run) are equal only up to float rounding: a worker may
 # run other kernels or another thread count (issue 18: AMD EPYC workers differed in the 8th-9th digit).
 # They are compared with this stated tolerance, never byte for byte; the docs say "equal to 1e-6".

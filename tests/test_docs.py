@@ -25,7 +25,7 @@ def test_readme_python_runs(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", ["attribution.md", "circuits.md"])
+@pytest.mark.parametrize("page", ["attribution.md", "circuits.md", "moe.md"])
 def test_docs_python_runs(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     blocks = python_blocks(ROOT / "docs" / page)

@@ -165,8 +165,16 @@ def test_ids_and_text_agree_and_model_is_left_alone():
 # Gauss-Legendre nodes needed for completeness < 1e-2 on TEXT. llama's RMSNorms have no bias in front of them,
 # so with a zero baseline f(alpha e) varies on a log scale in alpha (1e-6 .. 1e-1: the eps regime of the
 # norms) and 16 nodes give 0.27; 512 give 5e-5. gemma3 is in GEMMA_JUMP below.
-IG_STEPS = {"llama": 512}
-IG_FAMILIES = [n for n in TINY if n != "gemma3"]
+# Mixtures of experts: the router switches experts along the path (142 switches on TEXT for mixtral, mostly near
+# alpha = 0), where f jumps and IG, an integral of the gradient, misses the jump (test_ig_misses_only_the_routing_
+# jumps). mixtral's jumps add up to 6e-4 of 0.4, so 64 nodes give completeness 9e-4. gpt-oss's experts have biases
+# (and its unit an offset), so a switch moves the output by a whole expert's bias: its 8 jumps are 37% of f, which
+# IG misses whatever the nodes (the jump test accounts for them). qwen3-moe's 196 switches and olmoe's fall where
+# their q/k RMSNorms make f change on a log scale (as llama's, below): 1024 nodes still leave 4% and 119%; a dense
+# Qwen3 of the same shape converges (9e-6 at 1024 nodes). All three are left out of the completeness check, as
+# gemma3.
+IG_STEPS = {"llama": 512, "mixtral": 64}
+IG_FAMILIES = [n for n in TINY if n not in ("gemma3", "qwen3-moe", "olmoe", "gpt-oss")]
 
 
 @pytest.mark.parametrize("name", IG_FAMILIES)
@@ -399,3 +407,43 @@ def test_fuzz_random_ids(data):
     info = results[2].info
     delta = info["f_input"] - info["f_baseline"]
     assert abs(info["sum_attributions"] - delta) <= 1e-2 * abs(delta) + 1e-5, info
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt-oss"])
+def test_ig_misses_only_the_routing_jumps(family):
+    """A mixture of experts is piecewise smooth along the IG path: where the router switches experts, f jumps, and
+    IG integrates the gradient between the switches. Every switch is located by bisection (in one batch per step) on
+    a grid that is logarithmic near alpha = 0, where most of them are, and its jump measured; then
+    sum(IG) + sum(jumps) = f(input) - f(baseline) (measured gap 1.6e-4 (mixtral), 2.4e-5 (gpt-oss, whose jumps are
+    37% of delta) of |delta| at 256 nodes)."""
+    from lenscope.models.engine import run
+
+    lm = get_model(f"tiny:{family}")
+    ids = ids_of(lm)
+    p, t, f = len(ids) - 1, tid(lm, " Mary"), tid(lm, " John")
+    L = lm.anatomy.n_layers
+    with torch.no_grad():
+        e = lm.model.get_input_embeddings()(ids[None])[0].double()
+
+    def at(alphas):
+        x = (alphas.double()[:, None, None] * e).float()
+        with torch.no_grad():
+            lg, cap = run(lm, inputs_embeds=x, capture=[("routing_weights", l) for l in range(L)])
+        chosen = (cap.stacked("routing_weights") > 0).permute(1, 0, 2, 3).reshape(len(alphas), -1)
+        return chosen, objective(lg, p, t, f).double()
+
+    a = torch.cat([torch.zeros(1, dtype=torch.float64), torch.logspace(-14, -2, 600, dtype=torch.float64),
+                   torch.linspace(0.01, 1, 600, dtype=torch.float64)[1:]])
+    chosen, _ = at(a)
+    k = (chosen[1:] != chosen[:-1]).any(1).nonzero()[:, 0]
+    assert len(k) >= 5  # the routing really switches along the path
+    lo, hi, left = a[k].clone(), a[k + 1].clone(), chosen[k]
+    for _ in range(45):  # every switch at once: keep the half where the choice changes
+        mid = (lo + hi) / 2
+        same = (at(mid)[0] == left).all(1)
+        lo, hi = torch.where(same, mid, lo), torch.where(same, hi, mid)
+    jumps = float((at(hi)[1] - at(lo)[1]).sum())
+    res = integrated_gradients(lm, TEXT, " Mary", " John", steps=256)
+    delta = res.info["f_input"] - res.info["f_baseline"]
+    assert abs(res.info["sum_attributions"] + jumps - delta) <= 5e-4 * abs(delta)
+    assert abs(jumps) > 1e-5 * abs(delta)  # the jumps are there (and small here)

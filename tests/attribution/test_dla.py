@@ -111,3 +111,39 @@ def test_completeness_embedded(name, target):
     assert res.completeness_error < 1e-3
     n_heads = lm.anatomy.layers[0].attn.n_heads
     assert len(res.names) == 1 + lm.anatomy.n_layers * (n_heads + 2)
+
+
+MOE = [n for n in DECODERS if get_model(f"tiny:{n}").anatomy.layers[0].mlp.__class__.__name__ == "MoE"]
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_experts_sum_to_their_layer(family, tmp_path):
+    """DLA by expert: at each MoE block the chosen experts' components add up to the block's, each one equal to the
+    readout of that expert's weighted output as the engine captures it (the real model's routing)."""
+    from lenscope.models.engine import capture
+    from lenscope.models.readout import Readout
+
+    lm = get_model(f"tiny:{family}")
+    whole = lenscope.direct_logit_attribution(lm, TEXT, " Mary")
+    split = lenscope.direct_logit_attribution(lm, TEXT, " Mary", by_expert=True)
+    assert split.completeness_error < 1e-4 and not split.by_head
+    tr = lenscope.trace(lm, TEXT)
+    ids = tr.input_ids[None]
+    L = lm.anatomy.n_layers
+    cap = capture(lm, ids, [("expert_out", i) for i in range(L)] + [("routing_weights", i) for i in range(L)])
+    readout = Readout.from_anatomy(lm.anatomy)
+    u, s = readout.direction(split.target_id, None), readout.scale(tr.final_in[-1])
+    recs = split.to_records()
+    for layer in range(L):
+        w = float(whole.values[whole.names.index(f"L{layer}.mlp")])
+        mine = [r for r in recs if r["layer"] == layer and r["expert"] is not None]
+        chosen = cap["routing_weights", layer][0, -1].nonzero()[:, 0].tolist()
+        assert [r["expert"] for r in mine] == chosen and len(chosen) == lm.anatomy.layers[layer].mlp.top_k
+        assert all(r["name"] == f"L{layer}.E{r['expert']}.mlp" for r in mine)
+        assert w == pytest.approx(sum(r["value"] for r in mine), abs=1e-5)
+        want = readout.part_logits(cap["expert_out", layer][0, -1, chosen], s, u)
+        torch.testing.assert_close(torch.tensor([r["value"] for r in mine]), want.float(), atol=1e-5, rtol=1e-4)
+    both = lenscope.direct_logit_attribution(lm, TEXT, " Mary", by_head=True)  # by_expert follows by_head
+    assert any(".E" in n for n in both.names) and both.completeness_error < 1e-4
+    assert len(both.experts) == len(both.names)
+    assert ComponentAttribution.load(split.save(tmp_path / "dla.safetensors")).experts == split.experts

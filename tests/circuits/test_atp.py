@@ -24,33 +24,40 @@ FD_REL = 2e-2
 EPS32 = torch.finfo(torch.float32).eps
 
 
-def _metric_with(lm, ids, site, delta, head, tid, fid) -> float:
-    P = ids.shape[1]
-    edit = Edit(site[0], site[1], torch.zeros(P, dtype=torch.long), torch.arange(P), delta, mode="add",
-                head=None if head is None else torch.full((P,), head))
-    with torch.no_grad():
-        lg, _ = run(lm, ids, [edit])
-    return float(metric_of(lg[:, -1], "logit_diff", tid, fid)[0])
-
-
 def _directional(lm, ids, site, delta, head, tid, fid):
     """The derivative of the metric at the last position along ``delta`` added at ``site``, through the engine:
     central differences ``D(h) = (m(a + h delta) - m(a - h delta)) / 2h`` at ``h`` and ``2h``, extrapolated
-    (Richardson) to ``(4 D(h) - D(2h)) / 3``, whose error is O(h^4) instead of D's O(h^2)."""
-    def central(h):
-        up = _metric_with(lm, ids, site, h * delta, head, tid, fid)
-        return (up - _metric_with(lm, ids, site, -h * delta, head, tid, fid)) / (2 * h)
+    (Richardson) to ``(4 D(h) - D(2h)) / 3``, whose error is O(h^4) instead of D's O(h^2). Returns the value and the
+    step used. A mixture of experts is differentiable only where its router's choice stays put: the step shrinks
+    (from FD_H, by about 3x) until no run changes which experts any token uses."""
+    moe = lm.anatomy.layers[0].mlp.__class__.__name__ == "MoE"
+    routes = [("routing_weights", i) for i in range(lm.anatomy.n_layers)] if moe else []
+    base = capture(lm, ids, routes) if moe else None
 
-    return (4 * central(FD_H) - central(2 * FD_H)) / 3
+    def metric(d):
+        P = ids.shape[1]
+        edit = Edit(site[0], site[1], torch.zeros(P, dtype=torch.long), torch.arange(P), d, mode="add",
+                    head=None if head is None else torch.full((P,), head))
+        with torch.no_grad():
+            lg, cap = run(lm, ids, [edit], capture=routes)
+        same = all(torch.equal(cap[k] > 0, base[k] > 0) for k in routes)
+        return float(metric_of(lg[:, -1], "logit_diff", tid, fid)[0]), same
+
+    for h in (FD_H, FD_H / 3, FD_H / 10, FD_H / 30):
+        runs = [metric(sign * k * h * delta) for k in (1, 2) for sign in (1, -1)]
+        if all(same for _, same in runs):
+            (u1, _), (d1, _), (u2, _), (d2, _) = runs
+            return (4 * (u1 - d1) / (2 * h) - (u2 - d2) / (4 * h)) / 3, h
+    raise AssertionError("the router's choice changes within every step tried")
 
 
-def _fd_floor(lm, ids) -> float:
-    """What float32 rounding can do to :func:`_directional`: one metric (a difference of two logits) is off by at
-    most about ``4 eps32 max|logit|`` (measured: below ``2 eps32 max|logit|`` on every tiny family), and the
-    extrapolated difference divides that by ``h / 1.5`` (``4/3 * 2 / 2h + 1/3 * 2 / 4h``)."""
+def _fd_floor(lm, ids, h: float = FD_H) -> float:
+    """What float32 rounding can do to :func:`_directional` at step ``h``: one metric (a difference of two logits)
+    is off by at most about ``4 eps32 max|logit|`` (measured: below ``2 eps32 max|logit|`` on every tiny family), and
+    the extrapolated difference divides that by ``h / 1.5`` (``4/3 * 2 / 2h + 1/3 * 2 / 4h``)."""
     with torch.no_grad():
         lg, _ = run(lm, ids, last_only=True)
-    return 1.5 * 4 * EPS32 * float(lg.abs().max()) / FD_H
+    return 1.5 * 4 * EPS32 * float(lg.abs().max()) / h
 
 
 def test_atp_is_the_derivative_along_the_patch(tiny_decoder):
@@ -63,13 +70,13 @@ def test_atp_is_the_derivative_along_the_patch(tiny_decoder):
     m = int(res.mlps.abs().argmax())
     sites = [("resid_pre", 0), ("head", layer), ("mlp_out", m)]
     cc, cx = capture(lm, c, sites), capture(lm, x, sites)
-    floor = _fd_floor(lm, c)
     for site, head, atp in ((("resid_pre", 0), None, res.embed), (("head", layer), h, float(res.heads[layer, h])),
                             (("mlp_out", m), None, float(res.mlps[m]))):
         delta = cx[site][0] - cc[site][0]
         if head is not None:
             delta = delta[:, head]
-        fd = _directional(lm, c, site, delta, head, tid, fid)
+        fd, step = _directional(lm, c, site, delta, head, tid, fid)
+        floor = _fd_floor(lm, c, step)
         assert atp == pytest.approx(fd, abs=floor, rel=FD_REL), (lm.name, site, atp, fd)
         assert abs(fd) > 10 * floor, (lm.name, site, fd, floor)  # the node moves the metric: the check can fail
     res = attribution_patching(lm, CLEAN, CORRUPT, " capital", " of")
@@ -234,3 +241,30 @@ def test_exact_resid_at_the_last_block_is_its_direct_effect(tiny_decoder):
         lg = A.logits(out)[None]
         want = float(metric_of(lg, "logit_diff", tid, fid)[0]) - ex.metric_clean
         assert float(ex.resid[L - 1, p]) == pytest.approx(want, abs=2e-4, rel=2e-3), (lm.name, p)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt-oss"])
+def test_expert_nodes(family):
+    """A mixture of experts' nodes are its experts (L{l}.E{e}.mlp): their AtP scores add up to the block's, and
+    exact node patching of one sets that expert's output to the corrupted run's (an engine edit written here)."""
+    from lenscope.circuits import exact_node_patching
+
+    lm = get_model(f"tiny:{family}")
+    res = attribution_patching(lm, CLEAN, CORRUPT, " capital", " of")
+    L, E = lm.anatomy.n_layers, lm.anatomy.layers[0].mlp.n_experts
+    assert res.experts.shape == (L, E)
+    torch.testing.assert_close(res.experts.sum(-1), res.mlps, atol=1e-5, rtol=1e-4)
+    names = [n["name"] for n in res.nodes()]
+    assert f"L0.E{E - 1}.mlp" in names and names.index("L0.E0.mlp") == names.index("L0.mlp") + 1
+    ex = exact_node_patching(lm, CLEAN, CORRUPT, " capital", " of")
+    c, x = encode(lm, CLEAN)[None], encode(lm, CORRUPT)[None]
+    tid, fid = resolve_token(lm, " capital"), resolve_token(lm, " of")
+    P = c.shape[1]
+    corr = capture(lm, x, [("expert_out", 1)])["expert_out", 1][0]
+    e = int(ex.experts[1].abs().argmax())
+    with torch.no_grad():
+        lg, _ = run(lm, c, [Edit("expert_out", 1, torch.zeros(P, dtype=torch.long), torch.arange(P), corr[:, e],
+                                 head=torch.full((P,), e))])
+    want = float(metric_of(lg[:, -1], "logit_diff", tid, fid)[0]) - ex.metric_clean
+    assert float(ex.experts[1, e]) == pytest.approx(want, abs=1e-5) and abs(want) > 1e-5
+    assert {n["name"] for n in ex.nodes()} == set(names)

@@ -28,8 +28,12 @@ def test_graph_edges_by_brute_force(tiny_decoder):
     lm = tiny_decoder
     graph = ComponentGraph.of(lm)
     L, H = graph.n_layers, graph.n_heads
-    assert len(graph.senders) == 1 + L * (H + 1) and len(graph.receivers) == L * (3 * H + 1) + 1
-    assert graph.receivers[-1] == "logits" and graph.senders[graph.mlp_of(0)] == "L0.mlp"
+    M = graph.n_mlp  # a mixture of experts: one sender per expert
+    assert M == getattr(lm.anatomy.layers[0].mlp, "n_experts", 1)
+    assert len(graph.senders) == 1 + L * (H + M) and len(graph.receivers) == L * (3 * H + 1) + 1
+    assert graph.receivers[-1] == "logits" and graph.senders[graph.mlp_of(0)] == ("L0.E0.mlp" if M > 1 else "L0.mlp")
+    assert [graph.senders[i] for i in range(*graph.mlps_of(L - 1).indices(len(graph.senders)))] == (
+        [f"L{L - 1}.E{e}.mlp" for e in range(M)] if M > 1 else [f"L{L - 1}.mlp"])
     parallel = graph.placement == "parallel"
 
     def layer_of(name):
@@ -53,7 +57,7 @@ def test_writes_sum_to_the_residual_stream(tiny_decoder):
     lm = tiny_decoder
     graph = ComponentGraph.of(lm)
     ids = torch.tensor([[4, 9, 2, 7, 1]])
-    cap = capture(lm, ids, writer_sites(graph.n_layers) + [("resid_post", graph.n_layers - 1)])
+    cap = capture(lm, ids, writer_sites(graph.n_layers, graph.n_mlp > 1) + [("resid_post", graph.n_layers - 1)])
     w = sender_writes(lm, graph, cap)
     real = cap["resid_post", graph.n_layers - 1]
     assert (w.sum(2) - real).abs().max() <= TOLERANCE * max(1.0, float(real.abs().max()))
@@ -233,3 +237,32 @@ def test_bad_requests():
         edge_attribution(lm, _pairs(lm, n=1), method="acdc")
     with pytest.raises(NotApplicableError):
         ComponentGraph.of(get_model("tiny:bert"))
+
+
+MOE = [n for n in ("mixtral", "qwen3-moe", "olmoe", "gpt-oss")]
+
+
+@pytest.mark.parametrize("family", MOE)
+def test_expert_edges_are_the_real_model_patched(family):
+    """A mixture of experts sends one edge per expert: patching the edge (L0.E{e}.mlp -> logits) equals the real
+    model with that expert's corrupted-minus-clean output added to the final norm's input (the engine's edit; the
+    expert's outputs read by the engine from both runs)."""
+    lm = get_model(f"tiny:{family}")
+    graph = ComponentGraph.of(lm)
+    V = lm.anatomy.vocab_size
+    ids = [3, 8, 1, 6, 2, 9]
+    pairs = [(ids, [(t * 7 + 11) % V for t in ids], "#5", "#7")]
+    (g,) = groups(lm, pairs, "logit_diff")
+    P = g.clean.shape[1]
+    rows, positions = torch.zeros(P, dtype=torch.long), torch.arange(P)
+    cc, cx = capture(lm, g.clean, [("expert_out", 0)]), capture(lm, g.corrupted, [("expert_out", 0)])
+    delta = cx["expert_out", 0][0] - cc["expert_out", 0][0]  # (pos, expert, d)
+    e = int(delta.norm(dim=-1).sum(0).argmax())  # the expert whose write moves most
+    lg, _ = run(lm, g.clean, [Edit("ln_final.in", None, rows, positions, delta[:, e], mode="add")])
+    real = float(lg[0, -1, g.target[0]] - lg[0, -1, g.foil[0]])
+    ex = exact_edge_patching(lm, pairs, [(f"L0.E{e}.mlp", "logits")])
+    s, r = graph.sender_index(f"L0.E{e}.mlp"), graph.receiver_index("logits")
+    assert ex.scores[s, r] == pytest.approx(real - ex.metric_clean, abs=2e-6)
+    assert abs(real - ex.metric_clean) > 1e-5
+    with pytest.raises(InputError, match="L{l}.E{e}.mlp"):
+        graph.sender_index("L0.mlp")

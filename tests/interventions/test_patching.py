@@ -9,7 +9,7 @@ from lenscope.interventions import Edit, PatchingResult, activation_patching, ru
 from lenscope.models.families import family_for
 from lenscope.models.load import encode, resolve_token
 
-from ..conftest import DECODERS, get_model
+from ..conftest import DECODERS, get_model, module_output, with_module_output
 
 CLEAN = "The capital of France is"
 CORRUPT = "The capital in France is"  # one token differs in the tiny tokenizer (checked below)
@@ -42,7 +42,7 @@ def one_patch_metric(lm, base, src_acts, what, layer, index, tid, fid, position=
         h = lh.attn_out.register_forward_pre_hook(lambda m, a: (rep(a[0], src_acts),) + a[1:])
     else:
         mod = lh.attn_out if what == "attn" else lh.mlp_out
-        h = mod.register_forward_hook(lambda m, a, o: rep(o, src_acts))
+        h = mod.register_forward_hook(lambda m, a, o: with_module_output(o, rep(module_output(o), src_acts)))
     try:
         with torch.no_grad():
             kw = {"use_cache": False} if lm.anatomy.causal else {}
@@ -70,7 +70,7 @@ def clean_acts(lm, ids, what):
         else:
             mod = lh.attn_out if what == "attn" else lh.mlp_out
             hs.append(mod.register_forward_hook(
-                lambda m, a, o, i=i: store.__setitem__(i, o.reshape(ids.numel(), -1).clone())))
+                lambda m, a, o, i=i: store.__setitem__(i, module_output(o).reshape(ids.numel(), -1).clone())))
     try:
         with torch.no_grad():
             kw = {"use_cache": False} if lm.anatomy.causal else {}

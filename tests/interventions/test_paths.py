@@ -10,7 +10,7 @@ from lenscope.errors import InputError
 from lenscope.interventions import path_patching, run
 from lenscope.models.load import encode, resolve_token
 
-from ..conftest import get_model
+from ..conftest import get_model, module_output, with_module_output
 
 CLEAN, CORRUPT = "The capital of France is", "The capital in France is"
 
@@ -123,7 +123,8 @@ def _brute_receiver(lm, c, x, sender, receiver):
         return (z,)
 
     _run_with(lm, x, [(hooks[sl].attn_out, "pre", patch_head),
-                      (hooks[sl].mlp_out, "post", lambda m, a, o: got[("mlp_out", sl)][1].reshape(o.shape)),
+                      (hooks[sl].mlp_out, "post", lambda m, a, o: with_module_output(
+                          o, got[("mlp_out", sl)][1].reshape(module_output(o).shape))),
                       (hooks[rl].norms["ln_attn"], "post", lambda m, a, o: store.__setitem__("x", o.clone()))])
     h_in = rh // group if which != "q" else rh
     mod, sl_ = _proj(lm, rl, which, h_in)

@@ -10,7 +10,7 @@ from lenscope.interventions.tracing import window_layers
 from lenscope.models.families import family_for
 from lenscope.models.load import encode, resolve_token
 
-from ..conftest import get_model
+from ..conftest import get_model, module_output, with_module_output
 
 PROMPT = "The capital of France is"
 
@@ -71,11 +71,12 @@ def one_row_prob(lm, ids, subj, eps, restore, clean, window, tid):
         return f
 
     def out_hook(name, i):
-        def f(mod, args, o):
+        def f(mod, args, out):
+            o = module_output(out)
             shape = o.shape  # OPT's MLP sees (batch * pos, d)
             o = o.clone().reshape(1, ids.numel(), -1)
             o[0, pos] = clean[name][i][pos]
-            return o.reshape(shape)
+            return with_module_output(out, o.reshape(shape))
 
         return f
 

@@ -83,17 +83,30 @@ def lin(norm, v, real_in):
 
 
 def activation_module(lm, l):
-    """The real model's own activation module of layer ``l`` (transformers' math, not lenscope's)."""
-    return family_for(lm.model).hooks(lm.model).layers[l].act
+    """The real model's own activation module of layer ``l`` (transformers' math, not lenscope's; a mixture of
+    experts: its experts module's activation)."""
+    hooks = family_for(lm.model).hooks(lm.model).layers[l]
+    return hooks.act if hooks.experts is None else hooks.experts.act_fn
 
 
-def brute_ig(lm, l, players_in, steps=IG_STEPS):
+def unit_function(lm, l):
+    """The real model's hidden unit of layer ``l`` as a function of (gate, up) pre-activations (up None: not
+    gated): ``act(g) * u``, or GPT-OSS's clamped unit through its experts module's own ``_apply_gate``, which
+    reads gate and up interleaved."""
+    ex = family_for(lm.model).hooks(lm.model).layers[l].experts
+    if ex is not None and not hasattr(ex, "act_fn"):
+        return lambda g, u: ex._apply_gate(torch.stack([g, u], -1).flatten(-2))
+    act = activation_module(lm, l)
+    return lambda g, u: act(g) if u is None else act(g) * u
+
+
+def brute_ig(lm, l, players_in, steps=IG_STEPS, mlp=None):
     """Integrated gradients of the MLP's hidden units among ``players_in (player, d_model)`` (the last player
     also receives the MLP's input biases), zero baseline, straight path, midpoint rule with ``steps`` points,
     gradients by autograd through the model's activation module. Returns (player, unit) and the real hidden
-    activation of the summed input."""
-    mlp = lm.anatomy.layers[l].mlp
-    act = activation_module(lm, l)
+    activation of the summed input. ``mlp``: one expert of a mixture of experts (default: the layer's MLP)."""
+    mlp = lm.anatomy.layers[l].mlp if mlp is None else mlp
+    unit = unit_function(lm, l)
 
     def pre(W, b):
         p = players_in.double() @ W.double()
@@ -105,22 +118,32 @@ def brute_ig(lm, l, players_in, steps=IG_STEPS):
     G = pre(mlp.W_gate, mlp.b_gate) if gated else pre(mlp.W_in, mlp.b_in)
     U = pre(mlp.W_in, mlp.b_in) if gated else None
     ig = torch.zeros_like(G)
-    for start in range(0, steps, 250):  # blocks of path points keep memory small on real models
-        a = ((torch.arange(start, min(steps, start + 250), dtype=torch.float64) + 0.5) / steps)[:, None, None]
-        with torch.enable_grad():
-            g = (a * G).requires_grad_(True)
-            leaves = [g]
-            h = act(g.sum(1))
+    # GPT-OSS clamps gate and up at the config's swiglu_limit: the unit has a kink where a * G or |a * U| reaches
+    # it, so each unit's path is split there and the midpoint rule runs on every smooth piece
+    limit = getattr(lm.model.config, "swiglu_limit", None)
+    ends = [torch.ones(G.shape[1], dtype=torch.float64)]
+    if limit is not None and gated:
+        Gs, Us = G.sum(0), U.sum(0)
+        ends += [torch.where(Gs > limit, limit / Gs, 1.0).clamp(max=1), (limit / Us.abs()).clamp(max=1)]
+    ends = torch.stack(ends).sort(0).values  # (piece, unit): where each piece of the path ends
+    starts = torch.cat([torch.zeros_like(ends[:1]), ends[:-1]])
+    for a0, a1 in zip(starts, ends):
+        for start in range(0, steps, 250):  # blocks of path points keep memory small on real models
+            t = (torch.arange(start, min(steps, start + 250), dtype=torch.float64) + 0.5) / steps
+            a = (a0 + t[:, None] * (a1 - a0))[:, None, :]  # (point, 1, unit)
+            with torch.enable_grad():
+                g = (a * G).requires_grad_(True)
+                leaves = [g]
+                if gated:
+                    u = (a * U).requires_grad_(True)
+                    leaves.append(u)
+                h = unit(g.sum(1), u.sum(1) if gated else None)
+                grads = torch.autograd.grad(h.sum(), leaves)
+            ig += (grads[0] * G).sum(0) * (a1 - a0) / steps
             if gated:
-                u = (a * U).requires_grad_(True)
-                leaves.append(u)
-                h = h * u.sum(1)
-            grads = torch.autograd.grad(h.sum(), leaves)
-        ig += (grads[0] * G).sum(0) / steps
-        if gated:
-            ig += (grads[1] * U).sum(0) / steps
+                ig += (grads[1] * U).sum(0) * (a1 - a0) / steps
     with torch.no_grad():
-        hidden = act(G.sum(0)) * (U.sum(0) if gated else 1)
+        hidden = unit(G.sum(0), U.sum(0) if gated else None)
     return ig, hidden, G, U
 
 
@@ -163,15 +186,22 @@ def brute_parts(lm, tr, l, steps=IG_STEPS, ff_rows=None):
             else:
                 P["ff_in"][i, j] = lin(layer.ln_mlp, t, tr.resid_mid[l][i])
     mlp_in = tr.resid_mid[l] if post else tr.norm_out["ln_mlp"][l]
-    W_out = layer.mlp.W_out.double()
+    moe = tr.routing is not None
     P["ff"].fill_(float("nan"))
     for i in range(n) if ff_rows is None else ff_rows:
         rest = mlp_in[i].double() - P["ff_in"][i].sum(0)  # the remainder player: what no source carries
-        ig, hidden, _, _ = brute_ig(lm, l, torch.cat([P["ff_in"][i], rest[None]]), steps)
-        # the brute force's own completeness: the players' IG add up to the real hidden activation
-        torch.testing.assert_close(ig.sum(0), hidden, atol=2e-6 * float(hidden.abs().max()), rtol=0)
+        players = torch.cat([P["ff_in"][i], rest[None]])
+        # a mixture of experts: each expert chosen at i (the traced routing), its output times its weight
+        chosen = [(layer.mlp.expert(e), float(tr.routing[l][i, e])) for e in range(layer.mlp.n_experts)
+                  if tr.routing[l][i, e] > 0] if moe else [(layer.mlp, 1.0)]
+        ff = torch.zeros(n, d, dtype=torch.float64)
+        for mlp, weight in chosen:
+            ig, hidden, _, _ = brute_ig(lm, l, players, steps, mlp=mlp)
+            # the brute force's own completeness: the players' IG add up to the real hidden activation
+            torch.testing.assert_close(ig.sum(0), hidden, atol=2e-6 * float(hidden.abs().max()), rtol=0)
+            ff += weight * (ig[:n] @ mlp.W_out.double())
         for j in range(n):
-            f = ig[j] @ W_out
+            f = ff[j]
             if layer.ln_mlp_out is not None:
                 f = lin(layer.ln_mlp_out, f, tr.mlp_out[l][i])
             P["ff"][i, j] = f

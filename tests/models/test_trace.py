@@ -46,8 +46,10 @@ def test_lean_trace_equals_full_trace(tiny):
     lean = trace(tiny, TEXT, attn_probs="recompute")
     assert isinstance(full.attn_probs, torch.Tensor) and isinstance(lean.attn_probs, RecomputedProbs)
     a, b = _tensors(full), _tensors(lean)
-    assert a.pop("attn_probs") is full.attn_probs and a.pop("mlp_pre") is full.mlp_pre
+    assert a.pop("attn_probs") is full.attn_probs and a.pop("mlp_pre", None) is full.mlp_pre
     a.pop("mlp_up", None)
+    # a mixture of experts: no pre-activations, the routing captured by both (small)
+    assert (full.mlp_pre is None) == (lean.mlp_pre is None) == (full.routing is not None)
     if tiny.anatomy.causal:  # ran with the last position's logits only; the others recomputed by the readout
         assert isinstance(lean.logits, RecomputedLogits) and a.pop("logits") is full.logits
         assert lean.logits.shape == full.logits.shape and lean.logits.dtype == full.logits.dtype
@@ -92,9 +94,13 @@ def test_lean_trace_equals_full_trace(tiny):
     assert bool(torch.isfinite(P).all())
     assert len(P) == L and P.dim() == P.ndim == 4 and P.size(2) == len(full.tokens)
     # the MLP's pre-activations, recomputed from its input
-    assert isinstance(lean.mlp_pre, RecomputedMLP) and lean.mlp_pre.shape == full.mlp_pre.shape
+    if full.mlp_pre is None:  # a mixture of experts
+        assert full.mlp_up is None and lean.mlp_up is None
+        assert torch.equal(lean.routing, full.routing) and torch.equal(lean.router_logits, full.router_logits)
+    else:
+        assert isinstance(lean.mlp_pre, RecomputedMLP) and lean.mlp_pre.shape == full.mlp_pre.shape
     assert (lean.mlp_up is None) == (full.mlp_up is None)
-    for name in ("mlp_pre", "mlp_up") if full.mlp_up is not None else ("mlp_pre",):
+    for name in () if full.mlp_pre is None else ("mlp_pre", "mlp_up") if full.mlp_up is not None else ("mlp_pre",):
         want, got = getattr(full, name), getattr(lean, name)
         for l in range(L):
             torch.testing.assert_close(got[l], want[l], atol=1e-5, rtol=1e-5)
@@ -108,8 +114,13 @@ def test_lean_prefix_and_mixing(tiny_decoder):
     lean = trace(tiny_decoder, TEXT, attn_probs="recompute")
     n = len(full.tokens) - 4
     pf, pl = prefix_trace(full, n), prefix_trace(lean, n)
-    assert pl.attn_probs.shape == pf.attn_probs.shape and pl.mlp_pre.shape == pf.mlp_pre.shape
-    torch.testing.assert_close(pl.mlp_pre[1], pf.mlp_pre[1], atol=1e-5, rtol=1e-5)
+    assert pl.attn_probs.shape == pf.attn_probs.shape
+    if pf.mlp_pre is None:  # a mixture of experts: the routing is cut with the positions
+        assert pl.routing.shape == pf.routing.shape == (full.n_layers, n, full.routing.shape[-1])
+        torch.testing.assert_close(pl.routing, full.routing[:, :n])
+    else:
+        assert pl.mlp_pre.shape == pf.mlp_pre.shape
+        torch.testing.assert_close(pl.mlp_pre[1], pf.mlp_pre[1], atol=1e-5, rtol=1e-5)
     for l in range(full.n_layers):
         torch.testing.assert_close(pl.attn_probs[l], pf.attn_probs[l], atol=2e-6, rtol=1e-5)
     half = lean.attn_probs.narrow(2, 0, n)  # rows cut first, keys still whole
@@ -161,8 +172,8 @@ def test_lean_trace_holds_less(tiny_decoder):
     d, n, L = A.d_model, len(ids), A.n_layers
     assert _held_bytes(lean) < _held_bytes(full) - 4 * L * n * (n + d)  # at least the probabilities and one copy
     # what a lean trace holds: the residual stack (with the final norm's input), resid_mid, attn_out, mlp_out,
-    # the final norm's output and the last row of logits
-    per_pos = 4 * ((L + 1) + 3 * L + 1) * d
+    # the final norm's output and the last row of logits (a mixture of experts: its router logits and routing too)
+    per_pos = 4 * ((L + 1) + 3 * L + 1) * d + (8 * L * full.routing.shape[-1] if full.routing is not None else 0)
     assert _held_bytes(lean) <= per_pos * n + 4 * A.vocab_size + 4096
 
 

@@ -16,19 +16,22 @@ def test_verify_every_tiny_family(tiny):
 
 
 def test_verify_catches_a_wrong_weight(tiny):
-    """verify must fail when the Anatomy disagrees with the model (here: a perturbed MLP weight)."""
-    W = tiny.anatomy.layers[0].mlp.W_out
+    """verify must fail when the Anatomy disagrees with the model (here: a perturbed MLP weight; a mixture of
+    experts: every expert's)."""
+    mlp = tiny.anatomy.layers[0].mlp
+    owner = getattr(mlp, "experts", mlp)  # an MoE block keeps its experts' stacked weights in an MLP
+    W = owner.W_out
     saved = W.clone()
     try:
         W.add_(0.05 * torch.randn_like(W))  # the Anatomy views the model's weights: perturb the model itself
         tr = lenscope.trace(tiny, "The capital of France is Paris.")
-        tiny.anatomy.layers[0].mlp.W_out = saved  # ... while lenscope's reading keeps the old weight
+        owner.W_out = saved  # ... while lenscope's reading keeps the old weight
         rep = lenscope.verify(tiny, tr=tr)
         assert not rep.ok
         assert rep.layers[0]["mlp_out"] > RESID_TOL
     finally:
         W.copy_(saved)
-        tiny.anatomy.layers[0].mlp.W_out = W
+        owner.W_out = W
 
 
 def test_trace_shapes_and_chain(tiny):
@@ -37,7 +40,11 @@ def test_trace_shapes_and_chain(tiny):
     L, P = A.n_layers, len(tr.tokens)
     assert tr.resid_pre.shape == (L, P, A.d_model)
     assert tr.attn_probs.shape == (L, A.layers[0].attn.n_heads, P, P)
-    assert torch.allclose(tr.attn_probs.sum(-1), torch.ones(L, A.layers[0].attn.n_heads, P), atol=1e-5)
+    sums = tr.attn_probs.sum(-1)
+    if A.layers[0].attn.sinks is None:
+        assert torch.allclose(sums, torch.ones(L, A.layers[0].attn.n_heads, P), atol=1e-5)
+    else:  # attention sinks take their share of each row: the weights over the tokens sum to less than one
+        assert float(sums.max()) < 1 - 1e-3 and float(sums.min()) > 0
     if A.causal:  # nothing attends to the future
         assert float(tr.attn_probs.triu(1).abs().max()) == 0.0
     # each block's output is the next block's input

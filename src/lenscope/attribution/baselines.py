@@ -36,7 +36,9 @@ Integrated gradients and the zero baseline: norms rescale their input, so near `
 residual stream is smaller than ``sqrt(eps)``) ``f(alpha e)`` can change on a logarithmic scale (RMSNorm
 models without biases, e.g. Llama) or even jump (Gemma's four RMSNorms per block each amplify a tiny input
 about ``1/sqrt(eps)`` times, so ``f(1e-9 e)`` is already far from ``f(0)``). ``info["completeness_error"]``
-shows it, and ``info["note"]`` says so when it exceeds 1%; on such models read IG scores with care.
+shows it, and ``info["note"]`` says so when it exceeds 1%; on such models read IG scores with care. A mixture of
+experts' router switches experts along the path, where ``f`` jumps: IG integrates the gradient between the switches
+and misses the jumps (small on the tiny models; ``tests/attribution/test_baselines.py`` measures them).
 """
 
 from __future__ import annotations
@@ -532,7 +534,7 @@ def integrated_gradients(lm: LoadedModel, text: str | list[int] | Tensor, target
             f"the scores sum to {total:.4g} but f(input) - f(baseline) = {delta:.4g} ({err:.1%} off): the path from "
             f"the {info['baseline']} baseline is too nonlinear for {steps} steps; raise steps. (Where every norm "
             "rescales tiny inputs, e.g. Gemma's sandwich RMSNorms, f jumps right next to the zero baseline and more "
-            "steps do not help.)"
+            "steps do not help; a mixture of experts' router switching experts along the path makes f jump too.)"
         )
     return pr.explanation(res["ig"][0], info)
 

@@ -6,6 +6,8 @@ final norm's per-token scale ``s`` taken from the trace, the norm is affine, so 
 
     logit = sum_c  u . (w * s * center(c))  +  u . b_norm  +  b_U[t] - b_U[f],   u = W_U[:, t] - W_U[:, f]
 
+A mixture of experts' write splits into its chosen experts (``L{l}.E{e}.mlp``): with the routing read from the trace,
+the block's output is the sum of the experts' weighted outputs (:meth:`lenscope.models.moe.MoE.expert_outputs`).
 Each attention write splits further into its heads and its output bias through the decomposition algebra
 (:func:`lenscope.models.algebra.attention_parts` with the attention weights from the trace, then
 :func:`~lenscope.models.algebra.norm_step` for Gemma's sandwich norm, affine given its traced scale); the final
@@ -15,12 +17,12 @@ the model's logit up to float error; ``completeness_error`` reports how far.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, NotApplicableError
 from ..models.algebra import attention_parts, norm_step
 from ..models.load import LoadedModel, require_decoder, resolve_token, token_str
 from ..models.readout import Readout
@@ -31,7 +33,8 @@ from ..results import Result
 @dataclass(repr=False)
 class ComponentAttribution(Result):
     """Components of one logit. ``values (component,)``; ``names``, ``layers``, ``heads`` per component
-    (``layer``/``head`` are -1 where they do not apply)."""
+    (``layer``/``head`` are -1 where they do not apply); ``experts``: per component the expert of a mixture of
+    experts (-1 elsewhere), empty unless the experts were split."""
 
     model: str
     tokens: list[str]
@@ -47,16 +50,20 @@ class ComponentAttribution(Result):
     logit: float
     completeness_error: float
     by_head: bool = False
+    experts: list[int] = field(default_factory=list)
 
     @property
     def total(self) -> float:
         return float(self.values.sum())
 
     def to_records(self) -> list[dict]:
-        return [
+        recs = [
             {"name": n, "layer": None if l < 0 else l, "head": None if h < 0 else h, "value": float(v)}
             for n, l, h, v in zip(self.names, self.layers, self.heads, self.values.tolist())
         ]
+        for r, e in zip(recs, self.experts):
+            r["expert"] = None if e < 0 else e
+        return recs
 
     def to_dict(self) -> dict:
         return {
@@ -106,6 +113,17 @@ def _head_writes(A, tr: Trace, l: int, p: int) -> tuple[Tensor, Tensor]:
     return heads, dec.rest[0]
 
 
+def _expert_writes(A, tr: Trace, l: int, p: int) -> list[tuple[int, Tensor]]:
+    """``(expert, what it adds to the residual stream at p (d_model,))`` for the experts of mixture-of-experts block
+    ``l`` that position ``p`` uses, with the routing read from the trace; they add up to ``tr.mlp_write[l][p]``."""
+    w = tr.routing[l][p]
+    out = A.layers[l].mlp.expert_outputs(tr.mlp_in[l][p:p + 1], w[None])[0]  # (expert, d_model)
+    if A.layers[l].ln_mlp_out is not None:
+        raise NotApplicableError("splitting a mixture of experts followed by a sandwich norm is not supported; "
+                                 "use by_expert=False")
+    return [(e, out[e]) for e in w.nonzero()[:, 0].tolist()]
+
+
 @torch.no_grad()
 def direct_logit_attribution(
     lm: LoadedModel,
@@ -114,12 +132,15 @@ def direct_logit_attribution(
     foil: str | int | None = None,
     *,
     by_head: bool = False,
+    by_expert: bool | None = None,
     position: int = -1,
     tr: Trace | None = None,
 ) -> ComponentAttribution:
     """Decompose the logit of ``target`` (minus ``foil``) at ``position`` (default: the last token).
 
-    ``target``/``foil`` are a token's text (``" Paris"``), ``"#ID"`` or an int id.
+    ``target``/``foil`` are a token's text (``" Paris"``), ``"#ID"`` or an int id. ``by_head``: each attention
+    write as its heads and output bias; ``by_expert`` (default: as ``by_head``): each mixture-of-experts write as
+    the experts chosen at ``position`` (components ``L{l}.E{e}.mlp``).
     """
     require_decoder(lm, "direct logit attribution", sum_of_blocks=True,
                     instead="use a decoder model (e.g. smollm2) for this view")
@@ -138,12 +159,15 @@ def direct_logit_attribution(
     names: list[str] = []
     layers: list[int] = []
     heads: list[int] = []
+    experts: list[int] = []
     parts: list[Tensor] = []
+    by_expert = by_head if by_expert is None else by_expert
 
-    def add(name, layer, head, vec):
+    def add(name, layer, head, vec, expert=-1):
         names.append(name)
         layers.append(layer)
         heads.append(head)
+        experts.append(expert)
         parts.append(vec)
 
     if A.embed.norm is None:
@@ -161,13 +185,18 @@ def direct_logit_attribution(
             add(f"L{i}.attn_bias", i, -1, bias)
         else:
             add(f"L{i}.attn", i, -1, tr.attn_write[i][p])
-        add(f"L{i}.mlp", i, -1, tr.mlp_write[i][p])
+        if by_expert and tr.routing is not None:
+            for e, vec in _expert_writes(A, tr, i, p):
+                add(f"L{i}.E{e}.mlp", i, -1, vec, e)
+        else:
+            add(f"L{i}.mlp", i, -1, tr.mlp_write[i][p])
 
     values = readout.part_logits(torch.stack(parts), s, u)
     if readout.has_bias:
         names.append("bias")
         layers.append(-1)
         heads.append(-1)
+        experts.append(-1)
         values = torch.cat([values, values.new_tensor([readout.constant(t_id, f_id)])])
 
     logit = readout.traced_logit(tr.logits[p], t_id, f_id)  # the logit before soft-capping
@@ -175,5 +204,5 @@ def direct_logit_attribution(
         model=lm.name, tokens=tr.tokens, position=p, target=token_str(lm, t_id), target_id=t_id,
         foil=None if f_id is None else token_str(lm, f_id), foil_id=f_id, names=names, layers=layers, heads=heads,
         values=values.float().cpu(), logit=logit, completeness_error=abs(float(values.double().sum()) - logit),
-        by_head=by_head,
+        by_head=by_head, experts=experts if any(e >= 0 for e in experts) else [],
     )

@@ -22,6 +22,7 @@ from ..errors import InputError, NotApplicableError
 from ..interventions.patching import METRICS, _tokens, contrast, metric_of
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, require_decoder, token_str
+from ..models.moe import is_moe
 from ..results import Result
 
 FINE = ("heads_pos", "mlps_pos", "resid")
@@ -34,6 +35,8 @@ class NodeAttribution(Result):
 
     - ``heads (layer, head)``: each head's output over all positions
     - ``mlps (layer,)``: each MLP's output over all positions
+    - ``experts (layer, expert)``: a mixture of experts' per-expert weighted outputs over all positions (nodes
+      ``L{l}.E{e}.mlp``; they add up to ``mlps``); None for dense MLPs
     - ``embed``: the residual stream entering block 0 (token and position embeddings)
     - optional, per position (prompts of one length): ``heads_pos (layer, pos, head)``, ``mlps_pos (layer, pos)``,
       ``resid (layer, pos)`` (the residual stream entering each block); AtP*'s ``queries (layer, pos, head)``,
@@ -64,9 +67,11 @@ class NodeAttribution(Result):
     keys: Tensor | None = None
     values: Tensor | None = None
     info: dict = field(default_factory=dict)
+    experts: Tensor | None = None
 
     def nodes(self, fine: bool = False) -> list[dict]:
-        """``[{name, score}]`` with the names ``embed``, ``L{layer}H{head}``, ``L{layer}.mlp``; with ``fine`` also
+        """``[{name, score}]`` with the names ``embed``, ``L{layer}H{head}``, ``L{layer}.mlp`` (a mixture of
+        experts: then its experts ``L{layer}.E{e}.mlp``); with ``fine`` also
         the per-position nodes present: ``L{l}H{h}@{pos}``, ``L{l}.mlp@{pos}``, ``L{l}.resid@{pos}``,
         ``L{l}H{h}.q@{pos}``, ``L{l}KV{g}.k@{pos}``, ``L{l}KV{g}.v@{pos}``."""
         out = [{"name": "embed", "score": self.embed}]
@@ -74,6 +79,8 @@ class NodeAttribution(Result):
         for layer in range(L):
             out += [{"name": f"L{layer}H{h}", "score": float(self.heads[layer, h])} for h in range(H)]
             out.append({"name": f"L{layer}.mlp", "score": float(self.mlps[layer])})
+            if self.experts is not None:
+                out += [{"name": f"L{layer}.E{e}.mlp", "score": float(v)} for e, v in enumerate(self.experts[layer])]
         if not fine:
             return out
         for key, fmt in (("heads_pos", "L{l}H{h}@{p}"), ("mlps_pos", "L{l}.mlp@{p}"), ("resid", "L{l}.resid@{p}"),
@@ -177,7 +184,7 @@ def result(lm, method, ps, scores: dict, m_clean: float, m_corr: float, metric: 
         info["prompts"] = [{"tokens": _tokens(lm, p[0]), "corrupted_tokens": _tokens(lm, p[1]),
                             "target": token_str(lm, p[2]), "foil": None if p[3] is None else token_str(lm, p[3])}
                            for p in ps]
-    extra = {k: v.float().cpu() for k, v in scores.items() if k in FINE + QKV and v is not None}
+    extra = {k: v.float().cpu() for k, v in scores.items() if k in FINE + QKV + ("experts",) and v is not None}
     return NodeAttribution(
         heads=scores["heads"].float().cpu(), mlps=scores["mlps"].float().cpu(), embed=float(scores["embed"]),
         metric_clean=float(m_clean), metric_corrupted=float(m_corr), tokens=_tokens(lm, c_ids),
@@ -191,15 +198,19 @@ def read_at(pos: int, P: int) -> tuple[bool, int]:
     return (True, -1) if pos == P - 1 else (False, pos)
 
 
-def atp_sites(L: int, fine: bool) -> list[tuple[str, int]]:
+def atp_sites(L: int, fine: bool, moe: bool = False) -> list[tuple[str, int]]:
+    """The engine sites AtP reads (``moe``: a mixture of experts' per-expert outputs too)."""
     sites = [("resid_pre", 0)] + [(s, layer) for layer in range(L) for s in ("head", "mlp_out")]
+    sites += [("expert_out", layer) for layer in range(L)] if moe else []
     return sites + ([("resid_pre", layer) for layer in range(1, L)] if fine else [])
 
 
 def atp_terms(L: int, corr: dict, clean: dict, grads: dict, fine: bool) -> dict[str, Tensor]:
     """Per row and position AtP terms from the corrupted and clean activations and the gradients (dicts by site):
     ``embed (rows,)``, ``heads_pos (rows, layer, pos, head)``, ``mlps_pos (rows, layer, pos)``, with ``fine``
-    ``resid (rows, layer, pos)``."""
+    ``resid (rows, layer, pos)``; where ``expert_out`` was captured, ``experts_pos (rows, layer, pos, expert)``
+    (each expert's output change times the gradient at the block's output, which every expert's output reaches
+    unchanged)."""
 
     def dot(site):
         return ((corr[site].float() - clean[site].detach().float()) * grads[site].float()).sum(-1)
@@ -207,14 +218,21 @@ def atp_terms(L: int, corr: dict, clean: dict, grads: dict, fine: bool) -> dict[
     out = {"embed": dot(("resid_pre", 0)).sum(-1),
            "heads_pos": torch.stack([dot(("head", layer)) for layer in range(L)], 1),
            "mlps_pos": torch.stack([dot(("mlp_out", layer)) for layer in range(L)], 1)}
+    if ("expert_out", 0) in corr:
+        out["experts_pos"] = torch.stack([torch.einsum(
+            "bped,bpd->bpe", corr["expert_out", layer].float() - clean["expert_out", layer].detach().float(),
+            grads["mlp_out", layer].float()) for layer in range(L)], 1)
     if fine:
         out["resid"] = torch.stack([dot(("resid_pre", layer)) for layer in range(L)], 1)
     return out
 
 
 def coarse(s: dict[str, Tensor]) -> dict[str, Tensor]:
-    """``heads``/``mlps`` summed over positions, next to the per-position terms."""
-    return {**s, "heads": s["heads_pos"].sum(-2), "mlps": s["mlps_pos"].sum(-1)}
+    """``heads``/``mlps`` (and ``experts``) summed over positions, next to the per-position terms."""
+    out = {**s, "heads": s["heads_pos"].sum(-2), "mlps": s["mlps_pos"].sum(-1)}
+    if "experts_pos" in s:
+        out["experts"] = out.pop("experts_pos").sum(-2)
+    return out
 
 
 def attribution_patching(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=None, *, pairs=None,
@@ -229,7 +247,7 @@ def attribution_patching(lm: LoadedModel, clean=None, corrupted=None, target=Non
     if fine:
         one_length(ps, "heads_pos, mlps_pos and resid")
     L = lm.anatomy.n_layers
-    sites = atp_sites(L, fine)
+    sites = atp_sites(L, fine, is_moe(lm.anatomy))
     total: dict[str, Tensor] = {}
     m_clean = m_corr = 0.0
     for c, x, t, f, pos, _ in groups(ps):
@@ -238,7 +256,8 @@ def attribution_patching(lm: LoadedModel, clean=None, corrupted=None, target=Non
             lg_x, corr = run(lm, x, capture=sites, last_only=last_only)
         lg_c, cap = run(lm, c, capture=sites, grad=True, last_only=last_only)
         m = metric_of(lg_c, metric, t, f, at=at)
-        grads = dict(zip(sites, torch.autograd.grad(m.sum(), [cap[s] for s in sites])))
+        wrt = [s for s in sites if s[0] != "expert_out"]  # an expert's gradient is the block output's
+        grads = dict(zip(wrt, torch.autograd.grad(m.sum(), [cap[s] for s in wrt])))
         terms = coarse(atp_terms(L, corr, cap, grads, fine))
         if not fine:  # per position: prompts of one length only
             del terms["heads_pos"], terms["mlps_pos"]
@@ -256,8 +275,10 @@ def node_list(lm: LoadedModel, kinds, P: int) -> dict[str, tuple[list[tuple], tu
     ``pos`` None patches every position."""
     A = lm.anatomy
     L, H, G = A.n_layers, A.layers[0].attn.n_heads, A.layers[0].attn.n_kv_heads
+    E = getattr(A.layers[0].mlp, "n_experts", 0)
     grid = {
         "embed": ([("resid_pre", 0, None, None)], ()),
+        "experts": ([("expert_out", layer, None, e) for layer in range(L) for e in range(E)], (L, E)),
         "heads": ([("head", layer, None, h) for layer in range(L) for h in range(H)], (L, H)),
         "mlps": ([("mlp_out", layer, None, None) for layer in range(L)], (L,)),
         "heads_pos": ([("head", layer, p, h) for layer in range(L) for p in range(P) for h in range(H)], (L, P, H)),
@@ -329,7 +350,8 @@ def exact_node_patching(lm: LoadedModel, clean=None, corrupted=None, target=None
     AtP*'s ``queries``/``keys``/``values``: the engine's ``q`` (per head), ``k``/``v`` (per kv head) at one
     position (before rotary; the corrupted run's value). Per-position nodes need prompts of one length."""
     ps = prompts(lm, clean, corrupted, target, foil, metric, position, pairs, what="exact node patching")
-    kinds = ["embed", "heads", "mlps"] + (list(FINE) if fine else []) + (list(QKV) if qkv else [])
+    kinds = ["embed", "heads", "mlps"] + (["experts"] if is_moe(lm.anatomy) else []) + (list(FINE) if fine else []) + (
+        list(QKV) if qkv else [])
     P = one_length(ps, "per-position nodes") if fine or qkv else ps[0][0].numel()
     spec = node_list(lm, kinds, P)
     flat = [n for k in kinds for n in spec[k][0]]

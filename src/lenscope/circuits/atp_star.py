@@ -33,6 +33,7 @@ from ..errors import InputError
 from ..interventions.patching import metric_of
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel
+from ..models.moe import is_moe
 from .atp import NodeAttribution, atp_terms, groups, prompts, read_at, result
 
 
@@ -49,13 +50,20 @@ def query_scores(attn, q: Tensor, k: Tensor, q_corr: Tensor, g_A: Tensor, positi
     from the corrupted query. ``q, k, q_corr (..., head, pos, d_head)`` as ``queries_keys`` returns them.
     ``linear``: the softmax linearised instead, ``sum_s g_A A (D_s - sum_s' A D_s')`` with ``D`` the change of the
     row's log-probabilities (any shift of a row cancels), i.e. plain AtP through the pattern."""
-    A = attn.probs(q, k, positions).double()
-    A_q = attn.probs(q_corr, k, positions).double()
+    sink = attn.sinks is not None  # the sink's column joins the row (its logit never moves)
+    A = attn.probs(q, k, positions, sink_column=sink).double()
+    A_q = attn.probs(q_corr, k, positions, sink_column=sink).double()
+    g_A = _sink_pad(g_A, sink)
     if not linear:
         return (g_A * (A_q - A)).sum(-1)
     D = torch.where(A > 0, A_q.log() - A.log(), 0.0)
     D = torch.where(torch.isfinite(D), D, 0.0)
     return (g_A * A * (D - (A * D).sum(-1, keepdim=True))).sum(-1)
+
+
+def _sink_pad(g_A: Tensor, sink: bool) -> Tensor:
+    """``g_A`` with a zero column for an attention sink (nothing reads the sink's weight)."""
+    return torch.nn.functional.pad(g_A, (0, 1)) if sink else g_A
 
 
 def key_scores(attn, q: Tensor, k: Tensor, k_corr: Tensor, g_A: Tensor, positions: Tensor, *,
@@ -66,25 +74,31 @@ def key_scores(attn, q: Tensor, k: Tensor, k_corr: Tensor, g_A: Tensor, position
     ``r = 1 / (1 + A[t,s] (e^(S'-S) - 1))``, so the change is ``u r (g_A[t,s] - sum_s' g_A[t,s'] A[t,s'])``,
     ``u = A[t,s] (e^(S'-S) - 1)``. ``S' - S`` is read from ``probs`` (never re-derived): with the even keys
     corrupted, the odd keys' log-probabilities all move by the same ``-log Z'/Z``, which fixes the row's shift
-    (and the other way round for odd keys); a row with a single visible key does not change. ``linear``: the
+    (and the other way round for odd keys); a row with a single visible key does not change. Attention sinks
+    (GPT-OSS) join each row as one more key that never moves (``Attention.probs(..., sink_column=True)``): the
+    sink fixes the shift of a row whose keys all move, and a single key's row changes with it. ``linear``: the
     softmax linearised, ``u = A[t,s] (S'-S)``, ``r = 1`` (plain AtP through the pattern)."""
     P = k.shape[-2]
+    sink = attn.sinks is not None  # attention sinks: the sink's column is one more key that never moves
     even = (torch.arange(P, device=k.device) % 2 == 0)[:, None]
-    logA = attn.probs(q, k, positions).double().log()
+    logA = attn.probs(q, k, positions, sink_column=sink).double().log()
     A = logA.exp()
     delta = torch.zeros_like(logA)
     for corrupted in (even, ~even):  # keys whose score moves this time
-        diff = attn.probs(q, torch.where(corrupted, k_corr, k), positions).double().log() - logA
+        moved = torch.cat([corrupted[:, 0], corrupted.new_zeros(1)]) if sink else corrupted[:, 0]
+        diff = attn.probs(q, torch.where(corrupted, k_corr, k), positions, sink_column=sink).double().log() - logA
         ok = torch.isfinite(diff) & (A > 0)
-        ref = ok & ~corrupted[:, 0]  # unchanged keys: log-prob moved by the row's shift only
+        ref = ok & ~moved  # unchanged keys: log-prob moved by the row's shift only
         w = torch.where(ref, A, 0.0)
         shift = (torch.where(ref, diff, 0.0) * w).sum(-1, keepdim=True) / w.sum(-1, keepdim=True).clamp_min(1e-300)
-        move = torch.where(corrupted[:, 0] & (A > 0), diff - shift, 0.0)
+        move = torch.where(moved & (A > 0), diff - shift, 0.0)
         delta = delta + torch.where(torch.isnan(move), 0.0, move)
     u = A * (delta if linear else torch.expm1(delta.clamp(max=700.0)))
     r = 1.0 if linear else 1.0 / (1.0 + u)
+    g_A = _sink_pad(g_A, sink)
     G = (g_A * A).sum(-1, keepdim=True)
-    return (u * r * (g_A - G)).sum(-2)
+    out = (u * r * (g_A - G)).sum(-2)
+    return out[..., :P] if sink else out
 
 
 def _layer_nodes(attn, xn_c: Tensor, xn_x: Tensor, g_z: Tensor, v: Tensor, v_x: Tensor, positions: Tensor,
@@ -144,6 +158,7 @@ def atp_star(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=None
     V = 1 + (L if grad_drop and L > 1 else 0)
     qk_sites = [("ln_attn.out", layer) for layer in range(L)]
     grad_sites = [("resid_pre", 0)] + [(s, layer) for layer in range(L) for s in ("head", "mlp_out")]
+    expert_sites = [("expert_out", layer) for layer in range(L)] if is_moe(lm.anatomy) else []
     qk_sites += [("v", layer) for layer in range(L)]
     drop_sites = [(s, layer) for layer in range(L) for s in ("attn_out", "mlp_out")] if V > 1 else []
     total: dict[str, Tensor] = {}
@@ -153,8 +168,8 @@ def atp_star(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=None
         last_only, at = read_at(pos, P)
         positions = torch.arange(P)
         with torch.no_grad():
-            lg_x, corr = run(lm, x, capture=grad_sites + qk_sites, last_only=last_only)
-            lg_c, cl = run(lm, c, capture=drop_sites + qk_sites,
+            lg_x, corr = run(lm, x, capture=grad_sites + qk_sites + expert_sites, last_only=last_only)
+            lg_c, cl = run(lm, c, capture=drop_sites + qk_sites + expert_sites,
                            last_only=last_only)
         m_clean += float(metric_of(lg_c, metric, t, f, at=at).sum())
         m_corr += float(metric_of(lg_x, metric, t, f, at=at).sum())
@@ -171,9 +186,11 @@ def atp_star(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=None
             lg, cap = run(lm, c[j], edits, capture=grad_sites, grad=True, last_only=last_only)
             m = metric_of(lg, metric, t[j], None if f is None else f[j], at=at)
             grads = dict(zip(grad_sites, torch.autograd.grad(m.sum(), [cap[k] for k in grad_sites])))
-            xs = {k: corr[k][j] for k in grad_sites}
-            terms = atp_terms(L, xs, cap, grads, fine=False)
+            xs = {k: corr[k][j] for k in grad_sites + expert_sites}
+            terms = atp_terms(L, xs, {**cap, **{k: cl[k][j] for k in expert_sites}}, grads, fine=False)
             terms["heads"], terms["mlps"] = terms.pop("heads_pos").sum(-2), terms.pop("mlps_pos").sum(-1)
+            if expert_sites:
+                terms["experts"] = terms.pop("experts_pos").sum(-2)
             qkv = [_layer_nodes(A.layers[i].attn, cl[("ln_attn.out", i)][j], corr[("ln_attn.out", i)][j],
                                 grads[("head", i)], cl[("v", i)][j], corr[("v", i)][j], positions, not qk_fix)
                    for i in range(L)]

@@ -163,7 +163,7 @@ def _accumulate(scores: Tensor, graph: ComponentGraph, delta: Tensor, G: Tensor)
     """``scores (S, R) += sum over rows and positions of delta (b, p, S, d) . G (b, p, R, d)``, block by block
     (a block's receivers only read the senders before them)."""
     for layer in range(graph.n_layers):
-        sl, upto = graph.inputs_of(layer), graph.mlp_of(layer) + 1
+        sl, upto = graph.inputs_of(layer), graph.mlps_of(layer).stop
         scores[:upto, sl] += torch.einsum("bpsd,bprd->sr", delta[:, :, :upto], G[:, :, sl])
     scores[:, -1] += torch.einsum("bpsd,bpd->s", delta, G[:, :, -1])
 
@@ -202,8 +202,8 @@ def edge_attribution(lm: LoadedModel, pairs, *, method: str = "eap-ig", steps: i
             c_ids, x_ids = g.clean[s:e], g.corrupted[s:e]
             t, f = g.target[s:e], None if g.foil is None else g.foil[s:e]
             with torch.no_grad():
-                _, cc = run(lm, c_ids, capture=writer_sites(graph.n_layers), logits=False)
-                _, cx = run(lm, x_ids, capture=writer_sites(graph.n_layers), logits=False)
+                _, cc = run(lm, c_ids, capture=writer_sites(graph.n_layers, graph.n_mlp > 1), logits=False)
+                _, cx = run(lm, x_ids, capture=writer_sites(graph.n_layers, graph.n_mlp > 1), logits=False)
                 delta = sender_writes(lm, graph, cx).float() - sender_writes(lm, graph, cc).float()
             kw = {"target": t, "foil": f, "position": g.position, "metric": metric}
             if method == "eap":

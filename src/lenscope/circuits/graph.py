@@ -1,7 +1,8 @@
 """The component graph of a decoder, and the per-prompt material every edge method reads.
 
 Senders (what writes to the residual stream): ``embed`` (the residual stream entering block 0: token embeddings and
-whatever the model adds before the first block), each head ``L{l}H{h}`` and each MLP ``L{l}.mlp``. Receivers (what
+whatever the model adds before the first block), each head ``L{l}H{h}`` and each MLP ``L{l}.mlp`` (a mixture of
+experts: each expert ``L{l}.E{e}.mlp``, its weighted output, 0 where a token does not use it). Receivers (what
 reads it): each head's query, key and value input separately (``L{l}H{h}.q``, ``.k``, ``.v``), each MLP's input
 (``L{l}.mlp``) and the unembedding (``logits``). An edge ``(sender, receiver)`` exists when the sender writes before
 the receiver reads: heads of block ``l`` read what blocks ``< l`` wrote; an MLP of a sequential block also reads its
@@ -27,6 +28,7 @@ from ..interventions.patching import metric_of
 from ..models.anatomy import Layer
 from ..models.engine import run
 from ..models.load import LoadedModel, require_decoder
+from ..models.moe import is_moe
 from .atp import groups as node_groups
 from .atp import prompts
 
@@ -35,7 +37,8 @@ from .atp import prompts
 class ComponentGraph:
     """Names, order and the edges of one model's component graph.
 
-    - ``senders`` (S,): ``embed``, then per block its heads ``L{l}H{h}`` and ``L{l}.mlp``
+    - ``senders`` (S,): ``embed``, then per block its heads ``L{l}H{h}`` and ``L{l}.mlp`` (a mixture of experts:
+      its ``n_mlp`` experts ``L{l}.E{e}.mlp``)
     - ``receivers`` (R,): per block ``L{l}H{h}.q`` for every head, then ``.k``, then ``.v``, then ``L{l}.mlp``;
       last ``logits``
     - ``valid (S, R)``: whether the edge exists
@@ -47,6 +50,7 @@ class ComponentGraph:
     senders: tuple = field(repr=False)
     receivers: tuple = field(repr=False)
     valid: Tensor = field(repr=False)
+    n_mlp: int = 1  # senders per MLP: 1, or a mixture of experts' number of experts
 
     @classmethod
     def of(cls, lm: LoadedModel) -> ComponentGraph:
@@ -58,16 +62,24 @@ class ComponentGraph:
                                      "model renormalises it after every sub-layer (Post-LN). Use node-level "
                                      "attribution patching (level='nodes') instead")
         L, H = A.n_layers, A.layers[0].attn.n_heads
-        senders = ["embed"] + [n for layer in range(L) for n in [f"L{layer}H{h}" for h in range(H)] + [f"L{layer}.mlp"]]
+        moe = is_moe(A)
+        if moe and A.layers[0].ln_mlp_out is not None:
+            raise NotApplicableError("edges of a mixture of experts followed by a sandwich norm are not supported")
+        M = A.layers[0].mlp.n_experts if moe else 1
+
+        def mlps(layer):
+            return [f"L{layer}.E{e}.mlp" for e in range(M)] if moe else [f"L{layer}.mlp"]
+
+        senders = ["embed"] + [n for layer in range(L) for n in [f"L{layer}H{h}" for h in range(H)] + mlps(layer)]
         receivers = [n for layer in range(L)
                      for n in [f"L{layer}H{h}.{w}" for w in "qkv" for h in range(H)] + [f"L{layer}.mlp"]] + ["logits"]
         # a stage per sender (the order of writing) and per receiver (it reads stages below its own)
-        s_stage = [-1] + [2 * layer + (h == H) for layer in range(L) for h in range(H + 1)]
+        s_stage = [-1] + [2 * layer + (h >= H) for layer in range(L) for h in range(H + M)]
         # heads of block l read stages < 2l; a sequential MLP reads < 2l + 1, a parallel one < 2l
         r_read = [2 * layer + (1 if (i == 3 * H and placement != "parallel") else 0)
                   for layer in range(L) for i in range(3 * H + 1)] + [2 * L]
         valid = torch.tensor(s_stage)[:, None] < torch.tensor(r_read)[None, :]
-        return cls(L, H, placement, tuple(senders), tuple(receivers), valid)
+        return cls(L, H, placement, tuple(senders), tuple(receivers), valid, M)
 
     @property
     def n_edges(self) -> int:
@@ -77,7 +89,8 @@ class ComponentGraph:
         try:
             return self.senders.index(name)
         except ValueError:
-            raise InputError(f"no sender named {name!r}; senders are embed, L{{l}}H{{h}}, L{{l}}.mlp") from None
+            mlp = "L{l}.E{e}.mlp" if self.n_mlp > 1 else "L{l}.mlp"
+            raise InputError(f"no sender named {name!r}; senders are embed, L{{l}}H{{h}}, {mlp}") from None
 
     def receiver_index(self, name: str) -> int:
         try:
@@ -87,12 +100,18 @@ class ComponentGraph:
                              "logits") from None
 
     def heads_of(self, layer: int) -> slice:
-        """The senders of block ``layer``'s heads (its MLP is the next index)."""
-        start = 1 + layer * (self.n_heads + 1)
+        """The senders of block ``layer``'s heads (its MLP's follow)."""
+        start = 1 + layer * (self.n_heads + self.n_mlp)
         return slice(start, start + self.n_heads)
 
     def mlp_of(self, layer: int) -> int:
-        return 1 + layer * (self.n_heads + 1) + self.n_heads
+        """The (first) sender of block ``layer``'s MLP (a mixture of experts: its first expert's)."""
+        return 1 + layer * (self.n_heads + self.n_mlp) + self.n_heads
+
+    def mlps_of(self, layer: int) -> slice:
+        """The senders of block ``layer``'s MLP: one, or one per expert of a mixture of experts."""
+        start = self.mlp_of(layer)
+        return slice(start, start + self.n_mlp)
 
     def inputs_of(self, layer: int) -> slice:
         """The receivers of block ``layer``: q, k, v of every head, then the MLP."""
@@ -134,20 +153,24 @@ def mlp_write(layer: Layer, mlp_out: Tensor) -> Tensor:
 
 def sender_writes(lm: LoadedModel, graph: ComponentGraph, cap) -> Tensor:
     """``(batch, pos, S, d_model)``: every sender's write in a run whose engine captures ``cap`` hold
-    ``resid_pre.0``, ``head.l`` and ``mlp_out.l``; sums to the residual stream."""
+    ``resid_pre.0``, ``head.l`` and ``mlp_out.l`` (a mixture of experts: ``expert_out.l``); sums to the residual
+    stream."""
     A = lm.anatomy
     first = cap["resid_pre", 0]
     out = first.new_empty(first.shape[:2] + (len(graph.senders), first.shape[-1]))
     out[:, :, 0] = first
     for layer in range(graph.n_layers):
         out[:, :, graph.heads_of(layer)] = head_writes(A.layers[layer], cap["head", layer])
-        out[:, :, graph.mlp_of(layer)] = mlp_write(A.layers[layer], cap["mlp_out", layer])
+        if graph.n_mlp > 1:
+            out[:, :, graph.mlps_of(layer)] = cap["expert_out", layer]
+        else:
+            out[:, :, graph.mlp_of(layer)] = mlp_write(A.layers[layer], cap["mlp_out", layer])
     return out
 
 
-def writer_sites(L: int) -> list[tuple[str, int]]:
-    """The engine sites :func:`sender_writes` reads."""
-    return [("resid_pre", 0)] + [(s, layer) for layer in range(L) for s in ("head", "mlp_out")]
+def writer_sites(L: int, moe: bool = False) -> list[tuple[str, int]]:
+    """The engine sites :func:`sender_writes` reads (``moe``: a mixture of experts' per-expert outputs)."""
+    return [("resid_pre", 0)] + [(s, layer) for layer in range(L) for s in ("head", "expert_out" if moe else "mlp_out")]
 
 
 @dataclass

@@ -47,7 +47,7 @@ def mean_writes(lm: LoadedModel, graph: ComponentGraph, reference, metric: str =
     out, total, count = {}, 0.0, 0
     for g in groups(lm, reference, metric):
         with torch.no_grad():
-            _, cc = run(lm, g.clean, capture=writer_sites(graph.n_layers), logits=False)
+            _, cc = run(lm, g.clean, capture=writer_sites(graph.n_layers, graph.n_mlp > 1), logits=False)
             w = sender_writes(lm, graph, cc).float()
         out[w.shape[1]] = w.mean(0)
         total, count = total + w.sum((0, 1)), count + w.shape[0] * w.shape[1]
@@ -60,7 +60,7 @@ def _writes(lm: LoadedModel, graph: ComponentGraph, g: Group, ablation: str,
     """``(clean, ablated)`` sender writes ``(b, p, S, d)`` of a group of prompts. ``ablation="mean"``: the mean of
     ``reference`` (:func:`mean_writes`) at each position, or of the group's own clean prompts when None."""
     with torch.no_grad():
-        _, cc = run(lm, g.clean, capture=writer_sites(graph.n_layers), logits=False)
+        _, cc = run(lm, g.clean, capture=writer_sites(graph.n_layers, graph.n_mlp > 1), logits=False)
         clean = sender_writes(lm, graph, cc).float()
         if ablation == "mean":
             if reference is None:
@@ -68,7 +68,7 @@ def _writes(lm: LoadedModel, graph: ComponentGraph, g: Group, ablation: str,
             P = clean.shape[1]
             mean = reference[P] if P in reference else reference["any"][None].expand(P, -1, -1)
             return clean, mean[None].expand_as(clean)
-        _, cx = run(lm, g.corrupted, capture=writer_sites(graph.n_layers), logits=False)
+        _, cx = run(lm, g.corrupted, capture=writer_sites(graph.n_layers, graph.n_mlp > 1), logits=False)
         return clean, sender_writes(lm, graph, cx).float()
 
 
@@ -107,7 +107,7 @@ def _patched(lm: LoadedModel, graph: ComponentGraph, clean: Tensor, ablated: Ten
 
     for layer in range(graph.n_layers):
         blk = A.layers[layer]
-        sl, hs, m = graph.inputs_of(layer), graph.heads_of(layer), graph.mlp_of(layer)
+        sl, hs, ms = graph.inputs_of(layer), graph.heads_of(layer), graph.mlps_of(layer)
         inp = resid[:, :, None, :].expand(N, P, 3 * H, d)
         c = reads(hs.start, slice(sl.start, sl.stop - 1))
         if c is not None:
@@ -117,11 +117,14 @@ def _patched(lm: LoadedModel, graph: ComponentGraph, clean: Tensor, ablated: Ten
         W[:, :, hs] = head_writes(blk, z).to(W.dtype)
         mid = resid + W[:, :, hs].sum(2)
         x_m = resid if graph.placement == "parallel" else mid
-        c = reads(m, sl.stop - 1)
+        c = reads(ms.start, sl.stop - 1)
         if c is not None:
             x_m = x_m + c
-        W[:, :, m] = mlp_write(blk, blk.mlp(blk.ln_mlp(x_m))).to(W.dtype)
-        resid = mid + W[:, :, m]
+        if graph.n_mlp > 1:  # a mixture of experts routes the patched input itself, as the model would
+            W[:, :, ms] = blk.mlp.expert_outputs(blk.ln_mlp(x_m)).to(W.dtype)
+        else:
+            W[:, :, ms.start] = mlp_write(blk, blk.mlp(blk.ln_mlp(x_m))).to(W.dtype)
+        resid = mid + W[:, :, ms].sum(2)
     c = reads(S, len(graph.receivers) - 1)
     final = resid if c is None else resid + c
     return A.logits(final[:, position])

@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
         model: str = MODEL_OPTION,
         target: str = typer.Option(..., "--target", "-t", help="Target token: its text (e.g. ' Paris') or #ID."),
         foil: str = typer.Option(None, "--foil", "-f", help="Foil token: decompose target minus foil."),
-        by_head: bool = typer.Option(False, "--by-head", help="Split each attention layer into its heads."),
+        by_head: bool = typer.Option(False, "--by-head", help="Split each attention layer into its heads (and each "
+                                     "mixture-of-experts block into its experts)."),
         position: int = typer.Option(-1, "--position", help="Token position to explain (default: last)."),
         top: int = typer.Option(None, "--top", help="Show only the largest components in the table/plot."),
         png: str = typer.Option(None, "--png", help="Save a bar plot to this PNG file."),

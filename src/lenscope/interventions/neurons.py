@@ -11,6 +11,13 @@ right Riemann sum of ``m`` steps (default 20, all steps of a layer in one batch)
 ``Attr >= threshold × max Attr`` (default 0.2). They are then suppressed (set to 0) or amplified (doubled) at ``p``
 and the target's probability is read; the same is done for as many random neurons drawn (seeded) from the same
 layers, as a control.
+
+A mixture of experts' neurons are (expert, neuron) pairs: the engine's ``mlp_hidden`` site holds every expert's
+units side by side (unit ``e * d_mlp + i`` is neuron ``i`` of expert ``e``), with the router's choice as the model
+made it; the experts a token does not use have no units there (0, so their attribution is 0), and
+:func:`knowledge_neurons` draws its random controls from the units of the experts the prediction position uses
+(:func:`refined_knowledge_neurons`, over prompts routed differently, from all of the layer's units). ``to_frame`` /
+``to_dict`` name each neuron's ``expert`` and ``neuron``.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from torch import Tensor
 from ..errors import InputError
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, encode, require_decoder, resolve_token, token_ids, token_str
+from ..models.moe import MoE
 from ..results import Result
 from .patching import _position, _tokens
 
@@ -61,15 +69,15 @@ class KnowledgeNeurons(Result):
     def to_frame(self):
         import pandas as pd
 
-        return pd.DataFrame([{"layer": int(layer), "unit": int(u), "attribution": float(self.attributions[layer, u])}
-                             for layer, u in self.neurons.tolist()])
+        return pd.DataFrame([{"layer": int(layer), "unit": int(u), **_expert_neuron(self.info, u),
+                              "attribution": float(self.attributions[layer, u])} for layer, u in self.neurons.tolist()])
 
     def to_dict(self) -> dict:
         return {
             "model": self.model, "tokens": self.tokens, "target": self.target, "target_id": self.target_id,
             "position": self.position, "steps": self.steps, "threshold": self.threshold,
-            "neurons": [{"layer": int(a), "index": int(u), "score": float(self.attributions[a, u])}
-                        for a, u in self.neurons.tolist()],
+            "neurons": [{"layer": int(a), "index": int(u), **_expert_neuron(self.info, u),
+                         "score": float(self.attributions[a, u])} for a, u in self.neurons.tolist()],
             # the issue's fields: the target's probability before and after each intervention
             "suppress": {"before": self.p_base, "after": self.p_suppressed},
             "amplify": {"before": self.p_base, "after": self.p_amplified},
@@ -104,6 +112,35 @@ class KnowledgeNeurons(Result):
     def __repr__(self) -> str:
         return (f"KnowledgeNeurons(target={self.target!r}, neurons={len(self.neurons)}, p_base={self.p_base:.4f}, "
                 f"p_suppressed={self.p_suppressed:.4f}, p_amplified={self.p_amplified:.4f})")
+
+
+def _expert_neuron(info: dict, unit: int) -> dict:
+    """``{"expert", "neuron"}`` of a mixture of experts' unit (``info["d_mlp"]``: one expert's width), else ``{}``."""
+    m = info.get("d_mlp")
+    return {} if m is None else {"expert": int(unit) // m, "neuron": int(unit) % m}
+
+
+def _moe_info(lm: LoadedModel) -> dict:
+    mlp = lm.anatomy.layers[0].mlp
+    return {"experts": mlp.n_experts, "d_mlp": mlp.d_mlp} if isinstance(mlp, MoE) else {}
+
+
+def _draw_control(lm: LoadedModel, attr: Tensor, layer: int, g, taken: set) -> tuple[int, int]:
+    """A random unit of ``layer`` not in ``taken`` (a mixture of experts: of the experts the position uses, those
+    with a non-zero attribution; the others have no units there)."""
+    mlp = lm.anatomy.layers[layer].mlp
+    if isinstance(mlp, MoE):
+        m = mlp.d_mlp
+        active = attr[layer].reshape(mlp.n_experts, m).ne(0).any(1).nonzero()[:, 0]
+        units = (active[:, None] * m + torch.arange(m)).reshape(-1)
+        free = [int(u) for u in units.tolist() if (layer, int(u)) not in taken]
+        if not free:
+            raise InputError(f"no unit of layer {layer} is left for the random control")
+        return layer, free[int(torch.randint(len(free), (1,), generator=g))]
+    while True:
+        u = int(torch.randint(lm_d_mlp(lm, layer), (1,), generator=g))
+        if (layer, u) not in taken:
+            return layer, u
 
 
 def _prob(lg: Tensor, pos: int, tid: int) -> Tensor:
@@ -184,23 +221,18 @@ def knowledge_neurons(lm: LoadedModel, prompt, target=None, *, steps: int = 20, 
     if max_neurons is not None:
         sel = sel[:max_neurons]
     g = torch.Generator().manual_seed(seed)
-    d_mlp = attr.shape[1]
     chosen = {(int(a), int(b)) for a, b in sel.tolist()}
     ctrl = []
     for layer, _ in sel.tolist():  # a random unit of the same layer that is not a knowledge neuron
-        while True:
-            u = int(torch.randint(d_mlp, (1,), generator=g))
-            if (layer, u) not in chosen:
-                chosen.add((layer, u))
-                ctrl.append((layer, u))
-                break
+        ctrl.append(_draw_control(lm, attr, layer, g, chosen))
+        chosen.add(ctrl[-1])
     control = torch.tensor(ctrl, dtype=torch.long).reshape(-1, 2)
     ps = _edit_probs(lm, ids, tid, pos, [sel, sel, control, control], [0.0, 2.0, 0.0, 2.0])
     return KnowledgeNeurons(
         attributions=attr, neurons=sel, control=control, completeness=comp, tokens=_tokens(lm, ids),
         target=token_str(lm, tid), target_id=tid, position=pos, steps=steps, threshold=threshold,
         p_base=float(probs[tid]), p_suppressed=ps[0], p_amplified=ps[1], p_control_suppressed=ps[2],
-        p_control_amplified=ps[3], seed=seed, model=lm.name,
+        p_control_amplified=ps[3], seed=seed, model=lm.name, info=_moe_info(lm),
     )
 
 
@@ -220,7 +252,9 @@ def _edit_probs(lm, ids, tid, pos, sets, factors) -> list[float]:
 
 
 def lm_d_mlp(lm: LoadedModel, layer: int) -> int:
-    return int(lm.anatomy.layers[layer].mlp.W_out.shape[0])
+    """The number of hidden units of block ``layer`` (a mixture of experts: every expert's, side by side)."""
+    mlp = lm.anatomy.layers[layer].mlp
+    return int(mlp.n_experts * mlp.d_mlp) if isinstance(mlp, MoE) else int(mlp.W_out.shape[0])
 
 
 @dataclass(repr=False)
@@ -258,7 +292,7 @@ class RefinedNeurons(Result):
         return {
             "model": self.model, "prompts": self.prompts, "target": self.target, "share": self.share,
             "threshold": self.threshold, "steps": self.steps, "coarse_sizes": self.coarse_sizes,
-            "neurons": [{"layer": int(a), "unit": int(u), "prompts": int(c)}
+            "neurons": [{"layer": int(a), "unit": int(u), **_expert_neuron(self.info, u), "prompts": int(c)}
                         for (a, u), c in zip(self.neurons.tolist(), self.counts.tolist())],
             "control": self.control.tolist(),
             **{k: getattr(self, k).tolist() for k in ("p_base", "p_suppressed", "p_amplified",
@@ -323,5 +357,5 @@ def refined_knowledge_neurons(lm: LoadedModel, prompts, target, *, share: float 
         neurons=neurons, counts=torch.tensor([counts[k] for k in kept], dtype=torch.long), control=control,
         p_base=pr[:, 0], p_suppressed=pr[:, 1], p_amplified=pr[:, 2], p_control_suppressed=pr[:, 3],
         p_control_amplified=pr[:, 4], prompts=prompts, coarse_sizes=coarse_sizes, target=token_str(lm, tid),
-        target_id=tid, share=share, threshold=threshold, steps=steps, seed=seed, model=lm.name,
+        target_id=tid, share=share, threshold=threshold, steps=steps, seed=seed, model=lm.name, info=_moe_info(lm),
     )

@@ -116,7 +116,8 @@ def layer_decompositions(A, tr: Trace, l: int, rows: Tensor, scopes, *, nodes: i
         out["atbln"] = ff_in.dense()
     if not (want & {"atbff", "atbffres", "atbffresln", "atblnff", "atblnffres", "atblnffres_nextln"}):
         return out, err
-    ff, err = ff_step(ff_in, layer.mlp, nodes=nodes, numeric_steps=numeric_steps)
+    routing = None if tr.routing is None else tr.routing[l][rows]  # a mixture of experts: the traced routing
+    ff, err = ff_step(ff_in, layer.mlp, nodes=nodes, numeric_steps=numeric_steps, routing=routing)
     if layer.ln_mlp_out is not None:
         ff = norm_step(ff, layer.ln_mlp_out, tr.mlp_out[l][rows])
     res = combine(ff, atb_dense)  # RES2 adds back the whole decomposed input of the FF block

@@ -154,10 +154,11 @@ def head_values(attn: Attention, z: Tensor, value_bias: bool) -> Tensor:
 
 
 def bias_through_attention(attn: Attention, beta: Tensor | None, value_bias: bool,
-                           dtype: torch.dtype = torch.float32) -> Tensor:
+                           dtype: torch.dtype = torch.float32, mass: Tensor | None = None) -> Tensor:
     """What attention writes independently of the sources, (d_model,): ``b_O``, plus (when the biases are not
     with the sources) ``sum_h (beta W_V^h + b_V^h) W_O^h``, which is exact because each row of ``alpha`` sums
-    to one."""
+    to one. With attention sinks the rows sum to less: ``mass (head, row)``, each row's sum of the traced weights,
+    scales each head's bias term, and the result is ``(row, d_model)``."""
     W_O = attn.W_O.to(dtype)
     out = attn.b_O.to(dtype).clone() if attn.b_O is not None else W_O.new_zeros(W_O.shape[-1])
     vb = None
@@ -166,6 +167,9 @@ def bias_through_attention(attn: Attention, beta: Tensor | None, value_bias: boo
     if value_bias and attn.b_V is not None:
         b = attn._per_kv(attn.b_V.to(dtype))
         vb = b if vb is None else vb + b
+    if mass is not None:
+        out = out.expand(mass.shape[1], -1).clone()
+        return out if vb is None else out + torch.einsum("hr,he,hed->rd", mass.to(dtype), vb, W_O)
     if vb is not None:
         out = out + torch.einsum("he,hed->d", vb, W_O)
     return out
@@ -210,7 +214,10 @@ def attention_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Con
     if writes is None:
         writes = value_writes(layer.attn, z, vb)
     probs = f32(take_rows(tr.attn_probs[l], rows, 1), dtype)  # (head, row, src)
-    rest = bias_through_attention(layer.attn, beta, not vb, dtype).expand(len(rows), -1).clone()
+    if layer.attn.sinks is not None:  # the weights over the tokens sum to less than one: per row and head
+        rest = bias_through_attention(layer.attn, beta, not vb, dtype, mass=probs.sum(-1))
+    else:
+        rest = bias_through_attention(layer.attn, beta, not vb, dtype).expand(len(rows), -1).clone()
     if factored:
         return Factored(probs, probs.new_ones(len(rows)), writes, rest.new_zeros(rest.shape), rest, rows)
     parts = torch.einsum("hrs,hsd->rsd", probs, writes)
@@ -297,8 +304,66 @@ def _derivative(act, x: Tensor) -> Tensor:
     return g
 
 
+def _clamp_integral(U: Tensor, limit: float) -> Tensor:
+    """``int_0^1 clamp(a U, -limit, limit) da`` element-wise."""
+    c = (limit / U.abs().clamp_min(1e-300)).clamp(max=1.0)
+    return torch.where(U.abs() <= limit, U / 2, c * c * U / 2 + limit * U.sign() * (1 - c))
+
+
+def _ig_gated_clamped(act, G_parts, G_rest, U_parts, U_rest, *, gate_limit, up_limit, up_offset, nodes,
+                      numeric_steps) -> tuple[Tensor, Tensor, float]:
+    """:func:`ig_hidden` for ``a = g(G) * phi(U)`` with ``phi(u) = clamp(u, -up_limit, up_limit) + up_offset`` and
+    ``g`` clamped at ``gate_limit`` from above (GPT-OSS; ``act`` includes the clamp). ``IG_j = G_j A + U_j B``,
+    ``B = int_0^1 g(aG) phi'(aU) da``: ``phi'(aU) = 1`` up to ``c = min(1, up_limit / |U|)`` and 0 after, and ``g(aG)``
+    is constant past ``a* = gate_limit / G`` (``G > gate_limit``), so ``B`` is Gauss-Legendre on ``[0, min(c, a*)]``,
+    where the integrand is smooth, plus the constant part; ``A = (g(G) phi(U) - U B) / G`` (integration by parts:
+    the parts add up to ``g(G) phi(U)`` exactly whatever the quadrature's error)."""
+    dt = torch.float64
+    G = G_parts.sum(1).to(dt) + G_rest.to(dt)
+    U = U_parts.sum(1).to(dt) + U_rest.to(dt)
+    shape = (-1,) + (1,) * G.dim()
+
+    def phi(u):
+        u = u.clamp(-up_limit, up_limit) if up_limit is not None else u
+        return u + up_offset
+
+    if numeric_steps is not None:
+        t = (torch.arange(numeric_steps, dtype=dt, device=G.device) + 0.5) / numeric_steps
+        w = torch.full_like(t, 1.0 / numeric_steps)
+        tG, tU = t.view(shape) * G, t.view(shape) * U
+        I1 = torch.einsum("k,k...->...", w, _derivative(act, tG) * phi(tU))
+        I2 = torch.einsum("k,k...->...", w, act(tG) * _derivative(phi, tU))
+        I1, I2 = I1.to(G_parts.dtype), I2.to(G_parts.dtype)
+        return G_parts * I1[:, None] + U_parts * I2[:, None], G_rest * I1 + U_rest * I2, 0.0
+    c = torch.ones_like(U) if up_limit is None else (up_limit / U.abs().clamp_min(1e-300)).clamp(max=1.0)
+    if gate_limit is not None:
+        kink = torch.where(G > gate_limit, gate_limit / G.clamp_min(1e-300), torch.ones_like(G))
+        c1 = torch.minimum(c, kink)
+        flat = act(torch.full((), float(gate_limit), dtype=dt)) * (c - c1)  # g is constant on [a*, c]
+    else:
+        c1, flat = c, torch.zeros_like(G)
+
+    def rule(n):
+        t, w = gauss_legendre(n, dt, G.device)
+        return c1 * torch.einsum("k,k...->...", w, act(t.view(shape) * c1 * G)) + flat
+
+    B = rule(nodes)
+    B_half = rule(max(1, nodes // 2))
+    err = float((B - B_half).abs().max() / B.abs().max().clamp_min(1e-30))
+    total = act(G) * phi(U)
+    small = G.abs() < 1e-8
+    safe = torch.where(small, torch.ones_like(G), G)
+    g0 = float(_derivative(act, torch.zeros(1, dtype=dt))[0])
+    # G ~ 0: A = int g'(aG) phi(aU) da ~ g'(0) int phi(aU) da
+    mean_phi = up_offset + (_clamp_integral(U, up_limit) if up_limit is not None else U / 2)
+    A = torch.where(small, g0 * mean_phi, (total - U * B) / safe)
+    A, B = A.to(G_parts.dtype), B.to(G_parts.dtype)
+    return G_parts * A[:, None] + U_parts * B[:, None], G_rest * A + U_rest * B, err
+
+
 def ig_hidden(act, G_parts: Tensor, G_rest: Tensor, U_parts: Tensor | None = None, U_rest: Tensor | None = None, *,
-              nodes: int = 32, numeric_steps: int | None = None) -> tuple[Tensor, Tensor, float]:
+              nodes: int = 32, numeric_steps: int | None = None, gate_limit: float | None = None,
+              up_limit: float | None = None, up_offset: float = 0.0) -> tuple[Tensor, Tensor, float]:
     """Split the hidden activation of a feed-forward block among its players with integrated gradients from a
     zero baseline on the straight path (Kobayashi et al. 2024, App. C-D): the ``src`` pre-activation parts
     ``G_parts (row, src, unit)`` plus one remainder player ``G_rest (row, unit)`` (the biases).
@@ -313,7 +378,13 @@ def ig_hidden(act, G_parts: Tensor, G_rest: Tensor, U_parts: Tensor | None = Non
     IG), for comparison. Returns the hidden parts ``(row, src, unit)``, the remainder's ``(row, unit)`` and the
     quadrature's error estimate (largest change of ``I2`` between ``nodes // 2`` and ``nodes`` points, relative
     to the largest ``|I2|``: an upper bound for the coarser rule, so conservative; 0 for the closed forms).
+
+    ``gate_limit``, ``up_limit``, ``up_offset``: GPT-OSS's clamped gated unit ``g(G) * (clamp(U) + offset)``
+    (:func:`_ig_gated_clamped`; ``act`` then includes the gate's clamp).
     """
+    if U_parts is not None and (gate_limit is not None or up_limit is not None or up_offset):
+        return _ig_gated_clamped(act, G_parts, G_rest, U_parts, U_rest, gate_limit=gate_limit, up_limit=up_limit,
+                                 up_offset=up_offset, nodes=nodes, numeric_steps=numeric_steps)
     dt = torch.float64
     G = G_parts.sum(1).to(dt) + G_rest.to(dt)
     if numeric_steps is not None:
@@ -352,14 +423,47 @@ def ig_hidden(act, G_parts: Tensor, G_rest: Tensor, U_parts: Tensor | None = Non
     return parts, rest, err
 
 
-def ff_step(dec, mlp, *, nodes: int = 32, numeric_steps: int | None = None) -> tuple[Decomposition, float]:
+def take(dec, idx: Tensor):
+    """The decomposition (dense or :class:`Factored`) of the rows at ``idx`` (indices into its row axis)."""
+    if isinstance(dec, Factored):
+        return Factored(dec.alpha[:, idx], dec.scale[idx], dec.V, dec.diag[idx], dec.rest[idx], dec.rows[idx])
+    return Decomposition(dec.parts[idx], dec.rest[idx], dec.rows[idx])
+
+
+def moe_ff_step(dec, moe, routing: Tensor, *, nodes: int = 32,
+                numeric_steps: int | None = None) -> tuple[Decomposition, float]:
+    """:func:`ff_step` through a mixture of experts with the routing fixed: ``routing (row, expert)``, the rows'
+    routing weights read from the trace. Each expert carries the rows routed to it (its own integrated gradients,
+    the Kobayashi FF decomposition per expert); the parts are summed with the routing weights, so they add up to the
+    block's output. Returns the decomposition and the largest quadrature error estimate."""
+    dt = dec.rest.dtype
+    w = routing.to(device=dec.rest.device, dtype=dt)
+    src = dec.alpha.shape[-1] if isinstance(dec, Factored) else dec.parts.shape[1]
+    parts = dec.rest.new_zeros(len(dec.rows), src, dec.rest.shape[-1])
+    rest = dec.rest.new_zeros(dec.rest.shape)
+    err = 0.0
+    for e, t in moe._routed(w):
+        sub, e_err = ff_step(take(dec, t), moe.expert(e), nodes=nodes, numeric_steps=numeric_steps)
+        parts[t] += w[t, e, None, None] * sub.parts
+        rest[t] += w[t, e, None] * sub.rest
+        err = max(err, e_err)
+    return Decomposition(parts, rest, dec.rows), err
+
+
+def ff_step(dec, mlp, *, nodes: int = 32, numeric_steps: int | None = None,
+            routing: Tensor | None = None) -> tuple[Decomposition, float]:
     """Carry a decomposition of the MLP's input (dense or :class:`Factored`, which projects to the hidden
     units without expanding over ``d_model``) through the whole MLP (output with its bias), splitting the
-    activation among the sources with :func:`ig_hidden`. Returns it and the quadrature error estimate."""
-    from .anatomy import ACTIVATIONS
+    activation among the sources with :func:`ig_hidden`. Returns it and the quadrature error estimate.
+    A mixture of experts needs its ``routing (row, expert)`` from the trace (:func:`moe_ff_step`)."""
+    from .moe import MoE
 
+    if isinstance(mlp, MoE):
+        if routing is None:
+            raise ValueError("a mixture of experts' FF step needs the routing weights of its rows (from the trace)")
+        return moe_ff_step(dec, mlp, routing, nodes=nodes, numeric_steps=numeric_steps)
     dt = dec.rest.dtype
-    act = ACTIVATIONS[mlp.act]
+    act = mlp.act_fn
 
     def pre(W, b):
         W = W.to(dt)
@@ -375,7 +479,9 @@ def ff_step(dec, mlp, *, nodes: int = 32, numeric_steps: int | None = None) -> t
     else:
         Gp, Gr = pre(mlp.W_in, mlp.b_in)
         Up = Ur = None
-    hp, hr, err = ig_hidden(act, Gp, Gr, Up, Ur, nodes=nodes, numeric_steps=numeric_steps)
+    hp, hr, err = ig_hidden(act, Gp, Gr, Up, Ur, nodes=nodes, numeric_steps=numeric_steps,
+                            gate_limit=getattr(mlp, "gate_limit", None), up_limit=getattr(mlp, "up_limit", None),
+                            up_offset=getattr(mlp, "up_offset", 0.0))
     W_out = mlp.W_out.to(dt)
     rest = hr @ W_out
     if mlp.b_out is not None:

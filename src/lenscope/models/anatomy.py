@@ -12,75 +12,20 @@ Tensors are views of the real model's parameters where possible (detached, no co
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 from torch import Tensor
 
+from ..errors import UnsupportedModelError
 from ..results import axis_size
 from .activations import ACTIVATION_ALIASES, ACTIVATIONS, activation_name  # noqa: F401 (re-exported)
+from .tensors import _map_tensors, _mix, _on, _up, astype, to_device  # noqa: F401 (re-exported)
 
-# ----------------------------------------------------------------------------------------------
-# parts
-
-
-def _map_tensors(obj, fn):
-    """``obj`` (a tensor, list, tuple or dataclass, recursively) with ``fn`` applied to every tensor; unchanged
-    objects are returned as they are (no copies)."""
-    import dataclasses
-
-    if isinstance(obj, Tensor):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_tensors(o, fn) for o in obj)
-    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
-        return obj
-    changes = {}
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        nv = _map_tensors(v, fn)
-        if nv is not v:
-            changes[f.name] = nv
-    return dataclasses.replace(obj, **changes) if changes else obj
-
-
-def astype(obj, dtype: torch.dtype):
-    """A copy of an anatomy part (a dataclass, recursively) with every floating tensor in ``dtype``; the object
-    itself when nothing changes. Used to run lenscope's own math in float64 where a method needs it."""
-    return _map_tensors(obj, lambda t: t.to(dtype) if t.is_floating_point() else t)
-
-
-def to_device(obj, device):
-    """A copy of an anatomy part (a dataclass, recursively) with every tensor on ``device``; the object itself when
-    nothing changes. For a model split across devices a method can bring one layer's weights to where its
-    activations are (``to_device(A.layers[l], tr.resid_pre.device)``, one layer at a time); ``load(...,
-    math_device=)`` gathers a whole Anatomy with it."""
-    device = torch.device(device)
-    return _map_tensors(obj, lambda t: t if t.device == device else t.to(device))
-
-
-def _on(x: Tensor | None, ref: Tensor | None) -> Tensor | None:
-    """``x`` on the device of ``ref`` (a no-op when they already share one): lenscope's own math runs where the
-    weights of the part sit, so a model split across devices is recomputed layer by layer on each layer's device."""
-    if x is None or ref is None or x.device == ref.device:
-        return x
-    return x.to(ref.device)
-
-
-def _mix(x: Tensor, W: Tensor) -> tuple[Tensor, Tensor]:
-    """``x`` and the weight ``W`` in a common dtype (the more precise one; a no-op when they agree). An Anatomy that
-    keeps a bfloat16 model's weights as views (``load(..., anatomy_dtype="model")``) computes in float32 this way,
-    one weight at a time."""
-    if x.dtype == W.dtype:
-        return x, W
-    dt = torch.promote_types(x.dtype, W.dtype)
-    return x.to(dt), W.to(dt)
-
-
-def _up(t: Tensor) -> Tensor:
-    """A bfloat16 / float16 tensor in float32 (rows of an embedding kept as views in the model's dtype)."""
-    return t.float() if t.is_floating_point() and torch.finfo(t.dtype).bits < 32 else t
+if TYPE_CHECKING:
+    from .moe import MoE  # a mixture of experts: a block's other kind of MLP (models/moe.py)
 
 
 @dataclass(repr=False)
@@ -206,6 +151,9 @@ class Attention:
     alibi: Tensor | None = None  # (head,) slopes
     softcap: float | None = None
     window: int | None = None  # causal: query i sees keys j with i - j < window; bidirectional: |i - j| <= window
+    sinks: Tensor | None = None  # (head,) learned logits in each head's softmax denominator (GPT-OSS): the weights
+    # over the real tokens then sum to less than one
+    qk_norm_across_heads: bool = False  # q_norm / k_norm over all heads' features at once (OLMoE), not per head
 
     n_heads = axis_size("W_Q", 0)
     n_kv_heads = axis_size("W_K", 0)
@@ -227,20 +175,47 @@ class Attention:
             out = torch.einsum("...pd,hde->...hpe", *_mix(x, W))
         return out if b is None else out + b[:, None, :]
 
+    def _normed_across(self, norm: Norm | None, x: Tensor, W: Tensor, b: Tensor | None, per_head: bool,
+                       kv: bool) -> Tensor:
+        """Projections normed over all heads' features at once (``norm``'s weight ``(n * d_head,)``), as
+        :meth:`_project` returns them. ``per_head``: each query head's own input is projected by every head's
+        weights and normed, and the head keeps its own (a key: its key/value head's) part."""
+        if not per_head:
+            out = self._project(x, W, b, False, kv)  # (..., n, pos, e)
+            if norm is None:
+                return out
+            flat = out.transpose(-3, -2)  # (..., pos, n, e)
+            return norm(flat.reshape(*flat.shape[:-2], -1)).reshape(flat.shape).transpose(-3, -2)
+        x = _on(x, W)
+        full = torch.einsum("...phd,nde->...phne", *_mix(x, W))  # every head's projection of each input
+        if b is not None:
+            full = full + b
+        if norm is not None:
+            full = norm(full.reshape(*full.shape[:-2], -1)).reshape(full.shape)
+        H = self.n_heads
+        own = torch.arange(H, device=full.device)
+        idx = own // (H // self.n_kv_heads) if kv else own
+        return full[..., own, idx, :].transpose(-3, -2)  # (..., head, pos, e)
+
     def queries_keys(self, x: Tensor, positions: Tensor, *, x_k: Tensor | None = None,
                      per_head: bool = False) -> tuple[Tensor, Tensor]:
         """x (..., pos, d_model) -> q, k (..., head, pos, d_head) after norms and rotary (keys repeated per query
         head). ``x_k``: another input for the keys (default ``x``); ``per_head``: inputs ``(..., pos, head,
         d_model)``, one per query head."""
-        q = self._project(x, self.W_Q, self.b_Q, per_head, kv=False)
-        k = self._project(x if x_k is None else x_k, self.W_K, self.b_K, per_head, kv=True)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        if self.k_norm is not None:
-            n = self.k_norm  # a weight per key/value head (kv_head, 1, d_head), Cohere's, repeats for per-head keys
-            if per_head and n.weight is not None and n.weight.dim() == 3:
-                n = Norm(n.kind, self._per_kv(n.weight), n.bias, n.eps)
-            k = n(k)
+        xk = x if x_k is None else x_k
+        if self.qk_norm_across_heads:
+            q = self._normed_across(self.q_norm, x, self.W_Q, self.b_Q, per_head, kv=False)
+            k = self._normed_across(self.k_norm, xk, self.W_K, self.b_K, per_head, kv=True)
+        else:
+            q = self._project(x, self.W_Q, self.b_Q, per_head, kv=False)
+            k = self._project(xk, self.W_K, self.b_K, per_head, kv=True)
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+            if self.k_norm is not None:
+                n = self.k_norm  # a weight per key/value head (kv_head, 1, d_head), Cohere's, repeats for per-head keys
+                if per_head and n.weight is not None and n.weight.dim() == 3:
+                    n = Norm(n.kind, self._per_kv(n.weight), n.bias, n.eps)
+                k = n(k)
         if self.rotary is not None:
             q = self.rotary.apply(q, positions)
             k = self.rotary.apply(k, positions)
@@ -265,9 +240,10 @@ class Attention:
                 allowed &= (qi - kj).abs() <= self.window
         return allowed
 
-    def probs(self, q: Tensor, k: Tensor, positions: Tensor) -> Tensor:
+    def probs(self, q: Tensor, k: Tensor, positions: Tensor, sink_column: bool = False) -> Tensor:
         """Attention probabilities ``(..., head, pos, src)`` (float32) from queries and keys ``(..., head, pos,
-        d_head)`` as :meth:`queries_keys` returns them: scale, soft-cap, ALiBi, mask, softmax."""
+        d_head)`` as :meth:`queries_keys` returns them: scale, soft-cap, ALiBi, mask, softmax. ``sink_column``:
+        with attention sinks, the sink's probability as a last column ``(..., head, pos, src + 1)``."""
         scores = torch.einsum("...hqe,...hke->...hqk", q, k) * self.scale
         if self.softcap is not None:
             scores = torch.tanh(scores / self.softcap) * self.softcap
@@ -277,6 +253,10 @@ class Attention:
             scores = scores + self.alibi.to(scores)[:, None, None] * rel
         allowed = self.mask(q.shape[-2], k.shape[-2], q.device)
         scores = scores.masked_fill(~allowed, float("-inf"))
+        if self.sinks is not None:  # one more logit per head in the denominator, dropped after the softmax
+            sink = _on(self.sinks, scores).to(scores.dtype)[:, None, None].expand(*scores.shape[:-1], 1)
+            full = torch.softmax(torch.cat([scores, sink], -1).float(), dim=-1)
+            return full if sink_column else full[..., :-1]
         return torch.softmax(scores.float(), dim=-1)
 
     def pattern(self, x: Tensor, positions: Tensor) -> Tensor:
@@ -311,7 +291,7 @@ class Attention:
     def __repr__(self) -> str:
         flags = [(self.rotary is not None, repr(self.rotary)), (self.alibi is not None, "alibi"),
                  (self.q_norm is not None, "qk_norm"), (self.softcap is not None, f"softcap={self.softcap or 0:g}"),
-                 (self.window is not None, f"window={self.window}")]
+                 (self.window is not None, f"window={self.window}"), (self.sinks is not None, "sinks")]
         parts = [f"heads={self.n_heads}", f"kv_heads={self.n_kv_heads}", f"d_head={self.d_head}",
                  "causal" if self.causal else "bidirectional"] + [text for on, text in flags if on]
         return "Attention(" + ", ".join(parts) + ")"
@@ -332,10 +312,41 @@ class MLP:
     act: str
     W_gate: Tensor | None = None
     b_gate: Tensor | None = None
+    # GPT-OSS's clamped SwiGLU: ``act(min(gate, gate_limit)) * (clamp(up, -up_limit, up_limit) + up_offset)`` with
+    # ``act = silu`` of slope ``alpha`` (``x * sigmoid(alpha * x)``); the defaults leave the MLP as above
+    alpha: float | None = None
+    gate_limit: float | None = None
+    up_limit: float | None = None
+    up_offset: float = 0.0
 
     @property
     def gated(self) -> bool:
         return self.W_gate is not None
+
+    @property
+    def act_fn(self) -> Callable[[Tensor], Tensor]:
+        """The activation of the (gate) pre-activation, with its slope ``alpha`` and the gate's clamp."""
+        f = ACTIVATIONS[self.act]
+        if self.alpha is not None:
+            if self.act != "silu":
+                raise UnsupportedModelError(f"a slope alpha applies to the silu activation only, not {self.act!r}")
+            alpha = self.alpha
+            f = lambda x: x * torch.sigmoid(alpha * x)  # noqa: E731
+        if self.gate_limit is None:
+            return f
+        limit, g = self.gate_limit, f
+        return lambda x: g(x.clamp(max=limit))
+
+    @property
+    def up_plain(self) -> bool:
+        """Whether the linear branch enters the product as it is (no clamp, no offset)."""
+        return self.up_limit is None and self.up_offset == 0.0
+
+    def up_fn(self, u: Tensor) -> Tensor:
+        """What the linear branch of a gated MLP multiplies: ``u`` itself, or clamped and offset (GPT-OSS)."""
+        if self.up_limit is not None:
+            u = u.clamp(-self.up_limit, self.up_limit)
+        return u + self.up_offset if self.up_offset else u
 
     @property
     def d_mlp(self) -> int:
@@ -357,15 +368,17 @@ class MLP:
     def hidden(self, x: Tensor, pre: tuple[Tensor, Tensor | None] | None = None) -> Tensor:
         """The hidden units (pos, d_mlp); ``pre``: :meth:`pre`'s two outputs when already computed."""
         pre, up = self.pre(x) if pre is None else pre
-        h = ACTIVATIONS[self.act](pre)
-        return h * up if up is not None else h
+        h = self.act_fn(pre)
+        return h * self.up_fn(up) if up is not None else h
 
     def __call__(self, x: Tensor, pre: tuple[Tensor, Tensor | None] | None = None) -> Tensor:
         out = torch.matmul(*_mix(self.hidden(x, pre), self.W_out))
         return out + self.b_out if self.b_out is not None else out
 
     def __repr__(self) -> str:
-        return f"MLP(d_mlp={self.d_mlp}, act={self.act}, gated={self.gated}, bias={self.b_in is not None})"
+        extra = "" if self.alpha is None and self.gate_limit is None and self.up_plain else (
+            f", alpha={self.alpha}, limit={self.gate_limit}/{self.up_limit}, up_offset={self.up_offset:g}")
+        return f"MLP(d_mlp={self.d_mlp}, act={self.act}, gated={self.gated}, bias={self.b_in is not None}{extra})"
 
 
 Placement = Literal["pre", "post", "sandwich", "parallel"]
@@ -383,7 +396,7 @@ class Layer:
 
     placement: Placement
     attn: Attention
-    mlp: MLP
+    mlp: MLP | MoE
     ln_attn: Norm | None
     ln_mlp: Norm | None
     ln_attn_out: Norm | None = None
@@ -399,8 +412,9 @@ class Layer:
         }
         return {k: v for k, v in slots.items() if v is not None}
 
-    def forward(self, h: Tensor, positions: Tensor) -> dict[str, Tensor]:
-        """Recompute the block from its input ``h`` (pos, d_model) with lenscope's own math.
+    def forward(self, h: Tensor, positions: Tensor, routing: Tensor | None = None) -> dict[str, Tensor]:
+        """Recompute the block from its input ``h`` (pos, d_model) with lenscope's own math (``routing (pos,
+        expert)``: a mixture of experts' routing weights, by default its router's own).
 
         Returns every intermediate: ``attn_in, attn_out, attn_write, attn_probs, resid_mid,
         mlp_in, mlp_out, mlp_write, resid_post``.
@@ -412,10 +426,11 @@ class Layer:
         else:
             r["attn_in"] = self.ln_attn(h)
         r["attn_out"], r["attn_probs"] = self.attn(r["attn_in"], positions)
-        r.update(self.after_attention(h, r["attn_out"]))
+        r.update(self.after_attention(h, r["attn_out"], routing=routing))
         return r
 
-    def after_attention(self, h: Tensor, attn_out: Tensor, mlp_in: Tensor | None = None) -> dict[str, Tensor]:
+    def after_attention(self, h: Tensor, attn_out: Tensor, mlp_in: Tensor | None = None, *,
+                        routing: Tensor | None = None) -> dict[str, Tensor]:
         """The rest of the block once attention has computed ``attn_out`` (..., pos, d_model) from the block
         input ``h``: ``attn_write, resid_mid, mlp_in, mlp_out, mlp_write, resid_post``.
 
@@ -435,7 +450,7 @@ class Layer:
         else:
             r["resid_mid"] = h + r["attn_write"]
             r["mlp_in"] = self.ln_mlp(r["resid_mid"])
-        r["mlp_out"] = self.mlp(r["mlp_in"])
+        r["mlp_out"] = self.mlp(r["mlp_in"]) if routing is None else self.mlp(r["mlp_in"], routing)
         r["mlp_write"] = self.ln_mlp_out(r["mlp_out"]) if self.ln_mlp_out is not None else r["mlp_out"]
         if self.placement == "post":
             r["resid_post"] = self.ln_mlp(r["resid_mid"] + r["mlp_write"])

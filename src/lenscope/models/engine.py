@@ -8,33 +8,44 @@ Sites: a name and a block index, written ``("resid_pre", 3)`` or ``"resid_pre.3"
 final norm's take ``None``: ``"ln_final.in"``). Shapes as a hook sees them, reshaped to a batch of rows
 (``b``: batch row, ``p``: position, ``h``: head, ``hk``: key/value head, ``s``: source position):
 
-==================  ======================  ======  =====================================================
-site                shape                   edit    what it is
-==================  ======================  ======  =====================================================
-``resid_pre``       ``(b, p, d_model)``     yes     the residual stream entering block ``i``
-``resid_mid``       ``(b, p, d_model)``     no      after the block's attention part (derived: the input
-                                                    of ``ln_mlp``; ``ln_attn``'s output for Post-LN;
-                                                    ``resid_pre + attn_out`` for parallel blocks)
-``resid_post``      ``(b, p, d_model)``     yes     the residual stream leaving block ``i``
-``attn_out``        ``(b, p, d_model)``     yes     the attention output projection's output (with bias)
-``head``            ``(b, p, h, d_head)``   yes     per-head outputs: the output projection's input
-``q``               ``(b, p, h, d_head)``   yes     per-head queries: the query projection's output
-                                                    (before rotary / q-norm / scaling)
-``k``, ``v``        ``(b, p, hk, d_head)``  yes     per key/value-head keys and values (fused q/k/v
-                                                    projections are split: GPT-2, GPT-NeoX, BLOOM)
-``pattern``         ``(b, h, p, s)``        no      attention probabilities (the attention module's
-                                                    second output; computed inside transformers'
-                                                    attention function, which has no module to edit)
-``mlp_pre``         ``(b, p, d_mlp)``       yes     the activation's input (of the gate for gated MLPs)
-``mlp_up``          ``(b, p, d_mlp)``       yes     the linear branch of a gated MLP
-``mlp_hidden``      ``(b, p, d_mlp)``       yes     the down projection's input: act(pre) (·up)
-``mlp_out``         ``(b, p, d_model)``     yes     the MLP's output (with bias)
-``<slot>.in``       ``(b, p, d_model)``     yes     a norm's input; slots ``ln_attn``, ``ln_mlp``,
-``<slot>.out``      ``(b, p, d_model)``     yes     ``ln_attn_out``, ``ln_mlp_out`` (sandwich) per block,
-``<slot>.scale``    ``(b, p)``              no      ``ln_final`` (block ``None``); ``scale`` is the
-                                                    per-token factor ``1/sqrt(var + eps)``
-``logits``          ``(b, p, vocab)``       no      the model's output (block ``None``)
-==================  ======================  ======  =====================================================
+======================  ======================  ======  =====================================================
+site                    shape                   edit    what it is
+======================  ======================  ======  =====================================================
+``resid_pre``           ``(b, p, d_model)``     yes     the residual stream entering block ``i``
+``resid_mid``           ``(b, p, d_model)``     no      after the block's attention part (derived: the input
+                                                        of ``ln_mlp``; ``ln_attn``'s output for Post-LN;
+                                                        ``resid_pre + attn_out`` for parallel blocks)
+``resid_post``          ``(b, p, d_model)``     yes     the residual stream leaving block ``i``
+``attn_out``            ``(b, p, d_model)``     yes     the attention output projection's output (with bias)
+``head``                ``(b, p, h, d_head)``   yes     per-head outputs: the output projection's input
+``q``                   ``(b, p, h, d_head)``   yes     per-head queries: the query projection's output
+                                                        (before rotary / q-norm / scaling)
+``k``, ``v``            ``(b, p, hk, d_head)``  yes     per key/value-head keys and values (fused q/k/v
+                                                        projections are split: GPT-2, GPT-NeoX, BLOOM)
+``pattern``             ``(b, h, p, s)``        no      attention probabilities (the attention module's
+                                                        second output; computed inside transformers'
+                                                        attention function, which has no module to edit)
+``mlp_pre``             ``(b, p, d_mlp)``       yes     the activation's input (of the gate for gated MLPs)
+``mlp_up``              ``(b, p, d_mlp)``       yes     the linear branch of a gated MLP
+``mlp_hidden``          ``(b, p, d_mlp)``       yes     the down projection's input: act(pre) (·up)
+``mlp_out``             ``(b, p, d_model)``     yes     the MLP's output (with bias); a mixture of experts: the
+                                                        whole block's output
+``router_logits``       ``(b, p, expert)``      no      a mixture of experts' router logits
+``routing_weights``     ``(b, p, expert)``      no      the routing weights: the chosen experts' weights, 0 for
+                                                        the others (dense over the experts)
+``expert_out``          ``(b, p, e, d_model)``  yes     each expert's weighted output (0 where not chosen); they
+                                                        add up to ``mlp_out``; an edit names the expert in
+                                                        ``head``
+``<slot>.in``           ``(b, p, d_model)``     yes     a norm's input; slots ``ln_attn``, ``ln_mlp``,
+``<slot>.out``          ``(b, p, d_model)``     yes     ``ln_attn_out``, ``ln_mlp_out`` (sandwich) per block,
+``<slot>.scale``        ``(b, p)``              no      ``ln_final`` (block ``None``); ``scale`` is the
+                                                        per-token factor ``1/sqrt(var + eps)``
+``logits``              ``(b, p, vocab)``       no      the model's output (block ``None``)
+======================  ======================  ======  =====================================================
+
+A mixture of experts' ``mlp_pre``, ``mlp_up``, ``mlp_hidden`` hold every expert's units side by side, ``(b, p,
+expert * d_mlp)`` (0 for the experts a token does not use), computed with ``expert_out`` by the Anatomy's own math
+(:meth:`~lenscope.models.moe.MoE.run`) from what the experts module receives (docs/design.md).
 
 Edits (:class:`Edit`) set, add to or scale a site's entries per batch row and position (and head). Captures
 keep what the model used, after the edits at that site. Padding: with ``attention_mask`` (``1`` = real token),
@@ -44,7 +55,6 @@ captured positions where the mask is ``0`` are NaN, so nothing downstream can re
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -54,64 +64,21 @@ from ..errors import InputError, NotApplicableError, UnsupportedModelError
 from .devices import compute_dtype, main_device
 from .families import family_for
 from .load import LoadedModel
+from .moe import MOE_SITES
+from .sites import (  # noqa: F401 (the site table lives in sites.py; re-exported here)
+    _ALL,
+    ALIASES,
+    HEAD_SITES,
+    LAYER_SITES,
+    MODEL_SITES,
+    NORM_SITES,
+    NORM_SLOTS,
+    READ_ONLY,
+    ROUTER_SITES,
+    Edit,
+    site_key,
+)
 from .stop import checkpoint
-
-NORM_SLOTS = ("ln_attn", "ln_mlp", "ln_attn_out", "ln_mlp_out")
-NORM_SITES = tuple(f"{s}.{w}" for s in NORM_SLOTS for w in ("in", "out", "scale"))
-LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "head", "q", "k", "v", "pattern", "mlp_pre",
-               "mlp_up", "mlp_hidden", "mlp_out") + NORM_SITES
-MODEL_SITES = ("ln_final.in", "ln_final.out", "ln_final.scale", "logits")
-READ_ONLY = {"resid_mid", "pattern", "logits"} | {s for s in LAYER_SITES + MODEL_SITES if s.endswith(".scale")}
-HEAD_SITES = ("head", "q", "k", "v")
-_ALL = frozenset(LAYER_SITES + MODEL_SITES)
-# the interventions' first vocabulary, still accepted in Edit / run
-ALIASES = {"resid": "resid_pre", "attn": "attn_out", "mlp": "mlp_out", "hidden": "mlp_hidden"}
-
-def site_key(site) -> tuple[str, int | None]:
-    """``("resid_pre", 3)``, ``"resid_pre.3"``, ``"ln_final.in"`` -> ``(name, layer)`` (checked)."""
-    if isinstance(site, str):
-        head, _, tail = site.rpartition(".")
-        name, layer = (head, int(tail)) if head and tail.isdigit() else (site, None)
-    else:
-        try:
-            name, layer = site
-        except (TypeError, ValueError):
-            raise InputError(
-                f"a site is a name and a block, e.g. ('resid_pre', 3) or 'resid_pre.3'; got {site!r}") from None
-        layer = None if layer is None else int(layer)
-    name = ALIASES.get(name, name)
-    if name in MODEL_SITES:
-        if layer is not None:
-            raise InputError(f"site {name!r} belongs to the whole model, not to a block: use ({name!r}, None)")
-    elif name in LAYER_SITES:
-        if layer is None:
-            raise InputError(f"site {name!r} needs a block index, e.g. ({name!r}, 0)")
-    else:
-        raise InputError(f"unknown site {name!r}; sites: {', '.join(LAYER_SITES + MODEL_SITES)}")
-    return name, layer
-
-
-@dataclass
-class Edit:
-    """Replace (``mode="set"``), add to (``"add"``) or multiply (``"scale"``) the activation at ``site`` of
-    block ``layer`` for the entries ``(rows[n], pos[n])`` (and ``head[n]`` for the per-head sites).
-
-    ``rows, pos, head: (n,)`` long; ``values: (n, d)`` where ``d`` is the site's last axis (``d_head`` for
-    per-head sites), or ``(n,)``/``(n, d)`` factors for ``"scale"``. Edits at one site apply in list order.
-    """
-
-    site: str
-    layer: int
-    rows: Tensor
-    pos: Tensor
-    values: Tensor
-    head: Tensor | None = None
-    mode: str = "set"
-
-    def __post_init__(self):
-        self.site = ALIASES.get(self.site, self.site)
-        if self.mode not in ("set", "add", "scale"):
-            raise InputError(f"unknown edit mode {self.mode!r}; choose set, add or scale")
 
 
 class Run(NamedTuple):
@@ -245,6 +212,8 @@ class _Session:
         """``x`` as ``(b, p, ...)`` (some modules see ``(b * p, d)``: OPT's MLP); heads split for per-head sites."""
         if name == "pattern" or name.endswith(".scale"):
             return x
+        if name == "expert_out":
+            return x.reshape(self.B, self.P, *x.shape[-2:])
         x = x.reshape(self.B, self.P, x.shape[-1])
         if name in HEAD_SITES:
             H = _n_heads(self.lm, name, layer)
@@ -357,6 +326,40 @@ def _register(s: _Session, hooks, handles: list) -> None:
             return torch.cat(new, dim=3 if layout == "grouped" else axis).reshape(out.shape) if write else out
         return f
 
+    def router(layer):
+        kl, kw = ("router_logits", layer), ("routing_weights", layer)
+
+        def f(mod, args, out):  # out: router logits, the chosen experts' weights, their indices
+            if s.wants(kl):
+                s.visit(kl, out[0])
+            if s.wants(kw):  # dense over the experts: 0 for those not chosen
+                s.visit(kw, out[1].new_zeros(out[2].shape[0], out[0].shape[-1]).scatter(1, out[2], out[1]))
+            return out
+        return f
+
+    def experts(layer):
+        keys = {n: (n, layer) for n in MOE_SITES}
+
+        def f(mod, args, out):
+            if not any(s.wants(k) for k in keys.values()):
+                return out
+            if len(args) < 3:
+                raise UnsupportedModelError("this mixture-of-experts block passes its experts keyword arguments")
+            x, idx, w = args[:3]
+            moe = s.lm.anatomy.layers[layer].mlp
+            weights = w.new_zeros(idx.shape[0], moe.n_experts).scatter(1, idx, w)
+
+            def visit(name, t):
+                return s.visit(keys[name], t) if s.wants(keys[name]) else t
+
+            if any(k in s.by_site for k in keys.values()):  # the edit's change, on the model's own output (with
+                total = moe.run(x, weights, visit)  # gradients the unedited path cancels the model's own)
+                return out + (total - moe.run(x, weights, lambda name, t: t)).to(out)
+            total = moe.run(x.detach(), weights.detach(), visit)  # unedited: captures beside the model's own path
+            return out + (total - total.detach()).to(out) if s.grad and any(k in s.capture for k in keys.values()) \
+                else out  # with grad=True: the same numbers, and the gradient reaches the captures
+        return f
+
     def norm(slot, layer, mod):
         kin, kout, kscale = ((f"{slot}.{w}", layer) for w in ("in", "out", "scale"))
         if s.wants(kin):
@@ -409,14 +412,22 @@ def _register(s: _Session, hooks, handles: list) -> None:
             handles.append(lh.attn_out.register_forward_pre_hook(pre(("head", i))))
         if w("mlp_out"):
             handles.append(lh.mlp_out.register_forward_hook(post(("mlp_out", i))))
-        if w("mlp_hidden"):
-            handles.append(lh.mlp_out.register_forward_pre_hook(pre(("mlp_hidden", i))))
-        if w("mlp_pre"):
-            handles.append(lh.act.register_forward_pre_hook(pre(("mlp_pre", i))))
-        if w("mlp_up"):
-            if lh.up is None:
-                raise NotApplicableError("site 'mlp_up' exists only for gated MLPs")
-            handles.append(lh.up.register_forward_hook(post(("mlp_up", i))))
+        if lh.experts is not None:  # a mixture of experts: the MLP sites come from the experts module
+            if any(w(n) for n in MOE_SITES):
+                handles.append(lh.experts.register_forward_hook(experts(i)))
+            if any(w(n) for n in ROUTER_SITES):
+                handles.append(lh.router.register_forward_hook(router(i)))
+        else:
+            for n in (n for n in ROUTER_SITES + ("expert_out",) if w(n)):
+                raise NotApplicableError(f"site {n!r} exists only for mixture-of-experts blocks; block {i} is dense")
+            if w("mlp_hidden"):
+                handles.append(lh.mlp_out.register_forward_pre_hook(pre(("mlp_hidden", i))))
+            if w("mlp_pre"):
+                handles.append(lh.act.register_forward_pre_hook(pre(("mlp_pre", i))))
+            if w("mlp_up"):
+                if lh.up is None:
+                    raise NotApplicableError("site 'mlp_up' exists only for gated MLPs")
+                handles.append(lh.up.register_forward_hook(post(("mlp_up", i))))
         if w("q") or w("k") or w("v"):
             if lh.qkv is not None:
                 handles.append(lh.qkv.register_forward_hook(fused(i, lh.qkv_layout)))

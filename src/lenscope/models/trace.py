@@ -38,6 +38,7 @@ from ..errors import InputError
 from .devices import compute_dtype, is_reduced
 from .engine import run
 from .load import LoadedModel, token_ids
+from .moe import is_moe
 
 
 @dataclass(repr=False)
@@ -53,7 +54,9 @@ class Trace:
       sandwich norms of Gemma; equal to ``*_out`` elsewhere)
     - ``attn_probs (layer, head, pos, src)``
     - ``mlp_pre (layer, pos, d_mlp)``: pre-activation of the activated branch; ``mlp_up``: the linear
-      branch of gated MLPs (else None)
+      branch of gated MLPs (else None); both None for mixtures of experts, which hold instead
+    - ``router_logits, routing (layer, pos, expert)``: a mixture of experts' router logits and routing weights (0
+      for the experts not chosen; None for dense MLPs), read by decompositions as ``attn_probs`` are
     - ``norm_in[slot], norm_out[slot] (layer, pos, d_model)`` for every norm slot of the blocks
     - ``final_in, final_out (pos, d_model)``: the final norm's input and output (None for encoders)
     - ``logits (pos, vocab)`` (None for a model without a language-model head)
@@ -71,7 +74,7 @@ class Trace:
     mlp_out: Tensor
     mlp_write: Tensor
     attn_probs: Tensor  # these three may be Recomputed (a lean trace), which index and compute like tensors
-    mlp_pre: Tensor
+    mlp_pre: Tensor | None
     mlp_up: Tensor | None
     norm_in: dict[str, Tensor]
     norm_out: dict[str, Tensor]
@@ -80,6 +83,8 @@ class Trace:
     logits: Tensor | None
     placement: str
     extras: dict = field(default_factory=dict)
+    router_logits: Tensor | None = None
+    routing: Tensor | None = None
 
     @property
     def n_layers(self) -> int:
@@ -374,9 +379,11 @@ def trace_sites(lm: LoadedModel, *, lean: bool = False) -> list[tuple]:
     that equal another capture (:data:`SHARED`)."""
     A = lm.anatomy
     L = A.n_layers
-    names = ["resid_pre", "resid_mid", "resid_post", "pattern", "attn_out", "mlp_out", "mlp_pre"]
-    if A.layers[0].mlp.gated:
-        names.append("mlp_up")
+    names = ["resid_pre", "resid_mid", "resid_post", "pattern", "attn_out", "mlp_out"]
+    if is_moe(A):  # the routing, read by the decompositions (small: kept by lean traces too)
+        names += ["router_logits", "routing_weights"]
+    else:
+        names += ["mlp_pre"] + (["mlp_up"] if A.layers[0].mlp.gated else [])
     names += [f"{slot}.{w}" for slot in A.layers[0].norms() for w in ("in", "out")]
     if lean:
         names = [n for n in names if n not in RECOMPUTED and A.placement not in SHARED.get(n, ())
@@ -427,17 +434,22 @@ def _view(lm: LoadedModel, cap, ids: Tensor, row: int, logits: Tensor | None, le
 
     norm_in = {s: norm(f"{s}.in") for s in slots}
     norm_out = {s: norm(f"{s}.out") for s in slots}
+    moe = is_moe(A)
+    mlp_pre = mlp_up = None
     if lean:
         x = resid_pre if A.placement == "post" else norm_out["ln_attn"]
         probs = RecomputedProbs([layer.attn for layer in A.layers], x, torch.arange(ids.numel(), device=x.device),
                                 A.causal)
         x = resid_mid if A.placement == "post" else norm_out["ln_mlp"]
         mlps = [layer.mlp for layer in A.layers]
-        mlp_pre = RecomputedMLP(mlps, x, 0)
-        mlp_up = RecomputedMLP(mlps, x, 1) if mlps[0].gated else None
+        if not moe:
+            mlp_pre = RecomputedMLP(mlps, x, 0)
+            mlp_up = RecomputedMLP(mlps, x, 1) if mlps[0].gated else None
     else:
-        probs, mlp_pre = per_layer("pattern"), per_layer("mlp_pre")
-        mlp_up = per_layer("mlp_up") if ("mlp_up", 0) in cap else None
+        probs = per_layer("pattern")
+        if not moe:
+            mlp_pre = per_layer("mlp_pre")
+            mlp_up = per_layer("mlp_up") if ("mlp_up", 0) in cap else None
     return Trace(
         input_ids=ids.cpu(),
         tokens=lm.tokenizer.batch_decode([[int(i)] for i in ids]),
@@ -459,6 +471,8 @@ def _view(lm: LoadedModel, cap, ids: Tensor, row: int, logits: Tensor | None, le
         final_out=final_out,
         logits=_logits(A, logits, resid_pre.device, final_in if final_in is not None else resid_post[-1], lean),
         placement=A.placement,
+        router_logits=per_layer("router_logits") if moe else None,
+        routing=per_layer("routing_weights") if moe else None,
     )
 
 
@@ -486,7 +500,7 @@ def lean_bytes(lm: LoadedModel, n: int) -> int:
     A = lm.anatomy
     mlp = A.layers[0].mlp
     probs = A.n_layers * A.layers[0].attn.n_heads * n * n
-    pre = A.n_layers * n * mlp.d_mlp * (2 if mlp.gated else 1)
+    pre = 0 if is_moe(A) else A.n_layers * n * mlp.d_mlp * (2 if mlp.gated else 1)
     logits = (n - 1) * A.vocab_size if A.causal and A.unembed is not None else 0
     return 4 * (probs + pre + logits)
 
@@ -581,4 +595,5 @@ def prefix_trace(tr: Trace, n: int) -> Trace:
         mlp_up=cut(tr.mlp_up, [1]), norm_in={k: cut(v, [1]) for k, v in tr.norm_in.items()},
         norm_out={k: cut(v, [1]) for k, v in tr.norm_out.items()}, final_in=cut(tr.final_in, [0]),
         final_out=cut(tr.final_out, [0]), logits=cut(tr.logits, [0]), placement=tr.placement, extras=tr.extras,
+        router_logits=cut(tr.router_logits, [1]), routing=cut(tr.routing, [1]),
     )

@@ -4,8 +4,10 @@ with what the real model computed.
 Each check starts from the real model's captured input of the part being checked, so errors do not
 accumulate across layers: a norm from its captured input, attention (probabilities and output) and the
 MLP from what they read, each whole block from the residual entering it, the embedding from the token
-ids, and the logits from the last residual state. Errors are ``max |ours - real|`` divided by the RMS
-of the real tensor (attention probabilities: absolute), except the logits (absolute).
+ids, and the logits from the last residual state. A mixture of experts' router is checked from what it read
+(its logits, and its routing function from the model's logits); its experts and the whole block with the traced
+routing. Errors are ``max |ours - real|`` divided by the RMS of the real tensor (attention probabilities and routing
+weights: absolute), except the logits (absolute).
 
 Tolerances depend on the dtype the model runs in (:func:`tolerances`): float32 (and float64) keep the fixed
 ``LOGIT_TOL`` / ``RESID_TOL``; a bfloat16 / float16 model computes every sub-layer with its own rounding while
@@ -108,7 +110,8 @@ def _worst(values) -> float:
 def nonfinite_captures(tr: Trace) -> list[str]:
     """Names of the trace's captures holding inf or NaN: the model itself overflowed (e.g. float16)."""
     named = {"embed": tr.embed, "resid_pre": tr.resid_pre, "resid_post": tr.resid_post, "attn_out": tr.attn_out,
-             "mlp_out": tr.mlp_out, "attn_probs": tr.attn_probs, "mlp_pre": tr.mlp_pre, "logits": tr.logits}
+             "mlp_out": tr.mlp_out, "attn_probs": tr.attn_probs, "mlp_pre": tr.mlp_pre, "logits": tr.logits,
+             "routing": tr.routing}
     return [k for k, v in named.items() if v is not None and not bool(torch.isfinite(v).all())]
 
 
@@ -185,12 +188,20 @@ def verify(lm: LoadedModel, text: str = DEFAULT_TEXT, tr: Trace | None = None) -
         out, probs = layer.attn(tr.attn_in[i], pos)
         row["attn_probs"] = float((probs.to(tr.attn_probs.device) - tr.attn_probs[i]).abs().max())
         row["attn_out"] = rel_err(out, tr.attn_out[i], scale)
-        pre, up = layer.mlp.pre(tr.mlp_in[i])
-        row["mlp_pre"] = rel_err(pre, tr.mlp_pre[i], scale)
-        if up is not None:
-            row["mlp_up"] = rel_err(up, tr.mlp_up[i], scale)
-        row["mlp_out"] = rel_err(layer.mlp(tr.mlp_in[i], pre=(pre, up)), tr.mlp_out[i], scale)  # one MLP pass for both
-        block = layer.forward(tr.resid_pre[i], pos)
+        if tr.routing is not None:  # a mixture of experts: the router, then the experts with the traced routing
+            logits = layer.mlp.router_logits(tr.mlp_in[i])
+            row["router_logits"] = rel_err(logits, tr.router_logits[i], scale)
+            # the routing function of the model's own logits (a reduced-precision model's logits round differently
+            # from float32 ones, which may swap two experts of nearly equal weight)
+            row["routing"] = float((layer.mlp.routing(tr.router_logits[i]) - tr.routing[i]).abs().max())
+            row["mlp_out"] = rel_err(layer.mlp(tr.mlp_in[i], tr.routing[i]), tr.mlp_out[i], scale)
+        else:
+            pre, up = layer.mlp.pre(tr.mlp_in[i])
+            row["mlp_pre"] = rel_err(pre, tr.mlp_pre[i], scale)
+            if up is not None:
+                row["mlp_up"] = rel_err(up, tr.mlp_up[i], scale)
+            row["mlp_out"] = rel_err(layer.mlp(tr.mlp_in[i], pre=(pre, up)), tr.mlp_out[i], scale)  # one MLP pass
+        block = layer.forward(tr.resid_pre[i], pos, None if tr.routing is None else tr.routing[i])
         row["resid_mid"] = rel_err(block["resid_mid"], tr.resid_mid[i], scale)
         row["resid_post"] = rel_err(block["resid_post"], tr.resid_post[i], scale)
         if i + 1 < A.n_layers:  # the block's output is the next block's input

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ...errors import UnsupportedModelError
 from ..anatomy import MLP, Anatomy, Norm, Rotary
+from ..moe import MoE
 
 
 @dataclass
@@ -41,6 +42,10 @@ class LayerHooks:
       ``ln_mlp``); the engine gives the MLP its own copy (the real norm module run again on the block's input), so
       that an edit or a gradient at ``ln_mlp`` reaches only the MLP and one at ``ln_attn`` only the attention, as
       for two norms with the same weights.
+    - mixture-of-experts blocks (:class:`~lenscope.models.moe.MoE`): ``router``: output = ``(router logits,
+      the chosen experts' weights, their indices)``; ``experts``: input = ``(hidden states, expert indices, expert
+      weights)``, output = the weighted sum of the experts' outputs; ``mlp_out`` is then the whole block and
+      ``act``, ``up`` are not used (the engine computes the experts' units with the Anatomy's math)
     """
 
     block: nn.Module
@@ -56,6 +61,8 @@ class LayerHooks:
     qkv: nn.Module | None = None
     qkv_layout: str = "blocks"
     mlp_in: nn.Module | None = None
+    router: nn.Module | None = None
+    experts: nn.Module | None = None
 
 
 @dataclass
@@ -150,6 +157,36 @@ def gated_mlp(m: nn.Module, act: str) -> MLP:
     ``W_in, W_gate (d_model, d_mlp)``, ``W_out (d_mlp, d_model)``."""
     return MLP(W_in=linear_in_out(m.up_proj), b_in=t(m.up_proj.bias), W_gate=linear_in_out(m.gate_proj),
                b_gate=t(m.gate_proj.bias), W_out=linear_in_out(m.down_proj), b_out=t(m.down_proj.bias), act=act)
+
+
+def stacked_experts(ex: nn.Module, act: str, *, interleaved: bool = False, transposed: bool = False, **kw) -> MLP:
+    """The experts of a transformers MoE block as one :class:`MLP` with a leading expert axis (views): from
+    ``gate_up_proj`` (``(expert, 2 d_mlp, d_model)``, gate rows first; ``transposed``: ``(expert, d_model, 2 d_mlp)``;
+    ``interleaved``: gate and up alternate, GPT-OSS), ``down_proj`` (``(expert, d_model, d_mlp)``; transposed:
+    ``(expert, d_mlp, d_model)``) and their biases where present; ``kw``: the MLP's activation settings."""
+    gu = ex.gate_up_proj.detach()
+    gu = gu if transposed else gu.transpose(1, 2)  # (expert, d_model, 2 d_mlp)
+    m = gu.shape[-1] // 2
+    gate, up = (gu[..., ::2], gu[..., 1::2]) if interleaved else (gu[..., :m], gu[..., m:])
+    b = getattr(ex, "gate_up_proj_bias", None)
+    b = None if b is None else b.detach()
+    if b is None:
+        b_gate = b_up = None
+    else:
+        b_gate, b_up = (b[..., ::2], b[..., 1::2]) if interleaved else (b[..., :m], b[..., m:])
+    down = ex.down_proj.detach()
+    return MLP(W_in=up, b_in=b_up, W_gate=gate, b_gate=b_gate, W_out=down if transposed else down.transpose(1, 2),
+               b_out=t(getattr(ex, "down_proj_bias", None)), act=act, **kw)
+
+
+def moe_block(router: nn.Module, experts: MLP, top_k: int, **kw) -> MoE:
+    """An :class:`~lenscope.models.moe.MoE` from a router module (``weight (expert, d_model)``, optional
+    ``bias``) and its experts; ``kw``: how the routing weights are formed (``softmax_first``, ``renormalize``)."""
+    require(experts.W_in.shape[0] == router.weight.shape[0],
+            f"the router scores {router.weight.shape[0]} experts but the block holds {experts.W_in.shape[0]}")
+    require(1 <= top_k <= router.weight.shape[0], f"top_k={top_k} is not between 1 and the number of experts")
+    return MoE(W_router=linear_in_out(router), b_router=t(getattr(router, "bias", None)), experts=experts,
+               top_k=int(top_k), **kw)
 
 
 def tiny_tokens(tok: dict) -> dict:
@@ -293,9 +330,10 @@ def family_rows() -> list[dict]:
 @torch.no_grad()
 def randomize_(model: nn.Module, seed: int = 0) -> nn.Module:
     """Give a freshly initialised tiny model non-trivial norms and biases (so tests can catch a
-    mishandled weight or bias), deterministically."""
+    mishandled weight or bias), deterministically (a mixture of experts' stacked expert biases, ``*_bias``, too)."""
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
-        if p.ndim == 1 or name.endswith("norm.weight"):  # norms with one weight per head too (Cohere's q/k norms)
+        # per-head norm weights too (Cohere's q/k norms), and stacked expert biases
+        if p.ndim == 1 or name.endswith("_bias") or name.endswith("norm.weight"):
             p.add_(0.1 * torch.randn(p.shape, generator=g))
     return model
