@@ -206,3 +206,22 @@ def test_fused_qkv_gradients_with_an_upstream_site_captured(family):
         out = [run(lm, ids, [Edit(site, 0, torch.zeros(P, dtype=torch.long), torch.arange(P), v)])[0][0, -1, 3]
                for v in vals]
         assert float((out[0] - out[1]) / (2 * eps)) == pytest.approx(float(g[0, -1, 0, 0]), rel=2e-2, abs=1e-4)
+
+
+def test_moe_sites_exist_only_on_moe_blocks(tiny_decoder):
+    """router_logits, routing_weights and expert_out on every decoder family: their shapes on a mixture of experts
+    (tests/models/test_moe.py checks their values against the real block), a one-line refusal on a dense MLP."""
+    from lenscope.models.moe import is_moe
+
+    lm = tiny_decoder
+    sites = [("router_logits", 0), ("routing_weights", 0), ("expert_out", 0)]
+    if not is_moe(lm.anatomy):
+        for site in sites:
+            with pytest.raises(NotApplicableError, match="only for mixture-of-experts"):
+                capture(lm, IDS, [site])
+        return
+    E, P = lm.anatomy.layers[0].mlp.n_experts, IDS.shape[1]
+    cap = capture(lm, IDS, sites + [("mlp_out", 0)])
+    assert cap["router_logits", 0].shape == cap["routing_weights", 0].shape == (1, P, E)
+    assert cap["expert_out", 0].shape == (1, P, E, lm.anatomy.d_model)
+    torch.testing.assert_close(cap["expert_out", 0].sum(2), cap["mlp_out", 0], atol=1e-6, rtol=1e-5)
