@@ -90,6 +90,12 @@ def test_value_nodes_are_the_derivative_along_the_patch(tiny_decoder):
         assert abs(fd) > 10 * floor, (lm.name, layer, p, g, fd, floor)  # the value moves the metric
 
 
+def _detached(mod, args, out):
+    """A forward hook returning the module's output detached (a tuple's first element: GPT-OSS's MoE block returns
+    ``(output, router scores)``)."""
+    return (out[0].detach(), *out[1:]) if isinstance(out, tuple) else out.detach()
+
+
 def _brute_grad_drop_terms(lm, clean, corrupt, target, foil):
     """Per-layer GradDrop terms by brute force: for each layer ``l`` a separate gradient pass of the real model in
     which torch hooks return layer ``l``'s attention and MLP outputs detached (the forward pass is unchanged, the
@@ -118,7 +124,7 @@ def _brute_grad_drop_terms(lm, clean, corrupt, target, foil):
         handles = []
         if drop is not None:
             for mod in (hooks.layers[drop].attn_out, hooks.layers[drop].mlp_out):
-                handles.append(mod.register_forward_hook(lambda mod, args, out: out.detach()))
+                handles.append(mod.register_forward_hook(_detached))
         try:
             lg, cap = run(lm, c, capture=sites, grad=True, last_only=True)
             m = metric_of(lg[:, -1], "logit_diff", tid, fid).sum()
