@@ -1,13 +1,32 @@
 """What every browser test shares: a Playwright page whose requests outside ``allowed`` URL prefixes are blocked
-and recorded, with console and page errors collected."""
+and recorded, with console and page errors collected, and one ceiling on every wait.
+
+Browser tests wait for the page's own signal that it has drawn, never for a guessed time: the report and every
+view page set ``body[data-ready='1']`` once all their views are drawn (``LS.start`` in
+``viz/report/assets/core.js``); the app of ``lenscope serve`` sets ``body[data-app='1']`` when its script has
+started, ``data-state=done`` on a view's card or on the side panel when it is drawn, and ``body[data-ready='1']``
+with a new ``data-run`` when every view of a run has answered (``viz/app/assets/app.js``); a notebook frame posts
+its height, which its parent writes into the frame's style.
+"""
 
 from __future__ import annotations
+
+# The longest any browser test waits for such a signal (and for any other Playwright action: navigation, a click,
+# a download), in milliseconds. A page that works signals within seconds; this is a ceiling, not a budget: a
+# loaded 2-core machine running chromium beside the test's own Python (a tiny model's views are computed in the
+# test process or by its server thread) does not reach it in normal operation, and only a page that never
+# signals (a script error, a view that does not draw) waits this long, then fails. Never a fixed 10 s.
+READY_TIMEOUT_MS = 120_000
 
 
 def isolated_page(browser, allowed: tuple[str, ...], **context_options):
     """``(context, page, errors, blocked)``: a new context and page; a request whose URL starts with none of
-    ``allowed`` is aborted and its URL appended to ``blocked``; console errors and page errors go to ``errors``."""
+    ``allowed`` is aborted and its URL appended to ``blocked``; console errors and page errors go to ``errors``.
+    Every wait and action of the page (and its frames) times out after :data:`READY_TIMEOUT_MS` unless told
+    otherwise."""
     ctx = browser.new_context(**context_options)
+    ctx.set_default_timeout(READY_TIMEOUT_MS)
+    ctx.set_default_navigation_timeout(READY_TIMEOUT_MS)
     blocked: list[str] = []
 
     def route(r):
@@ -23,3 +42,9 @@ def isolated_page(browser, allowed: tuple[str, ...], **context_options):
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
     return ctx, page, errors, blocked
+
+
+def wait_drawn(page_or_frame) -> None:
+    """Wait until a report page, a view page (also inside a notebook's frame) or the app has drawn every view:
+    ``body[data-ready='1']``."""
+    page_or_frame.wait_for_selector("body[data-ready='1']", timeout=READY_TIMEOUT_MS)

@@ -19,7 +19,7 @@ import urllib.request
 
 import pytest
 
-from ..browser import isolated_page
+from ..browser import READY_TIMEOUT_MS, isolated_page, wait_drawn
 
 CHROMIUM = os.environ.get("LENSCOPE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 try:
@@ -82,7 +82,7 @@ def server():
     th.start()
     t0 = time.monotonic()
     while not srv.started:
-        assert th.is_alive() and time.monotonic() - t0 < 30, "the server did not start"
+        assert th.is_alive() and time.monotonic() - t0 < READY_TIMEOUT_MS / 1000, "the server did not start"
         time.sleep(0.05)
     yield f"http://127.0.0.1:{port}"
     srv.should_exit = True
@@ -92,7 +92,7 @@ def server():
 def _post(base: str, path: str, payload: dict) -> dict:
     req = urllib.request.Request(base + path, data=json.dumps(payload).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
+    with urllib.request.urlopen(req, timeout=READY_TIMEOUT_MS / 1000) as r:
         return json.loads(r.read())
 
 
@@ -109,7 +109,7 @@ def _open(browser, base: str, query: str = ""):
     ctx, page, errors, blocked = isolated_page(browser, (base + "/",), viewport={"width": 1500, "height": 1000},
                                                accept_downloads=True)
     page.goto(base + "/" + query)
-    page.wait_for_selector("body[data-app='1']", timeout=20000)
+    page.wait_for_selector("body[data-app='1']")
     return ctx, page, errors, blocked
 
 
@@ -117,11 +117,11 @@ def _fills(page, selector: str) -> list[str]:
     return page.eval_on_selector_all(selector, "els => els.map(e => e.getAttribute('fill') || e.style.background)")
 
 
-def _ready(page, run_before: str | None = None, timeout: float = 40000):
-    """Wait until every view of a run newer than ``run_before`` has answered."""
+def _ready(page, run_before: str | None = None):
+    """Wait until every view of a run newer than ``run_before`` has answered (the app's own signal)."""
     page.wait_for_function(
         "prev => document.body.getAttribute('data-ready') === '1' && document.body.getAttribute('data-run') !== prev",
-        arg=run_before, timeout=timeout)
+        arg=run_before, timeout=READY_TIMEOUT_MS)
 
 
 def _dla(page) -> str:
@@ -138,9 +138,9 @@ def test_app_explores_a_prediction(browser, server, tmp_path, capsys):
         page.fill("#text", TEXT)
         t0 = time.perf_counter()
         page.press("#text", "Enter")
-        page.wait_for_selector("#sec-prediction[data-state=done] svg.topk rect", timeout=30000)
-        page.wait_for_selector("#sec-trajectory[data-state=done] svg.heat rect", timeout=30000)
-        page.wait_for_selector("#sec-components[data-state=done] svg.dla-heads rect", timeout=30000)
+        page.wait_for_selector("#sec-prediction[data-state=done] svg.topk rect")
+        page.wait_for_selector("#sec-trajectory[data-state=done] svg.heat rect")
+        page.wait_for_selector("#sec-components[data-state=done] svg.dla-heads rect")
         first = time.perf_counter() - t0
         _ready(page)
         total = time.perf_counter() - t0
@@ -170,7 +170,7 @@ def test_app_explores_a_prediction(browser, server, tmp_path, capsys):
 
         # a head of the DLA heat map: its attention pattern, its writes, its DLA (the heat map's own number)
         page.click("#sec-components svg.dla-heads rect[data-r='1'][data-c='2']")
-        page.wait_for_selector("#panel[data-kind=head][data-state=done]", timeout=30000)
+        page.wait_for_selector("#panel[data-kind=head][data-state=done]")
         assert page.text_content("#panel-title") == "Head L1.H2"
         assert page.eval_on_selector_all(".ls-sel", "els => els.map(e => e.dataset.r + '.' + e.dataset.c)") == ["1.2"]
         cells = _fills(page, "#panel svg.head-pattern rect")
@@ -189,7 +189,7 @@ def test_app_explores_a_prediction(browser, server, tmp_path, capsys):
 
         # a token of the attribution strip: every method's row for the prediction at that position
         page.click("#sec-attribution [data-role=strip] .tok >> nth=4")
-        page.wait_for_selector("#panel[data-kind=token][data-position='4'][data-state=done]", timeout=30000)
+        page.wait_for_selector("#panel[data-kind=token][data-position='4'][data-state=done]")
         assert page.locator(".tok.ls-sel").count() == 2  # position 4 in the attribution strip and the run card
         tok = _post(server, "/api/token", {"model": "tiny:llama", "text": TEXT, "position": 4})
         rows = page.locator("#panel svg.token-methods rect").count()
@@ -230,7 +230,7 @@ def test_app_explores_a_prediction(browser, server, tmp_path, capsys):
         assert page.input_value("#target") == " John" and _dla(page) == dla_after
 
         # save as report: the static page of the same state
-        with page.expect_download(timeout=30000) as dl:
+        with page.expect_download() as dl:
             page.click("#save")
         assert dl.value.suggested_filename == "lenscope-report.html"
         saved = tmp_path / "saved.html"
@@ -269,12 +269,12 @@ def test_app_moves_on_patches_and_says_what_is_wrong(browser, server):
         page.fill("#corrupted", "The capital of Spain is")
         run = page.get_attribute("body", "data-run")
         page.press("#corrupted", "Enter")
-        _ready(page, run, timeout=50000)
+        _ready(page, run)
         assert "model=tiny%3Agpt2" in page.url and "corrupted=The+capital+of+Spain+is" in page.url
         assert page.get_attribute("#sec-circuit", "data-state") == "done"
         assert page.locator("#sec-circuit svg.circuit-graph").count() == 1
         page.click("#sec-components svg.dla-heads rect[data-r='0'][data-c='1']")
-        page.wait_for_selector("#panel[data-kind=head][data-state=done]", timeout=30000)
+        page.wait_for_selector("#panel[data-kind=head][data-state=done]")
         head = _post(server, "/api/head", {"model": "tiny:gpt2", "text": "The capital of France is", "layer": 0,
                                            "head": 1, "target": " capital", "foil": " of",
                                            "corrupted": "The capital of Spain is"})
@@ -286,7 +286,7 @@ def test_app_moves_on_patches_and_says_what_is_wrong(browser, server):
         # a target that is not one token: the server's one-line error, shown in the page
         page.fill("#target", " Mary John")
         page.press("#target", "Enter")
-        page.wait_for_selector("#msg:not([hidden])", timeout=30000)
+        page.wait_for_selector("#msg:not([hidden])")
         msg = page.text_content("#msg")
         assert msg and "\n" not in msg and "token" in msg
         assert page.get_attribute("#sec-prediction", "data-state") == "error"
@@ -313,7 +313,7 @@ def test_app_sends_the_token_of_its_url(browser):
     th.start()
     t0 = time.monotonic()
     while not srv.started:
-        assert th.is_alive() and time.monotonic() - t0 < 30, "the server did not start"
+        assert th.is_alive() and time.monotonic() - t0 < READY_TIMEOUT_MS / 1000, "the server did not start"
         time.sleep(0.05)
     try:
         ctx, page, errors, blocked = _open(browser, base, "?token=s3cret&text=The+capital+of+France+is")
@@ -323,8 +323,8 @@ def test_app_sends_the_token_of_its_url(browser):
             _ready(page)  # the text in the URL runs at once
             assert page.get_attribute("#sec-components", "data-state") == "done"
             page.click("#sec-components svg.dla-heads rect[data-r='0'][data-c='0']")
-            page.wait_for_selector("#panel[data-kind=head][data-state=done]", timeout=30000)
-            with page.expect_download(timeout=30000) as dl:
+            page.wait_for_selector("#panel[data-kind=head][data-state=done]")
+            with page.expect_download() as dl:
                 page.click("#save")
             assert dl.value.suggested_filename == "lenscope-report.html"
             assert sent and set(sent) == {"Bearer s3cret"}
@@ -352,15 +352,10 @@ def test_static_report_ignores_the_clicks_the_app_listens_to(browser, tmp_path):
     rep = build_report(get_model("tiny:llama"), TEXT, " Mary", " John", sections=["prediction", "components",
                                                                                    "attribution"])
     path = rep.write(tmp_path / "report.html")
-    ctx = browser.new_context()
-    ctx.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
-    page = ctx.new_page()
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    ctx, page, errors, blocked = isolated_page(browser, ("file:",))
     try:
         page.goto(path.resolve().as_uri())
-        page.wait_for_selector("body[data-ready='1']")
+        wait_drawn(page)
         before = page.inner_html("main")
         clicks = ["#sec-components svg.dla-heads rect >> nth=3", "#sec-attribution [data-role=strip] .tok >> nth=2",
                   "#sec-attribution svg.attr-all rect >> nth=5", "#sec-prediction svg.topk rect >> nth=1"]
@@ -369,5 +364,6 @@ def test_static_report_ignores_the_clicks_the_app_listens_to(browser, tmp_path):
             page.click(sel)
         assert page.inner_html("main") == before and page.url == path.resolve().as_uri()
         assert errors == [], errors
+        assert blocked == [], blocked
     finally:
         ctx.close()

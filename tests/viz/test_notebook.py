@@ -27,7 +27,7 @@ from lenscope.results import Result
 from lenscope.viz import notebook
 from lenscope.viz.report import asset
 
-from ..browser import isolated_page
+from ..browser import isolated_page, wait_drawn
 from ..conftest import get_model
 from .test_report_browser import CHROMIUM, sync_playwright
 
@@ -278,7 +278,7 @@ def test_frames_draw_in_chromium_without_errors_or_requests(lm, report, tmp_path
         frames = [f for f in page.frames if f != page.main_frame]
         assert len(frames) == len(outputs)
         for f, (key, _) in zip(frames, outputs):
-            f.wait_for_selector("body[data-ready='1']", timeout=20000)
+            wait_drawn(f)
             keys = ["components", "trajectory", "flow"] if key == "report" else [key]
             for k in keys:
                 n = f.eval_on_selector_all(f"#sec-{k} svg rect, #sec-{k} svg line, #sec-{k} svg circle, "
@@ -289,7 +289,7 @@ def test_frames_draw_in_chromium_without_errors_or_requests(lm, report, tmp_path
         # each frame told the page its height: none keeps its first height
         firsts = [f"{notebook.HEIGHTS[k]}px" for k, _ in outputs]
         page.wait_for_function("firsts => [...document.querySelectorAll('iframe')].every((f, i) => "
-                               "f.style.height !== firsts[i])", arg=firsts, timeout=10000)
+                               "f.style.height !== firsts[i])", arg=firsts)  # the ceiling: tests/browser.py
         page.wait_for_timeout(500)  # and then keeps it: the frame's height is its content's, with no feedback
         heights = page.evaluate("() => [...document.querySelectorAll('iframe')].map(f => parseFloat(f.style.height))")
         for f, h in zip(frames, heights):

@@ -13,7 +13,7 @@ import pytest
 
 from lenscope.report import build_report
 
-from ..browser import isolated_page
+from ..browser import isolated_page, wait_drawn
 from ..conftest import get_model
 
 CHROMIUM = os.environ.get("LENSCOPE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -42,7 +42,7 @@ def _open(browser, path: Path):
     """Load the page from a file URL with every other request blocked; collect console errors."""
     ctx, page, errors, blocked = isolated_page(browser, ("file:",), viewport={"width": 1400, "height": 1000})
     page.goto(path.resolve().as_uri())
-    page.wait_for_selector("body[data-ready='1']", timeout=20000)
+    wait_drawn(page)
     return ctx, page, errors, blocked
 
 
