@@ -52,10 +52,12 @@ def test_qk_fix_equals_brute_force(tiny_decoder):
             lin = fn(attn, *((q, a, b) if fn is key_scores else (a, k, b)), g_A, pos, linear=True)
             # fd divides a difference of float32 probabilities by eps: each is rounded to within ~4u relative (u =
             # 2^-24; the score, exp, the row sum, the division), so fd carries up to 8u sum |g_A| A / eps of rounding
-            # over what moves (a query's row; every row for a key) on any kernels; rtol: the O(eps) truncation
+            # over what moves (a query's row; every row for a key) on any kernels. The forward difference's O(eps)
+            # truncation (eps/2 times the second derivative) scales with the derivatives of the whole layer, not with
+            # each entry: an entry near zero (OLMoE) keeps an error of the size of the largest, hence 3e-2 of it
             w = g_A.abs() * A
             rnd = 8 * 2.0**-24 / eps * float((w.sum((-1, -2)) if fn is key_scores else w.sum(-1)).max())
-            torch.testing.assert_close(fd, lin, rtol=3e-2, atol=rnd)
+            torch.testing.assert_close(fd, lin, rtol=3e-2, atol=rnd + 3e-2 * float(lin.abs().max()))
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma3"])
