@@ -105,8 +105,8 @@ def grad_tol(A, lens, layer, H, v, mu=None):
     w = p (1 + |log p|) + q (1 + |log q|). The gradient is E_n sum_v (q - p)_v d z'_v / dv (z' the ablated logits):
     a sum whose terms cancel where q ~ p. Each float32 probability is rounded to within u (1 + |log p|) relative
     (the exponent's argument is of size |log p|), and the logits' own Jacobian in float32 is off by a few u
-    relative, which counts only times (q - p). Measured: at most 0.17 of sum_v (p + q) |dz'/dv|, i.e. well
-    inside this bound."""
+    relative, which counts only times (q - p). Measured: at most 0.17 u E_n sum_v (p + q) |dz'/dv|, about 0.03 of
+    this bound (ATEN default, avx2, avx512)."""
     H, mu, T = _definition_parts(A, lens, layer, H, mu)
     v = v.detach().double()
     lp = torch.log_softmax(decode64(A, T(H)), -1)
