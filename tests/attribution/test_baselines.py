@@ -12,6 +12,7 @@ from lenscope.attribution.baselines import erasure, grad_norm, grad_x_input, int
 from lenscope.attribution.explanation import Explanation
 from lenscope.errors import InputError, LenscopeError, NotApplicableError
 from tests.conftest import TINY, get_model
+from tests.tolerances import pass_rounding
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
 METHODS = {"grad-norm": grad_norm, "grad-x-input": grad_x_input, "ig": integrated_gradients, "erasure": erasure}
@@ -117,7 +118,16 @@ def test_contrastive_is_a_difference(tiny, name):
     a, b = method(tiny, TEXT, " Mary"), method(tiny, TEXT, " John")
     scale = float(both.scores.abs().max())
     assert scale > 0
-    torch.testing.assert_close(both.scores, a.scores - b.scores, rtol=1e-4, atol=1e-5 * scale)
+    atol = 1e-5 * scale
+    if name == "grad-x-input":
+        # g_j . e_j can cancel far below its terms (bloom's embedding norm makes f blind to the embeddings' scale:
+        # g_j . e_j = 0 exactly, what is left is rounding), and a float32 backward pass rounds g_j to about
+        # pass_rounding x its size: the bound is relative to |g_j| |e_j| (tests/tolerances.py)
+        ids, p = ids_of(tiny), len(ids_of(tiny)) - 1
+        g_t, e, _ = naive_gradients(tiny, ids, p, tid(tiny, " Mary"))
+        g_f = naive_gradients(tiny, ids, p, tid(tiny, " John"))[0]
+        atol += 2 * pass_rounding(tiny) * float(((g_t.norm(dim=-1) + g_f.norm(dim=-1)) * e.norm(dim=-1)).max())
+    torch.testing.assert_close(both.scores, a.scores - b.scores, rtol=1e-4, atol=atol)
     assert both.info["f"] == pytest.approx(a.info["f"] - b.info["f"], abs=1e-5)
     assert both.foil == " John" and both.contrastive and not a.contrastive
 

@@ -7,8 +7,10 @@ from typer.testing import CliRunner
 
 from lenscope.cli import app
 from lenscope.interventions import activation_patching
+from lenscope.models.load import encode, resolve_token
 
 from ..conftest import get_model
+from ..tolerances import logit_diff_scale, pass_rounding
 
 runner = CliRunner()
 CLEAN, CORRUPT = "The capital of France is", "The capital in France is"
@@ -29,10 +31,18 @@ def test_patch_json(what):
     assert d["what"] == what and d["direction"] == "denoising"
     L, C = len(d["values"]), len(d["values"][0])
     assert L == 2 and C == (4 if what == "heads" else len(d["tokens"]))
-    ref = activation_patching(get_model("tiny:gpt2"), CLEAN, CORRUPT, " capital", " of", what=what)
+    lm = get_model("tiny:gpt2")
+    ref = activation_patching(lm, CLEAN, CORRUPT, " capital", " of", what=what)
     import torch
 
-    assert torch.allclose(torch.tensor(d["values"]), ref.values, atol=1e-5)
+    # the same numbers but for float32 rounding (another batch size): every metric of either run is within
+    # pass_rounding x its scale (tests/tolerances.py); a share (m - m_corr) / (m_clean - m_corr) of at most 1 then
+    # moves by 4x that over |m_clean - m_corr|
+    ids = [encode(lm, t) for t in (CLEAN, CORRUPT)]
+    tid, fid = resolve_token(lm, " capital"), resolve_token(lm, " of")
+    tol = 4 * pass_rounding(lm) * max(logit_diff_scale(lm, i, tid, fid) for i in ids)
+    atol = tol / abs(ref.clean_metric - ref.corrupted_metric)
+    assert torch.allclose(torch.tensor(d["values"]), ref.values, atol=atol)
 
 
 def test_patch_noising_ids_png_save_table(tmp_path):

@@ -10,6 +10,7 @@ from lenscope.models.families import family_for
 from lenscope.models.load import encode, resolve_token
 
 from ..conftest import DECODERS, get_model, module_output, with_module_output
+from ..tolerances import logit_diff_scale, pass_rounding
 
 CLEAN = "The capital of France is"
 CORRUPT = "The capital in France is"  # one token differs in the tiny tokenizer (checked below)
@@ -124,15 +125,21 @@ def test_sanity_layer0_residual(tiny_decoder):
     assert len(diff) == 1
     res = activation_patching(lm, CLEAN, CORRUPT, " capital", " of", what="resid", batch_size=8)
     d = diff[0]
-    assert res.values[0, d] == pytest.approx(1.0, abs=1e-5)
+    # exact in exact arithmetic; in float32 the patched run (a batch row) and the unpatched one round differently:
+    # each metric is within pass_rounding x its scale (tests/tolerances.py), so a share within twice that over
+    # |clean - corrupted| (here as small as 1e-3: the shares magnify rounding)
+    tid, fid = resolve_token(lm, " capital"), resolve_token(lm, " of")
+    tol = 2 * pass_rounding(lm) * max(logit_diff_scale(lm, c, tid, fid), logit_diff_scale(lm, x, tid, fid))
+    atol = tol / abs(res.clean_metric - res.corrupted_metric)
+    assert res.values[0, d] == pytest.approx(1.0, abs=atol)
     same = [p for p in range(len(c)) if p != d]
-    assert torch.allclose(res.values[0, same], torch.zeros(len(same)), atol=1e-5)
+    assert torch.allclose(res.values[0, same], torch.zeros(len(same)), atol=atol)
     # noising: putting the corrupted token in the clean run gives exactly the corrupted metric (0)
     noise = activation_patching(lm, CLEAN, CORRUPT, " capital", " of", what="resid", noising=True)
-    assert noise.values[0, d] == pytest.approx(0.0, abs=1e-5)
-    assert torch.allclose(noise.values[0, same], torch.ones(len(same)), atol=1e-5)
+    assert noise.values[0, d] == pytest.approx(0.0, abs=atol)
+    assert torch.allclose(noise.values[0, same], torch.ones(len(same)), atol=atol)
     # before the differing token, a causal model's states are identical: no patch there changes anything
-    assert torch.allclose(res.values[:, :d], torch.zeros(lm.anatomy.n_layers, d), atol=1e-5)
+    assert torch.allclose(res.values[:, :d], torch.zeros(lm.anatomy.n_layers, d), atol=atol)
 
 
 def test_patch_all_positions_layer0_restores_exactly(tiny_decoder):

@@ -11,6 +11,7 @@ from lenscope.interventions import path_patching, run
 from lenscope.models.load import encode, resolve_token
 
 from ..conftest import get_model, module_output, with_module_output
+from ..tolerances import logit_diff_scale, pass_rounding
 
 CLEAN, CORRUPT = "The capital of France is", "The capital in France is"
 
@@ -45,9 +46,12 @@ def test_direct_effect_equals_brute_force(tiny_decoder, senders):
             delta = (post(new) - post(old)) if post is not None else (new - old)
             brute[j, i] = _ld(A.logits(final + delta), tid, fid)
     assert torch.allclose(res.raw, brute, atol=2e-5), (res.raw - brute).abs().max()
-    # a sender at an earlier position has no direct effect on the last position's logits
+    # a sender at an earlier position has no direct effect on the last position's logits: exactly 0 but for the
+    # float32 rounding of the two metrics (tests/tolerances.py), over |clean - corrupted| (the shares magnify it)
     if senders != "heads":
-        assert torch.allclose(res.values[:, :-1], torch.zeros(L, C - 1), atol=1e-5)
+        tol = 2 * pass_rounding(lm) * max(logit_diff_scale(lm, c, tid, fid), logit_diff_scale(lm, x, tid, fid))
+        atol = tol / abs(res.clean_metric - res.corrupted_metric)
+        assert torch.allclose(res.values[:, :-1], torch.zeros(L, C - 1), atol=atol)
 
 
 def _blocks(lm):

@@ -23,6 +23,7 @@ from lenscope.lenses.cbe import (
 )
 from lenscope.models.families import family_for
 from tests.conftest import get_model, tiny_with_layers
+from tests.tolerances import U32
 
 TEXT = ("When Mary and John went to the store, John gave a drink to Mary. The capital of France is Paris. "
         "The keys to the cabinet are on the table. ") * 6
@@ -77,9 +78,8 @@ def sigma_by_definition(A, lens, layer, H, v, mu=None):
     return (lp.exp() * (lp - lq)).sum(-1).mean()
 
 
-# How far float32 may fall from the float64 definition, on any CPU kernels (ATEN_CPU_CAPABILITY=default, avx2,
-# avx512 and other vendors' BLAS): bounds derived from the computation, with u = 2^-24 float32's unit roundoff.
-U32 = 2.0**-24
+# How far float32 may fall from the float64 definition, on any CPU kernels: bounds derived from the computation
+# (tests/tolerances.py), with u = U32 = 2^-24 float32's unit roundoff.
 
 
 def sigma_tol(lm, sigma):
@@ -87,8 +87,9 @@ def sigma_tol(lm, sigma):
     KL of 1e-7..1e-2 left over when a negative entropy and a negative cross-entropy cancel; each is at most
     ln V (+ sigma) in size (V the vocabulary). In float32 each log-probability is rounded to about u |log p_v| (the
     log-partition subtracted from every logit is of that size), so the KL computed from them is off by up to about
-    u (2 ln V + sigma) whichever kernels ran. Rounding of the logits themselves counts only through (q - p) . error
-    (the KL is stationary at q = p): second order. Measured: at most 0.13 of this bound (default, avx2, avx512)."""
+    u (2 ln V + sigma) whichever kernels ran. Rounding of the logits themselves (~1e-6 here) counts only through
+    (q - p) . error (the KL is stationary at q = p), and |q - p|_1 <= sqrt(2 sigma) is below 0.07 for the sigmas
+    here. Measured: at most 0.13 of this bound (ATEN default, avx2, avx512; MKL's AVX2 kernels)."""
     return U32 * (2 * math.log(lm.anatomy.vocab_size) + abs(float(sigma)))
 
 
@@ -104,8 +105,8 @@ def grad_tol(A, lens, layer, H, v, mu=None):
     w = p (1 + |log p|) + q (1 + |log q|). The gradient is E_n sum_v (q - p)_v d z'_v / dv (z' the ablated logits):
     a sum whose terms cancel where q ~ p. Each float32 probability is rounded to within u (1 + |log p|) relative
     (the exponent's argument is of size |log p|), and the logits' own Jacobian in float32 is off by a few u
-    relative, which counts only times (q - p). Measured: at most 0.17 of sum_v (p + q) |dz'/dv|, i.e. well
-    inside this bound."""
+    relative, which counts only times (q - p). Measured: at most 0.17 u E_n sum_v (p + q) |dz'/dv|, about 0.03 of
+    this bound (ATEN default, avx2, avx512)."""
     H, mu, T = _definition_parts(A, lens, layer, H, mu)
     v = v.detach().double()
     lp = torch.log_softmax(decode64(A, T(H)), -1)

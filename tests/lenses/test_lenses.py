@@ -23,6 +23,7 @@ from lenscope.lenses.evaluate import prediction_depth
 from lenscope.lenses.objective import chunks, kl_backward
 from lenscope.models.trace import residual_states
 from tests.conftest import get_model
+from tests.tolerances import kl_tol
 
 TEXT = ("When Mary and John went to the store, John gave a drink to Mary. The capital of France is Paris. "
         "The keys to the cabinet are on the table. ") * 6
@@ -119,7 +120,10 @@ def test_training_beats_the_logit_lens_on_held_out_text(family):
     logit = evaluate_lens(lm, LogitLens(lm.anatomy), held, progress=False)
     assert tuned.mean_kl < 0.8 * logit.mean_kl
     assert all(float(t) < float(g) for t, g in zip(tuned.kl[:-1], logit.kl[:-1]))
-    assert float(tuned.kl[-1]) == pytest.approx(0.0, abs=1e-6)
+    # the output state is read as the model reads it: a KL of 0 but for float32 rounding (tests/tolerances.py)
+    with torch.no_grad():
+        z_max = float(lm.model(input_ids=held).logits.abs().max())
+    assert float(tuned.kl[-1]) == pytest.approx(0.0, abs=kl_tol(lm.anatomy.vocab_size, z_max))
     info = lens.training_info
     assert info["steps"] == 32 and info["complete"] and info["history"][-1][1] < info["history"][0][1]
 
@@ -254,7 +258,9 @@ def test_evaluation_metrics_by_hand():
     h = cap["states"][1, 0, :-1]
     logq = torch.log_softmax(decode(lm.anatomy, h), -1)
     logp = torch.log_softmax(cap["logits"][0, :-1], -1)
-    assert float(ev.kl[1]) == pytest.approx(float((logp.exp() * (logp - logq)).sum(-1).mean()), rel=1e-4)
+    # two float32 KLs by different formulas, each within kl_tol of the exact one (tests/tolerances.py)
+    tol = 2 * kl_tol(lm.anatomy.vocab_size, float(cap["logits"].abs().max()))
+    assert float(ev.kl[1]) == pytest.approx(float((logp.exp() * (logp - logq)).sum(-1).mean()), abs=tol)
     assert float(ev.ce[1]) == pytest.approx(float(-logq.gather(-1, seqs[0, 1:, None]).mean()), rel=1e-4)
     assert float(ev.entropy[1]) == pytest.approx(float(-(logq.exp() * logq).sum(-1).mean()), rel=1e-4)
     assert float(ev.top1[-1]) == 1.0 and ev.n_tokens == seqs.shape[1] - 1

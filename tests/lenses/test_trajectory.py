@@ -16,6 +16,7 @@ from lenscope.viz.html import script_json, trajectory_html
 from lenscope.viz.lens_plots import plot_lens_evaluation, plot_trajectories, plot_trajectory, show_token
 from lenscope.viz.plots import save_figure
 from tests.conftest import get_model
+from tests.tolerances import kl_tol
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
 FAMILIES = ["tiny:llama", "tiny:gpt2", "tiny:gemma3", "tiny:gpt-neox", "tiny:bert"]
@@ -389,6 +390,10 @@ def test_trajectory_in_small_chunks_equals_one_chunk(monkeypatch):
     whole = prediction_trajectory(lm, text, k=3)
     monkeypatch.setattr(T, "CHUNK_BYTES", 1)  # one state per chunk
     parts = prediction_trajectory(lm, text, k=3)
+    # the same float32 numbers but for rounding (another batch shape); an entropy or a KL is a difference of sums of
+    # size ln V, each of the two within kl_tol of the exact value (tests/tolerances.py)
+    z_max = float(lenscope.trace(lm, text).logits.abs().max())
+    tol = {"entropy": 2 * kl_tol(lm.anatomy.vocab_size, z_max), "kl": 2 * kl_tol(lm.anatomy.vocab_size, z_max)}
     for key in ("top_prob", "entropy", "kl", "topk_prob"):
-        torch.testing.assert_close(getattr(whole, key), getattr(parts, key), atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(getattr(whole, key), getattr(parts, key), atol=tol.get(key, 1e-6), rtol=1e-6)
     assert torch.equal(whole.topk_ids, parts.topk_ids)
