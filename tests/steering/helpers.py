@@ -10,7 +10,7 @@ from lenscope.steering import build_direction
 PAIRS = [("the cat is happy", "the cat is sad"), ("a dog was good", "a dog was bad"),
          ("the man sat down", "the man ran off"), ("she is glad", "she is angry")]
 INPUTS = [("the cat sat on the", " the", " a"), ("a dog is", " the", " a"), ("the man and the woman", " a", " the"),
-          ("it was a", " the", " a"), ("the dog sat", " on", " the"), ("she said that the", " cat", " dog")]
+          ("it was a", " the", " a"), ("the dog sat", " the", " cat"), ("she said that the", " cat", " dog")]
 PROMPT = "the cat sat on the"
 
 

@@ -245,7 +245,7 @@ def resolve_inputs(lm: LoadedModel, inputs, source: str = "the inputs") -> tuple
             try:
                 pair.append(resolve_token(lm, ans))
             except InputError as e:
-                raise InputError(f"{source}, row {row}: {name} {ans!r} is not one token of {lm.name}: {e}") from None
+                raise InputError(f"{source}, row {row}: {name}: {e}") from None
         if pair[0] == pair[1]:
             raise InputError(f"{source}, row {row}: answer_positive and answer_negative are the same token "
                              f"(#{pair[0]}); the measure would be 0")
