@@ -40,7 +40,7 @@ DEFAULT_MULTIPLIERS = (-8.0, -4.0, -2.0, 0.0, 2.0, 4.0, 8.0)
 DAMAGE_FILE = "wikitext2/wiki.test.raw"  # under the shared data folder: held-out text (WikiText-2 test split)
 DAMAGE_TOKENS = 2048
 DAMAGE_SEQ_LEN = 128
-LOGITS_BYTES = 256 * 2 ** 20  # full-vocabulary log-probabilities held at once by the damage pass
+LOGITS_BYTES = 256 * 2 ** 20  # full-vocabulary logits held at once by the damage pass
 FRACTIONS = ("steerable", "anti_steerable", "unmoved")
 
 
@@ -205,26 +205,30 @@ def _quantiles(x: Tensor, confidence: float) -> Tensor:
 
 
 def bootstrap_stats(alphas: Tensor, effects: Tensor, slopes: Tensor, moved: Tensor, *, draws: int, seed: int,
-                    confidence: float) -> dict[str, Tensor]:
+                    confidence: float, chunk: int = 2 ** 22) -> dict[str, Tensor]:
     """Percentile bootstrap intervals: over the inputs for the mean effect, the mean slope and the three
-    fractions; over each input's residuals from its line for its slope. ``effects (layer, input, mult)``."""
+    fractions; over each input's residuals from its line for its slope. ``effects (layer, input, mult)``. The
+    draws are made in chunks of about ``chunk`` resampled values (memory stays bounded for many inputs)."""
     g = torch.Generator().manual_seed(int(seed))
-    n = effects.shape[1]
+    L, n, m = effects.shape
     idx = torch.randint(0, n, (draws, n), generator=g)
-    mean_eff = effects[:, idx].mean(2)  # (layer, draw, mult)
-    mean_slope = slopes[:, idx].mean(2)  # (layer, draw)
-    frac = _fractions(slopes, moved)[:, idx].mean(2)  # (layer, draw, 3)
-    # residual bootstrap of every input's line: resample its residuals, refit
     a = alphas.double()
     fit = effects.mean(-1, keepdim=True) + slopes[..., None] * (a - a.mean())
     res = effects - fit  # (layer, input, mult)
-    m = len(a)
     ridx = torch.randint(0, m, (draws, m), generator=g)
-    boot = fit[None] + res[..., ridx].movedim(2, 0)  # (draw, layer, input, mult)
-    return {"effect_ci": _quantiles(mean_eff.movedim(1, 0), confidence),
-            "mean_slope_ci": _quantiles(mean_slope.movedim(1, 0), confidence),
-            "fraction_ci": _quantiles(frac.movedim(1, 0), confidence),
-            "slope_ci": _quantiles(fit_slopes(a, boot), confidence)}
+    ind = _fractions(slopes, moved)  # (layer, input, 3)
+    step = max(1, chunk // max(1, L * n * m))
+    mean_eff, mean_slope, frac, boot_slope = [], [], [], []
+    for s in range(0, draws, step):
+        i, r = idx[s: s + step], ridx[s: s + step]
+        mean_eff.append(effects[:, i].mean(2).movedim(1, 0))  # (draw, layer, mult)
+        mean_slope.append(slopes[:, i].mean(2).movedim(1, 0))  # (draw, layer)
+        frac.append(ind[:, i].mean(2).movedim(1, 0))  # (draw, layer, 3)
+        boot_slope.append(fit_slopes(a, fit[None] + res[..., r].movedim(2, 0)))  # (draw, layer, input)
+    return {"effect_ci": _quantiles(torch.cat(mean_eff), confidence),
+            "mean_slope_ci": _quantiles(torch.cat(mean_slope), confidence),
+            "fraction_ci": _quantiles(torch.cat(frac), confidence),
+            "slope_ci": _quantiles(torch.cat(boot_slope), confidence)}
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -349,8 +353,8 @@ def damage(lm: LoadedModel, vector: Tensor, seqs: Tensor, layers: list[int], alp
     """``(delta_loss (layer, mult), kl (layer, mult), base_loss)`` on ``seqs (seq, pos)`` with ``alpha * vector``
     added to ``resid_pre`` of the layer at every position: the change in mean next-token loss and the mean
     KL(unsteered || steered) over every position; exactly 0 at multiplier 0 (no run). Each sequence's unsteered
-    log-probabilities are computed once and compared with every setting's (rows of one batch, chunked so that
-    at most :data:`LOGITS_BYTES` of log-probabilities are held)."""
+    distribution is computed once and compared with every setting's (rows of one batch, chunked so that at most
+    :data:`LOGITS_BYTES` of logits are held; ``log p = z - logsumexp(z)`` is never materialised)."""
     L, M = len(layers), len(alphas)
     N, T = seqs.shape
     V = lm.anatomy.vocab_size
@@ -374,13 +378,14 @@ def damage(lm: LoadedModel, vector: Tensor, seqs: Tensor, layers: list[int], alp
             lay = torch.tensor([layers[k] for k, _ in chunk])
             al = torch.stack([alphas[j] for _, j in chunk])
             edits = add_edits(vec, torch.arange(len(chunk)), lay, al, torch.arange(T))
-            logp = torch.log_softmax(run(lm, x.expand(len(chunk), -1), edits).logits.float(), -1)  # (row, pos, V)
-            nll = -logp[:, :-1].gather(2, tgt[None, :, None].expand(len(chunk), -1, 1))[..., 0].double().sum(1)
-            cross = torch.einsum("pv,rpv->rp", p0, logp).double()  # sum p0 log p_steered
+            z = run(lm, x.expand(len(chunk), -1), edits).logits.float()  # (row, pos, vocab)
+            lse = torch.logsumexp(z, -1)  # log p = z - lse: no (row, pos, vocab) log-probabilities held
+            nll = (lse[:, :-1] - z[:, :-1].gather(2, tgt[None, :, None].expand(len(chunk), -1, 1))[..., 0]).double()
+            cross = (torch.einsum("pv,rpv->rp", p0, z) - lse).double()  # sum p0 log p_steered (sum p0 = 1)
             kj = (torch.tensor([k for k, _ in chunk]), torch.tensor([j for _, j in chunk]))
-            loss_sum.index_put_(kj, nll, accumulate=True)
+            loss_sum.index_put_(kj, nll.sum(1), accumulate=True)
             kl_sum.index_put_(kj, (h0[None] - cross).sum(1), accumulate=True)
-            del logp
+            del z
             done += len(chunk)
             if progress is not None:
                 progress("damage", done, total)
