@@ -7,7 +7,7 @@ and version are layer 0, each its own node):
     layer 0  errors, results, version
     core     models, data, distributed
     viz      draws results
-    methods  lenses, attribution, mixing, interventions, circuits
+    methods  lenses, attribution, mixing, interventions, circuits, steering
     apps     report, evaluate, detect, sweeps, generation, serve
     top      cli, lenscope/__init__.py (``__init__``), __main__
 
@@ -29,7 +29,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "layer 0": ("errors", "results", "version"),
     "core": ("models", "data", "distributed"),
     "viz": ("viz",),
-    "methods": ("lenses", "attribution", "mixing", "interventions", "circuits"),
+    "methods": ("lenses", "attribution", "mixing", "interventions", "circuits", "steering"),
     "apps": ("report", "evaluate", "detect", "sweeps", "generation", "serve"),
     "top": ("cli", "__init__", "__main__"),
 }

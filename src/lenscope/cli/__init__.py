@@ -4,7 +4,20 @@ from __future__ import annotations
 
 import typer
 
-from . import circuit, components, evaluate, explain, generate, interventions, lens, mixing, models, report, serve
+from . import (
+    circuit,
+    components,
+    evaluate,
+    explain,
+    generate,
+    interventions,
+    lens,
+    mixing,
+    models,
+    report,
+    serve,
+    steer,
+)
 
 app = typer.Typer(
     rich_markup_mode=None,
@@ -24,6 +37,7 @@ circuit.register(app)
 evaluate.register(app)
 report.register(app)
 generate.register(app)
+steer.register(app)
 serve.register(app)
 
 

@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         dtype: str = DTYPE_OPTION,
         device_map: str = DEVICE_MAP_OPTION,
         max_new_tokens: int = typer.Option(16, "--max-new-tokens", "-n", help="Tokens to generate (at most)."),
-        explain: str = typer.Option("alti-logit", "--explain", help=METHODS_HELP),
+        explain: str = typer.Option(None, "--explain", help=METHODS_HELP + " Default alti-logit; none with --steer."),
         foil: str = typer.Option("runner-up", "--foil", help="runner-up (default), a token (text or #ID), or none."),
         chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the tokenizer's chat template."),
         sample: bool = typer.Option(False, "--sample", help="Sample instead of greedy decoding."),
@@ -41,6 +41,11 @@ def register(app: typer.Typer) -> None:
         html: str = typer.Option(None, "--html", help="Write the page (text strip, matrices, per-token views)."),
         png: str = typer.Option(None, "--png", help="Write the (generated token × source) matrix of the first method."),
         save: str = typer.Option(None, "--save", help="Save the result (.safetensors) to reload later."),
+        steer: list[str] = typer.Option(None, "--steer", help="DIR:ALPHA[@LAYER]: add ALPHA times the direction in "
+                                        "folder DIR (lenscope steer build) at resid_pre of its block (or LAYER; "
+                                        "comma-separated for several) at every decoding step; repeatable."),
+        steer_where: str = typer.Option("all", "--steer-where", help="Positions steered: all (default), prompt or "
+                                        "generated.", metavar="all|prompt|generated"),
         as_json: bool = JSON_OPTION,
     ):
         """Generate up to N tokens after PROMPT and explain each generated token by the tokens before it."""
@@ -49,7 +54,17 @@ def register(app: typer.Typer) -> None:
             fail("--seed applies with --sample only")
         if temperature <= 0:
             fail("--temperature must be positive")
+        if explain is None:
+            explain = "" if steer else "alti-logit"
         methods = [m.strip() for m in explain.split(",") if m.strip()]
+        if steer and methods:
+            fail("the explanations decompose the unsteered model, so --explain does not apply with --steer; leave it "
+                 "out")
+        from .steer import WHERE, parse_steer
+
+        if steer_where not in WHERE:
+            fail(f"--steer-where must be one of {', '.join(WHERE)}, not {steer_where!r}")
+        specs = [parse_steer(s) for s in steer or ()]
         from ..attribution.explanation import METHODS
 
         for m in methods:
@@ -60,9 +75,13 @@ def register(app: typer.Typer) -> None:
         lm = load_model(model, dtype=dtype, device_map=device_map)
         from ..generation import generate
 
+        edits, steering = _steering(lm, specs, steer_where)
         opts = {"steps": steps} if steps is not None else {}
         g = generate(lm, prompt, max_new_tokens, explain=methods, foil=None if foil == "none" else foil, chat=chat,
-                     sample=sample, seed=seed, temperature=temperature, lens=lens, progress=_progress, **opts)
+                     sample=sample, seed=seed, temperature=temperature, lens=lens, progress=_progress, edits=edits,
+                     **opts)
+        if steering:
+            g.settings["steer"] = steering
         if html:
             g.to_html(html)
         if png:
@@ -79,8 +98,32 @@ def register(app: typer.Typer) -> None:
         _table(g, html, png, save)
 
 
+def _steering(lm, specs, where: str):
+    """The edits of the --steer options (a function of the prompt's and the longest sequence's lengths) and their
+    record for the result's settings; (None, []) without --steer."""
+    if not specs:
+        return None, []
+    from ..steering import Direction, generation_edits
+
+    parts, record = [], []
+    for folder, alpha, layers in specs:
+        d = Direction.load(folder)
+        layers = d.check(lm, layers)
+        parts.append(generation_edits(d, alpha, layers=layers, where=where))
+        record.append({"direction": folder, "method": d.method, "site": "resid_pre", "layers": layers,
+                       "alpha": alpha, "where": where})
+
+    def edits(prompt_len: int, max_len: int) -> list:
+        return [e for f in parts for e in f(prompt_len, max_len)]
+
+    return edits, record
+
+
 def _table(g, html, png, save) -> None:
     typer.echo(f"{g.model}: {g.prompt_len} prompt tokens + {g.n_steps} generated: {g.text!r}")
+    for s in g.settings.get("steer", ()):
+        typer.echo(f"steered: {s['alpha']:+g} x {s['method']} direction {s['direction']} at resid_pre "
+                   f"{','.join(map(str, s['layers']))} ({s['where']} positions)")
     for i, p in enumerate(g.positions):
         parts = [f"{p:4d} {g.tokens[p]!r:14} p={float(g.prob[i]):.3f} H={float(g.entropy[i]):.2f}"
                  f" depth={int(g.depth[i]) if int(g.depth[i]) >= 0 else '-'}"]

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
-from .shared import read_text
+from .shared import read_csv_rows
 
 COLUMNS = ("clean", "corrupted", "target", "foil")
 GENERATORS = ("ioi-gen", "ioi-gen:swap", "ioi-gen:abc", "sva-gen")
@@ -153,40 +153,11 @@ def read_contrast_csv(path: str | Path) -> list[ContrastPair]:
     (:class:`InputError`, one line) name the file and the row: an unreadable file, a missing column, a row with
     too few or too many fields, an empty field, no rows."""
     path = Path(path)
-    text = read_text(path, f"give a CSV with the columns {','.join(COLUMNS)}")
-    reader = csv.reader(text.splitlines(keepends=True))
-    rows = []
-    try:
-        header = next(reader, None)
-        if header is None or not any(h.strip() for h in header):
-            raise InputError(f"{path} is empty; it needs a header line {','.join(COLUMNS)} and one pair per row")
-        header = [h.strip() for h in header]
-        missing = [c for c in COLUMNS if c not in header]
-        if missing:
-            raise InputError(f"{path}: the header has no column {missing[0]!r} (it has {','.join(header)}; "
-                             f"needed: {','.join(COLUMNS)})")
-        dup = next((h for h, k in Counter(header).items() if k > 1 and h), None)
-        if dup is not None:
-            raise InputError(f"{path}: the column {dup!r} appears twice in the header; keep one")
-        for row in reader:
-            if not row or all(not f.strip() for f in row):
-                continue
-            rows.append((len(rows) + 1, row))
-    except csv.Error as e:
-        raise InputError(f"{path}: row {len(rows) + 1} is not valid CSV ({e})") from None
-    if not rows:
-        raise InputError(f"{path} has a header but no rows; add one pair per row ({','.join(COLUMNS)})")
-    col = {h: i for i, h in enumerate(header)}
     out = []
-    for n, row in rows:
-        if len(row) != len(header):
-            raise InputError(f"{path}, row {n}: {len(row)} fields, the header has {len(header)}; quote fields that "
-                             "contain commas (\"a, b\")")
-        vals = {c: row[col[c]] for c in COLUMNS}
+    for n, vals, meta in read_csv_rows(path, COLUMNS, "pair"):
         for c in COLUMNS:
             if vals[c] == "" or (c in ("clean", "corrupted") and not vals[c].strip()):
                 raise InputError(f"{path}, row {n}: the {c!r} field is empty")
-        meta = {h: row[i] for i, h in enumerate(header) if h not in COLUMNS and h}
         out.append(ContrastPair(vals["clean"], vals["corrupted"], vals["target"], vals["foil"], meta))
     return out
 

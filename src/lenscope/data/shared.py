@@ -3,7 +3,9 @@ user's text file with one-line errors."""
 
 from __future__ import annotations
 
+import csv
 import os
+from collections import Counter
 from pathlib import Path
 
 from ..errors import InputError
@@ -50,3 +52,46 @@ def read_text(path: Path, hint: str = "") -> str:
         raise InputError(f"{path} is not a UTF-8 text file; save it as UTF-8") from None
     except OSError as e:
         raise InputError(f"{path} cannot be read ({e.strerror or e})") from None
+
+
+def read_csv_rows(path: Path, columns: tuple[str, ...], what: str = "row") -> list[tuple[int, dict, dict]]:
+    """The rows of a CSV whose header has ``columns`` (any order; other columns are kept apart), as ``(n, values,
+    extra)``: ``n`` numbers the data rows from 1 after the header (blank lines skipped), ``values`` maps each of
+    ``columns`` to its field (as written: spaces kept), ``extra`` the other named columns. Fields are read with the
+    csv module (quoted commas and newlines work). One-line :class:`InputError` naming the file (and the row): an
+    unreadable file, no header, a missing or repeated column, invalid CSV, a row with too few or too many fields, no
+    rows. ``what`` names one row in the messages (``"pair"``)."""
+    path = Path(path)
+    need = ",".join(columns)
+    text = read_text(path, f"give a CSV with the columns {need}")
+    reader = csv.reader(text.splitlines(keepends=True))
+    rows = []
+    try:
+        header = next(reader, None)
+        if header is None or not any(h.strip() for h in header):
+            raise InputError(f"{path} is empty; it needs a header line {need} and one {what} per row")
+        header = [h.strip() for h in header]
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise InputError(f"{path}: the header has no column {missing[0]!r} (it has {','.join(header)}; "
+                             f"needed: {need})")
+        dup = next((h for h, k in Counter(header).items() if k > 1 and h), None)
+        if dup is not None:
+            raise InputError(f"{path}: the column {dup!r} appears twice in the header; keep one")
+        for row in reader:
+            if not row or all(not f.strip() for f in row):
+                continue
+            rows.append((len(rows) + 1, row))
+    except csv.Error as e:
+        raise InputError(f"{path}: row {len(rows) + 1} is not valid CSV ({e})") from None
+    if not rows:
+        raise InputError(f"{path} has a header but no rows; add one {what} per row ({need})")
+    col = {h: i for i, h in enumerate(header)}
+    out = []
+    for n, row in rows:
+        if len(row) != len(header):
+            raise InputError(f"{path}, row {n}: {len(row)} fields, the header has {len(header)}; quote fields that "
+                             "contain commas (\"a, b\")")
+        out.append((n, {c: row[col[c]] for c in columns},
+                    {h: row[i] for i, h in enumerate(header) if h not in columns and h}))
+    return out

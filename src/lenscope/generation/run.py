@@ -29,10 +29,11 @@ from torch import Tensor
 
 from ..attribution import baselines, context
 from ..attribution.explanation import METHODS, ROLLOUT_METHODS
-from ..errors import InputError, InvariantError
+from ..errors import InputError, InvariantError, NotApplicableError
 from ..lenses.depth import depths_from_agreement
 from ..lenses.lenses import Lens, LogitLens
 from ..mixing.alti import mixing_matrices
+from ..models.engine import edits_within
 from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids
 from ..models.readout import Readout
 from ..models.trace import trace
@@ -77,16 +78,72 @@ def _eos(lm: LoadedModel):
     return eos if eos is not None else lm.tokenizer.eos_token_id
 
 
+def _edit_list(lm: LoadedModel, edits, prompt_len: int, max_new_tokens: int) -> list | None:
+    """``edits`` as a list of the engine's edits (None: none given). A function is called with the prompt's
+    length and the longest sequence's (edits that depend on where the prompt ends)."""
+    if edits is None:
+        return None
+    if callable(edits):
+        edits = edits(prompt_len, prompt_len + max_new_tokens)
+    from ..models.engine import Edit
+
+    edits = list(edits)
+    for e in edits:
+        if not isinstance(e, Edit):
+            raise InputError(f"edits must be lenscope.models.engine.Edit objects, not {type(e).__name__}")
+        if int(torch.as_tensor(e.rows).max()) > 0:
+            raise InputError("a generation is one batch row: its edits take rows=0")
+    return edits
+
+
+@torch.no_grad()
+def _decode_edited(lm: LoadedModel, ids: Tensor, max_new_tokens: int, edits: list, eos, sample: bool,
+                   seed: int | None, temperature: float) -> Tensor:
+    """The decoding loop with the engine's ``edits`` applied at every step: one forward pass per token through
+    :func:`lenscope.models.engine.run` with a key/value cache (each step's edits are the entries at its position).
+    Greedy takes the arg-max (as transformers does); sampling draws from the softmax at ``temperature`` with a
+    generator seeded by ``seed`` (the global random state is untouched)."""
+    from ..models.engine import new_cache, run
+
+    stop = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
+    gen = None
+    if sample:
+        gen = torch.Generator()
+        gen.manual_seed(int(seed)) if seed is not None else gen.seed()
+    cache = new_cache(lm)
+    out = ids.tolist()
+    x = ids[None]
+    for _ in range(int(max_new_tokens)):
+        lg = run(lm, x, edits, past=cache, last_only=True).logits[0, -1].float().cpu()
+        if sample:
+            nxt = int(torch.multinomial(torch.softmax(lg / temperature, -1), 1, generator=gen))
+        else:
+            nxt = int(lg.argmax())
+        out.append(nxt)
+        if nxt in stop:
+            break
+        x = torch.tensor([[nxt]])
+    return torch.tensor(out)
+
+
 @torch.no_grad()
 def decode(lm: LoadedModel, ids: Tensor, max_new_tokens: int, *, sample: bool = False, seed: int | None = None,
-           temperature: float = 1.0) -> Tensor:
+           temperature: float = 1.0, edits=None) -> Tensor:
     """The full sequence ``(pos,)``: ``ids`` and up to ``max_new_tokens`` tokens from transformers' own
     ``generate`` (greedy, or sampling from the softmax at ``temperature`` with no top-k / top-p cut, seeded by
-    ``seed`` without touching the global random state), stopping after the end-of-sequence token."""
+    ``seed`` without touching the global random state), stopping after the end-of-sequence token.
+
+    ``edits``: the engine's edits (:class:`~lenscope.models.engine.Edit`, row 0, positions counted from the start
+    of the prompt) applied at every decoding step, through lenscope's own loop with the key/value cache (see
+    :func:`_decode_edited`); or a function ``(prompt_len, max_len) -> edits``. An empty list applies nothing and
+    uses transformers' ``generate``, like None."""
     from ..models.devices import main_device
 
     tok = lm.tokenizer
     eos = _eos(lm)
+    edits = _edit_list(lm, edits, ids.numel(), max_new_tokens)
+    if edits:
+        return _decode_edited(lm, ids, max_new_tokens, edits, eos, sample, seed, temperature)
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
     kw = dict(max_new_tokens=int(max_new_tokens), do_sample=bool(sample), eos_token_id=eos, pad_token_id=pad)
     if sample:
@@ -204,7 +261,7 @@ def _baseline_methods(lm, ids: Tensor, methods, rows, tok, foils, f_input: Tenso
 
 def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=("alti-logit",), foil="runner-up",
              chat: bool = False, sample: bool = False, seed: int | None = None, temperature: float = 1.0,
-             lens=None, progress=None, **method_options) -> Generation:
+             lens=None, progress=None, edits=None, **method_options) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt`` and explain every generated token.
 
     Greedy by default (the tokens of transformers' ``model.generate(..., do_sample=False)``); ``sample=True``
@@ -219,6 +276,12 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=("alt
     no logit. ``lens``: a tuned lens (or its folder) for a second prediction depth. ``method_options``:
     ``steps`` / ``baseline`` (ig), ``batch_size`` (rows per pass of the gradient methods and erasure).
     ``progress(stage, done, total)`` is called as the stages advance.
+
+    ``edits``: the engine's edits (:class:`~lenscope.models.engine.Edit`; row 0, positions counted from the start
+    of the prompt, e.g. a steering vector from :func:`lenscope.steering.steering_edits`, or a head ablated while
+    the model writes), or a function ``(prompt_len, max_len) -> edits``: applied at every decoding step (with
+    the cache) and in the pass that the statistics and depths are read from. The explanations decompose the
+    unedited model, so they are refused with edits (``explain=()``).
     """
     seconds = {}
     t0 = time.perf_counter()
@@ -232,6 +295,10 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=("alt
     if seed is not None and not sample:
         raise InputError("a seed only matters when sampling; add sample=True (--sample)")
     ids = _prompt_ids(lm, prompt, chat)
+    edits = _edit_list(lm, edits, ids.numel(), max_new_tokens)
+    if edits and methods:
+        raise NotApplicableError("the explanations decompose the unedited model, so they do not apply to a "
+                                 "generation with edits; leave explain empty (--explain '')")
     n_ctx = lm.anatomy.n_ctx
     if ids.numel() + max_new_tokens > n_ctx:
         raise InputError(f"the prompt ({ids.numel()} tokens) plus {max_new_tokens} new tokens is past the model's "
@@ -250,7 +317,7 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=("alt
             progress(stage, done, total)
 
     report("generate", 0, max_new_tokens)
-    full = decode(lm, ids, max_new_tokens, sample=sample, seed=seed, temperature=temperature)
+    full = decode(lm, ids, max_new_tokens, sample=sample, seed=seed, temperature=temperature, edits=edits)
     seconds["generate"] = time.perf_counter() - t0
     P, n = ids.numel(), full.numel()
     report("generate", n - P, n - P)
@@ -258,7 +325,7 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=("alt
         raise InputError("the model generated no token")
 
     t = time.perf_counter()
-    tr = trace(lm, full)
+    tr = trace(lm, full, edits=edits_within(edits or (), 0, n))
     rows = torch.arange(P - 1, n - 1)  # where each generated token was predicted
     tok = full[P:]
     logits = tr.logits[rows].float()
@@ -308,6 +375,7 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=("alt
     names = {str(i): lm.tokenizer.decode([i]) for i in set(runner.tolist()) | set(
         [] if foils is None else foils.tolist())}
     settings = {"max_new_tokens": max_new_tokens, "chat": chat, "sample": sample, "seed": seed,
+                "edits": len(edits or ()),
                 "temperature": temperature, "foil": foil if foil is None or isinstance(foil, str) else int(foil),
                 "lens": None if lens is None else getattr(lens, "kind", "tuned"),
                 **{k: v for k, v in method_options.items() if isinstance(v, (int, float, str))}}

@@ -126,24 +126,63 @@ class Captures(dict):
 
 
 def forward_kwargs(lm: LoadedModel, ids: Tensor | None = None, *, inputs_embeds: Tensor | None = None,
-                   attention_mask: Tensor | None = None, last_only: bool = False) -> dict:
+                   attention_mask: Tensor | None = None, last_only: bool = False, past=None) -> dict:
     """The keyword arguments of the real model's forward pass (the only place they are built): inputs on the
-    model's input device, an all-ones mask unless one is given, no cache for causal models, and (causal models)
-    only the last position's logits when ``last_only``."""
+    model's input device, an all-ones mask unless one is given, no cache for causal models unless ``past`` (a
+    key/value cache of the earlier positions, :func:`new_cache`) is given, and (causal models) only the last
+    position's logits when ``last_only``."""
     device = main_device(lm.model)  # accelerate's execution device of a split model, never "meta"
     x = ids if ids is not None else inputs_embeds
+    start = 0 if past is None else past.get_seq_length()
     if attention_mask is None:
-        attention_mask = torch.ones(x.shape[:2], dtype=torch.long)
+        attention_mask = torch.ones((x.shape[0], start + x.shape[1]), dtype=torch.long)
     kw = {"attention_mask": attention_mask.to(device)}
     if ids is not None:
         kw["input_ids"] = ids.to(device)
     else:
         kw["inputs_embeds"] = inputs_embeds.to(device)
     if lm.anatomy.causal:
-        kw["use_cache"] = False
+        kw["use_cache"] = past is not None
+        if past is not None:
+            kw["cache"] = past
         if last_only:
             kw["logits_to_keep"] = 1
     return kw
+
+
+def new_cache(lm: LoadedModel):
+    """An empty key/value cache for :func:`run`'s ``past`` (transformers' ``DynamicCache`` for this model's
+    layers, sliding windows included)."""
+    from transformers import DynamicCache
+
+    return DynamicCache(config=lm.model.config)
+
+
+def edits_within(edits: Iterable[Edit], start: int, stop: int) -> list[Edit]:
+    """The entries of ``edits`` at positions ``start <= pos < stop``, their positions counted from ``start``
+    (an edit with no entry left is dropped): the edits of one step of a decoding loop, or of a sequence that
+    ended before the last position an edit names."""
+    out = []
+    for e in edits:
+        idx = [torch.as_tensor(x) for x in (e.rows, e.pos, e.head) if x is not None]
+        n = max(1, *(int(x.shape[0]) for x in idx if x.dim()))
+        pos = torch.as_tensor(e.pos).reshape(-1).expand(n) if torch.as_tensor(e.pos).numel() == 1 else \
+            torch.as_tensor(e.pos)
+        keep = (pos >= start) & (pos < stop)
+        if start == 0 and bool(keep.all()):
+            out.append(e)
+        elif bool(keep.any()):
+            def sel(x, per_entry=True):  # the kept entries of a per-entry tensor; a broadcast one as it is
+                x = torch.as_tensor(x)
+                if not per_entry or x.dim() == 0 or x.shape[0] != n:
+                    return x
+                return x[keep.to(x.device)]
+
+            v = e.values
+            per_entry = v.dim() >= 2 or e.mode == "scale"  # set / add with a (d,) vector: one for every entry
+            out.append(Edit(e.site, e.layer, sel(e.rows), sel(pos) - start, sel(v, per_entry),
+                            head=None if e.head is None else sel(e.head), mode=e.mode))
+    return out
 
 
 class _Stop(Exception):
@@ -478,7 +517,8 @@ def _mid_needs(placement: str, layer: int) -> list[tuple]:
 
 def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), capture: Iterable = (), *,
         inputs_embeds: Tensor | None = None, attention_mask: Tensor | None = None, stop_after=None,
-        logits: bool = True, last_only: bool = False, grad: bool = False, device=None, upcast: bool = False) -> Run:
+        logits: bool = True, last_only: bool = False, grad: bool = False, device=None, upcast: bool = False,
+        past=None) -> Run:
     """Run the real model on ``ids (b, p)`` (or ``inputs_embeds (b, p, d_model)``) with ``edits`` applied and the
     sites in ``capture`` kept (see the module's site table). Returns :class:`Run` ``(logits, captured)``.
 
@@ -487,6 +527,10 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
     - ``last_only``: logits of the last position only (``(b, 1, vocab)``).
     - ``grad``: run with autograd on; captures and logits keep their graph.
     - ``device``: move captures there as they arrive; ``upcast``: keep bfloat16 / float16 captures in float32.
+    - ``past``: a key/value cache (:func:`new_cache`; causal decoders) holding the positions before ``ids``, which
+      the model reads and extends: ``ids`` are then positions ``past.get_seq_length()`` onwards. Edit positions
+      count from the start of the whole sequence (entries at other positions wait for their step:
+      :func:`edits_within`); captures and logits hold the new positions only.
     """
     checkpoint()
     model = lm.model
@@ -502,8 +546,16 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
     A = lm.anatomy
     if B == 0 or P == 0:
         raise InputError(f"run() needs at least one row and one position; got shape ({B}, {P})")
-    if P > A.n_ctx:
-        raise InputError(f"{P} positions are more than the model's context of {A.n_ctx}; shorten the input")
+    start = 0
+    if past is not None:
+        if not A.causal:
+            raise NotApplicableError("a key/value cache (past) needs a causal decoder")
+        if attention_mask is not None:
+            raise InputError("run() with a cache (past) takes no attention_mask: padding is not supported there")
+        start = past.get_seq_length()
+        edits = edits_within(edits, start, start + P)
+    if start + P > A.n_ctx:
+        raise InputError(f"{start + P} positions are more than the model's context of {A.n_ctx}; shorten the input")
     if ids is not None and (int(ids.min()) < 0 or int(ids.max()) >= A.vocab_size):
         raise InputError(f"token ids must lie in 0..{A.vocab_size - 1}; got {int(ids.min())}..{int(ids.max())}")
     requested = [site_key(c) for c in capture]
@@ -521,7 +573,7 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
         _register(s, hooks, handles)
         with torch.set_grad_enabled(grad):
             out = model(**forward_kwargs(lm, ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                         last_only=last_only))
+                                         last_only=last_only, past=past))
     except _Stop:
         pass
     finally:
@@ -587,5 +639,5 @@ def batches(n: int, size: int):
         yield s, min(n, s + size)
 
 
-__all__ = ["Captures", "Edit", "LAYER_SITES", "MODEL_SITES", "Run", "batches", "capture", "forward_kwargs", "run",
-           "site_key"]
+__all__ = ["Captures", "Edit", "LAYER_SITES", "MODEL_SITES", "Run", "batches", "capture", "edits_within",
+           "forward_kwargs", "new_cache", "run", "site_key"]

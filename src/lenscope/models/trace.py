@@ -518,17 +518,23 @@ def recompute_probs(lm: LoadedModel, n: int, attn_probs: str = "auto") -> bool:
 
 
 def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torch.device | None = None,
-          attn_probs: Literal["auto", "keep", "recompute"] = "auto") -> Trace:
+          attn_probs: Literal["auto", "keep", "recompute"] = "auto", edits=()) -> Trace:
     """Run the model once on ``text`` (or token ids) and capture everything lenscope's methods read.
 
     ``device``: where the captures are kept (default: the ``math_device`` the model was loaded with, else where the
     first block's capture arrives: the model's device for a model on one device). Captures of bfloat16 / float16
     models are kept in float32. ``attn_probs``: ``"keep"`` the captured attention probabilities, ``"recompute"``
     them per layer when read (:class:`RecomputedProbs`: a lean trace), or ``"auto"``: a lean trace where it leaves
-    out more than :data:`KEEP_BYTES` and the model computes in float32 (:func:`recompute_probs`)."""
+    out more than :data:`KEEP_BYTES` and the model computes in float32 (:func:`recompute_probs`). ``edits``: the
+    engine's edits (:class:`~lenscope.models.engine.Edit`, row 0) applied during the pass (e.g. a steering
+    vector); the trace holds what the edited model computed, each site after its edits (with edits, ``"auto"``
+    keeps every capture: a lean trace would recompute parts from states that an edit changed later)."""
     ids = token_ids(lm, text)
+    edits = list(edits)
+    if edits and attn_probs == "auto":
+        attn_probs = "keep"
     lean = recompute_probs(lm, ids.numel(), attn_probs)
-    logits, cap = run(lm, ids[None], capture=trace_sites(lm, lean=lean), device=_math_device(lm, device),
+    logits, cap = run(lm, ids[None], edits, capture=trace_sites(lm, lean=lean), device=_math_device(lm, device),
                       upcast=True, last_only=lean and lm.anatomy.causal)
     return _view(lm, cap, ids, 0, None if logits is None else logits[0], lean=lean)
 
