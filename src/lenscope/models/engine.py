@@ -4,48 +4,7 @@ Every method reaches the model through :func:`run` (or :func:`capture`, the same
 ``residual_states``, the interventions and the batched evaluation are views on it. The hooks go on the modules
 that the family file names (:class:`~lenscope.models.families.LayerHooks`); nothing here asks which family it runs.
 
-Sites: a name and a block index, written ``("resid_pre", 3)`` or ``"resid_pre.3"`` (block-less sites such as the
-final norm's take ``None``: ``"ln_final.in"``). Shapes as a hook sees them, reshaped to a batch of rows
-(``b``: batch row, ``p``: position, ``h``: head, ``hk``: key/value head, ``s``: source position):
-
-======================  ======================  ======  =====================================================
-site                    shape                   edit    what it is
-======================  ======================  ======  =====================================================
-``resid_pre``           ``(b, p, d_model)``     yes     the residual stream entering block ``i``
-``resid_mid``           ``(b, p, d_model)``     no      after the block's attention part (derived: the input
-                                                        of ``ln_mlp``; ``ln_attn``'s output for Post-LN;
-                                                        ``resid_pre + attn_out`` for parallel blocks)
-``resid_post``          ``(b, p, d_model)``     yes     the residual stream leaving block ``i``
-``attn_out``            ``(b, p, d_model)``     yes     the attention output projection's output (with bias)
-``head``                ``(b, p, h, d_head)``   yes     per-head outputs: the output projection's input
-``q``                   ``(b, p, h, d_head)``   yes     per-head queries: the query projection's output
-                                                        (before rotary / q-norm / scaling)
-``k``, ``v``            ``(b, p, hk, d_head)``  yes     per key/value-head keys and values (fused q/k/v
-                                                        projections are split: GPT-2, GPT-NeoX, BLOOM)
-``pattern``             ``(b, h, p, s)``        no      attention probabilities (the attention module's
-                                                        second output; computed inside transformers'
-                                                        attention function, which has no module to edit)
-``mlp_pre``             ``(b, p, d_mlp)``       yes     the activation's input (of the gate for gated MLPs)
-``mlp_up``              ``(b, p, d_mlp)``       yes     the linear branch of a gated MLP
-``mlp_hidden``          ``(b, p, d_mlp)``       yes     the down projection's input: act(pre) (·up)
-``mlp_out``             ``(b, p, d_model)``     yes     the MLP's output (with bias); a mixture of experts: the
-                                                        whole block's output
-``router_logits``       ``(b, p, expert)``      no      a mixture of experts' router logits
-``routing_weights``     ``(b, p, expert)``      no      the routing weights: the chosen experts' weights, 0 for
-                                                        the others (dense over the experts)
-``expert_out``          ``(b, p, e, d_model)``  yes     each expert's weighted output (0 where not chosen); they
-                                                        add up to ``mlp_out``; an edit names the expert in
-                                                        ``head``
-``<slot>.in``           ``(b, p, d_model)``     yes     a norm's input; slots ``ln_attn``, ``ln_mlp``,
-``<slot>.out``          ``(b, p, d_model)``     yes     ``ln_attn_out``, ``ln_mlp_out`` (sandwich) per block,
-``<slot>.scale``        ``(b, p)``              no      ``ln_final`` (block ``None``); ``scale`` is the
-                                                        per-token factor ``1/sqrt(var + eps)``
-``logits``              ``(b, p, vocab)``       no      the model's output (block ``None``)
-======================  ======================  ======  =====================================================
-
-A mixture of experts' ``mlp_pre``, ``mlp_up``, ``mlp_hidden`` hold every expert's units side by side, ``(b, p,
-expert * d_mlp)`` (0 for the experts a token does not use), computed with ``expert_out`` by the Anatomy's own math
-(:meth:`~lenscope.models.moe.MoE.run`) from what the experts module receives (docs/design.md).
+Sites, their shapes and which can be edited: the table in :mod:`lenscope.models.sites`.
 
 Edits (:class:`Edit`) set, add to or scale a site's entries per batch row and position (and head). Captures
 keep what the model used, after the edits at that site. Padding: with ``attention_mask`` (``1`` = real token),
@@ -76,6 +35,7 @@ from .sites import (  # noqa: F401 (the site table lives in sites.py; re-exporte
     READ_ONLY,
     ROUTER_SITES,
     Edit,
+    edits_within,
     site_key,
 )
 from .stop import checkpoint
@@ -156,33 +116,6 @@ def new_cache(lm: LoadedModel):
     from transformers import DynamicCache
 
     return DynamicCache(config=lm.model.config)
-
-
-def edits_within(edits: Iterable[Edit], start: int, stop: int) -> list[Edit]:
-    """The entries of ``edits`` at positions ``start <= pos < stop``, their positions counted from ``start``
-    (an edit with no entry left is dropped): the edits of one step of a decoding loop, or of a sequence that
-    ended before the last position an edit names."""
-    out = []
-    for e in edits:
-        idx = [torch.as_tensor(x) for x in (e.rows, e.pos, e.head) if x is not None]
-        n = max(1, *(int(x.shape[0]) for x in idx if x.dim()))
-        pos = torch.as_tensor(e.pos).reshape(-1).expand(n) if torch.as_tensor(e.pos).numel() == 1 else \
-            torch.as_tensor(e.pos)
-        keep = (pos >= start) & (pos < stop)
-        if start == 0 and bool(keep.all()):
-            out.append(e)
-        elif bool(keep.any()):
-            def sel(x, per_entry=True):  # the kept entries of a per-entry tensor; a broadcast one as it is
-                x = torch.as_tensor(x)
-                if not per_entry or x.dim() == 0 or x.shape[0] != n:
-                    return x
-                return x[keep.to(x.device)]
-
-            v = e.values
-            per_entry = v.dim() >= 2 or e.mode == "scale"  # set / add with a (d,) vector: one for every entry
-            out.append(Edit(e.site, e.layer, sel(e.rows), sel(pos) - start, sel(v, per_entry),
-                            head=None if e.head is None else sel(e.head), mode=e.mode))
-    return out
 
 
 class _Stop(Exception):

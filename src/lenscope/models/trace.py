@@ -3,10 +3,8 @@
 A Trace is a view on the engine (:mod:`lenscope.models.engine`): the sites of :func:`trace_sites`, captured in one
 pass. All tensors are for a single sequence (no batch axis).
 
-Devices and dtypes: a model split across devices (accelerate's ``device_map``) runs as placed; each capture
-arrives on the device its block ran on and is copied into one ``(layer, ...)`` tensor on the trace's device
-(``trace(..., device=)``; by default the ``math_device`` the model was loaded with, else the device of the first
-block's capture, i.e. the model's own device for a model on one device). Captures of bfloat16 / float16 models are
+Devices and dtypes: a model split across devices runs as placed; each capture is copied into one ``(layer, ...)``
+tensor on the trace's device (``trace(..., device=)``, see :func:`trace`). Captures of bfloat16 / float16 models are
 stored in float32 (exact), the dtype the Anatomy computes in.
 
 Long inputs: the per-head attention probabilities ``(layer, head, pos, src)`` grow as ``pos^2`` (1.1 GB for a
@@ -525,14 +523,11 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torc
     first block's capture arrives: the model's device for a model on one device). Captures of bfloat16 / float16
     models are kept in float32. ``attn_probs``: ``"keep"`` the captured attention probabilities, ``"recompute"``
     them per layer when read (:class:`RecomputedProbs`: a lean trace), or ``"auto"``: a lean trace where it leaves
-    out more than :data:`KEEP_BYTES` and the model computes in float32 (:func:`recompute_probs`). ``edits``: the
-    engine's edits (:class:`~lenscope.models.engine.Edit`, row 0) applied during the pass (e.g. a steering
-    vector); the trace holds what the edited model computed, each site after its edits (with edits, ``"auto"``
-    keeps every capture: a lean trace would recompute parts from states that an edit changed later)."""
+    out more than :data:`KEEP_BYTES` and the model computes in float32 (:func:`recompute_probs`). ``edits``: engine
+    edits (row 0, e.g. a steering vector) applied during the pass; with edits ``"auto"`` keeps every capture."""
     ids = token_ids(lm, text)
     edits = list(edits)
-    if edits and attn_probs == "auto":
-        attn_probs = "keep"
+    attn_probs = "keep" if edits and attn_probs == "auto" else attn_probs
     lean = recompute_probs(lm, ids.numel(), attn_probs)
     logits, cap = run(lm, ids[None], edits, capture=trace_sites(lm, lean=lean), device=_math_device(lm, device),
                       upcast=True, last_only=lean and lm.anatomy.causal)
