@@ -73,11 +73,11 @@ def test_eval_json_is_the_evaluation(tmp_path, files):
         assert len(rec["mean_effect"]) == len(rec["effect_ci"]) == len(rec["delta_loss"]) == len(rec["kl"]) == 7
         assert all(len(ci) == 2 for ci in rec["effect_ci"])
         assert rec["mean_effect"][3] == 0 and rec["delta_loss"][3] == 0 and rec["kl"][3] == 0
-        assert 0 <= rec["steerable_fraction"] <= 1 and 0 <= rec["anti_steerable_fraction"] <= 1
     lm = get_model(MODEL)
     ref = evaluate_steering(lm, Direction.load(folder), INPUTS, [-8, -4, -2, 0, 2, 4, 8], [0, 1], damage_tokens=64)
     for k in ("0", "1"):
-        assert d["layers"][k]["mean_effect"] == pytest.approx(ref.to_dict()["layers"][k]["mean_effect"], abs=1e-9)
+        for key in ("mean_effect", "steerable_fraction", "anti_steerable_fraction", "unmoved_fraction"):
+            assert d["layers"][k][key] == pytest.approx(ref.to_dict()["layers"][k][key], abs=1e-9)
     assert (tmp_path / "p.html").read_text().startswith("<!doctype html>")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "e.safetensors").is_file()
     # the table, the direction's own layer by default, the = form of negative multipliers, no damage

@@ -20,8 +20,8 @@ from .helpers import INPUTS, direction
 # is well above that rounding (about 1e-6) and well below the effects measured (1e-2 and more).
 ATOL = 1e-4
 LAYER_KEYS = {"multipliers", "mean_effect", "effect_ci", "steerable_fraction", "anti_steerable_fraction",
-              "unmoved_fraction", "fraction_ci", "mean_slope", "mean_slope_ci", "delta_loss", "kl", "slopes",
-              "slope_ci"}
+              "unmoved_fraction", "fraction_ci", "wrong_way_fraction", "mean_slope", "mean_slope_ci", "delta_loss",
+              "kl", "slopes", "slope_ci", "effects"}
 
 
 def _measure(lm, logits, a, b):
@@ -71,6 +71,10 @@ def test_statistics_are_their_definitions():
     assert r["mean_effect"] == pytest.approx(E[1].mean(0).tolist())
     assert r["mean_slope"] == pytest.approx(float(s.mean()))
     assert r["effect_ci"][3] == [0.0, 0.0]
+    assert np.allclose(np.array(r["effects"]), E[1], atol=1e-12)
+    sign = np.sign(mults)
+    assert r["wrong_way_fraction"] == pytest.approx(((E[1] * sign <= -0.05) & (sign != 0)).mean(0).tolist())
+    assert r["wrong_way_fraction"][3] == 0
     for (lo, hi), m in zip(r["effect_ci"], r["mean_effect"]):
         assert lo <= hi and lo - 1e-12 <= m <= hi + 1e-12
     for (lo, hi), sl in zip(r["slope_ci"], r["slopes"]):

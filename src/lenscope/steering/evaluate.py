@@ -112,6 +112,14 @@ class SteeringEvaluation(Result):
         """``(layer, 3)``: the fractions of inputs steerable, anti-steerable and unmoved."""
         return _fractions(self.slopes, self.moved()).mean(-2)
 
+    def wrong_way(self) -> Tensor:
+        """``(layer, mult)``: the fraction of inputs that the multiplier moves the wrong way (an effect of the
+        opposite sign, at least ``min_effect`` large); 0 at multiplier 0. Where the response to the multiplier is
+        not monotone, an input can be steerable by its slope and still move the wrong way at some multiplier."""
+        sign = torch.sign(self.multipliers)[None, None]
+        wrong = (self.effects * sign <= -float(self.settings.get("min_effect", 0.1))) & (sign != 0)
+        return wrong.double().mean(1)
+
     def _index(self, layer: int) -> int:
         if layer not in self.layers:
             raise InputError(f"layer {layer} was not measured; this evaluation has layers {self.layers}")
@@ -126,19 +134,21 @@ class SteeringEvaluation(Result):
              "effect_ci": [[_f(a), _f(b)] for a, b in self.effect_ci[k].tolist()],
              "steerable_fraction": _f(fr[0]), "anti_steerable_fraction": _f(fr[1]), "unmoved_fraction": _f(fr[2]),
              "fraction_ci": {name: [_f(a), _f(b)] for name, (a, b) in zip(FRACTIONS, self.fraction_ci[k].tolist())},
+             "wrong_way_fraction": [_f(x) for x in self.wrong_way()[k]],
              "mean_slope": _f(self.slopes[k].mean()),
              "mean_slope_ci": [_f(x) for x in self.mean_slope_ci[k]],
              "delta_loss": None if self.delta_loss is None else [_f(x) for x in self.delta_loss[k]],
              "kl": None if self.kl is None else [_f(x) for x in self.kl[k]],
              "slopes": [_f(x) for x in self.slopes[k]],
-             "slope_ci": [[_f(a), _f(b)] for a, b in self.slope_ci[k].tolist()]}
+             "slope_ci": [[_f(a), _f(b)] for a, b in self.slope_ci[k].tolist()],
+             "effects": [[_f(x) for x in row] for row in self.effects[k].tolist()]}
         return d
 
     def to_dict(self) -> dict:
         """``{"model", "direction", "n_inputs", "multipliers", "layers": {"<L>": {multipliers, mean_effect,
-        effect_ci, steerable_fraction, anti_steerable_fraction, unmoved_fraction, fraction_ci, mean_slope,
-        mean_slope_ci, delta_loss, kl, slopes, slope_ci}}, "inputs", "damage", "settings", "seconds", "notes"}``
-        (documented in docs/steering.md)."""
+        effect_ci, steerable_fraction, anti_steerable_fraction, unmoved_fraction, fraction_ci, wrong_way_fraction,
+        mean_slope, mean_slope_ci, delta_loss, kl, slopes, slope_ci, effects}}, "inputs", "damage", "settings",
+        "seconds", "notes"}`` (documented in docs/steering.md)."""
         return {
             "model": self.model, "direction": self.direction, "n_inputs": self.n_inputs, "data_hash": self.data_hash,
             "multipliers": [_f(a) for a in self.multipliers],

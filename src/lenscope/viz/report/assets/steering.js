@@ -52,6 +52,7 @@
           LS.line(tp, [[s.label + " at \u03b1 = ", 0], [String(x), 1]]);
           LS.line(tp, [["value ", 0], [LS.fmt(s.ys[i], 4), 1]].concat(s.band ? [["   interval ", 0],
             ["[" + LS.fmt(s.band[i][0], 3) + ", " + LS.fmt(s.band[i][1], 3) + "]", 1]] : []));
+          if (s.extra) LS.line(tp, [[s.extra.label, 0], [LS.fmt(s.extra.values[i], 3), 1]]);
         });
       });
     });
@@ -115,7 +116,8 @@
       LS.el("span", null, "   mean slope ", summary);
       LS.el("b", null, LS.fmt(r.mean_slope, 4), summary);
       var row = LS.el("div", "row", null, out);
-      chart(row, "Mean effect", [{ xs: r.multipliers, ys: r.mean_effect, band: r.effect_ci, colour: BLUE, label: "mean effect" }],
+      chart(row, "Mean effect", [{ xs: r.multipliers, ys: r.mean_effect, band: r.effect_ci, colour: BLUE, label: "mean effect",
+        extra: r.wrong_way_fraction ? { label: "inputs moved the wrong way: ", values: r.wrong_way_fraction } : null }],
         "multiplier \u03b1", "effect on logit(+) \u2212 logit(\u2212)");
       if (r.delta_loss) {
         chart(row, "Damage on held-out text", [
