@@ -4,7 +4,7 @@
     lm = lenscope.load("smollm2")            # model, tokenizer and Anatomy
     report = lenscope.verify(lm)              # our math vs the real model
     dla = lenscope.direct_logit_attribution(lm, "The capital of France is", " Paris")
-    ex = lenscope.explain(lm, "The keys to the cabinet", " are", foil=" is", method="alti-logit")
+    ex = lenscope.explain(lm, "The keys to the cabinet", " are", foil=" is")  # ALTI-Logit; method=...
     lenscope.show(dla)                        # its view in a browser (in Jupyter: just `dla`)
 """
 

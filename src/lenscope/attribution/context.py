@@ -28,6 +28,7 @@ from ..models.load import LoadedModel, require_decoder, resolve_token, token_str
 from ..models.readout import Readout
 from ..models.trace import Trace, prefix_trace, trace
 from .explanation import Explanation
+from .methods import ALTI_LOGIT
 
 
 def _tokens_and_trace(lm: LoadedModel, text, target, foil, position: int, tr: Trace | None):
@@ -227,14 +228,14 @@ def alti_logit_explanation(lm: LoadedModel, text, target, foil=None, *, position
     t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)
     sub = prefix_trace(tr, p + 1)  # causal: positions after p neither see nor reach p
     parts = logit_parts(lm, sub, torch.tensor([p]), *_one(t_id, f_id))
-    _refuse(float(parts["invariant_error"][0]), "alti-logit", lm)
+    _refuse(float(parts["invariant_error"][0]), ALTI_LOGIT, lm)
     mm = mixing_matrices(lm.anatomy, sub, "alti", model_name=lm.name, rollout=False)
     carried, inv = alti_logit_rows(lm, parts, mm)
     inv = float(inv[0])
-    _refuse(inv, "alti-logit", lm)
+    _refuse(inv, ALTI_LOGIT, lm)
     one = _row(parts)
     info = _info(one) | {"alti_completeness_error": mm.completeness_error, "degenerate_rows": mm.degenerate_rows}
-    return _explanation(lm, "alti-logit", tr, p, t_id, f_id, carried[0].sum(0), layer_scores=carried[0],
+    return _explanation(lm, ALTI_LOGIT, tr, p, t_id, f_id, carried[0].sum(0), layer_scores=carried[0],
                         attention_update=one["attention_update"], mlp_update=one["mlp_update"],
                         remainder=one["remainder"], invariant_error=inv, info=info)
 

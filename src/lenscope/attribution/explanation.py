@@ -14,9 +14,19 @@ from torch import Tensor
 
 from ..results import Result
 
-METHODS = ("logit", "alti-logit", "alti", "grad-norm", "grad-x-input", "ig", "erasure", "value-zeroing")
-LOGIT_METHODS = ("logit", "alti-logit", "grad-norm", "grad-x-input", "ig", "erasure")  # need a target
-ROLLOUT_METHODS = ("alti", "value-zeroing")  # rows of a rollout: need no target
+
+def __getattr__(name: str):
+    """``METHODS`` (every method's name), ``LOGIT_METHODS`` (those needing a target) and ``ROLLOUT_METHODS``
+    (those needing none), read from the method table (:mod:`lenscope.attribution.methods`) when asked for."""
+    from . import methods as table
+
+    if name == "METHODS":
+        return table.names()
+    if name == "LOGIT_METHODS":
+        return tuple(m for m in table.names() if table.needs_target(m))
+    if name == "ROLLOUT_METHODS":
+        return table.without_target()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _floats(t: Tensor | None):

@@ -33,16 +33,31 @@ from .evidence import prepare
 from .metrics import POSITIONAL, alignment, positional_scores
 from .summary import AlignmentSummary, _clean, summarise
 
-EVAL_METHODS = ("logit", "alti-logit", "grad-norm", "grad-x-input", "ig", "erasure", "first", "recent")
+
+def eval_methods() -> tuple[str, ...]:
+    """The methods of eval alignment: the method table's (:func:`lenscope.attribution.methods.eval_methods`) and
+    the positional rankings."""
+    from ..attribution.methods import eval_methods as table_methods
+
+    return table_methods() + POSITIONAL
+
+
+def __getattr__(name: str):
+    if name == "EVAL_METHODS":  # read from the method table when asked for
+        return eval_methods()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check_methods(methods) -> list[str]:
+    if methods is None:
+        return list(eval_methods())
     methods = [m.strip() for m in (methods.split(",") if isinstance(methods, str) else methods) if m.strip()]
+    known = eval_methods()
     if not methods:
-        raise InputError(f"give at least one method ({', '.join(EVAL_METHODS)})")
-    bad = [m for m in methods if m not in EVAL_METHODS]
+        raise InputError(f"give at least one method ({', '.join(known)})")
+    bad = [m for m in methods if m not in known]
     if bad:
-        raise InputError(f"unknown method {bad[0]!r} for eval alignment; choose from {', '.join(EVAL_METHODS)}")
+        raise InputError(f"unknown method {bad[0]!r} for eval alignment; choose from {', '.join(known)}")
     return list(dict.fromkeys(methods))
 
 
@@ -71,7 +86,7 @@ def sentence_logprob(lm, ids: list[int]) -> float:
 # the per-example function
 
 
-def evaluate_examples(lm, examples: list[Example], methods=EVAL_METHODS, *, ig_steps: int = 16,
+def evaluate_examples(lm, examples: list[Example], methods=None, *, ig_steps: int = 16,
                       max_tokens: int = 1024, baseline: str = "zero") -> list[dict]:
     """One JSON-able record per example (same order). Nothing global is read or written: the result depends
     only on the model, the examples and the options, so batches can run anywhere (another process, a Ray
@@ -91,7 +106,7 @@ def evaluate_examples(lm, examples: list[Example], methods=EVAL_METHODS, *, ig_s
     ``first``/``recent`` score position ``j`` with ``n - j`` / ``j + 1`` (:func:`positional_scores`).
     """
     from ..attribution import baselines as rows
-    from ..attribution.context import alti_logit_explanation, logit_explanation
+    from ..attribution import methods as table
     from ..models.trace import batch_traces
     from ..version import code_version
 
@@ -151,45 +166,33 @@ def evaluate_examples(lm, examples: list[Example], methods=EVAL_METHODS, *, ig_s
         for k, i in enumerate(idx):
             recs[i]["logit_diff"] = float(f_full[k])
             recs[i]["correct"] = bool(f_full[k] > 0)
+        chosen = [m for m in table.methods() if m.name in methods and m.texts is not None]
+        job = table.Texts(lm, ids, t, f, trs, f_full, {"ig_steps": ig_steps, "max_tokens": max_tokens,
+                                                      "baseline": baseline if base is None else base,
+                                                      "baseline_name": baseline})
         for k, i in enumerate(idx):  # trace-based methods, one example at a time on its own trace
-            tr, p = trs[k], preps[i]
             try:
-                lg = timed("logit", [i], logit_explanation, lm, tr.input_ids, p.target_id, p.foil_id, tr=tr)
+                lg = timed(table.LOGIT, [i], job.logit, k)
                 recs[i]["layers"] = {"attention": _floats(lg.attention_update), "mlp": _floats(lg.mlp_update),
                                      "embed": lg.info["embed_update"], "bias": lg.info["bias_update"],
                                      "logit": lg.info["logit"]}
-                if "logit" in methods:
-                    recs[i]["scores"]["logit"] = lg.scores
             except LenscopeError as e:
-                recs[i]["errors"]["logit"] = str(e).splitlines()[0]
-            if "alti-logit" in methods:
-                try:
-                    al = timed("alti-logit", [i], alti_logit_explanation, lm, tr.input_ids, p.target_id, p.foil_id,
-                               tr=tr)
-                    recs[i]["scores"]["alti-logit"] = al.scores
-                except LenscopeError as e:
-                    recs[i]["errors"]["alti-logit"] = str(e).splitlines()[0]
+                recs[i]["errors"][table.LOGIT] = str(e).splitlines()[0]
+            for m in chosen:
+                if m.uses_trace:
+                    try:
+                        recs[i]["scores"][m.name] = timed(m.group or m.name, [i], m.texts, job, k)
+                    except LenscopeError as e:
+                        recs[i]["errors"][m.name] = str(e).splitlines()[0]
         del trs
-        if "grad-norm" in methods or "grad-x-input" in methods:
-            g = timed("gradients", idx, rows.gradient_rows, lm, ids, t, f, last_only=True)
-            for k, i in enumerate(idx):
-                for m in ("grad-norm", "grad-x-input"):
-                    if m in methods:
-                        recs[i]["scores"][m] = g[m][k]
-        if "ig" in methods:
-            ig = timed("ig", idx, rows.integrated_gradients_rows, lm, ids, t, f, steps=int(ig_steps), last_only=True,
-                       max_tokens=max_tokens, baseline=baseline if base is None else base)
-            for k, i in enumerate(idx):
-                recs[i]["scores"]["ig"] = ig["ig"][k]
-                recs[i]["info"]["ig_completeness_error"] = float(ig["completeness_error"][k])
-                recs[i]["info"].update(ig_completeness_abs=float(ig["completeness_abs"][k]),
-                                       ig_f_input=float(ig["f_input"][k]), ig_f_baseline=float(ig["f_baseline"][k]),
-                                       ig_baseline=baseline)
-        if "erasure" in methods:
-            er = timed("erasure", idx, rows.erasure_rows, lm, ids, t, f, f_input=f_full, last_only=True,
-                       max_tokens=4 * max_tokens)
-            for k, i in enumerate(idx):
-                recs[i]["scores"]["erasure"] = er["erasure"][k]
+        job.trs = None
+        for m in chosen:  # the others, batched over the examples
+            if not m.uses_trace:
+                scores, infos = timed(m.group or m.name, idx, m.texts, job)
+                for k, i in enumerate(idx):
+                    recs[i]["scores"][m.name] = scores[k]
+                    if infos is not None:
+                        recs[i]["info"].update(infos[k])
         for m in POSITIONAL:
             if m in methods:
                 for i in idx:
@@ -212,7 +215,7 @@ def batch_job(lm, item) -> list[dict]:
     return evaluate_examples(lm, batch, methods, ig_steps=ig_steps, max_tokens=max_tokens, baseline=baseline)
 
 
-def evaluate_example(lm, example: Example, methods=EVAL_METHODS, **options) -> dict:
+def evaluate_example(lm, example: Example, methods=None, **options) -> dict:
     """The record of one example (:func:`evaluate_examples` on a batch of one)."""
     return evaluate_examples(lm, [example], methods, **options)[0]
 
@@ -250,7 +253,7 @@ def load_datasets(specs, limit: int | None = None) -> dict[str, list[Example]]:
     return out
 
 
-def run_alignment(lm, specs, methods=EVAL_METHODS, *, out: str | Path | None = None, limit: int | None = None,
+def run_alignment(lm, specs, methods=None, *, out: str | Path | None = None, limit: int | None = None,
                   ig_steps: int = 16, batch_size: int = 16, max_tokens: int = 1024, progress: bool = True,
                   restart: bool = False, block: int = 50, ray=None, workers: int = 2, baseline: str = "zero",
                   force: bool = False) -> AlignmentSummary:

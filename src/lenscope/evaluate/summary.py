@@ -12,11 +12,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ..attribution.methods import DEFAULT as REFERENCE
+from ..attribution.methods import eval_timers
 from ..data.datasets import Example
 from ..errors import InputError
 from .metrics import POSITIONAL, mean_ci, paired_difference, positional_metrics, random_rr
 
-TIMERS = ("trace", "logit", "alti-logit", "gradients", "ig", "erasure", "forward")
+
+def timers() -> tuple[str, ...]:
+    """The timing stages of the records, in the summary's order: the trace, each method's (the method table's),
+    the forward passes."""
+    return ("trace",) + eval_timers() + ("forward",)
 
 
 
@@ -105,7 +111,7 @@ class AlignmentSummary:
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
-    def claim(self, method: str = "alti-logit") -> dict:
+    def claim(self, method: str = REFERENCE) -> dict:
         """On how many datasets ``method``'s MRR is above each other method's (and significantly so: the
         paired bootstrap interval of the difference excludes 0)."""
         out = {}
@@ -277,13 +283,13 @@ def summarise(model: str, datasets: dict[str, list[Example]], records: dict[str,
             for k in ("embed", "bias", "logit"):
                 ds["layers"][k] = float(np.mean([x[k] for x in lay]))
         paired = {}
-        if "alti-logit" in methods:
+        if REFERENCE in methods:
             for m in methods:
-                if m == "alti-logit":
+                if m == REFERENCE:
                     continue
-                both = [r for r in align if "alti-logit" in r["metrics"] and m in r["metrics"]]
+                both = [r for r in align if REFERENCE in r["metrics"] and m in r["metrics"]]
                 if both:
-                    paired[m] = paired_difference([r["metrics"]["alti-logit"]["rr"] for r in both],
+                    paired[m] = paired_difference([r["metrics"][REFERENCE]["rr"] for r in both],
                                                   [r["metrics"][m]["rr"] for r in both])
         ds["paired"] = paired
         if "ig" in methods:
@@ -300,10 +306,10 @@ def summarise(model: str, datasets: dict[str, list[Example]], records: dict[str,
     timing = {}
     if n_timed:
         timing = {"examples": n_timed, "seconds": dict(seconds),
-                  "per_example": {k: seconds[k] / n_timed for k in TIMERS if k in seconds}}
+                  "per_example": {k: seconds[k] / n_timed for k in timers() if k in seconds}}
     if n_cpu:
         timing.update(cpu_examples=n_cpu, cpu_seconds=dict(cpu),
-                      cpu_per_example={k: cpu[k] / n_cpu for k in TIMERS if k in cpu})
+                      cpu_per_example={k: cpu[k] / n_cpu for k in timers() if k in cpu})
     return AlignmentSummary(model=model, methods=methods, datasets=out, timing=timing,
                             info={"versions": dict(versions)})
 

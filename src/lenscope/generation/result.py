@@ -81,7 +81,9 @@ class Generation(Result):
 
     def to_dict(self) -> dict:
         gen = []
-        foil = self.foil_ids is not None and any(m not in ("alti", "value-zeroing") for m in self.methods)
+        from ..attribution.methods import needs_target
+
+        foil = self.foil_ids is not None and any(needs_target(m) for m in self.methods)
         for i, p in enumerate(self.positions):
             tid = int(self.ids[p])
             step = {

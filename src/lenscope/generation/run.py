@@ -27,23 +27,18 @@ import time
 import torch
 from torch import Tensor
 
-from ..attribution import baselines, context
-from ..attribution.explanation import METHODS, ROLLOUT_METHODS
+from ..attribution import context
+from ..attribution import methods as table
 from ..errors import InputError, InvariantError, NotApplicableError
 from ..lenses.depth import depths_from_agreement
 from ..lenses.lenses import Lens, LogitLens
-from ..mixing.alti import mixing_matrices
 from ..models.engine import edits_within
 from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids
 from ..models.readout import Readout
 from ..models.trace import trace
 from .result import Generation, stack_scores
 
-GRADIENT_METHODS = ("grad-norm", "grad-x-input")
-OPTIONS = {"steps": ("ig",), "baseline": ("ig",), "batch_size": ("ig", "erasure", "grad-norm", "grad-x-input")}
-# tokens per forward/backward pass of the gradient methods (rows x positions) unless batch_size is given: about
-# 1 GB of saved activations for smollm2 (explain's integrated gradients on a 62-token text runs 16 x 62)
-MAX_TOKENS = 1024
+MAX_TOKENS = table.MAX_TOKENS
 
 
 def _methods(explain) -> list[str]:
@@ -51,8 +46,7 @@ def _methods(explain) -> list[str]:
         explain = [m.strip() for m in explain.split(",") if m.strip()]
     out = []
     for m in explain:
-        if m not in METHODS:
-            raise InputError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+        table.get(m, choose="choose from")
         if m not in out:
             out.append(m)
     return out
@@ -195,11 +189,12 @@ def _foils(lm: LoadedModel, foil, tokens: Tensor, runner: Tensor, notes: list) -
 
 
 def _options(methods: list[str], options: dict) -> None:
+    takes = table.option_methods()
     for k in options:
-        if k not in OPTIONS:
-            raise InputError(f"unknown option {k!r}; generate takes {', '.join(OPTIONS)} for its methods")
-        if not any(m in OPTIONS[k] for m in methods):
-            raise InputError(f"option {k!r} applies to {', '.join(OPTIONS[k])} only")
+        if k not in takes:
+            raise InputError(f"unknown option {k!r}; generate takes {', '.join(takes)} for its methods")
+        if not any(m in takes[k] for m in methods):
+            raise InputError(f"option {k!r} applies to {', '.join(takes[k])} only")
 
 
 def _check(method: str, inv: Tensor, lm: LoadedModel, positions: list[int]) -> None:
@@ -211,55 +206,7 @@ def _check(method: str, inv: Tensor, lm: LoadedModel, positions: list[int]) -> N
                              f"(relative, limit {tol:g}); run `lenscope verify --model {lm.name}`")
 
 
-def _trace_methods(lm, tr, methods, rows, tok, foils, parts_cache: dict, mm_cache: dict, progress) -> dict:
-    out = {}
-    A = lm.anatomy
-    for m in methods:
-        if m in ("logit", "alti-logit") and "parts" not in parts_cache:
-            parts_cache["parts"] = context.logit_parts(lm, tr, rows, tok, foils)
-        if m in ("alti-logit", "alti", "value-zeroing"):
-            kind = "value-zeroing" if m == "value-zeroing" else "alti"
-            if kind not in mm_cache:
-                mm_cache[kind] = mixing_matrices(A, tr, kind, model_name=lm.name, rollout=False,
-                                                 progress=None if progress is None else
-                                                 (lambda l, k=kind: progress(f"{k} layers", l + 1, A.n_layers)))
-        if m == "logit":
-            parts = parts_cache["parts"]
-            out[m] = (parts["head_scores"].sum((1, 2)), parts["invariant_error"])
-        elif m == "alti-logit":
-            carried, inv = context.alti_logit_rows(lm, parts_cache["parts"], mm_cache["alti"])
-            out[m] = (carried.sum(1), inv)
-        elif m in ROLLOUT_METHODS:
-            r, inv = context.rollout_rows(mm_cache["alti" if m == "alti" else m], rows)
-            out[m] = (r[:, -1], inv)
-    return out
-
-
-def _baseline_methods(lm, ids: Tensor, methods, rows, tok, foils, f_input: Tensor, options: dict) -> dict:
-    k = len(rows)
-    batch = ids[None].expand(k, -1)
-    out = {}
-    nan = torch.full((k,), float("nan"), dtype=torch.float64)
-    bs = options.get("batch_size")
-    if any(m in GRADIENT_METHODS for m in methods):
-        g = baselines.gradient_rows(lm, batch, tok, foils, position=rows, internal_batch_size=bs,
-                                    max_tokens=None if bs is not None else MAX_TOKENS)
-        for m in GRADIENT_METHODS:
-            out[m] = (g[m], nan)
-    if "ig" in methods:
-        res = baselines.integrated_gradients_rows(
-            lm, batch, tok, foils, position=rows, steps=int(options.get("steps", 16)),
-            baseline=options.get("baseline", "zero"), internal_batch_size=bs,
-            max_tokens=None if bs is not None else MAX_TOKENS)
-        out["ig"] = (res["ig"], nan)
-    if "erasure" in methods:
-        res = baselines.erasure_rows(lm, batch, tok, foils, position=rows, f_input=f_input,
-                                     internal_batch_size=bs if bs is not None else 64)
-        out["erasure"] = (res["erasure"], nan)
-    return out
-
-
-def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=("alti-logit",), foil="runner-up",
+def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(table.DEFAULT,), foil="runner-up",
              chat: bool = False, sample: bool = False, seed: int | None = None, temperature: float = 1.0,
              lens=None, progress=None, edits=None, **method_options) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt`` and explain every generated token.
@@ -342,35 +289,34 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=("alt
     seconds["trace"] = time.perf_counter() - t
 
     scores, invs = {}, {}
-    parts_cache, mm_cache = {}, {}
     positions = list(range(P, n))
-    trace_m = [m for m in methods if m in ("logit", "alti-logit", "alti", "value-zeroing")]
-    for m in trace_m:
-        t = time.perf_counter()
-        report(m, 0, 1)
-        res = _trace_methods(lm, tr, [m], rows, tok, foils, parts_cache, mm_cache, progress)
-        scores[m], invs[m] = res[m]
-        _check(m, invs[m], lm, positions)
-        seconds[m] = time.perf_counter() - t
-        report(m, 1, 1)
-    rest = [m for m in methods if m not in trace_m]
-    if rest:
+
+    def f_input():
         from ..interventions.patching import metric_of
 
-        f_input = metric_of(tr.logits[rows], "logit_diff", tok, foils).double()
-        done = set()
-        for m in rest:
-            if m in done:
-                continue
-            t = time.perf_counter()
-            report(m, 0, 1)
-            group = [x for x in rest if x in GRADIENT_METHODS] if m in GRADIENT_METHODS else [m]
-            res = _baseline_methods(lm, full, group, rows, tok, foils, f_input, method_options)
-            for x in group:
-                scores[x], invs[x] = res[x]
-                seconds[x] = (time.perf_counter() - t) / len(group)
-                done.add(x)
-            report(m, 1, 1)
+        return metric_of(tr.logits[rows], "logit_diff", tok, foils).double()
+
+    job = table.Rows(lm, tr, full, rows, tok, foils, method_options, progress, f_input)
+    table_of = {m: table.get(m) for m in methods}
+    # the trace-based methods first (one trace, shared parts), then the others; a group's methods (the two
+    # gradient methods) come from one computation, timed together
+    order = [m for m in methods if table_of[m].uses_trace] + [m for m in methods if not table_of[m].uses_trace]
+    done = set()
+    for m in order:
+        if m in done:
+            continue
+        g = table_of[m].group
+        group = [x for x in order if x not in done and table_of[x].group == g] if g is not None else [m]
+        t = time.perf_counter()
+        report(m, 0, 1)
+        for x in group:
+            scores[x], invs[x] = table_of[x].rows(job)
+            if table_of[x].uses_trace:
+                _check(x, invs[x], lm, positions)
+            done.add(x)
+        for x in group:
+            seconds[x] = (time.perf_counter() - t) / len(group)
+        report(m, 1, 1)
 
     names = {str(i): lm.tokenizer.decode([i]) for i in set(runner.tolist()) | set(
         [] if foils is None else foils.tolist())}

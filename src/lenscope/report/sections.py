@@ -128,32 +128,34 @@ class Attribution(Section):
     title = "Context attribution"
     blurb = ("Which input tokens made the model predict the target (rather than the foil): every method side "
              "by side, and ALTI-Logit per layer.")
-    methods = ("alti-logit", "logit", "grad-x-input", "grad-norm", "ig", "erasure", "alti", "value-zeroing")
-    # integrated gradients' 32 steps in 4 passes of 8 rows, not one of 32: the same sum, and a computation that is
-    # asked to stop (lenscope serve: its client went away) stops within a quarter of it
-    ig_options = {"steps": 32, "batch_size": 8}
+    # the methods and their options here: lenscope.attribution.methods.view_methods() (the method table)
 
-    def compute(self, ctx: ReportContext) -> dict:
+    @staticmethod
+    def explain_each(lm, ids, tr, target_id, foil_id, *, position: int = -1, has_logits: bool = True):
+        """``(method, explanation or the NotApplicableError it raised)`` for each method of the view (the method
+        table's :func:`~lenscope.attribution.methods.view_methods` for this model), one at a time; the report and
+        ``lenscope serve``'s ``/api/token`` share it."""
         from ..attribution.explain import explain
+        from ..attribution.methods import view_methods
+        from ..errors import NotApplicableError
         from ..models.stop import checkpoint
 
-        if ctx.has_logits and ctx.lm.anatomy.causal:
-            methods = self.methods
-        elif ctx.has_logits:
-            methods = tuple(m for m in self.methods if m not in ("logit", "alti-logit"))
-        else:
-            methods = ("alti", "value-zeroing")
-        explanations = {}
-        for m in methods:
+        for m in view_methods(has_logits=has_logits, causal=lm.anatomy.causal):
             checkpoint()  # each method is a chunk (and within one, each forward pass or layer)
-            kw = {}
-            if m in ("logit", "alti-logit", "alti", "value-zeroing"):
-                kw["tr"] = ctx.trace
-            if m == "ig":
-                kw.update(self.ig_options)
-            needs_target = m not in ("alti", "value-zeroing")
-            e = explanations[m] = explain(ctx.lm, ctx.ids, ctx.target_id if needs_target else None,
-                                          ctx.foil_id if needs_target else None, method=m, **kw)
+            kw = ({"tr": tr} if m.uses_trace else {}) | dict(m.view_options)
+            try:
+                yield m.name, explain(lm, ids, target_id if m.needs_target else None,
+                                      foil_id if m.needs_target else None, method=m.name, position=position, **kw)
+            except NotApplicableError as err:
+                yield m.name, err
+
+    def compute(self, ctx: ReportContext) -> dict:
+        explanations = {}
+        for m, e in self.explain_each(ctx.lm, ctx.ids, ctx.trace, ctx.target_id, ctx.foil_id,
+                                      has_logits=ctx.has_logits):
+            if isinstance(e, Exception):
+                raise e
+            explanations[m] = e
             if e.invariant_error is not None:
                 ctx.check(self.key, f"{m}: invariant error", e.invariant_error, _tol(ctx))
             if m == "ig":
@@ -259,7 +261,14 @@ class Generation(Section):
     key = _gen_view.KEY
     title = _gen_view.TITLE
     blurb = _gen_view.BLURB
-    methods = ("alti-logit", "logit", "alti")  # the trace-based ones: all steps from one forward pass
+
+    @staticmethod
+    def methods() -> tuple[str, ...]:
+        """The default methods (the method table's ``in_generation_view`` ones: trace-based, all steps from one
+        forward pass)."""
+        from ..attribution.methods import generation_view_methods
+
+        return generation_view_methods()
 
     def wanted(self, ctx: ReportContext) -> bool:
         return ctx.generate is not None
@@ -277,7 +286,7 @@ class Generation(Section):
     def compute(self, ctx: ReportContext) -> dict:
         from ..generation import generate
 
-        d = generate(ctx.lm, ctx.text, max_new_tokens=ctx.generate, explain=ctx.explain or self.methods).to_dict()
+        d = generate(ctx.lm, ctx.text, max_new_tokens=ctx.generate, explain=ctx.explain or self.methods()).to_dict()
         for m, worst in _gen_view.invariant_errors(d).items():
             if worst is not None:
                 ctx.check(self.key, _gen_view.check_name(m), worst, _tol(ctx))

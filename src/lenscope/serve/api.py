@@ -303,8 +303,6 @@ class Service:
 
     def token(self, name: str, text: str, position: int, target=None, foil=None) -> dict:
         """``POST /api/token``: every attribution method's explanation of the prediction at ``position``."""
-        from ..attribution.explain import explain
-        from ..attribution.explanation import ROLLOUT_METHODS
         from ..models.load import resolve_token
 
         entry = self.context(name, text)
@@ -332,27 +330,14 @@ class Service:
                 lg = tr.logits[p] if tr.logits is not None else A.logits(tr.final_in[p:p + 1])[0]
                 tid = int(lg.float().argmax())
             fid = None if foil is None else resolve_token(lm, foil)
-        if has_logits and A.causal:
-            methods = Attribution.methods
-        elif has_logits:
-            methods = tuple(m for m in Attribution.methods if m not in ("logit", "alti-logit"))
-        else:
-            methods = ("alti", "value-zeroing")
         out = {"position": p, "token": ctx.tokens[p], "target": _tok(ctx, tid), "foil": _tok(ctx, fid),
                "methods": {}, "notes": {}}
         with entry.lock:
-            for m in methods:
-                kw = {"tr": tr} if m in ("logit", "alti-logit", "alti", "value-zeroing") else {}
-                if m == "ig":
-                    kw.update(Attribution.ig_options)
-                needs_target = m not in ROLLOUT_METHODS
-                try:
-                    e = explain(lm, ctx.ids, tid if needs_target else None, fid if needs_target else None,
-                                method=m, position=p, **kw)
-                except NotApplicableError as err:
-                    out["notes"][m] = _line(err)
-                    continue
-                out["methods"][m] = explanation_record(e)
+            for m, e in Attribution.explain_each(lm, ctx.ids, tr, tid, fid, position=p, has_logits=has_logits):
+                if isinstance(e, NotApplicableError):
+                    out["notes"][m] = _line(e)
+                else:
+                    out["methods"][m] = explanation_record(e)
         self.extras.put(tkey, out)
         return out
 

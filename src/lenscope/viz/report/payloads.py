@@ -122,8 +122,9 @@ def explanation_record(e: Explanation) -> dict:
 
 def attribution_payload(explanations: dict[str, Explanation] | list[Explanation] | Explanation, *,
                         tokens: list[str] | None = None, target=..., foil=...) -> dict:
-    """The ``attribution`` view: every method's scores side by side, and the per-layer scores of Logit and
-    ALTI-Logit. ``tokens``/``target``/``foil`` default to the explanations' own (the first that has a target;
+    """The ``attribution`` view: every method's scores side by side, and the per-layer scores of the methods that
+    split the attention's logit update by layer (those with ``layer_scores`` and ``attention_update``: Logit,
+    ALTI-Logit). ``tokens``/``target``/``foil`` default to the explanations' own (the first that has a target;
     None where none has)."""
     if not isinstance(explanations, dict):
         if not isinstance(explanations, (list, tuple)):
@@ -140,7 +141,7 @@ def attribution_payload(explanations: dict[str, Explanation] | list[Explanation]
     out = {"tokens": tokens, "target": target, "foil": foil, "methods": {}, "layers": {}}
     for m, e in explanations.items():
         out["methods"][m] = explanation_record(e)
-        if m in ("alti-logit", "logit") and e.layer_scores is not None:
+        if e.layer_scores is not None and e.attention_update is not None:
             out["layers"][m] = packed(e.layer_scores)
     return out
 

@@ -2,9 +2,7 @@
    side by side) and the per-layer view of ALTI-Logit / Logit. */
 (function () {
   "use strict";
-  var NAMES = { "alti-logit": "ALTI-Logit", logit: "Logit", "grad-x-input": "grad \u00d7 input", "grad-norm": "grad norm",
-    ig: "integrated gradients", erasure: "erasure", alti: "ALTI rollout", "value-zeroing": "value zeroing" };
-  LS.methodNames = NAMES;  // for other pages drawing the same methods (the app's token panel)
+  var NAMES = LS.methodNames;  // core.js
   LS.sections.attribution = function (body, d) {
     var methods = Object.keys(d.methods), current = methods[0], toks = d.tokens, n = toks.length;
     var ctl = LS.el("div", "controls", null, body);

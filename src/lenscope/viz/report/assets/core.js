@@ -4,6 +4,11 @@
 (function () {
   "use strict";
   var LS = window.LS = { sections: {}, data: null };
+  // the context-attribution methods' names in words (lenscope.attribution.methods is the method table; a method
+  // not named here is shown by its name), for every view drawing them (attribution, generation, the app's token panel)
+  LS.methodNames = { "alti-logit": "ALTI-Logit", logit: "Logit", "grad-x-input": "grad \u00d7 input",
+    "grad-norm": "grad norm", ig: "integrated gradients", erasure: "erasure", alti: "ALTI rollout",
+    "value-zeroing": "value zeroing" };
   var NS = "http://www.w3.org/2000/svg";
 
   // events for exploration: a view calls LS.emit("head", {layer, head}) or LS.emit("token", {position}) when one is

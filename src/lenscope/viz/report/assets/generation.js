@@ -4,8 +4,7 @@
    (generated token x source token); hover for the numbers, click a row to select that step. */
 (function () {
   "use strict";
-  var NAMES = { "alti-logit": "ALTI-Logit", logit: "Logit", "grad-x-input": "grad \u00d7 input", "grad-norm": "grad norm",
-    ig: "integrated gradients", erasure: "erasure", alti: "ALTI rollout", "value-zeroing": "value zeroing" };
+  var NAMES = LS.methodNames;  // core.js
   var EMPTY = "#f3f4f6", BLANK = "#e2e5e9"; // prompt tokens in the strip; matrix cells past a step's position
 
   function name(m) { return NAMES[m] || m; }

@@ -1,0 +1,394 @@
+"""The table of context-attribution methods: the one place a method is named and dispatched.
+
+Each :class:`Method` says what it needs (a target to explain, the trace, a causal decoder) and provides its
+single-row computation (``explain``: one prediction, an :class:`~lenscope.attribution.explanation.Explanation`)
+and its many-row one (``rows``: every generated token of a sequence, :class:`Rows`). :func:`lenscope.explain`,
+:func:`~lenscope.attribution.explain.explain_all`, :func:`lenscope.generate`, the report's attribution and
+generation views, ``lenscope serve``'s ``/api/token`` and ``lenscope eval alignment`` all read this table, so a
+new method is one :func:`register` call (``tests/attribution/test_methods.py`` registers a dummy one and sees it
+everywhere). The CLI's ``--method`` choices are :func:`names`.
+
+Order: the table's order is the order of :func:`names` (help texts, error messages); ``view_rank`` orders the
+report's and the app's attribution views (ALTI-Logit first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+
+LOGIT, ALTI_LOGIT, ALTI, VALUE_ZEROING = "logit", "alti-logit", "alti", "value-zeroing"
+GRAD_NORM, GRAD_X_INPUT, IG, ERASURE = "grad-norm", "grad-x-input", "ig", "erasure"
+DEFAULT = ALTI_LOGIT  # lenscope.explain's and lenscope.generate's default; eval alignment's reference method
+
+# tokens per forward/backward pass of the gradient methods in :func:`lenscope.generate` (rows x positions) unless
+# batch_size is given: about 1 GB of saved activations for smollm2 (explain's integrated gradients on a 62-token
+# text runs 16 x 62)
+MAX_TOKENS = 1024
+
+
+@dataclass
+class Rows:
+    """The many-row problem of :func:`lenscope.generate`: the predictions at ``rows (k,)`` of one sequence ``ids
+    (pos,)`` (its trace ``tr``), each of token ``tok[i]`` against ``foils[i]`` (None: the token's logit alone).
+    ``options``: the methods' options (``steps``, ``baseline``, ``batch_size``); ``cache``: computations shared by
+    the methods of one generation (the logit parts, the ALTI / value-zeroing contributions, the gradients);
+    ``f_input()``: the logit differences of the rows (computed on first use)."""
+
+    lm: object
+    tr: object
+    ids: Tensor
+    rows: Tensor
+    tok: Tensor
+    foils: Tensor | None
+    options: dict = field(default_factory=dict)
+    progress: Callable | None = None
+    f_input_fn: Callable | None = None
+    cache: dict = field(default_factory=dict)
+
+    def shared(self, key: str, fn: Callable):
+        if key not in self.cache:
+            self.cache[key] = fn()
+        return self.cache[key]
+
+    def f_input(self) -> Tensor:
+        return self.shared("f_input", self.f_input_fn)
+
+    def batch(self) -> Tensor:
+        return self.ids[None].expand(len(self.rows), -1)
+
+
+@dataclass
+class Texts:
+    """The many-text problem of ``lenscope eval alignment``: the predictions at the last position of texts ``ids
+    (k, n)`` of one length, text ``i`` of ``t[i]`` against ``f[i]``; ``trs``: their traces (one per text, for the
+    trace-based methods), ``f_full (k,)`` their logit differences; ``options``: ``ig_steps``, ``max_tokens``,
+    ``baseline`` (integrated gradients' baseline: a name, or the tensor it names)."""
+
+    lm: object
+    ids: Tensor
+    t: Tensor
+    f: Tensor
+    trs: list | None
+    f_full: Tensor
+    options: dict = field(default_factory=dict)
+    cache: dict = field(default_factory=dict)
+
+    def shared(self, key, fn: Callable):
+        if key not in self.cache:
+            self.cache[key] = fn()
+        return self.cache[key]
+
+    def logit(self, k: int):
+        """The Logit explanation of text ``k`` on its trace (computed once; eval alignment's per-layer updates
+        read it too). A refusal (:class:`~lenscope.errors.LenscopeError`) is raised again on each call."""
+        from ..errors import LenscopeError
+        from .context import logit_explanation
+
+        def compute():
+            tr = self.trs[k]
+            try:
+                return logit_explanation(self.lm, tr.input_ids, int(self.t[k]), int(self.f[k]), tr=tr)
+            except LenscopeError as e:
+                return e
+
+        out = self.shared((LOGIT, k), compute)
+        if isinstance(out, Exception):
+            raise out
+        return out
+
+
+@dataclass(frozen=True)
+class Method:
+    """One context-attribution method.
+
+    - ``explain(lm, text, target, foil, *, position, **options) -> Explanation`` (and ``tr=`` when
+      ``uses_trace``): one prediction.
+    - ``rows(job: Rows) -> (scores (k, src), invariant_error (k,))``: every row of a generation at once (NaN
+      invariant errors where the method has no invariant; those of ``uses_trace`` methods are checked).
+    - ``texts``: the eval alignment form (:class:`Texts`; None: not in eval alignment): ``texts(job, i) -> scores
+      (n,)`` of text ``i`` on its own trace for a ``uses_trace`` method, else ``texts(job) -> (scores (k, n),
+      [info of each text] or None)``; timed as ``group`` or its name.
+    - ``needs_target``: it explains a logit (target, foil); False: it reads no logit (a rollout row).
+    - ``uses_trace``: it reads one captured trace, which several methods can share (``tr=``).
+    - ``needs_causal``: it needs a causal decoder (the report and the app leave it out for other models).
+    - ``options``: the options it takes in ``generate``; ``explain_options``: ``explain_all`` passes its options
+      on to it; ``group``: methods of a group share one computation in ``generate`` (timed together).
+    - ``view_rank``: its place in the report's and app's attribution views, ``view_options`` the options it runs
+      with there; ``in_generation_view``: a default
+      method of the report's generation view. (Its name in words, for the pages: ``LS.methodNames`` in
+      ``viz/report/assets/core.js``.)
+    """
+
+    name: str
+    explain: Callable
+    rows: Callable | None = None
+    texts: Callable | None = None
+    needs_target: bool = True
+    uses_trace: bool = False
+    needs_causal: bool = False
+    options: tuple[str, ...] = ()
+    explain_options: bool = False
+    group: str | None = None
+    view_rank: int = 1000
+    view_options: tuple[tuple[str, object], ...] = ()
+    in_generation_view: bool = False
+
+
+_TABLE: dict[str, Method] = {}
+
+
+def register(method: Method) -> Method:
+    """Add ``method`` to the table (last in :func:`names`); a name already there is refused."""
+    if method.name in _TABLE:
+        raise ValueError(f"an attribution method named {method.name!r} is already registered")
+    _TABLE[method.name] = method
+    return method
+
+
+def unregister(name: str) -> None:
+    _TABLE.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """The method names in table order (the CLI's ``--method`` choices)."""
+    return tuple(_TABLE)
+
+
+def methods() -> list[Method]:
+    return list(_TABLE.values())
+
+
+def lookup(name: str) -> Method | None:
+    return _TABLE.get(name)
+
+
+def get(name: str, *, choose: str = "choose one of") -> Method:
+    """The method named ``name``, or an :class:`InputError` listing the names."""
+    m = _TABLE.get(name)
+    if m is None:
+        raise InputError(f"unknown method {name!r}; {choose} {', '.join(_TABLE)}")
+    return m
+
+
+def needs_target(name: str) -> bool:
+    """Whether method ``name`` explains a logit (an unknown name, e.g. from an old file, is taken to)."""
+    m = _TABLE.get(name)
+    return True if m is None else m.needs_target
+
+
+def without_target() -> tuple[str, ...]:
+    """The methods that need no target (what ``explain_all`` runs without one)."""
+    return tuple(m.name for m in _TABLE.values() if not m.needs_target)
+
+
+def eval_methods() -> tuple[str, ...]:
+    """The methods eval alignment runs (those with a ``texts`` form), in table order."""
+    return tuple(m.name for m in _TABLE.values() if m.texts is not None)
+
+
+def eval_timers() -> tuple[str, ...]:
+    """The timing stages of eval alignment's methods (a group's methods share one), in table order."""
+    return tuple(dict.fromkeys(m.group or m.name for m in _TABLE.values() if m.texts is not None))
+
+
+def view_methods(*, has_logits: bool = True, causal: bool = True) -> list[Method]:
+    """The methods of the report's and the app's attribution views for a model, in view order: those needing a
+    target only with a language-model head, those needing a causal decoder only for one."""
+    out = [m for m in _TABLE.values() if (has_logits or not m.needs_target) and (causal or not m.needs_causal)]
+    return sorted(out, key=lambda m: m.view_rank)
+
+
+def generation_view_methods() -> tuple[str, ...]:
+    """The report's generation view's default methods, in view order."""
+    return tuple(m.name for m in sorted(_TABLE.values(), key=lambda m: m.view_rank) if m.in_generation_view)
+
+
+def option_methods() -> dict[str, tuple[str, ...]]:
+    """``{option: methods taking it}`` for ``generate``, options in first-seen order."""
+    out: dict[str, list[str]] = {}
+    for m in _TABLE.values():
+        for o in m.options:
+            out.setdefault(o, []).append(m.name)
+    return {o: tuple(ms) for o, ms in out.items()}
+
+
+# ------------------------------------------------------------------------------------ the built-in methods
+
+
+def _logit(lm, text, target, foil=None, **kw):
+    from .context import logit_explanation
+
+    return logit_explanation(lm, text, target, foil, **kw)
+
+
+def _alti_logit(lm, text, target, foil=None, **kw):
+    from .context import alti_logit_explanation
+
+    return alti_logit_explanation(lm, text, target, foil, **kw)
+
+
+def _rollout(kind: str):
+    def explain(lm, text, target=None, foil=None, **kw):
+        from .context import rollout_explanation
+
+        return rollout_explanation(lm, text, method=kind, target=target, foil=foil, **kw)
+
+    return explain
+
+
+def _baseline(fn_name: str):
+    def explain(lm, text, target, foil=None, **kw):
+        from . import baselines
+
+        return getattr(baselines, fn_name)(lm, text, target, foil, **kw)
+
+    return explain
+
+
+def _parts(job: Rows) -> dict:
+    from .context import logit_parts
+
+    return job.shared("parts", lambda: logit_parts(job.lm, job.tr, job.rows, job.tok, job.foils))
+
+
+def _mixing(job: Rows, kind: str):
+    from ..mixing.alti import mixing_matrices
+
+    A, progress = job.lm.anatomy, job.progress
+    return job.shared(kind, lambda: mixing_matrices(
+        A, job.tr, kind, model_name=job.lm.name, rollout=False,
+        progress=None if progress is None else (lambda l: progress(f"{kind} layers", l + 1, A.n_layers))))
+
+
+def _logit_rows(job: Rows):
+    parts = _parts(job)
+    return parts["head_scores"].sum((1, 2)), parts["invariant_error"]
+
+
+def _alti_logit_rows(job: Rows):
+    from .context import alti_logit_rows
+
+    parts = _parts(job)
+    carried, inv = alti_logit_rows(job.lm, parts, _mixing(job, ALTI))
+    return carried.sum(1), inv
+
+
+def _rollout_rows(kind: str):
+    def rows(job: Rows):
+        from .context import rollout_rows
+
+        r, inv = rollout_rows(_mixing(job, kind), job.rows)
+        return r[:, -1], inv
+
+    return rows
+
+
+def _nan(job: Rows) -> Tensor:
+    return torch.full((len(job.rows),), float("nan"), dtype=torch.float64)
+
+
+def _max_tokens(job: Rows):
+    return None if job.options.get("batch_size") is not None else MAX_TOKENS
+
+
+def _gradient_rows(kind: str):
+    def rows(job: Rows):
+        from .baselines import gradient_rows
+
+        g = job.shared("gradients", lambda: gradient_rows(
+            job.lm, job.batch(), job.tok, job.foils, position=job.rows,
+            internal_batch_size=job.options.get("batch_size"), max_tokens=_max_tokens(job)))
+        return g[kind], _nan(job)
+
+    return rows
+
+
+def _ig_rows(job: Rows):
+    from .baselines import integrated_gradients_rows
+
+    res = integrated_gradients_rows(
+        job.lm, job.batch(), job.tok, job.foils, position=job.rows, steps=int(job.options.get("steps", 16)),
+        baseline=job.options.get("baseline", "zero"), internal_batch_size=job.options.get("batch_size"),
+        max_tokens=_max_tokens(job))
+    return res["ig"], _nan(job)
+
+
+def _erasure_rows(job: Rows):
+    from .baselines import erasure_rows
+
+    bs = job.options.get("batch_size")
+    res = erasure_rows(job.lm, job.batch(), job.tok, job.foils, position=job.rows, f_input=job.f_input(),
+                       internal_batch_size=bs if bs is not None else 64)
+    return res["erasure"], _nan(job)
+
+
+def _logit_text(job: Texts, k: int) -> Tensor:
+    return job.logit(k).scores
+
+
+def _alti_logit_text(job: Texts, k: int) -> Tensor:
+    from .context import alti_logit_explanation
+
+    tr = job.trs[k]
+    return alti_logit_explanation(job.lm, tr.input_ids, int(job.t[k]), int(job.f[k]), tr=tr).scores
+
+
+def _gradient_texts(kind: str):
+    def texts(job: Texts):
+        from .baselines import gradient_rows
+
+        g = job.shared("gradients", lambda: gradient_rows(job.lm, job.ids, job.t, job.f, last_only=True))
+        return g[kind], None
+
+    return texts
+
+
+def _ig_texts(job: Texts):
+    from .baselines import integrated_gradients_rows
+
+    o = job.options
+    res = integrated_gradients_rows(job.lm, job.ids, job.t, job.f, steps=int(o["ig_steps"]), last_only=True,
+                                    max_tokens=o["max_tokens"], baseline=o["baseline"])
+    name = o.get("baseline_name", o["baseline"])
+    infos = [{"ig_completeness_error": float(res["completeness_error"][k]),
+              "ig_completeness_abs": float(res["completeness_abs"][k]), "ig_f_input": float(res["f_input"][k]),
+              "ig_f_baseline": float(res["f_baseline"][k]), "ig_baseline": name} for k in range(len(job.ids))]
+    return res["ig"], infos
+
+
+def _erasure_texts(job: Texts):
+    from .baselines import erasure_rows
+
+    res = erasure_rows(job.lm, job.ids, job.t, job.f, f_input=job.f_full, last_only=True,
+                       max_tokens=4 * job.options["max_tokens"])
+    return res["erasure"], None
+
+
+for _m in (
+    Method(LOGIT, _logit, _logit_rows, _logit_text, uses_trace=True, needs_causal=True, view_rank=1,
+           in_generation_view=True),
+    Method(ALTI_LOGIT, _alti_logit, _alti_logit_rows, _alti_logit_text, uses_trace=True, needs_causal=True,
+           view_rank=0, in_generation_view=True),
+    Method(ALTI, _rollout(ALTI), _rollout_rows(ALTI), needs_target=False, uses_trace=True, view_rank=6,
+           in_generation_view=True),
+    Method(GRAD_NORM, _baseline("grad_norm"), _gradient_rows(GRAD_NORM), _gradient_texts(GRAD_NORM),
+           options=("batch_size",), group="gradients", view_rank=3),
+    Method(GRAD_X_INPUT, _baseline("grad_x_input"), _gradient_rows(GRAD_X_INPUT), _gradient_texts(GRAD_X_INPUT),
+           options=("batch_size",), group="gradients", view_rank=2),
+    # in the views, integrated gradients' 32 steps in 4 passes of 8 rows, not one of 32: the same sum, and a
+    # computation that is asked to stop (lenscope serve: its client went away) stops within a quarter of it
+    Method(IG, _baseline("integrated_gradients"), _ig_rows, _ig_texts, options=("steps", "baseline", "batch_size"),
+           explain_options=True, view_rank=4, view_options=(("steps", 32), ("batch_size", 8))),
+    Method(ERASURE, _baseline("erasure"), _erasure_rows, _erasure_texts, options=("batch_size",),
+           explain_options=True, view_rank=5),
+    Method(VALUE_ZEROING, _rollout(VALUE_ZEROING), _rollout_rows(VALUE_ZEROING), needs_target=False,
+           uses_trace=True, view_rank=7),
+):
+    register(_m)
+del _m
