@@ -119,3 +119,17 @@ def test_after_unregistering_it_is_gone():
         lenscope.explain(lm, TEXT, "#5", method=NAME)
     with pytest.raises(InputError, match=f"unknown method '{NAME}'"):
         lenscope.generate(lm, TEXT, max_new_tokens=1, explain=[NAME])
+
+
+def test_a_method_without_a_many_row_form_runs_in_generate_once_per_token():
+    """Without ``rows``, generate calls the method's ``explain`` on each generated token's prefix."""
+    lm = get_model("tiny:llama")
+    register(Method(NAME, _explain))
+    try:
+        g = lenscope.generate(lm, TEXT, max_new_tokens=3, explain=[NAME])
+    finally:
+        unregister(NAME)
+    P = g.prompt_len
+    for i in range(3):
+        assert g.matrix(NAME)[i].tolist() == [j + 1.0 if j < P + i else 0.0 for j in range(len(g.tokens) - 1)]
+    assert g.to_dict()["generated"][2]["explanations"][NAME]["scores"] == [j + 1.0 for j in range(P + 2)]

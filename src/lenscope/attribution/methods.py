@@ -110,7 +110,8 @@ class Method:
     - ``explain(lm, text, target, foil, *, position, **options) -> Explanation`` (and ``tr=`` when
       ``uses_trace``): one prediction.
     - ``rows(job: Rows) -> (scores (k, src), invariant_error (k,))``: every row of a generation at once (NaN
-      invariant errors where the method has no invariant; those of ``uses_trace`` methods are checked).
+      invariant errors where the method has no invariant; those of ``uses_trace`` methods are checked). None:
+      :meth:`generation_rows` calls ``explain`` once per row.
     - ``texts``: the eval alignment form (:class:`Texts`; None: not in eval alignment): ``texts(job, i) -> scores
       (n,)`` of text ``i`` on its own trace for a ``uses_trace`` method, else ``texts(job) -> (scores (k, n),
       [info of each text] or None)``; timed as ``group`` or its name.
@@ -120,9 +121,8 @@ class Method:
     - ``options``: the options it takes in ``generate``; ``explain_options``: ``explain_all`` passes its options
       on to it; ``group``: methods of a group share one computation in ``generate`` (timed together).
     - ``view_rank``: its place in the report's and app's attribution views, ``view_options`` the options it runs
-      with there; ``in_generation_view``: a default
-      method of the report's generation view. (Its name in words, for the pages: ``LS.methodNames`` in
-      ``viz/report/assets/core.js``.)
+      with there; ``in_generation_view``: a default method of the report's generation view. (Its name in words,
+      for the pages: ``LS.methodNames`` in ``viz/report/assets/core.js``.)
     """
 
     name: str
@@ -138,6 +138,22 @@ class Method:
     view_rank: int = 1000
     view_options: tuple[tuple[str, object], ...] = ()
     in_generation_view: bool = False
+
+    def generation_rows(self, job: Rows) -> tuple[Tensor, Tensor]:
+        """``rows(job)``, or without it ``explain`` on each row's prefix (one call per generated token)."""
+        if self.rows is not None:
+            return self.rows(job)
+        n = len(job.ids)
+        scores = torch.zeros(len(job.rows), n, dtype=torch.float64)
+        inv = torch.full((len(job.rows),), float("nan"), dtype=torch.float64)
+        for i, r in enumerate(job.rows.tolist()):
+            foil = None if job.foils is None or not self.needs_target else int(job.foils[i])
+            e = self.explain(job.lm, job.ids[: r + 1], int(job.tok[i]) if self.needs_target else None, foil,
+                             position=-1, **({k: v for k, v in job.options.items() if k in self.options}))
+            scores[i, : r + 1] = e.scores.double()
+            if e.invariant_error is not None:
+                inv[i] = e.invariant_error
+        return scores, inv
 
 
 _TABLE: dict[str, Method] = {}

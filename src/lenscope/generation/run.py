@@ -310,7 +310,7 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
         t = time.perf_counter()
         report(m, 0, 1)
         for x in group:
-            scores[x], invs[x] = table_of[x].rows(job)
+            scores[x], invs[x] = table_of[x].generation_rows(job)
             if table_of[x].uses_trace:
                 _check(x, invs[x], lm, positions)
             done.add(x)
