@@ -133,3 +133,29 @@ def test_a_method_without_a_many_row_form_runs_in_generate_once_per_token():
     for i in range(3):
         assert g.matrix(NAME)[i].tolist() == [j + 1.0 if j < P + i else 0.0 for j in range(len(g.tokens) - 1)]
     assert g.to_dict()["generated"][2]["explanations"][NAME]["scores"] == [j + 1.0 for j in range(P + 2)]
+
+
+def test_a_method_with_a_texts_form_runs_in_eval_alignment():
+    from lenscope.data.datasets import Example
+    from lenscope.evaluate.alignment import check_methods, evaluate_example
+    from lenscope.evaluate.metrics import alignment
+    from lenscope.evaluate.summary import timers
+
+    def texts(job):
+        k, n = job.ids.shape
+        return _scores(torch.full((k,), n - 1), n), [{"position_count": n}] * k
+
+    lm = get_model("tiny:gpt2")
+    ex = Example(id="x/0", dataset="x", prefix="The keys to the cabinet", target="are", foil="is", evidence=("keys",))
+    register(Method(NAME, _explain, texts=texts))
+    try:
+        assert check_methods(None)[-3:] == [NAME, "first", "recent"] and timers()[-2:] == (NAME, "forward")
+        r = evaluate_example(lm, ex, ["logit", NAME])
+    finally:
+        unregister(NAME)
+    n = len(r["tokens"])
+    assert r["scores"][NAME] == list(range(1, n + 1)) and r["info"] == {"position_count": n}
+    assert r["metrics"][NAME] == alignment(list(range(1, n + 1)), r["evidence"], r["rankable"])
+    assert NAME in r["time"]
+    with pytest.raises(InputError, match=f"unknown method '{NAME}' for eval alignment"):
+        check_methods([NAME])
