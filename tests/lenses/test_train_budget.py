@@ -24,12 +24,12 @@ from lenscope.lenses import (
     token_sequences,
     train_tuned_lens,
 )
-from lenscope.lenses import checkpoint as C
-from lenscope.lenses import objective as O
-from lenscope.lenses import plan as PL
-from lenscope.lenses import precision as PR
-from lenscope.lenses import selection as SEL
-from lenscope.lenses import train as T
+from lenscope.lenses.training import checkpoint as C
+from lenscope.lenses.training import objective as O
+from lenscope.lenses.training import plan as PL
+from lenscope.lenses.training import precision as PR
+from lenscope.lenses.training import selection as SEL
+from lenscope.lenses.training import train as T
 from lenscope.lenses.trajectory import prediction_trajectory
 from lenscope.models.trace import residual_states
 from tests.conftest import get_model

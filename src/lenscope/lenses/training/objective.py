@@ -2,8 +2,8 @@
 
 Training goes from a residual state to logits through the model's readout
 (:class:`lenscope.models.readout.Readout`: the final norm, the unembedding, its bias, and the fused
-log-partition and KL terms), and from logits to the KL here; :mod:`lenscope.lenses.precision` times the
-log-partition and :mod:`lenscope.lenses.selection` evaluates the objective.
+log-partition and KL terms), and from logits to the KL here; :mod:`lenscope.lenses.training.precision` times
+the log-partition and :mod:`lenscope.lenses.training.selection` evaluates the objective.
 
 Where the time goes: the model's forward pass is cheap next to decoding every layer's state through the
 unembedding (``state x tokens x d_model x vocab`` multiply-adds, forwards and backwards). So:
@@ -14,7 +14,7 @@ unembedding (``state x tokens x d_model x vocab`` multiply-adds, forwards and ba
   one ``(tokens, d_model)`` matrix per batch, so only the log-partition function needs the full vocabulary;
 - the unembedding matmuls of training run in bfloat16 where the CPU runs it natively (AVX512-BF16 / AMX)
   or a one-off measurement says it is faster, in float32 otherwise
-  (:func:`lenscope.lenses.precision.choose_precision`); the loss and everything else in float32; evaluation
+  (:func:`lenscope.lenses.training.precision.choose_precision`); the loss and everything else in float32; evaluation
   is float32 throughout;
 - the log-partition's forward pass reads ``lse = z_k - log q_k`` at the final distribution's top token
   ``k`` (no pass over the vocabulary for a maximum).
@@ -27,9 +27,9 @@ import itertools
 import torch
 from torch import Tensor
 
-from ..models.load import LoadedModel
-from ..models.readout import LogPartition, Readout
-from .lenses import TunedLens
+from ...models.load import LoadedModel
+from ...models.readout import LogPartition, Readout
+from ..lenses import TunedLens
 
 
 def kl_to_final_terms(lm: LoadedModel, final_logits: Tensor, W: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -42,7 +42,7 @@ def kl_to_final_terms(lm: LoadedModel, final_logits: Tensor, W: Tensor | None = 
     return Readout.from_anatomy(lm.anatomy).kl_terms(final_logits, W)
 
 
-# the fused log-partition of the readout (lenscope.lenses.precision times it)
+# the fused log-partition of the readout (lenscope.lenses.training.precision times it)
 _LogPartition = LogPartition
 
 

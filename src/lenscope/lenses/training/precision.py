@@ -14,8 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..errors import InputError
-from ..models.load import LoadedModel
+from ...errors import InputError
+from ...models.load import LoadedModel
 from .objective import _LogPartition
 
 
@@ -136,7 +136,7 @@ def choose_precision(lm: LoadedModel, bf16: bool | None = None, *, native: bool 
 
 def resumed_precision(lm: LoadedModel, saved: dict, bf16: bool | None = None) -> dict:
     """The precision of a resumed run: the interrupted run's decision, read from its checkpoint record ``saved``
-    (``{}`` when unreadable; see :func:`lenscope.lenses.checkpoint.read_checkpoint_info`), so that the resume
+    (``{}`` when unreadable; see :func:`lenscope.lenses.training.checkpoint.read_checkpoint_info`), so that the resume
     computes as the interrupted run did. A checkpoint from before the automatic choice keeps its ``bf16``
     setting; without any, :func:`choose_precision` decides anew."""
     prec = saved.get("state", {}).get("precision")
