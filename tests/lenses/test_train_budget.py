@@ -224,7 +224,7 @@ def test_float32_fast_path_is_exact():
     # a reference token whose probability underflows falls back to the most probable one
     x = torch.tensor([[0.0, 200.0, -200.0]])
     W3 = torch.eye(3)
-    assert torch.allclose(O._LogPartition.apply(x, W3, None, torch.tensor([2])), torch.logsumexp(x, -1), atol=1e-5)
+    assert torch.allclose(O.LogPartition.apply(x, W3, None, torch.tensor([2])), torch.logsumexp(x, -1), atol=1e-5)
 
 
 def test_a_checkpoint_from_before_issue_11_resumes(tmp_path):

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ...errors import InputError
 from ...models.load import LoadedModel
-from .objective import _LogPartition
+from .objective import LogPartition
 
 
 def cpu_features() -> dict:
@@ -46,7 +46,7 @@ def _time_block(W: Tensor, x: Tensor, ref: Tensor, repeats: int = 2) -> float:
     for _ in range(repeats):
         xx = x.clone().requires_grad_(True)
         t0 = time.perf_counter()
-        _LogPartition.apply(xx, W, None, ref).sum().backward()
+        LogPartition.apply(xx, W, None, ref).sum().backward()
         best = min(best, time.perf_counter() - t0)
     return best
 
