@@ -1,37 +1,14 @@
-"""The mixing analyses: contextualization change, FF-amp, and the resumable dataset study."""
+"""The mixing study (lenscope/sweeps/mixing_study.py): resumable over a dataset, refusing another study's files,
+its dataset loaders."""
 
 import json
 
 import pytest
-import torch
 
 from lenscope.errors import InputError
-from lenscope.mixing.analysis import (
-    column_normalize,
-    contextualization_change,
-    ff_amp,
-    top_pairs,
-)
-from lenscope.stats import spearman
 from lenscope.sweeps.mixing_study import MixingStudy, load_sentences, mixing_study
 
 from ..conftest import get_model
-
-
-def test_contextualization_change_and_ff_amp_by_hand():
-    a = torch.tensor([[1.0, 0.0], [0.5, 2.0]])
-    assert contextualization_change(a, a) == pytest.approx(0.0)
-    assert contextualization_change(a, -a) == pytest.approx(2.0)
-    # lower triangle: cells (0,0), (1,0), (1,1)
-    b = torch.tensor([[3.0, 9.0], [1.0, 2.0]])
-    assert contextualization_change(a, b, lower=True) == pytest.approx(1 - spearman(torch.tensor([1, .5, 2.]),
-                                                                                    torch.tensor([3, 1, 2.])))
-    pre = torch.tensor([[1.0, 1.0], [1.0, 1.0]])
-    post = torch.tensor([[1.0, 3.0], [1.0, 1.0]])
-    amp = ff_amp(pre, post)
-    assert column_normalize(post).sum(0).tolist() == pytest.approx([1.0, 1.0])
-    assert amp[0, 1] == pytest.approx(0.75 - 0.5) and amp[1, 1] == pytest.approx(0.25 - 0.5)
-    assert top_pairs(amp, 1) == [(0, 1, pytest.approx(0.25))]  # the diagonal is never a pair
 
 
 def test_study_resumes_to_the_same_result(tmp_path):
@@ -57,7 +34,7 @@ def test_study_resumes_to_the_same_result(tmp_path):
     assert len(full.cc_ff) == L
     # cc_ff is the mean over sentences of 1 - Spearman(pre-FF map, post-FF map), recomputed here from the
     # public maps of each sentence (sentences of fewer than 3 tokens are skipped by the study)
-    from lenscope.mixing.analysis import pre_post_ff
+    from lenscope.mixing.analysis import contextualization_change, pre_post_ff
     from lenscope.mixing.maps import context_mixing
 
     pre, post = pre_post_ff(lm.anatomy.placement)

@@ -1,4 +1,4 @@
-"""The generation view in a real browser (Debian's chromium through Playwright, as tests/viz/test_report_browser.py):
+"""The generation view in a real browser (Debian's chromium through Playwright, as tests/report/test_report_browser.py):
 the strip and the matrix draw, clicking a token shows its explanation, the switches recolour, no console error and
 no network request."""
 
