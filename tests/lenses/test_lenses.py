@@ -136,7 +136,7 @@ def test_keep_best_never_ends_worse_than_the_identity_on_validation():
     lm = get_model("tiny:gpt2")
     train = token_sequences(lm, TEXT * 2, 32)
     s = TrainSettings(tokens=1024, seq_len=32, batch_size=2, lr=2.0, validation_tokens=96, validate_every=4,
-                      init="identity")  # (the least-squares start's own selection: tests/lenses/test_warmstart.py)
+                      init="identity")  # (the least-squares start: tests/lenses/training/test_warmstart.py)
     last = train_tuned_lens(lm, train, TrainSettings(**{**s.__dict__, "keep_best": False}), progress=False)
     best = train_tuned_lens(lm, train, s, progress=False)
     sel = best.training_info["selection"]
