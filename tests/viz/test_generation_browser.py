@@ -9,8 +9,8 @@ import pytest
 from lenscope.viz.generation_html import generation_html
 
 from ..conftest import get_model
+from ..report.test_report_browser import CHROMIUM, _fills, _open, sync_playwright
 from .test_generation_view import PROMPT, fake_generation
-from .test_report_browser import CHROMIUM, _fills, _open, sync_playwright
 
 pytestmark = [
     pytest.mark.skipif(sync_playwright is None, reason="Playwright for Python is missing: pip install playwright "

@@ -29,7 +29,7 @@ from lenscope.viz.report import asset
 
 from ..browser import isolated_page, wait_drawn
 from ..conftest import get_model
-from .test_report_browser import CHROMIUM, sync_playwright
+from ..report.test_report_browser import CHROMIUM, sync_playwright
 
 TEXT = "The capital of France is"
 TARGET, FOIL = " capital", " of"
