@@ -4,7 +4,7 @@ what cost, against the logit lens on the held-out text `lens eval` reads.
     .venv/bin/python benchmarks/lens_start.py --model smollm2 --tokens 8192,32768 --eval-tokens 8192 \
         --out docs/results/smollm2-lens-start.json
 
-For each training-token count: `lenscope.lenses.warmstart.regression_start` on the first 80% of wiki.test.raw
+For each training-token count: `lenscope.lenses.training.warmstart.regression_start` on the first 80% of wiki.test.raw
 (whole 256-token sequences, the training run's own choice of sequences and its default ridge), timed; then one
 `evaluate_lenses` over the eval part (its last 20%) for the logit lens and every start: exact full-vocabulary KL
 and precision@1 per layer. Writes everything with the machine record.
@@ -23,8 +23,8 @@ from machine import record
 
 import lenscope
 from lenscope.lenses import LogitLens, TrainSettings, TunedLens, evaluate_lenses, read_text, split_text, token_sequences
-from lenscope.lenses.selection import split_validation
-from lenscope.lenses.warmstart import regression_start
+from lenscope.lenses.training.selection import split_validation
+from lenscope.lenses.training.warmstart import regression_start
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
 

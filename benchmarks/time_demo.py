@@ -1,4 +1,4 @@
-"""Time ``./dev demo`` (the README's numbers), and the first load of a model (GGUF de-quantised and cached).
+"""Time ``./dev demo`` (the numbers of docs/setup.md), and the first load of a model (GGUF de-quantised and cached).
 
     .venv/bin/python benchmarks/time_demo.py --out docs/results/time-demo.json            # .venv and model cache ready
     .venv/bin/python benchmarks/time_demo.py --fresh --out docs/results/time-demo-fresh.json

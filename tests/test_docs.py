@@ -1,4 +1,4 @@
-"""The README's Python example runs as written (on the embedded default model)."""
+"""The Python examples of the README and of the docs pages run as written (on the embedded default model)."""
 
 import re
 from pathlib import Path
@@ -25,9 +25,10 @@ def test_readme_python_runs(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", ["attribution.md", "circuits.md", "moe.md"])
+@pytest.mark.parametrize("page", ["attribution.md", "circuits.md", "design.md", "lenses.md", "moe.md", "report.md"])
 def test_docs_python_runs(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "src").symlink_to(ROOT / "src")  # the examples read files relative to the repository root
     blocks = python_blocks(ROOT / "docs" / page)
     assert blocks
     for code in blocks:

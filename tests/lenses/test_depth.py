@@ -134,7 +134,7 @@ def test_loss_is_the_models_cross_entropy():
 
 
 def test_corpus_stats_spearman_and_never_settled():
-    from lenscope.mixing.analysis import spearman
+    from lenscope.stats import spearman
 
     lm = tiny_with_layers("llama", 4)
     ids = token_sequences(lm, CORPUS, 32, max_tokens=256)

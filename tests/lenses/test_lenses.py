@@ -20,7 +20,7 @@ from lenscope.lenses import (
     train_tuned_lens,
 )
 from lenscope.lenses.evaluate import prediction_depth
-from lenscope.lenses.objective import chunks, kl_backward
+from lenscope.lenses.training.objective import chunks, kl_backward
 from lenscope.models.trace import residual_states
 from tests.conftest import get_model
 from tests.tolerances import kl_tol
@@ -131,12 +131,12 @@ def test_training_beats_the_logit_lens_on_held_out_text(family):
 def test_keep_best_never_ends_worse_than_the_identity_on_validation():
     """A learning rate far too high wrecks some translators; per-state selection must fall back to the best
     validation point (the identity at worst), and the recorded validation KLs must be the lens's real ones."""
-    from lenscope.lenses.selection import BestPerState
+    from lenscope.lenses.training.selection import BestPerState
 
     lm = get_model("tiny:gpt2")
     train = token_sequences(lm, TEXT * 2, 32)
     s = TrainSettings(tokens=1024, seq_len=32, batch_size=2, lr=2.0, validation_tokens=96, validate_every=4,
-                      init="identity")  # (the least-squares start's own selection: tests/lenses/test_warmstart.py)
+                      init="identity")  # (the least-squares start: tests/lenses/training/test_warmstart.py)
     last = train_tuned_lens(lm, train, TrainSettings(**{**s.__dict__, "keep_best": False}), progress=False)
     best = train_tuned_lens(lm, train, s, progress=False)
     sel = best.training_info["selection"]
@@ -153,7 +153,7 @@ def test_keep_best_never_ends_worse_than_the_identity_on_validation():
 
 @pytest.mark.parametrize("patience", [1, 2])
 def test_a_state_that_gets_worse_goes_back_and_then_backs_off(patience):
-    from lenscope.lenses.selection import BestPerState
+    from lenscope.lenses.training.selection import BestPerState
 
     lm = get_model("tiny:llama")
     lens = TunedLens(lm.anatomy)

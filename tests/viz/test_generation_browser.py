@@ -1,4 +1,4 @@
-"""The generation view in a real browser (Debian's chromium through Playwright, as tests/viz/test_report_browser.py):
+"""The generation view in a real browser (Debian's chromium through Playwright, as tests/report/test_report_browser.py):
 the strip and the matrix draw, clicking a token shows its explanation, the switches recolour, no console error and
 no network request."""
 
@@ -9,8 +9,8 @@ import pytest
 from lenscope.viz.generation_html import generation_html
 
 from ..conftest import get_model
+from ..report.test_report_browser import CHROMIUM, _fills, _open, sync_playwright
 from .test_generation_view import PROMPT, fake_generation
-from .test_report_browser import CHROMIUM, _fills, _open, sync_playwright
 
 pytestmark = [
     pytest.mark.skipif(sync_playwright is None, reason="Playwright for Python is missing: pip install playwright "

@@ -29,7 +29,7 @@ from lenscope.viz.report import asset
 
 from ..browser import isolated_page, wait_drawn
 from ..conftest import get_model
-from .test_report_browser import CHROMIUM, sync_playwright
+from ..report.test_report_browser import CHROMIUM, sync_playwright
 
 TEXT = "The capital of France is"
 TARGET, FOIL = " capital", " of"
@@ -253,7 +253,7 @@ def test_show_writes_the_page_and_opens_it(lm, tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(sync_playwright is None or CHROMIUM is None, reason="chromium and Playwright: see "
-                    "tests/viz/test_report_browser.py")
+                    "tests/report/test_report_browser.py")
 def test_frames_draw_in_chromium_without_errors_or_requests(lm, report, tmp_path):
     """Notebook outputs (the _repr_html_ of every kind of view, and of a report) in one page, opened in Debian's
     chromium: each sandboxed frame draws, grows to its page's height, logs no error and fetches nothing."""

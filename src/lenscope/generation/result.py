@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..results import Result
+from ..viz.notebook import ReportView
 
 
 def _num(x: float) -> float | None:
@@ -18,7 +19,7 @@ def _num(x: float) -> float | None:
 
 
 @dataclass(repr=False)
-class Generation(Result):
+class Generation(ReportView, Result):
     """A generated continuation of ``prompt`` and, for every generated token, why the model wrote it.
 
     ``text``: the generated tokens decoded together. Step ``i`` is the token at ``position = prompt_len + i``
@@ -129,13 +130,6 @@ class Generation(Result):
         from ..viz.generation_html import generation_html
 
         return generation_html(self.to_dict(), path)
-
-    def _repr_html_(self) -> str:
-        """In a notebook: the report's generation view of this result, drawn by the report's own
-        script (:func:`lenscope.viz.notebook.view`; ``lenscope.show(result)`` opens it in a browser)."""
-        from ..viz.notebook import view
-
-        return str(view(self))
 
     def __repr__(self) -> str:
         return (f"Generation({self.model}, {self.prompt_len} prompt + {self.n_steps} generated tokens, "

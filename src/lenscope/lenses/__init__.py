@@ -6,7 +6,7 @@ from .depth import DepthStats, TokenDepths, corpus_depths, text_depths
 from .evaluate import LensEvaluation, evaluate_lens, evaluate_lenses
 from .lenses import Lens, LogitLens, TunedLens, decode, fingerprint
 from .patchscope import PatchscopeLens
-from .train import TrainSettings, train_tuned_lens
+from .training import TrainSettings, train_tuned_lens
 from .trajectory import PredictionTrajectory, prediction_trajectory
 
 __all__ = ["Lens", "LensEvaluation", "LogitLens", "TrainSettings", "TunedLens", "decode", "evaluate_lens",

@@ -32,6 +32,7 @@ from torch import Tensor
 from ..errors import InputError
 from ..models.load import LoadedModel
 from ..results import Result
+from ..stats import spearman_or_none
 from .influence import InfluenceObjective, influence_objective, layer_states, lens_influence, model_influence
 from .lenses import Lens
 
@@ -164,22 +165,13 @@ def extract_causal_basis(obj: InfluenceObjective, k: int, *, max_evals: int = 40
 # ------------------------------------------------------------------------------------------ results
 
 
-def _spearman(a: Tensor, b: Tensor) -> float | None:
-    from ..mixing.analysis import spearman
-
-    if a.numel() < 2:
-        return None
-    r = spearman(a.double().flatten(), b.double().flatten())
-    return r if math.isfinite(r) else None
-
-
 def fidelity_spearman(results: list[CausalBasis]) -> float | None:
     """Spearman correlation of lens and model influence, pooled over the directions of several results
     (e.g. one lens at several states)."""
     rs = [r for r in results if r.model_sigma is not None and r.model_sigma.numel()]
     if not rs:
         return None
-    return _spearman(torch.cat([r.sigma for r in rs]), torch.cat([r.model_sigma for r in rs]))
+    return spearman_or_none(torch.cat([r.sigma for r in rs]), torch.cat([r.model_sigma for r in rs]))
 
 
 @dataclass(repr=False)
@@ -222,7 +214,7 @@ class CausalBasis(Result):
     def fidelity_spearman(self) -> float | None:
         if self.model_sigma is None or self.model_sigma.numel() == 0:
             return None
-        return _spearman(self.sigma, self.model_sigma)
+        return spearman_or_none(self.sigma, self.model_sigma)
 
     def to_dict(self) -> dict:
         has_model = self.model_sigma is not None and self.model_sigma.numel() > 0

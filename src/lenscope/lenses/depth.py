@@ -32,6 +32,7 @@ from ..models.load import LoadedModel, encode, require_decoder
 from ..models.readout import Readout
 from ..models.trace import residual_states
 from ..results import Result
+from ..stats import spearman_or_none
 from .evaluate import prediction_depth
 from .lenses import Lens, LogitLens
 
@@ -150,15 +151,6 @@ class TokenDepths(Result):
         return f"TokenDepths({self.lens!r} lens on {self.model!r}, {len(self.tokens)} tokens)"
 
 
-def _spearman(a: Tensor, b: Tensor) -> float | None:
-    from ..mixing.analysis import spearman
-
-    if a.numel() < 2:
-        return None
-    r = spearman(a.double(), b.double())
-    return r if math.isfinite(r) else None
-
-
 @dataclass(repr=False)
 class DepthStats(Result):
     """Prediction depths over a corpus (named axis ``token``): ``depth (token,)`` (``-1``: never settles) and
@@ -196,7 +188,7 @@ class DepthStats(Result):
 
     @property
     def spearman_with_loss(self) -> float | None:
-        return _spearman(self.ranked_depth(), self.loss)
+        return spearman_or_none(self.ranked_depth(), self.loss)
 
     def histogram(self) -> list[int]:
         """Token counts at depth ``0 .. n_layers - 1``, then the never-settled count."""

@@ -16,9 +16,8 @@ by a rank-one term ``x' = x - c w`` with ``c = (h - mu) . v`` and ``w = centre(v
 per direction and ``s'`` the new per-token norm scale; the KL's cross term ``p . z'`` folds into one
 ``(tokens, d_model)`` matrix ``p W_U^T``. One evaluation of ``sigma`` and its gradient is therefore a few
 passes over a ``(tokens, vocab)`` array, chunked over tokens, with no ``d_model x vocab`` matmul: ``sigma``'s
-gradient comes from a custom autograd function for the log-partition term. Both are fast paths of the model's
-readout (:meth:`lenscope.models.readout.Readout.factored_base`,
-:meth:`~lenscope.models.readout.Readout.ablated_log_partition`). Lenses that are not affine-then-norm-then-linear
+gradient comes from a custom autograd function for the log-partition term (:func:`factored_base`,
+:class:`AblatedLogPartition`, built on the readout's primitives). Lenses that are not affine-then-norm-then-linear
 (encoders' masked-LM heads, soft-capped logits) use the plain chunked autograd path, which is also the tests'
 reference.
 """
@@ -131,7 +130,7 @@ class InfluenceObjective:
         s0 = torch.rsqrt(self.var0).float()
         # R: base logits without zb; lse0: base log-partition; lseb: what the ablated path gives for no ablation
         # (0 + rounding); praw: p . R; Pw: p W_U^T
-        base = ro.factored_base(self.Xc, s0, W, self.zb, self.rows, _rows_for(V, 2.5e8))
+        base = factored_base(ro, self.Xc, s0, W, self.zb, self.rows, _rows_for(V, 2.5e8))
         for name in ("R", "lse0", "lseb", "praw", "Pw"):
             setattr(self, name, base[name])
 
@@ -150,7 +149,7 @@ class InfluenceObjective:
         gw = wc * self.g
         u = gw @ self.W  # (vocab,)
         a = s1 * c
-        lse = self.readout.ablated_log_partition(r, a, u, self.R, self.lse0, self.zb, self.rows, need_grad)
+        lse = AblatedLogPartition.apply(r, a, u, self.R, self.lse0, self.zb, self.rows, need_grad)
         pdelta = r.double() * self.praw - (a * (self.Pw @ gw)).double()  # p . (ablated - base logits)
         return (lse - self.lseb.sum() - pdelta.sum()) / self.N
 
@@ -283,3 +282,94 @@ def model_influence(lm: LoadedModel, sequences: Tensor, layer: int, directions: 
             kl = (logp.exp()[None] * (logp[None] - logq)).sum(-1)  # (G, B, P')
             total[dirs] += kl.double().sum((1, 2))
     return (total / count).float()
+
+
+# ------------------------------------------------- kernels: factored logits of a rank-one edit of the state
+
+
+def factored_base(readout: Readout, xc: Tensor, s0: Tensor, W: Tensor, zb: Tensor, rows: int, big: int) -> dict:
+    """The base quantities of :class:`AblatedLogPartition` for centred states ``xc (tokens, d_model)`` with
+    final-norm scales ``s0 (tokens,)``: ``R (tokens, vocab)`` the logits without ``zb``, ``lse0`` their
+    log-partition, ``lseb`` (float64) what :class:`AblatedLogPartition` gives for no edit (0 up to rounding),
+    ``praw = p . R`` (float64) and ``Pw = p W_U^T (tokens, d_model)``, computed in blocks of ``big`` rows
+    (and ``rows`` for the exact arithmetic of the ablated path)."""
+    N, d = xc.shape
+    V = W.shape[1]
+    g = readout.gain(d)
+    R = torch.empty(N, V)
+    lse0 = torch.empty(N)
+    lseb = torch.empty(N, dtype=torch.float64)
+    praw = torch.empty(N, dtype=torch.float64)
+    Pw = torch.empty(N, d)
+    U3 = torch.stack([zb, torch.zeros(V), torch.ones(V)])
+    for i in range(0, N, big):
+        j = min(N, i + big)
+        Rb = torch.mm(xc[i:j] * g, W, out=R[i:j]).mul_(s0[i:j, None])
+        lse0[i:j] = torch.logsumexp(Rb + zb, -1)
+        for i2 in range(i, j, rows):  # exactly the arithmetic of the ablated path at r = a = 0
+            j2 = min(j, i2 + rows)
+            zero = torch.zeros(j2 - i2)
+            e = _shifted_exp(R[i2:j2], zero, zero, lse0[i2:j2], U3)
+            S = e.sum(-1)
+            lseb[i2:j2] = S.log().double()
+            p = e.div_(S[:, None])
+            praw[i2:j2] = (p * R[i2:j2]).sum(-1).double()
+            Pw[i2:j2] = p @ W.T
+    return {"R": R, "lse0": lse0, "lseb": lseb, "praw": praw, "Pw": Pw}
+
+
+def _shifted_exp(R: Tensor, r: Tensor, a: Tensor, lse0: Tensor, U3: Tensor) -> Tensor:
+    """``exp(z' - lse0)`` for a chunk of tokens, where ``z' = (1 + r) R + zb - a u`` are the edited logits
+    (``U3 = [zb; u; 1]``, one rank-3 update after a row scaling: two passes over the chunk)."""
+    C = torch.stack([torch.ones_like(a), -a, -lse0], 1)
+    t = R.mul((1.0 + r)[:, None])
+    return t.addmm_(C, U3).exp_()
+
+
+class AblatedLogPartition(torch.autograd.Function):
+    """``sum_n log sum_v exp(z'[n, v] - lse0_n)`` for the edited logits ``z' = (1 + r_n) R[n, v] + zb_v -
+    a_n u_v`` (``R``: the base logits without ``zb``, ``lse0``: their log-partition), and its gradient in
+    ``r, a, u``.
+
+    ``R (tokens, vocab)``, ``lse0 (tokens,)`` and ``zb (vocab,)`` are constants. Shifting by the base
+    log-partition keeps the exponentials in range without a max pass (a chunk that overflows anyway is
+    recomputed the safe way). The gradient is computed in the same pass as the value (every caller that asks
+    for it needs both), chunked over tokens, so no other ``(tokens, vocab)`` tensor is kept.
+    """
+
+    @staticmethod
+    def forward(ctx, r: Tensor, a: Tensor, u: Tensor, R: Tensor, lse0: Tensor, zb: Tensor, rows: int,
+                need: bool):
+        N = R.shape[0]
+        total = torch.zeros((), dtype=torch.float64)
+        dr = torch.empty_like(r) if need else None
+        da = torch.empty_like(a) if need else None
+        du = torch.zeros_like(u) if need else None
+        U3 = torch.stack([zb, u, torch.ones_like(u)])
+        for i in range(0, N, rows):
+            j = min(N, i + rows)
+            e = _shifted_exp(R[i:j], r[i:j], a[i:j], lse0[i:j], U3)
+            S = e.sum(-1)
+            if not bool(torch.isfinite(S).all() and (S > 0).all()):  # out of float32 range: stabilise
+                t = R[i:j].mul((1.0 + r[i:j])[:, None]).add_(zb).addr_(a[i:j], u, alpha=-1.0)
+                m = t.amax(-1)
+                e = t.sub_(m[:, None]).exp_()
+                S = e.sum(-1)
+                logS = S.log() + (m - lse0[i:j])
+            else:
+                logS = S.log()
+            total += logS.double().sum()
+            if need:
+                inv = 1.0 / S  # q = e / S
+                du.addmv_(e.T, a[i:j] * inv, alpha=-1.0)
+                da[i:j] = -(e @ u) * inv
+                dr[i:j] = (e.mul_(R[i:j])).sum(-1) * inv
+        if need:
+            ctx.save_for_backward(dr, da, du)
+        return total
+
+    @staticmethod
+    def backward(ctx, g):
+        dr, da, du = ctx.saved_tensors
+        g = float(g)
+        return g * dr, g * da, g * du, None, None, None, None, None

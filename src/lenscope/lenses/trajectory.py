@@ -19,13 +19,14 @@ from ..errors import InputError, NotApplicableError
 from ..models.load import LoadedModel, encode, require_decoder
 from ..models.trace import Trace, residual_states
 from ..results import Result, axis_size
+from ..viz.notebook import ReportView
 from .lenses import Lens, LogitLens, decode
 
 VALUES = ("entropy", "kl", "prob")
 
 
 @dataclass(repr=False)
-class PredictionTrajectory(Result):
+class PredictionTrajectory(ReportView, Result):
     """A lens's reading of every state at every position of one text (shapes use named axes).
 
     Tensors, ``state`` running bottom-up from the embeddings (state 0) to the model's output:
@@ -136,13 +137,6 @@ class PredictionTrajectory(Result):
         from ..viz.html import trajectory_html
 
         return trajectory_html([self, *others], path, title=title)
-
-    def _repr_html_(self) -> str:
-        """In a notebook: the report's trajectory view of this result, drawn by the report's own
-        script (:func:`lenscope.viz.notebook.view`; ``lenscope.show(result)`` opens it in a browser)."""
-        from ..viz.notebook import view
-
-        return str(view(self))
 
     def __repr__(self) -> str:
         return (f"PredictionTrajectory({self.lens!r} lens on {self.model!r}, states={self.n_states}, "

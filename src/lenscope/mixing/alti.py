@@ -35,6 +35,7 @@ from ..models.anatomy import Anatomy, astype
 from ..models.stop import checkpoint
 from ..models.trace import Trace, prefix_trace
 from ..results import Result
+from ..viz.notebook import ReportView
 
 CHUNK_BYTES = 128 * 2**20
 
@@ -215,7 +216,7 @@ def value_zeroing_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, int]:
 
 
 @dataclass(repr=False)
-class MixingMatrices(Result):
+class MixingMatrices(ReportView, Result):
     """Layer-wise token-to-token contributions and their rollout.
 
     ``contributions (layer, pos, src)``: layer ``l``'s ``C^l``; ``rollout (layer, pos, src)``: ``M^l``
@@ -251,13 +252,6 @@ class MixingMatrices(Result):
             raise InputError("these mixing matrices were computed without their rollout; plot which='contributions' "
                              "or compute them with mixing_matrices(..., rollout=True)")
         return plot_matrix(self, layer=layer, which=which)
-
-    def _repr_html_(self) -> str:
-        """In a notebook: the report's information flow view of this result, drawn by the report's own
-        script (:func:`lenscope.viz.notebook.view`; ``lenscope.show(result)`` opens it in a browser)."""
-        from ..viz.notebook import view
-
-        return str(view(self))
 
     def __repr__(self) -> str:
         L, n, _ = self.contributions.shape

@@ -43,6 +43,7 @@ from ..models.algebra import (
 from ..models.stop import checkpoint
 from ..models.trace import Trace, prefix_trace
 from ..results import Result
+from ..viz.notebook import ReportView
 
 PRE_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbln", "atblnff", "atblnffres", "atblnffres_nextln")
 POST_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbff", "atbffres", "atbffresln")
@@ -142,7 +143,7 @@ def _chunks(n: int, A, causal: bool):
 
 
 @dataclass(repr=False)
-class MixingMaps(Result):
+class MixingMaps(ReportView, Result):
     """Norm-based maps of one scope: ``maps (layer, pos, src)`` with ``maps[k, i, j] = ||F_i(x_j)||`` at layer
     ``layers[k]`` (``attention``: the attention weights averaged over heads). ``completeness_error``: the
     largest over layers and positions of ``||sum_j F_i(x_j) + b_i - real_i||`` relative to the RMS of
@@ -180,13 +181,6 @@ class MixingMaps(Result):
         from ..viz.mixing_plots import plot_maps
 
         return plot_maps(self, layers=layers, cols=cols)
-
-    def _repr_html_(self) -> str:
-        """In a notebook: the report's context mixing view of this result, drawn by the report's own
-        script (:func:`lenscope.viz.notebook.view`; ``lenscope.show(result)`` opens it in a browser)."""
-        from ..viz.notebook import view
-
-        return str(view(self))
 
     def __repr__(self) -> str:
         return (f"MixingMaps({self.scope!r}, layers={self.layers if len(self.layers) <= 4 else len(self.layers)}, "

@@ -19,11 +19,13 @@ calls one of its methods:
   ``h`` into parts, ``sum_c linear(c, s) . u + const`` with ``u = W_U[:, target] - W_U[:, foil]`` and ``const``
   the biases (:meth:`Readout.direction`, :meth:`Readout.part_logits`, :meth:`Readout.pullback`,
   :meth:`Readout.constant`, :meth:`Readout.traced_logit`);
-- fused fast paths: :meth:`Readout.top1` (bfloat16 matmul made exact), :meth:`Readout.log_partition` (one
-  softmax pass, bfloat16 where it pays), :meth:`Readout.kl_terms` (the final distribution folded into a
-  ``(tokens, d_model)`` matrix), and the factored logits of a rank-one edit of the state
-  (:meth:`Readout.factored_base`, :meth:`Readout.ablated_log_partition`) that causal basis extraction
-  optimises over.
+- fast paths and primitives: :meth:`Readout.top1` (bfloat16 matmul made exact), :meth:`Readout.unembedding` (the
+  unembedding converted once per dtype), and the final norm's parts (:meth:`Readout.gain`, :meth:`Readout.center`,
+  :meth:`Readout.variance`, :meth:`Readout.bias_logits`).
+
+Kernels that serve one method live with it: the tuned lens's log-partition and KL terms in
+:mod:`lenscope.lenses.training.objective`, causal basis extraction's factored logits of a rank-one edit in
+:mod:`lenscope.lenses.influence`; both build on these primitives.
 """
 
 from __future__ import annotations
@@ -238,36 +240,7 @@ class Readout:
             pick[unsure] = (zz if b is None else zz + b).argmax(-1)
         return pick
 
-    # ------------------------------------------------------------------ fast paths: KL to a final output
-
-    def kl_terms(self, final_logits: Tensor, W: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Per-batch constants of ``KL(p || softmax z)`` for final logits ``(tokens, vocab)`` and lens logits
-        ``z = x W_U + b_U``: ``KL = c - x . pbar + lse(z)`` with ``c = sum p log p - p . b_U`` ``(tokens,)`` and
-        ``pbar = p W_U^T`` ``(tokens, d_model)``. ``W``: the unembedding in the dtype to multiply in (default:
-        float32)."""
-        logp = torch.log_softmax(final_logits.float(), dim=-1)
-        p = logp.exp()
-        c = (p * logp).sum(-1)
-        if self.b_U is not None:
-            c = c - p @ self.b_U.float()
-        if W is None or W.dtype == torch.float32:
-            return c, p @ self.W_U.T.float()
-        return c, (p.to(W.dtype) @ W.T).float()
-
-    def log_partition(self, x: Tensor, W: Tensor, ref: Tensor | None = None) -> Tensor:
-        """``logsumexp(x @ W + b_U)`` ``(...)`` of features ``x (..., d_model)``, differentiable in ``x``, with
-        ``W`` the unembedding in the dtype to multiply in (:meth:`unembedding`). float32 without ``ref``:
-        ``torch.logsumexp``; otherwise one fused softmax pass (:class:`LogPartition`), read at the token
-        ``ref (...)`` where given."""
-        if W.dtype == torch.float32 and ref is None:
-            z = x @ W
-            if self.b_U is not None:
-                z = z + self.b_U
-            return torch.logsumexp(z, dim=-1)
-        r = None if ref is None else ref.reshape(-1)
-        return LogPartition.apply(x.reshape(-1, x.shape[-1]), W, self.b_U, r).reshape(x.shape[:-1])
-
-    # ------------------------------------------------- fast paths: factored logits of a rank-one edit
+    # ------------------------------------------------------------------ the final norm's parts
 
     def bias_logits(self) -> Tensor:
         """``beta W_U + b_U`` ``(vocab,)``: what the final norm's bias and the unembedding bias add to every
@@ -296,138 +269,6 @@ class Readout:
             return torch.ones(xc.shape[0], dtype=torch.float64)
         return xc.double().pow(2).mean(-1) + self.norm.eps
 
-    def factored_base(self, xc: Tensor, s0: Tensor, W: Tensor, zb: Tensor, rows: int, big: int) -> dict:
-        """The base quantities of :meth:`ablated_log_partition` for centred states ``xc (tokens, d_model)`` with
-        final-norm scales ``s0 (tokens,)``: ``R (tokens, vocab)`` the logits without ``zb``, ``lse0`` their
-        log-partition, ``lseb`` (float64) what :meth:`ablated_log_partition` gives for no edit (0 up to rounding),
-        ``praw = p . R`` (float64) and ``Pw = p W_U^T (tokens, d_model)``, computed in blocks of ``big`` rows
-        (and ``rows`` for the exact arithmetic of the ablated path)."""
-        N, d = xc.shape
-        V = W.shape[1]
-        g = self.gain(d)
-        R = torch.empty(N, V)
-        lse0 = torch.empty(N)
-        lseb = torch.empty(N, dtype=torch.float64)
-        praw = torch.empty(N, dtype=torch.float64)
-        Pw = torch.empty(N, d)
-        U3 = torch.stack([zb, torch.zeros(V), torch.ones(V)])
-        for i in range(0, N, big):
-            j = min(N, i + big)
-            Rb = torch.mm(xc[i:j] * g, W, out=R[i:j]).mul_(s0[i:j, None])
-            lse0[i:j] = torch.logsumexp(Rb + zb, -1)
-            for i2 in range(i, j, rows):  # exactly the arithmetic of the ablated path at r = a = 0
-                j2 = min(j, i2 + rows)
-                zero = torch.zeros(j2 - i2)
-                e = _shifted_exp(R[i2:j2], zero, zero, lse0[i2:j2], U3)
-                S = e.sum(-1)
-                lseb[i2:j2] = S.log().double()
-                p = e.div_(S[:, None])
-                praw[i2:j2] = (p * R[i2:j2]).sum(-1).double()
-                Pw[i2:j2] = p @ W.T
-        return {"R": R, "lse0": lse0, "lseb": lseb, "praw": praw, "Pw": Pw}
-
-    @staticmethod
-    def ablated_log_partition(r: Tensor, a: Tensor, u: Tensor, R: Tensor, lse0: Tensor, zb: Tensor, rows: int,
-                              need_grad: bool) -> Tensor:
-        """``sum_n log sum_v exp(z'[n, v] - lse0_n)`` for the logits of edited states ``z' = (1 + r_n) R[n, v] +
-        zb_v - a_n u_v`` (a rank-one change of the state and the norm's new scale), differentiable in ``r, a,
-        u`` (:class:`AblatedLogPartition`; ``R, lse0`` from :meth:`factored_base`, ``zb`` :meth:`bias_logits`)."""
-        return AblatedLogPartition.apply(r, a, u, R, lse0, zb, rows, need_grad)
-
     def __repr__(self) -> str:
         return (f"Readout(norm={self.norm!r}, W_U={tuple(self.W_U.shape)}, bias={self.b_U is not None}, "
                 f"softcap={self.softcap}, transform={self.head.transform_W is not None})")
-
-
-class LogPartition(torch.autograd.Function):
-    """``lse(x @ W + b)`` per row, with ``W`` in the dtype to multiply in (bfloat16 is fast on CPUs with
-    native support).
-
-    One fused softmax pass gives the probabilities ``q`` (kept in ``W``'s dtype for the backward, where the
-    gradient is ``q W^T``); the log-partition is read at one token, ``lse = z_k - log q_k``, which needs no
-    second exponential pass. ``ref (rows,)`` names that token (training passes the final distribution's top
-    token, which the lens's distribution rarely puts below float underflow); without it, or where ``q_k``
-    underflowed, the most probable token is used (one more pass over the vocabulary). Gradients flow to ``x``
-    only (the unembedding is frozen).
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, W: Tensor, b: Tensor | None, ref: Tensor | None = None) -> Tensor:
-        z = x.to(W.dtype) @ W
-        if b is not None:
-            z += b.to(z.dtype)
-        q = torch.softmax(z, dim=-1)
-        if ref is None:
-            q_k, j = q.max(dim=-1)
-            lse = z.gather(-1, j[:, None]).squeeze(-1).float() - q_k.float().log()
-        else:
-            k = ref[:, None]
-            lse = z.gather(-1, k).squeeze(-1).float() - q.gather(-1, k).squeeze(-1).float().log()
-            bad = ~torch.isfinite(lse)
-            if bool(bad.any()):
-                q_k, j = q[bad].max(dim=-1)
-                lse[bad] = z[bad].gather(-1, j[:, None]).squeeze(-1).float() - q_k.float().log()
-        ctx.save_for_backward(q, W)
-        return lse
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        q, W = ctx.saved_tensors
-        return (q @ W.T).float() * g[:, None], None, None, None
-
-
-def _shifted_exp(R: Tensor, r: Tensor, a: Tensor, lse0: Tensor, U3: Tensor) -> Tensor:
-    """``exp(z' - lse0)`` for a chunk of tokens, where ``z' = (1 + r) R + zb - a u`` are the edited logits
-    (``U3 = [zb; u; 1]``, one rank-3 update after a row scaling: two passes over the chunk)."""
-    C = torch.stack([torch.ones_like(a), -a, -lse0], 1)
-    t = R.mul((1.0 + r)[:, None])
-    return t.addmm_(C, U3).exp_()
-
-
-class AblatedLogPartition(torch.autograd.Function):
-    """``sum_n log sum_v exp(z'[n, v] - lse0_n)`` for the edited logits ``z' = (1 + r_n) R[n, v] + zb_v -
-    a_n u_v`` (``R``: the base logits without ``zb``, ``lse0``: their log-partition), and its gradient in
-    ``r, a, u``.
-
-    ``R (tokens, vocab)``, ``lse0 (tokens,)`` and ``zb (vocab,)`` are constants. Shifting by the base
-    log-partition keeps the exponentials in range without a max pass (a chunk that overflows anyway is
-    recomputed the safe way). The gradient is computed in the same pass as the value (every caller that asks
-    for it needs both), chunked over tokens, so no other ``(tokens, vocab)`` tensor is kept.
-    """
-
-    @staticmethod
-    def forward(ctx, r: Tensor, a: Tensor, u: Tensor, R: Tensor, lse0: Tensor, zb: Tensor, rows: int,
-                need: bool):
-        N = R.shape[0]
-        total = torch.zeros((), dtype=torch.float64)
-        dr = torch.empty_like(r) if need else None
-        da = torch.empty_like(a) if need else None
-        du = torch.zeros_like(u) if need else None
-        U3 = torch.stack([zb, u, torch.ones_like(u)])
-        for i in range(0, N, rows):
-            j = min(N, i + rows)
-            e = _shifted_exp(R[i:j], r[i:j], a[i:j], lse0[i:j], U3)
-            S = e.sum(-1)
-            if not bool(torch.isfinite(S).all() and (S > 0).all()):  # out of float32 range: stabilise
-                t = R[i:j].mul((1.0 + r[i:j])[:, None]).add_(zb).addr_(a[i:j], u, alpha=-1.0)
-                m = t.amax(-1)
-                e = t.sub_(m[:, None]).exp_()
-                S = e.sum(-1)
-                logS = S.log() + (m - lse0[i:j])
-            else:
-                logS = S.log()
-            total += logS.double().sum()
-            if need:
-                inv = 1.0 / S  # q = e / S
-                du.addmv_(e.T, a[i:j] * inv, alpha=-1.0)
-                da[i:j] = -(e @ u) * inv
-                dr[i:j] = (e.mul_(R[i:j])).sum(-1) * inv
-        if need:
-            ctx.save_for_backward(dr, da, du)
-        return total
-
-    @staticmethod
-    def backward(ctx, g):
-        dr, da, du = ctx.saved_tensors
-        g = float(g)
-        return g * dr, g * da, g * du, None, None, None, None, None

@@ -23,10 +23,11 @@ import torch
 
 from ..data.shared import require_shared
 from ..errors import InputError
-from ..mixing.analysis import contextualization_change, ff_amp, pearson, pre_post_ff, scope_pairs, spearman, top_pairs
+from ..mixing.analysis import contextualization_change, ff_amp, pre_post_ff, scope_pairs, top_pairs
 from ..mixing.maps import check_scopes, layer_decompositions
 from ..models.trace import trace
 from ..results import read_summary
+from ..stats import pearson, spearman
 
 DATASETS = ("sst2", "wikitext")
 

@@ -240,6 +240,15 @@ def view(obj) -> View:
     raise InputError(f"lenscope cannot show a {type(obj).__name__}; give a lenscope result or report")
 
 
+class ReportView:
+    """Mixin for the results that have a view of the report (before :class:`~lenscope.results.Result` in the bases):
+    in a notebook such a result draws itself with that view, by the report's own script (:func:`view`;
+    ``lenscope.show(result)`` opens it in a browser)."""
+
+    def _repr_html_(self) -> str:
+        return str(view(self))
+
+
 def _standalone(body: str, title: str) -> str:
     return ('<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
             f'<meta name="generator" content="lenscope">\n<title>{html.escape(title)}</title>\n'

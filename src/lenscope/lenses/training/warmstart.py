@@ -25,9 +25,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..models.load import LoadedModel
-from ..models.trace import residual_states
-from .lenses import TunedLens
+from ...models.load import LoadedModel
+from ...models.trace import residual_states
+from ..lenses import TunedLens
 from .objective import _training_states, write_translators
 
 
@@ -70,7 +70,7 @@ def regression_start(lm: LoadedModel, lens: TunedLens, sequences: Tensor, *, tok
 
     from tqdm.auto import tqdm
 
-    from ..distributed import ddp
+    from ...distributed import ddp
 
     d = dist or ddp.SINGLE
     clock = clock or time.perf_counter

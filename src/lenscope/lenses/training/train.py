@@ -2,25 +2,25 @@
 
 :func:`train_tuned_lens` composes parts that each live, and are tested, on their own:
 
-- :mod:`lenscope.lenses.settings`: :class:`TrainSettings` (what a run is told) and ``TrainState`` (what it has
+- :mod:`lenscope.lenses.training.settings`: :class:`TrainSettings` (what a run is told) and ``TrainState`` (what it has
   done; a checkpoint restores it);
-- :mod:`lenscope.lenses.precision`: bfloat16 or float32 for the unembedding matmuls (:func:`choose_precision`:
+- :mod:`lenscope.lenses.training.precision`: bfloat16 or float32 for the unembedding matmuls (:func:`choose_precision`:
   the CPU's features, ``$LENSCOPE_NATIVE_BF16``, a one-off timing);
-- :mod:`lenscope.lenses.plan`: the number of steps, the warm-up, the validation interval and the learning rate,
-  under a time budget fitted to the measured speed (:class:`~lenscope.lenses.plan.Planner`);
-- :mod:`lenscope.lenses.objective`: the KL objective and its gradient (:func:`kl_backward`), the one readout of
+- :mod:`lenscope.lenses.training.plan`: the number of steps, the warm-up, the validation interval and the learning rate,
+  under a time budget fitted to the measured speed (:class:`~lenscope.lenses.training.plan.Planner`);
+- :mod:`lenscope.lenses.training.objective`: the KL objective and its gradient (:func:`kl_backward`), the one readout of
   training;
-- :mod:`lenscope.lenses.selection`: per-state model selection on held-out sequences (``keep_best``);
-- :mod:`lenscope.lenses.checkpoint`: save and resume;
+- :mod:`lenscope.lenses.training.selection`: per-state model selection on held-out sequences (``keep_best``);
+- :mod:`lenscope.lenses.training.checkpoint`: save and resume;
 - here: one training step (:func:`train_step`) and the loop, in one process or over several
   (:mod:`lenscope.distributed.ddp`).
 
 ``TrainSettings(max_minutes=M)`` sets a time budget instead of a token budget: the first steps are timed
 and the number of steps (and with it the warm-up and decay of the learning rate) is fitted to what the
-budget allows on this machine, refitted while the run goes on (see :func:`lenscope.lenses.plan.fit_steps`).
+budget allows on this machine, refitted while the run goes on (see :func:`lenscope.lenses.training.plan.fit_steps`).
 
 Before the first KL step every translator starts from its closed-form least-squares fit to the last state
-(:mod:`lenscope.lenses.warmstart`, ``init="least-squares"``, the default since issue 22; ``keep_best`` keeps it
+(:mod:`lenscope.lenses.training.warmstart`, ``init="least-squares"``, the default since issue 22; ``keep_best`` keeps it
 per state only where it beats the identity on the held-out text); ``init="identity"`` is the paper's start.
 The recipe otherwise follows Belrose et al. (2023): KL objective averaged over layers and tokens, linear
 warm-up then linear decay. The default optimizer is Adam (our measurements in
@@ -28,7 +28,7 @@ warm-up then linear decay. The default optimizer is Adam (our measurements in
 ``optimizer="sgd"`` gives the paper's Nesterov SGD. Beyond the paper, ``keep_best`` judges every state's
 translator on a few held-out sequences about twelve times per run: a state that got worse goes back to
 its best translator (the identity included) with a smaller step size (see
-:class:`~lenscope.lenses.selection.BestPerState`).
+:class:`~lenscope.lenses.training.selection.BestPerState`).
 """
 
 from __future__ import annotations
@@ -41,11 +41,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..errors import InputError, UnsupportedModelError
-from ..models.load import LoadedModel, require_decoder
-from ..models.trace import residual_states
+from ...errors import InputError, UnsupportedModelError
+from ...models.load import LoadedModel, require_decoder
+from ...models.trace import residual_states
+from ..lenses import TunedLens, fingerprint
 from .checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
-from .lenses import TunedLens, fingerprint
 from .objective import _groups, _training_states, kl_backward
 from .plan import Planner, lr_at
 from .precision import NATIVE_BF16_ENV, choose_precision, cpu_features, describe, forced_native_bf16, resumed_precision
@@ -85,7 +85,7 @@ def train_step(lm: LoadedModel, lens: TunedLens, sequences: Tensor, ids: Tensor,
     seq_len)`` (all of it in one process, possibly none on a rank); one frozen forward pass captures every
     layer's state. Under DDP (``dist.active``) the gradient and the loss are averaged over every rank's tokens.
     """
-    from ..distributed import ddp
+    from ...distributed import ddp
 
     S = sequences.shape[1]
     if len(ids):
@@ -123,8 +123,8 @@ def train_tuned_lens(
     refits no more). ``max_steps`` stops early (after a checkpoint), to simulate an interruption.
 
     Time budget: the budget runs from ``started`` (a ``clock()`` reading; default: now), so a caller can count
-    its own model loading. The first :data:`lenscope.lenses.plan.CALIBRATION_STEPS` steps are timed; the number
-    of steps that fits what is left (validations and checkpoints included, :func:`lenscope.lenses.plan.fit_steps`)
+    its own model loading. The first :data:`.plan.CALIBRATION_STEPS` steps are timed; the number
+    of steps that fits what is left (validations and checkpoints included, :func:`.plan.fit_steps`)
     fixes the warm-up and the linear decay of the learning rate, and is refitted after every step when the
     measured speed says the plan is more than 3% off. ``clock`` (default ``time.perf_counter``) is what the budget
     is measured with (tests inject a fake one). ``log`` receives one-line messages (the precision decision, the
@@ -136,7 +136,7 @@ def train_tuned_lens(
     (``batch_size`` sequences) does not depend on the number of ranks, so the lens is the single process's
     (up to float rounding) and a checkpoint resumes with any number of ranks.
     """
-    from ..distributed import ddp
+    from ...distributed import ddp
 
     d = dist or ddp.SINGLE
     from tqdm.auto import tqdm
@@ -267,6 +267,6 @@ def train_tuned_lens(
     return lens
 
 
-# the precision decision's public names, importable from here as before they moved to lenscope.lenses.precision
+# the precision decision's public names, importable from here as before they moved to lenscope.lenses.training.precision
 __all__ = ["NATIVE_BF16_ENV", "BatchOrder", "TrainSettings", "choose_precision", "cpu_features", "forced_native_bf16",
            "kl_backward", "train_step", "train_tuned_lens"]

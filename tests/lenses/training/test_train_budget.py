@@ -24,12 +24,12 @@ from lenscope.lenses import (
     token_sequences,
     train_tuned_lens,
 )
-from lenscope.lenses import checkpoint as C
-from lenscope.lenses import objective as O
-from lenscope.lenses import plan as PL
-from lenscope.lenses import precision as PR
-from lenscope.lenses import selection as SEL
-from lenscope.lenses import train as T
+from lenscope.lenses.training import checkpoint as C
+from lenscope.lenses.training import objective as O
+from lenscope.lenses.training import plan as PL
+from lenscope.lenses.training import precision as PR
+from lenscope.lenses.training import selection as SEL
+from lenscope.lenses.training import train as T
 from lenscope.lenses.trajectory import prediction_trajectory
 from lenscope.models.trace import residual_states
 from tests.conftest import get_model
@@ -224,7 +224,7 @@ def test_float32_fast_path_is_exact():
     # a reference token whose probability underflows falls back to the most probable one
     x = torch.tensor([[0.0, 200.0, -200.0]])
     W3 = torch.eye(3)
-    assert torch.allclose(O._LogPartition.apply(x, W3, None, torch.tensor([2])), torch.logsumexp(x, -1), atol=1e-5)
+    assert torch.allclose(O.LogPartition.apply(x, W3, None, torch.tensor([2])), torch.logsumexp(x, -1), atol=1e-5)
 
 
 def test_a_checkpoint_from_before_issue_11_resumes(tmp_path):

@@ -3,7 +3,7 @@
 A checkpoint is two files in the run's output directory: ``checkpoint.safetensors`` (the translators
 ``A, b`` and, with mid-layer translators, ``A_mid, b_mid``; the optimizer's state as ``opt.<param>.<key>``;
 with ``keep_best`` the selection's ``best.*`` tensors) and ``checkpoint.json`` (``state``: the
-:class:`~lenscope.lenses.settings.TrainState`, ``settings``, the model's ``fingerprint``, ``optimizer``: the
+:class:`~lenscope.lenses.training.settings.TrainState`, ``settings``, the model's ``fingerprint``, ``optimizer``: the
 optimizer's parameter groups and state keys). A resume must use the same model and settings.
 """
 
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ..errors import InputError
-from .lenses import TunedLens
+from ...errors import InputError
+from ..lenses import TunedLens
 from .settings import TrainSettings, TrainState
 
 if TYPE_CHECKING:

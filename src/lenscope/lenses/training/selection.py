@@ -2,7 +2,7 @@
 
 :class:`BestPerState` judges every state's translator on a few sequences held out of the training text,
 keeps each state's best one and shrinks the step size of a state that got worse. Input: the model, the lens
-being trained, the held-out token ids; it reads the KL through :mod:`lenscope.lenses.objective`.
+being trained, the held-out token ids; it reads the KL through :mod:`lenscope.lenses.training.objective`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import math
 import torch
 from torch import Tensor
 
-from ..models.load import LoadedModel
-from ..models.trace import residual_states
-from .lenses import TunedLens
+from ...models.load import LoadedModel
+from ...models.trace import residual_states
+from ..lenses import TunedLens
 from .objective import (
     _groups,
     _training_states,
@@ -50,7 +50,7 @@ class BestPerState:
     translators, which one learning rate for all layers makes worse on some models (gemma3-270m), so find
     their own smaller step instead of ending wherever the last step left them; the early layers keep the
     full rate. States are numbered like
-    :func:`~lenscope.lenses.objective.lens_kl`'s (mid-layer states after the regular ones).
+    :func:`~lenscope.lenses.training.objective.lens_kl`'s (mid-layer states after the regular ones).
     """
 
     def __init__(self, lm: LoadedModel, lens: TunedLens, val: Tensor, bf16: bool, backoff: float, patience: int = 1):

@@ -1,63 +1,14 @@
-"""The mixing analyses: rank correlation with ties, FF-amp, and the resumable dataset study."""
+"""The mixing study (lenscope/sweeps/mixing_study.py): resumable over a dataset, refusing another study's files,
+its dataset loaders."""
 
 import json
 
 import pytest
-import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from lenscope.errors import InputError
-from lenscope.mixing.analysis import (
-    average_ranks,
-    column_normalize,
-    contextualization_change,
-    ff_amp,
-    spearman,
-    top_pairs,
-)
 from lenscope.sweeps.mixing_study import MixingStudy, load_sentences, mixing_study
 
 from ..conftest import get_model
-
-
-def test_average_ranks_match_hand_computed():
-    assert average_ranks(torch.tensor([10.0, 20.0, 20.0, 5.0])).tolist() == [2.0, 3.5, 3.5, 1.0]
-    assert average_ranks(torch.tensor([1.0, 1.0, 1.0])).tolist() == [2.0, 2.0, 2.0]
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(0, 5), min_size=3, max_size=30), st.lists(st.integers(0, 5), min_size=3, max_size=30))
-def test_spearman_equals_pearson_of_average_ranks_by_brute_force(a, b):
-    n = min(len(a), len(b))
-    x, y = torch.tensor(a[:n], dtype=torch.float64), torch.tensor(b[:n], dtype=torch.float64)
-
-    def ranks(v):  # O(n^2) definition: 1 + #smaller + (#equal - 1) / 2
-        return torch.tensor([1 + float((v < t).sum()) + (float((v == t).sum()) - 1) / 2 for t in v],
-                            dtype=torch.float64)
-
-    rx, ry = ranks(x), ranks(y)
-    if rx.std() == 0 or ry.std() == 0:
-        assert spearman(x, y) != spearman(x, y)  # NaN for a constant side
-        return
-    ref = float(torch.corrcoef(torch.stack([rx, ry]))[0, 1])
-    assert spearman(x, y) == pytest.approx(ref, abs=1e-9)
-
-
-def test_contextualization_change_and_ff_amp_by_hand():
-    a = torch.tensor([[1.0, 0.0], [0.5, 2.0]])
-    assert contextualization_change(a, a) == pytest.approx(0.0)
-    assert contextualization_change(a, -a) == pytest.approx(2.0)
-    # lower triangle: cells (0,0), (1,0), (1,1)
-    b = torch.tensor([[3.0, 9.0], [1.0, 2.0]])
-    assert contextualization_change(a, b, lower=True) == pytest.approx(1 - spearman(torch.tensor([1, .5, 2.]),
-                                                                                    torch.tensor([3, 1, 2.])))
-    pre = torch.tensor([[1.0, 1.0], [1.0, 1.0]])
-    post = torch.tensor([[1.0, 3.0], [1.0, 1.0]])
-    amp = ff_amp(pre, post)
-    assert column_normalize(post).sum(0).tolist() == pytest.approx([1.0, 1.0])
-    assert amp[0, 1] == pytest.approx(0.75 - 0.5) and amp[1, 1] == pytest.approx(0.25 - 0.5)
-    assert top_pairs(amp, 1) == [(0, 1, pytest.approx(0.25))]  # the diagonal is never a pair
 
 
 def test_study_resumes_to_the_same_result(tmp_path):
@@ -83,7 +34,7 @@ def test_study_resumes_to_the_same_result(tmp_path):
     assert len(full.cc_ff) == L
     # cc_ff is the mean over sentences of 1 - Spearman(pre-FF map, post-FF map), recomputed here from the
     # public maps of each sentence (sentences of fewer than 3 tokens are skipped by the study)
-    from lenscope.mixing.analysis import pre_post_ff
+    from lenscope.mixing.analysis import contextualization_change, pre_post_ff
     from lenscope.mixing.maps import context_mixing
 
     pre, post = pre_post_ff(lm.anatomy.placement)

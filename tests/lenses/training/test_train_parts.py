@@ -9,12 +9,12 @@ import torch
 
 import lenscope
 from lenscope.lenses import TrainSettings, TunedLens
-from lenscope.lenses import precision as PR
-from lenscope.lenses.checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
-from lenscope.lenses.plan import BUDGET_MARGIN, CALIBRATION_STEPS, Planner, fit_steps, lr_at, warmup_steps
-from lenscope.lenses.selection import split_validation
-from lenscope.lenses.settings import TrainState
-from lenscope.lenses.train import BatchOrder, _optimizer
+from lenscope.lenses.training import precision as PR
+from lenscope.lenses.training.checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
+from lenscope.lenses.training.plan import BUDGET_MARGIN, CALIBRATION_STEPS, Planner, fit_steps, lr_at, warmup_steps
+from lenscope.lenses.training.selection import split_validation
+from lenscope.lenses.training.settings import TrainState
+from lenscope.lenses.training.train import BatchOrder, _optimizer
 from tests.conftest import get_model
 
 # ------------------------------------------------------------------ the planner

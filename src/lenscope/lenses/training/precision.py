@@ -14,9 +14,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..errors import InputError
-from ..models.load import LoadedModel
-from .objective import _LogPartition
+from ...errors import InputError
+from ...models.load import LoadedModel
+from .objective import LogPartition
 
 
 def cpu_features() -> dict:
@@ -46,7 +46,7 @@ def _time_block(W: Tensor, x: Tensor, ref: Tensor, repeats: int = 2) -> float:
     for _ in range(repeats):
         xx = x.clone().requires_grad_(True)
         t0 = time.perf_counter()
-        _LogPartition.apply(xx, W, None, ref).sum().backward()
+        LogPartition.apply(xx, W, None, ref).sum().backward()
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -136,7 +136,7 @@ def choose_precision(lm: LoadedModel, bf16: bool | None = None, *, native: bool 
 
 def resumed_precision(lm: LoadedModel, saved: dict, bf16: bool | None = None) -> dict:
     """The precision of a resumed run: the interrupted run's decision, read from its checkpoint record ``saved``
-    (``{}`` when unreadable; see :func:`lenscope.lenses.checkpoint.read_checkpoint_info`), so that the resume
+    (``{}`` when unreadable; see :func:`lenscope.lenses.training.checkpoint.read_checkpoint_info`), so that the resume
     computes as the interrupted run did. A checkpoint from before the automatic choice keeps its ``bf16``
     setting; without any, :func:`choose_precision` decides anew."""
     prec = saved.get("state", {}).get("precision")

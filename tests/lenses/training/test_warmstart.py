@@ -6,7 +6,7 @@ import torch
 
 import lenscope
 from lenscope.lenses import LogitLens, TrainSettings, TunedLens, evaluate_lenses, token_sequences, train_tuned_lens
-from lenscope.lenses.warmstart import NormalEquations, regression_start
+from lenscope.lenses.training.warmstart import NormalEquations, regression_start
 from lenscope.models.trace import residual_states
 from tests.conftest import DECODERS, get_model
 
@@ -119,7 +119,7 @@ def test_training_keeps_the_start_only_where_it_beats_the_identity(monkeypatch):
             lens.A[1] = 5.0
         return rec
 
-    import lenscope.lenses.train as T
+    import lenscope.lenses.training.train as T
 
     monkeypatch.setattr(T, "regression_start", spoiled)
     s = TrainSettings(tokens=32, seq_len=16, batch_size=2, lr=1e-12, validation_tokens=32)

@@ -4,7 +4,7 @@ A token budget fixes the number of steps (``tokens`` over the tokens per step, `
 budget (``TrainSettings.max_minutes``) fits it to the measured speed: :class:`Planner` times the first
 :data:`CALIBRATION_STEPS` steps, :func:`fit_steps` says how many steps fit the time left (validations and
 checkpoints included), and the plan is refitted while the run goes on when the speed changes. The plan is
-written into the run's :class:`~lenscope.lenses.settings.TrainState`, so a checkpoint keeps it.
+written into the run's :class:`~lenscope.lenses.training.settings.TrainState`, so a checkpoint keeps it.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class Planner:
     measured time counts against the budget); ``checkpoints``: checkpoints are written every
     ``settings.checkpoint_every`` steps; ``refit``: the plan may change after calibration (a resumed run keeps
     the plan it was interrupted with, so that it ends where the straight run would). The plan lives in a
-    :class:`~lenscope.lenses.settings.TrainState` (``n_steps``, ``every``, ``warm``, ``fits``; measured seconds
+    :class:`~lenscope.lenses.training.settings.TrainState` (``n_steps``, ``every``, ``warm``, ``fits``; measured seconds
     in ``timing``), which every method reads and updates.
     """
 

@@ -1,9 +1,10 @@
 """The tuned lens's training objective: KL(final || lens) per state and token, and its gradient.
 
 Training goes from a residual state to logits through the model's readout
-(:class:`lenscope.models.readout.Readout`: the final norm, the unembedding, its bias, and the fused
-log-partition and KL terms), and from logits to the KL here; :mod:`lenscope.lenses.precision` times the
-log-partition and :mod:`lenscope.lenses.selection` evaluates the objective.
+(:class:`lenscope.models.readout.Readout`: the final norm, the unembedding and its bias), and from logits to the
+KL here, with the fused log-partition (:class:`LogPartition`) and the KL terms;
+:mod:`lenscope.lenses.training.precision` times the log-partition and :mod:`lenscope.lenses.training.selection`
+evaluates the objective.
 
 Where the time goes: the model's forward pass is cheap next to decoding every layer's state through the
 unembedding (``state x tokens x d_model x vocab`` multiply-adds, forwards and backwards). So:
@@ -14,7 +15,7 @@ unembedding (``state x tokens x d_model x vocab`` multiply-adds, forwards and ba
   one ``(tokens, d_model)`` matrix per batch, so only the log-partition function needs the full vocabulary;
 - the unembedding matmuls of training run in bfloat16 where the CPU runs it natively (AVX512-BF16 / AMX)
   or a one-off measurement says it is faster, in float32 otherwise
-  (:func:`lenscope.lenses.precision.choose_precision`); the loss and everything else in float32; evaluation
+  (:func:`lenscope.lenses.training.precision.choose_precision`); the loss and everything else in float32; evaluation
   is float32 throughout;
 - the log-partition's forward pass reads ``lse = z_k - log q_k`` at the final distribution's top token
   ``k`` (no pass over the vocabulary for a maximum).
@@ -27,23 +28,83 @@ import itertools
 import torch
 from torch import Tensor
 
-from ..models.load import LoadedModel
-from ..models.readout import LogPartition, Readout
-from .lenses import TunedLens
+from ...models.load import LoadedModel
+from ...models.readout import Readout
+from ..lenses import TunedLens
 
 
 def kl_to_final_terms(lm: LoadedModel, final_logits: Tensor, W: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Per-batch constants of the KL for final logits ``(tokens, vocab)`` (:func:`kl_terms` of the model's
+    readout)."""
+    return kl_terms(Readout.from_anatomy(lm.anatomy), final_logits, W)
+
+
+def kl_terms(readout: Readout, final_logits: Tensor, W: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Per-batch constants of the KL for final logits ``(tokens, vocab)``.
 
     With lens logits ``z = x W_U + b_U``: ``KL(p || softmax z) = c - x . pbar + lse(z)`` where
     ``c = sum p log p - p . b_U`` (tokens,) and ``pbar = p W_U^T`` (tokens, d_model). ``W``: the unembedding
     in the dtype to multiply in (default: float32).
     """
-    return Readout.from_anatomy(lm.anatomy).kl_terms(final_logits, W)
+    logp = torch.log_softmax(final_logits.float(), dim=-1)
+    p = logp.exp()
+    c = (p * logp).sum(-1)
+    if readout.b_U is not None:
+        c = c - p @ readout.b_U.float()
+    if W is None or W.dtype == torch.float32:
+        return c, p @ readout.W_U.T.float()
+    return c, (p.to(W.dtype) @ W.T).float()
 
 
-# the fused log-partition of the readout (lenscope.lenses.precision times it)
-_LogPartition = LogPartition
+def log_partition(readout: Readout, x: Tensor, W: Tensor, ref: Tensor | None = None) -> Tensor:
+    """``logsumexp(x @ W + b_U)`` ``(...)`` of features ``x (..., d_model)`` (:meth:`Readout.features`),
+    differentiable in ``x``, with ``W`` the unembedding in the dtype to multiply in (:meth:`Readout.unembedding`).
+    float32 without ``ref``: ``torch.logsumexp``; otherwise one fused softmax pass (:class:`LogPartition`), read at
+    the token ``ref (...)`` where given."""
+    if W.dtype == torch.float32 and ref is None:
+        z = x @ W
+        if readout.b_U is not None:
+            z = z + readout.b_U
+        return torch.logsumexp(z, dim=-1)
+    r = None if ref is None else ref.reshape(-1)
+    return LogPartition.apply(x.reshape(-1, x.shape[-1]), W, readout.b_U, r).reshape(x.shape[:-1])
+
+
+class LogPartition(torch.autograd.Function):
+    """``lse(x @ W + b)`` per row, with ``W`` in the dtype to multiply in (bfloat16 is fast on CPUs with
+    native support).
+
+    One fused softmax pass gives the probabilities ``q`` (kept in ``W``'s dtype for the backward, where the
+    gradient is ``q W^T``); the log-partition is read at one token, ``lse = z_k - log q_k``, which needs no
+    second exponential pass. ``ref (rows,)`` names that token (training passes the final distribution's top
+    token, which the lens's distribution rarely puts below float underflow); without it, or where ``q_k``
+    underflowed, the most probable token is used (one more pass over the vocabulary). Gradients flow to ``x``
+    only (the unembedding is frozen).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, W: Tensor, b: Tensor | None, ref: Tensor | None = None) -> Tensor:
+        z = x.to(W.dtype) @ W
+        if b is not None:
+            z += b.to(z.dtype)
+        q = torch.softmax(z, dim=-1)
+        if ref is None:
+            q_k, j = q.max(dim=-1)
+            lse = z.gather(-1, j[:, None]).squeeze(-1).float() - q_k.float().log()
+        else:
+            k = ref[:, None]
+            lse = z.gather(-1, k).squeeze(-1).float() - q.gather(-1, k).squeeze(-1).float().log()
+            bad = ~torch.isfinite(lse)
+            if bool(bad.any()):
+                q_k, j = q[bad].max(dim=-1)
+                lse[bad] = z[bad].gather(-1, j[:, None]).squeeze(-1).float() - q_k.float().log()
+        ctx.save_for_backward(q, W)
+        return lse
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        q, W = ctx.saved_tensors
+        return (q @ W.T).float() * g[:, None], None, None, None
 
 
 def lens_kl_loss(lm: LoadedModel, lens: TunedLens, states: Tensor, c: Tensor, pbar: Tensor, W: Tensor,
@@ -95,7 +156,7 @@ def lens_kl(lm: LoadedModel, lens: TunedLens, states: Tensor, c: Tensor, pbar: T
     n = states.shape[0]
     tA, tb = _translators(lens, first_state, n)
     x = readout.features(states + torch.bmm(states, tA) + tb[:, None])
-    lse = readout.log_partition(x, W, None if ref is None else ref.expand(n, -1))
+    lse = log_partition(readout, x, W, None if ref is None else ref.expand(n, -1))
     return c - (x * pbar).sum(-1) + lse
 
 

@@ -1,19 +1,19 @@
 """What a tuned-lens training run is told (:class:`TrainSettings`) and what it has done so far (:class:`TrainState`).
 
-Both go into the checkpoint (:mod:`lenscope.lenses.checkpoint`) and the settings into the lens file's
-``training`` record; the planner (:mod:`lenscope.lenses.plan`) fills in the state's plan.
+Both go into the checkpoint (:mod:`lenscope.lenses.training.checkpoint`) and the settings into the lens file's
+``training`` record; the planner (:mod:`lenscope.lenses.training.plan`) fills in the state's plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import InputError
+from ...errors import InputError
 
 
 @dataclass
 class TrainSettings:
-    """Settings of :func:`~lenscope.lenses.train.train_tuned_lens` (all visible in the lens file's ``training``
+    """Settings of :func:`~lenscope.lenses.training.train.train_tuned_lens` (all visible in the lens file's ``training``
     record)."""
 
     tokens: int = 32_768  # token budget (sequences x seq_len, rounded up to whole batches); with max_minutes
@@ -36,7 +36,7 @@ class TrainSettings:
     validation_tokens: int = 512  # held out of the training sequences for keep_best
     validate_every: int = 0  # steps between validations; 0 = about 12 per run
     mid: bool = False  # also train translators for the mid-layer (after-attention) states
-    init: str = "least-squares"  # the translators' start: "least-squares" (lenscope.lenses.warmstart) or "identity"
+    init: str = "least-squares"  # the translators' start: "least-squares" (training.warmstart) or "identity"
     init_tokens: int = 32_768  # least-squares start: tokens it reads (whole training sequences)
     init_ridge: float = 1e-3  # least-squares start: ridge towards the identity, relative to the mean diagonal
     init_max_fraction: float = 0.15  # time budget: the start stops reading text after this share of the budget
