@@ -24,24 +24,17 @@ from torch import Tensor
 from ..errors import InputError, InvariantError
 from ..mixing.alti import carry_back, mixing_matrices
 from ..models.algebra import attention_input_parts, bias_through_attention, f32, projected_value_writes
-from ..models.load import LoadedModel, require_decoder, resolve_token, token_str
+from ..models.load import LoadedModel, require_decoder, token_str
 from ..models.readout import Readout
+from ..models.request import Request, position_in
 from ..models.trace import Trace, prefix_trace, trace
 from .explanation import Explanation
 
 
 def _tokens_and_trace(lm: LoadedModel, text, target, foil, position: int, tr: Trace | None):
-    t_id = resolve_token(lm, target) if target is not None else None
-    f_id = resolve_token(lm, foil) if foil is not None else None
-    if f_id is not None and t_id is None:
-        raise InputError("a foil needs a target; give --target too")
-    if f_id is not None and f_id == t_id:
-        raise InputError("the foil is the same token as the target; a contrastive explanation needs two tokens")
+    req = Request.of(lm, target, foil, distinct=True)
     tr = tr if tr is not None else trace(lm, text)
-    n = len(tr.tokens)
-    if not -n <= position < n:
-        raise InputError(f"position {position} is outside the text's {n} tokens")
-    return t_id, f_id, tr, position % n
+    return req.target, req.foil, tr, position_in(position, len(tr.tokens))
 
 
 def _readout(lm: LoadedModel, tr: Trace, rows: Tensor, t_ids: Tensor, f_ids: Tensor | None

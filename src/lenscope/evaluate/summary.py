@@ -5,7 +5,6 @@ plots and files."""
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 
 from ..data.datasets import Example
 from ..errors import InputError
+from ..results import finite_json
 from .metrics import POSITIONAL, mean_ci, paired_difference, positional_metrics, random_rr
 
 TIMERS = ("trace", "logit", "alti-logit", "gradients", "ig", "erasure", "forward")
@@ -199,14 +199,7 @@ def _sci(v) -> str:
     return "—" if v is None else f"{v:.2g}"
 
 
-def _clean(x):
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
+_clean = finite_json  # the one home: lenscope.results.finite_json
 
 
 def _method_stats(recs: list[dict], m: str, n_total: int, accuracy) -> dict:

@@ -29,10 +29,11 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, encode, require_decoder, resolve_token, token_ids, token_str
+from ..models.load import LoadedModel, encode, require_decoder, token_ids, token_str
 from ..models.moe import MoE
+from ..models.request import Request, position_in
 from ..results import Result
-from .patching import _position, _tokens
+from .patching import _tokens
 
 
 @dataclass(repr=False)
@@ -203,14 +204,14 @@ def knowledge_neurons(lm: LoadedModel, prompt, target=None, *, steps: int = 20, 
         raise InputError("threshold must lie in (0, 1]")
     ids = token_ids(lm, prompt)
     P = ids.numel()
-    pos = _position(position, P)
+    pos = position_in(position, P)
     L = lm.anatomy.n_layers
     if layers is not None and any(not 0 <= int(j) < L for j in layers):
         raise InputError(f"layers must lie in 0..{L - 1}")
     with torch.no_grad():
         lg, _ = run(lm, ids[None])
     probs = lg[0, pos].float().softmax(-1)
-    tid = int(probs.argmax()) if target is None else resolve_token(lm, target)
+    tid = Request.of(lm, target).or_top(probs).target
     attr, comp = neuron_attributions(lm, ids, tid, pos, steps=steps, layers=layers, batch_size=batch_size)
     top = float(attr.max())
     if top <= 0:
@@ -318,7 +319,7 @@ def refined_knowledge_neurons(lm: LoadedModel, prompts, target, *, share: float 
         raise InputError("share must lie in (0, 1]")
     if not 0 < threshold <= 1:
         raise InputError("threshold must lie in (0, 1]")
-    tid = resolve_token(lm, target)
+    tid = Request.of(lm, target, need="knowledge neurons").target
     counts: dict[tuple[int, int], int] = {}
     coarse_sizes, ids_all = [], []
     for prompt in prompts:
