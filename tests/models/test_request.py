@@ -34,7 +34,7 @@ def test_request_checks(gpt2):
     with pytest.raises(InputError, match="a foil needs a target"):
         Request.of(gpt2, None, " of")
     assert Request.of(gpt2, foil=" of", generated=True).foil == resolve_token(gpt2, " of")  # targets come later
-    with pytest.raises(InputError, match="the foil is the target"):
+    with pytest.raises(InputError, match="the foil is the same token as the target"):
         Request.of(gpt2, " of", " of", distinct=True)
     assert Request.of(gpt2, " of", " of").foil == resolve_token(gpt2, " of")  # allowed unless distinct
     with pytest.raises(InputError, match="erasure needs a target token"):

@@ -53,17 +53,16 @@ def _receiver_logits(lm: LoadedModel, ids: Tensor, edits: list[Edit], receiver: 
     group = at.n_heads // at.n_kv_heads
     h_in = rh // group if which in ("k", "v") else rh
     n, P = ids.shape
-    rows, pos = torch.arange(n).repeat_interleave(P), torch.arange(P).repeat(n)
 
-    def at_head(h, site, x):  # set head ``h`` of ``site`` at every row and position to ``x (row, pos, d_head)``
-        return Edit(site, rl, rows, pos, x.reshape(n * P, -1), head=torch.full((n * P,), h))
+    def at_head(h, site, x):  # set head ``h`` of ``site`` at every row and position to ``x (row, pos, head, d)``
+        return patch_edits([(r, (site, rl, None, h), x[r]) for r in range(n)], P)
 
     _, cap = run(lm, ids, edits, capture=[(which, rl)], stop_after=(which, rl))
-    set_input = at_head(h_in, which, cap[(which, rl)][:, :, h_in])
+    set_input = at_head(h_in, which, cap[(which, rl)])
     if which == "q" or group == 1:
-        return run(lm, ids, [set_input]).logits
-    _, cap = run(lm, ids, [set_input], capture=[("head", rl)], stop_after=("head", rl))
-    return run(lm, ids, [at_head(rh, "head", cap[("head", rl)][:, :, rh])]).logits
+        return run(lm, ids, set_input).logits
+    _, cap = run(lm, ids, set_input, capture=[("head", rl)], stop_after=("head", rl))
+    return run(lm, ids, at_head(rh, "head", cap[("head", rl)])).logits
 
 
 @torch.no_grad()

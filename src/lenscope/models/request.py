@@ -69,8 +69,8 @@ class Request:
         if f is not None and t is None and not generated:
             raise InputError("a foil needs a target; give --target too")
         if distinct and f is not None and f == t:
-            raise InputError(f"the foil is the target ({token_str(lm, t)!r}, #{t}); a contrastive explanation needs "
-                             "two different tokens (or leave the foil out)")
+            raise InputError(f"the foil is the same token as the target ({token_str(lm, t)!r}, #{t}); a contrastive "
+                             "explanation needs two different tokens (or leave the foil out)")
         return cls(t, f, position if n is None else position_in(position, n))
 
     def or_top(self, logits: Tensor) -> Request:
