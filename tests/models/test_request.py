@@ -119,3 +119,15 @@ def test_head_writes_sum_to_the_attention_write_in_both_conventions(family):
         assert (((heads.sum(1) + rest).double() - real).abs() / scale).max() < tol
         if A.layers[layer].attn.b_O is None and A.layers[layer].ln_attn_out is None:
             assert torch.allclose(rest, torch.zeros_like(rest))
+
+
+def test_methods_take_checked_contrasts_as_pairs(gpt2):
+    """A :class:`Contrast` (ids and token ids) is a pair every contrast method takes, with the same result as the
+    plain strings it came from."""
+    from lenscope.circuits import attribution_patching, exact_node_patching
+
+    corrupted = "The capital of Italy is the city of"
+    c = contrast(gpt2, TEXT, corrupted, " the", " of")
+    for method in (attribution_patching, exact_node_patching):
+        a, b = method(gpt2, pairs=[c]), method(gpt2, TEXT, corrupted, " the", " of")
+        assert torch.equal(a.heads, b.heads) and a.target == b.target and a.foil == b.foil

@@ -31,9 +31,8 @@ from ..errors import InputError
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, encode, require_decoder, token_ids, token_str
 from ..models.moe import MoE
-from ..models.request import Request, position_in
+from ..models.request import Request, position_in, token_texts
 from ..results import Result
-from .patching import _tokens
 
 
 @dataclass(repr=False)
@@ -230,7 +229,7 @@ def knowledge_neurons(lm: LoadedModel, prompt, target=None, *, steps: int = 20, 
     control = torch.tensor(ctrl, dtype=torch.long).reshape(-1, 2)
     ps = _edit_probs(lm, ids, tid, pos, [sel, sel, control, control], [0.0, 2.0, 0.0, 2.0])
     return KnowledgeNeurons(
-        attributions=attr, neurons=sel, control=control, completeness=comp, tokens=_tokens(lm, ids),
+        attributions=attr, neurons=sel, control=control, completeness=comp, tokens=token_texts(lm, ids),
         target=token_str(lm, tid), target_id=tid, position=pos, steps=steps, threshold=threshold,
         p_base=float(probs[tid]), p_suppressed=ps[0], p_amplified=ps[1], p_control_suppressed=ps[2],
         p_control_amplified=ps[3], seed=seed, model=lm.name, info=_moe_info(lm),

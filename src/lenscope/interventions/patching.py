@@ -138,10 +138,6 @@ def share_restored(raw: Tensor, m_clean: float, m_corr: float, metric: str) -> T
     return (raw - m_corr) / denom
 
 
-def _tokens(lm, ids) -> list[str]:
-    return token_texts(lm, ids)
-
-
 Node = tuple  # (site, layer, position or None: every position, head or None: the whole site)
 
 
@@ -234,7 +230,7 @@ def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *,
     raw = raw.reshape(shape)
     values = share_restored(raw, m_clean, m_corr, metric)
     return PatchingResult(
-        values=values, raw=raw, tokens=_tokens(lm, c_ids), corrupted_tokens=_tokens(lm, x_ids), what=what,
+        values=values, raw=raw, tokens=token_texts(lm, c_ids), corrupted_tokens=token_texts(lm, x_ids), what=what,
         metric=metric, noising=noising, target=token_str(lm, tid), target_id=tid,
         foil=None if fid is None else token_str(lm, fid), foil_id=fid, clean_metric=m_clean,
         corrupted_metric=m_corr, position=pos, head_position=hp, model=lm.name,

@@ -26,9 +26,9 @@ from torch import Tensor
 from ..errors import InputError
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, encode, require_decoder, token_str
-from ..models.request import Request
+from ..models.request import Request, token_texts
 from ..results import Result
-from .patching import _tokens, patch_edits
+from .patching import patch_edits
 
 KINDS = ("resid", "mlp", "attn")
 SITE = {"resid": "resid_pre", "mlp": "mlp_out", "attn": "attn_out"}  # the engine's sites
@@ -219,7 +219,7 @@ def causal_trace(lm: LoadedModel, prompt: str, subject: str, target=None, *, sam
         if sel.numel():
             maps[kind][spec[sel, 1], spec[sel, 2]] = per[sel] - p_corr
     return CausalTrace(
-        resid=maps["resid"], mlp=maps["mlp"], attn=maps["attn"], tokens=_tokens(lm, ids), subject=subject,
+        resid=maps["resid"], mlp=maps["mlp"], attn=maps["attn"], tokens=token_texts(lm, ids), subject=subject,
         subject_positions=subj, target=token_str(lm, tid), target_id=tid, p_clean=p_clean, p_corrupted=p_corr,
         noise_scale=nu, samples=samples, window=window, seed=seed, model=lm.name,
     )
