@@ -224,6 +224,49 @@ def test_collector_resolves_relative_imports_and_skips_type_checking(tmp_path):
     assert [p for p in violations(edges) if "'models' (core) imports 'lenses'" in p]
 
 
+def private_imports(root: Path) -> list[str]:
+    """``file:line imports NAME from MODULE`` for every ``from MODULE import _NAME`` (a private name: one leading
+    underscore) where MODULE lies in another package than the importing file, inside functions and under
+    ``TYPE_CHECKING`` too. A package's private names are its own; what another package needs is public."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        module = module_name(path, root)
+        src_pkg = "__init__" if path.name == "__init__.py" and path.parent == root else package_of(module)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - (node.level - 1)])
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            dst_pkg = package_of(base)
+            if dst_pkg is None or dst_pkg == src_pkg:
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    out.append(f"{path.relative_to(root.parent)}:{node.lineno} imports {alias.name} from {base}")
+    return out
+
+
+def test_no_module_imports_another_packages_private_name():
+    found = private_imports(SRC)
+    assert not found, "private names imported across packages (make them public in their home):\n" + "\n".join(found)
+
+
+def test_private_import_checker(tmp_path):
+    root = tmp_path / "lenscope"
+    for d in ("models", "serve", "attribution"):
+        (root / d).mkdir(parents=True)
+        (root / d / "__init__.py").write_text("")
+    (root / "attribution" / "dla.py").write_text("from ..models.algebra import head_writes\nfrom .x import _own\n")
+    (root / "serve" / "api.py").write_text("def f():\n    from ..attribution.dla import _head_writes, ok\n"
+                                           "from lenscope.models.load import __version__\n")
+    assert private_imports(root) == ["lenscope/serve/api.py:2 imports _head_writes from lenscope.attribution.dla"]
+
+
 if __name__ == "__main__":  # pragma: no cover - print the package graph
     for (a, b), where in sorted(collect_edges(SRC).items()):
         print(f"{a:>14} -> {b:<14} {len(where)}")

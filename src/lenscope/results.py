@@ -7,11 +7,24 @@ import dataclasses
 import html
 import io
 import json
+import math
 from pathlib import Path
 
 import torch
 
 from .errors import InputError, LenscopeError
+
+
+def finite_json(x):
+    """``x`` (dicts, lists, tuples, floats) with every non-finite float as None (strict JSON); tuples become
+    lists."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_json(v) for v in x]
+    return x
 
 
 def axis_size(field: str, dim: int, doc: str = "") -> property:

@@ -50,9 +50,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..interventions.patching import metric_of
 from ..models.algebra import gauss_legendre
-from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids, token_str
+from ..models.load import LoadedModel, require_decoder, token_ids, token_str
+from ..models.request import Request, metric_of, position_in
 from .explanation import Explanation
 
 __all__ = ["IG_BASELINES", "erasure", "erasure_rows", "eval_mode", "grad_norm", "grad_x_input", "gradient_rows",
@@ -74,14 +74,8 @@ class _Problem:
         self.method = method
         self.ids = token_ids(lm, text)
         self.n = n = self.ids.numel()
-        self.p = _position(position, n)
-        self.t_id = resolve_token(lm, target)
-        self.f_id = resolve_token(lm, foil) if foil is not None else None
-        if self.f_id is not None and self.f_id == self.t_id:
-            raise InputError(
-                f"the foil is the target ({token_str(lm, self.t_id)!r}, #{self.t_id}); a contrastive explanation "
-                "needs two different tokens (or leave the foil out)"
-            )
+        req = Request.of(lm, target, foil, position, n=n, distinct=True, need=method)
+        self.p, self.t_id, self.f_id = req.position, req.target, req.foil
 
     def rows(self) -> tuple[Tensor, list[int], list[int] | None]:
         """This text as a batch of one for the ``*_rows`` functions: ``ids (1, pos)``, target and foil ids."""
@@ -96,14 +90,6 @@ class _Problem:
             foil=None if self.f_id is None else token_str(lm, self.f_id), foil_id=self.f_id,
             scores=scores.detach().float().cpu(), info=info,
         )
-
-
-def _position(position, n: int) -> int:
-    if not isinstance(position, (int, np.integer)) or isinstance(position, bool):
-        raise InputError(f"position must be an integer, got {position!r}")
-    if not -n <= position < n:
-        raise InputError(f"position {position} is outside the text's {n} tokens (use -{n}..{n - 1})")
-    return int(position) % n
 
 
 def _rows(lm: LoadedModel, method: str, ids, target, foil, position,
@@ -126,7 +112,7 @@ def _rows(lm: LoadedModel, method: str, ids, target, foil, position,
             raise InputError(f"{name} must hold one token id per row ({B}), got {x.numel()}")
         per_row.append(x)
     if isinstance(position, (int, np.integer)) or isinstance(position, bool):
-        p = _position(position, n)
+        p = position_in(position, n)
     else:
         p = torch.as_tensor(position, dtype=torch.long).reshape(-1)
         if p.numel() != B or bool(((p < -n) | (p >= n)).any()):

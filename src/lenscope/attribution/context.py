@@ -21,28 +21,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..errors import InputError, InvariantError
+from ..errors import InvariantError
 from ..mixing.alti import carry_back, mixing_matrices
 from ..models.algebra import attention_input_parts, bias_through_attention, f32, projected_value_writes
-from ..models.load import LoadedModel, require_decoder, resolve_token, token_str
+from ..models.load import LoadedModel, require_decoder, token_str
 from ..models.readout import Readout
+from ..models.request import Request, position_in
 from ..models.trace import Trace, prefix_trace, trace
 from .explanation import Explanation
 from .methods import ALTI_LOGIT
 
 
-def _tokens_and_trace(lm: LoadedModel, text, target, foil, position: int, tr: Trace | None):
-    t_id = resolve_token(lm, target) if target is not None else None
-    f_id = resolve_token(lm, foil) if foil is not None else None
-    if f_id is not None and t_id is None:
-        raise InputError("a foil needs a target; give --target too")
-    if f_id is not None and f_id == t_id:
-        raise InputError("the foil is the same token as the target; a contrastive explanation needs two tokens")
+def _tokens_and_trace(lm: LoadedModel, text, target, foil, position: int, tr: Trace | None,
+                      need: str | None = None):
+    req = Request.of(lm, target, foil, distinct=True, need=need)
     tr = tr if tr is not None else trace(lm, text)
-    n = len(tr.tokens)
-    if not -n <= position < n:
-        raise InputError(f"position {position} is outside the text's {n} tokens")
-    return t_id, f_id, tr, position % n
+    return req.target, req.foil, tr, position_in(position, len(tr.tokens))
 
 
 def _readout(lm: LoadedModel, tr: Trace, rows: Tensor, t_ids: Tensor, f_ids: Tensor | None
@@ -141,9 +135,7 @@ def _logit_request(lm: LoadedModel, method: str, title: str, text, target, foil,
     when they do not add up). Returns ``(target_id, foil_id, trace, position, parts)``."""
     require_decoder(lm, title, sum_of_blocks=True, instead="use --method alti or value-zeroing for a context-mixing "
                     "explanation")
-    if target is None:
-        raise InputError(f"{title} needs a target token (--target)")
-    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)
+    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr, need=title)
     parts = _row(logit_parts(lm, tr, torch.tensor([p]), *_one(t_id, f_id)))
     _refuse(parts["invariant_error"], method, lm)
     return t_id, f_id, tr, p, parts
@@ -223,9 +215,7 @@ def alti_logit_explanation(lm: LoadedModel, text, target, foil=None, *, position
     """
     require_decoder(lm, "the ALTI-Logit explanation", sum_of_blocks=True,
                     instead="use --method alti or value-zeroing for a context-mixing explanation")
-    if target is None:
-        raise InputError("the ALTI-Logit explanation needs a target token (--target)")
-    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)
+    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr, need="the ALTI-Logit explanation")
     sub = prefix_trace(tr, p + 1)  # causal: positions after p neither see nor reach p
     parts = logit_parts(lm, sub, torch.tensor([p]), *_one(t_id, f_id))
     _refuse(float(parts["invariant_error"][0]), ALTI_LOGIT, lm)

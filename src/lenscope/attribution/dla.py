@@ -8,9 +8,9 @@ final norm's per-token scale ``s`` taken from the trace, the norm is affine, so 
 
 A mixture of experts' write splits into its chosen experts (``L{l}.E{e}.mlp``): with the routing read from the trace,
 the block's output is the sum of the experts' weighted outputs (:meth:`lenscope.models.moe.MoE.expert_outputs`).
-Each attention write splits further into its heads and its output bias through the decomposition algebra
-(:func:`lenscope.models.algebra.attention_parts` with the attention weights from the trace, then
-:func:`~lenscope.models.algebra.norm_step` for Gemma's sandwich norm, affine given its traced scale); the final
+Each attention write splits further into its heads and its output bias through the one head-write function
+(:func:`lenscope.models.algebra.head_writes` with the ``"rest"`` bias convention, on the heads' outputs recomputed
+with the attention weights from the trace; through Gemma's sandwich norm, affine given its traced scale); the final
 norm, the biases and the soft-cap are read through :class:`lenscope.models.readout.Readout`. The parts sum to
 the model's logit up to float error; ``completeness_error`` reports how far.
 """
@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..errors import InputError, NotApplicableError
-from ..models.algebra import attention_parts, norm_step
-from ..models.load import LoadedModel, require_decoder, resolve_token, token_str
+from ..errors import NotApplicableError
+from ..models.algebra import f32, head_outputs, head_writes
+from ..models.load import LoadedModel, require_decoder, token_str
 from ..models.readout import Readout
+from ..models.request import Request, position_in
 from ..models.trace import Trace, trace
 from ..results import Result
 
@@ -100,17 +101,16 @@ class ComponentAttribution(Result):
                 f"logit={self.logit:.4f}, completeness_error={self.completeness_error:.1e})")
 
 
-def _head_writes(A, tr: Trace, l: int, p: int) -> tuple[Tensor, Tensor]:
+def traced_head_writes(A, tr: Trace, l: int, p: int) -> tuple[Tensor, Tensor]:
     """What each head of layer ``l`` adds to the residual stream at position ``p``, ``(head, d_model)``, and the
     part no head writes (the output bias; for a sandwich block, through the post-attention norm with its traced
-    scale, plus that norm's bias), ``(d_model,)``: the algebra's attention decomposition summed per head."""
+    scale, plus that norm's bias), ``(d_model,)``: :func:`lenscope.models.algebra.head_writes` with the ``"rest"``
+    bias convention, on the heads' outputs read from the trace."""
     rows = torch.tensor([p], device=tr.attn_probs[l].device)
-    dec = attention_parts(A, tr, l, rows, "sources", factored=True)
-    post = A.layers[l].ln_attn_out
-    if post is not None:
-        dec = norm_step(dec, post, tr.attn_out[l][rows])
-    heads = torch.einsum("hs,hsd->hd", dec.alpha[:, 0], dec.V) * dec.scale[0]  # diag is empty: no residual here
-    return heads, dec.rest[0]
+    z = head_outputs(A, tr, l, rows)  # (1, head, d_head)
+    post_in = None if A.layers[l].ln_attn_out is None else f32(tr.attn_out[l][rows])
+    heads, rest = head_writes(A.layers[l], z, "rest", post_in, dtype=torch.float32)
+    return heads[0], rest[0]
 
 
 def _expert_writes(A, tr: Trace, l: int, p: int) -> list[tuple[int, Tensor]]:
@@ -145,13 +145,10 @@ def direct_logit_attribution(
     require_decoder(lm, "direct logit attribution", sum_of_blocks=True,
                     instead="use a decoder model (e.g. smollm2) for this view")
     A = lm.anatomy
-    t_id = resolve_token(lm, target)
-    f_id = resolve_token(lm, foil) if foil is not None else None
+    req = Request.of(lm, target, foil, need="direct logit attribution")
+    t_id, f_id = req.target, req.foil
     tr = tr if tr is not None else trace(lm, text)
-    n = len(tr.tokens)
-    if not -n <= position < n:
-        raise InputError(f"position {position} is outside the text's {n} tokens")
-    p = position % n
+    p = position_in(position, len(tr.tokens))
 
     readout = Readout.from_anatomy(A)
     u = readout.direction(t_id, f_id)  # float32 from bf16/fp16 weights
@@ -179,7 +176,7 @@ def direct_logit_attribution(
 
     for i, layer in enumerate(A.layers):
         if by_head:
-            head_out, bias = _head_writes(A, tr, i, p)
+            head_out, bias = traced_head_writes(A, tr, i, p)
             for h in range(layer.attn.n_heads):
                 add(f"L{i}.H{h}", i, h, head_out[h])
             add(f"L{i}.attn_bias", i, -1, bias)

@@ -12,17 +12,17 @@ errs where attention saturates (:mod:`.atp_star` for AtP*).
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..interventions.patching import METRICS, _tokens, contrast, metric_of
-from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, require_decoder, token_str
+from ..interventions.patching import patch_nodes
+from ..models.engine import run
+from ..models.load import LoadedModel, token_str
 from ..models.moe import is_moe
+from ..models.request import Contrast, by_length, contrasts, metric_of, token_texts
 from ..results import Result
 
 FINE = ("heads_pos", "mlps_pos", "resid")
@@ -111,84 +111,36 @@ class NodeAttribution(Result):
                 f"metric_corrupted={self.metric_corrupted:.4g})")
 
 
-def _many(x) -> bool:
-    if isinstance(x, Tensor):
-        return x.dim() == 2
-    return isinstance(x, (list, tuple)) and len(x) > 0 and not isinstance(x[0], numbers.Integral) and not (
-        isinstance(x[0], Tensor) and x[0].dim() == 0)
-
-
-def _each(x, n: int, what: str) -> list:
-    if isinstance(x, (list, tuple)):
-        if len(x) != n:
-            raise InputError(f"{what} has {len(x)} entries for {n} prompts: give one per prompt, or one for all")
-        return list(x)
-    return [x] * n
-
-
 def prompts(lm: LoadedModel, clean, corrupted, target, foil, metric: str, position: int, pairs=None,
-            what: str = "attribution patching") -> list[tuple]:
-    """The validated prompts of a node method: ``[(clean_ids, corrupted_ids, target_id, foil_id, position)]``.
-
-    ``clean``/``corrupted``: a text or ids, or lists of them (``target``/``foil`` then one per prompt or one for
-    all); or ``pairs``: objects with ``clean, corrupted, target, foil`` (``lenscope.data.contrast.ContrastPair``)."""
-    if metric not in METRICS:
-        raise InputError(f"unknown metric={metric!r}; choose one of {', '.join(METRICS)}")
-    require_decoder(lm, what, instead="use a causal decoder (GPT-2, Llama, ...)", causal=True)
-    if pairs is not None:
-        if clean is not None or corrupted is not None:
-            raise InputError("give either pairs or clean/corrupted prompts, not both")
-        pairs = list(pairs)
-        if not pairs:
-            raise InputError("pairs is empty: give at least one clean/corrupted pair")
-        return [contrast(lm, p.clean, p.corrupted, p.target, getattr(p, "foil", None), metric, position)
-                for p in pairs]
-    if clean is None or corrupted is None or target is None:
-        raise InputError("give clean and corrupted prompts and a target (or pairs=[ContrastPair, ...])")
-    if not _many(clean):
-        return [contrast(lm, clean, corrupted, target, foil, metric, position)]
-    n = len(clean)
-    cs, xs = list(clean), _each(corrupted if _many(corrupted) else [corrupted], n, "corrupted")
-    ts, fs = _each(target, n, "target"), _each(foil, n, "foil")
-    return [contrast(lm, c, x, t, f, metric, position) for c, x, t, f in zip(cs, xs, ts, fs)]
+            what: str = "attribution patching") -> list[Contrast]:
+    """The checked prompts of a node method (:func:`lenscope.models.request.contrasts`)."""
+    return contrasts(lm, clean, corrupted, target, foil, metric, position, pairs, what)
 
 
-def groups(ps: list[tuple]) -> list[tuple[Tensor, Tensor, Tensor, Tensor | None, int, list[int]]]:
-    """Prompts of one token length as one batch: ``(clean (b, p), corrupted (b, p), target (b,), foil (b,) or
-    None, position, indices)``."""
-    by: dict[int, list[int]] = {}
-    for i, p in enumerate(ps):
-        by.setdefault(p[0].numel(), []).append(i)
-    out = []
-    for idx in by.values():
-        sel = [ps[i] for i in idx]
-        fid = None if sel[0][3] is None else torch.tensor([p[3] for p in sel])
-        out.append((torch.stack([p[0] for p in sel]), torch.stack([p[1] for p in sel]),
-                    torch.tensor([p[2] for p in sel]), fid, sel[0][4], idx))
-    return out
-
-
-def one_length(ps: list[tuple], what: str) -> int:
-    lengths = sorted({p[0].numel() for p in ps})
+def one_length(ps: list[Contrast], what: str) -> int:
+    lengths = sorted({p.length for p in ps})
     if len(lengths) > 1:
         raise NotApplicableError(f"{what} are per position, so every prompt needs the same token length; these "
                                  f"have {lengths}: pass prompts of one length (or leave the per-position nodes off)")
     return lengths[0]
 
 
-def result(lm, method, ps, scores: dict, m_clean: float, m_corr: float, metric: str, info=None) -> NodeAttribution:
+def result(lm, method, ps: list[Contrast], scores: dict, m_clean: float, m_corr: float, metric: str,
+           info=None) -> NodeAttribution:
     """A :class:`NodeAttribution` from the mean scores (``heads``, ``mlps``, ``embed`` and the optional fields)."""
-    c_ids, x_ids, tid, fid, pos = ps[0]
+    p0 = ps[0]
+    c_ids, x_ids, tid, fid, pos = p0.clean, p0.corrupted, p0.target, p0.foil, p0.position
     info = dict(info or {})
     if len(ps) > 1:
-        info["prompts"] = [{"tokens": _tokens(lm, p[0]), "corrupted_tokens": _tokens(lm, p[1]),
-                            "target": token_str(lm, p[2]), "foil": None if p[3] is None else token_str(lm, p[3])}
+        info["prompts"] = [{"tokens": token_texts(lm, p.clean), "corrupted_tokens": token_texts(lm, p.corrupted),
+                            "target": token_str(lm, p.target),
+                            "foil": None if p.foil is None else token_str(lm, p.foil)}
                            for p in ps]
     extra = {k: v.float().cpu() for k, v in scores.items() if k in FINE + QKV + ("experts",) and v is not None}
     return NodeAttribution(
         heads=scores["heads"].float().cpu(), mlps=scores["mlps"].float().cpu(), embed=float(scores["embed"]),
-        metric_clean=float(m_clean), metric_corrupted=float(m_corr), tokens=_tokens(lm, c_ids),
-        corrupted_tokens=_tokens(lm, x_ids), target=token_str(lm, tid),
+        metric_clean=float(m_clean), metric_corrupted=float(m_corr), tokens=token_texts(lm, c_ids),
+        corrupted_tokens=token_texts(lm, x_ids), target=token_str(lm, tid),
         foil=None if fid is None else token_str(lm, fid), metric=metric, position=pos, model=lm.name, method=method,
         n=len(ps), info=info, **extra)
 
@@ -250,8 +202,9 @@ def attribution_patching(lm: LoadedModel, clean=None, corrupted=None, target=Non
     sites = atp_sites(L, fine, is_moe(lm.anatomy))
     total: dict[str, Tensor] = {}
     m_clean = m_corr = 0.0
-    for c, x, t, f, pos, _ in groups(ps):
-        last_only, at = read_at(pos, c.shape[1])
+    for g in by_length(ps):
+        c, x, t, f = g.clean, g.corrupted, g.target, g.foil
+        last_only, at = read_at(g.position, c.shape[1])
         with torch.no_grad():
             lg_x, corr = run(lm, x, capture=sites, last_only=last_only)
         lg_c, cap = run(lm, c, capture=sites, grad=True, last_only=last_only)
@@ -291,23 +244,6 @@ def node_list(lm: LoadedModel, kinds, P: int) -> dict[str, tuple[list[tuple], tu
     return {k: grid[k] for k in kinds}
 
 
-def _edits(rows: list[tuple[int, tuple, Tensor]], P: int) -> list[Edit]:
-    """One engine Edit per (site, layer, per-head or not) from ``(row, node, corrupted value (pos, ...))``."""
-    merged: dict[tuple, list] = {}
-    for row, (site, layer, p, h), value in rows:
-        pos = torch.arange(P) if p is None else torch.tensor([p])
-        v = value if p is None else value[p:p + 1]
-        v = v if h is None else v[:, h]
-        merged.setdefault((site, layer, h is None), []).append((torch.full_like(pos, row), pos, v,
-                                                                 None if h is None else torch.full_like(pos, h)))
-    out = []
-    for (site, layer, whole), parts in merged.items():
-        r, pos, v, hd = zip(*parts)
-        out.append(Edit(site, layer, torch.cat(r), torch.cat(pos), torch.cat(v),
-                        head=None if whole else torch.cat(hd)))
-    return out
-
-
 @torch.no_grad()
 def exact_effects(lm: LoadedModel, ps: list[tuple], nodes: list[tuple], metric: str, batch_size: int = 32):
     """The mean over prompts of (metric with the node patched from the corrupted run) - (clean metric), for each
@@ -318,23 +254,18 @@ def exact_effects(lm: LoadedModel, ps: list[tuple], nodes: list[tuple], metric: 
     sites = sorted({(s, layer) for s, layer, _, _ in nodes})
     out = torch.zeros(len(nodes), dtype=torch.float64)
     m_clean = m_corr = 0.0
-    for c, x, t, f, pos, _ in groups(ps):
+    for g in by_length(ps):
+        c, x, t, f = g.clean, g.corrupted, g.target, g.foil
         b, P = c.shape
-        last_only, at = read_at(pos, P)
+        last_only, at = read_at(g.position, P)
         lg_x, corr = run(lm, x, capture=sites, last_only=last_only)
         lg_c, _ = run(lm, c, last_only=last_only)
         m0 = metric_of(lg_c, metric, t, f, at=at).double().cpu()
         m_clean += float(m0.sum())
         m_corr += float(metric_of(lg_x, metric, t, f, at=at).sum())
-        n_rows = len(nodes) * b
-        for s, e in batches(n_rows, batch_size):
-            rows = torch.arange(s, e)
-            node_i, prompt_j = rows // b, rows % b
-            edits = _edits([(r, nodes[i], corr[nodes[i][:2]][j]) for r, (i, j) in
-                            enumerate(zip(node_i.tolist(), prompt_j.tolist()))], P)
-            lg, _ = run(lm, c[prompt_j], edits, last_only=last_only)
-            eff = metric_of(lg, metric, t[prompt_j], None if f is None else f[prompt_j], at=at).double().cpu()
-            out.index_add_(0, node_i, eff - m0[prompt_j])
+        patched = patch_nodes(lm, c, corr, nodes, metric, t, f, position=at, batch_size=batch_size,
+                              last_only=last_only).double()  # (node, b)
+        out += (patched - m0[None]).sum(1)
     n = len(ps)
     return out / n, m_clean / n, m_corr / n
 
@@ -352,7 +283,7 @@ def exact_node_patching(lm: LoadedModel, clean=None, corrupted=None, target=None
     ps = prompts(lm, clean, corrupted, target, foil, metric, position, pairs, what="exact node patching")
     kinds = ["embed", "heads", "mlps"] + (["experts"] if is_moe(lm.anatomy) else []) + (list(FINE) if fine else []) + (
         list(QKV) if qkv else [])
-    P = one_length(ps, "per-position nodes") if fine or qkv else ps[0][0].numel()
+    P = one_length(ps, "per-position nodes") if fine or qkv else ps[0].length
     spec = node_list(lm, kinds, P)
     flat = [n for k in kinds for n in spec[k][0]]
     eff, m_clean, m_corr = exact_effects(lm, ps, flat, metric, batch_size)

@@ -30,11 +30,12 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..interventions.patching import metric_of
-from ..models.engine import Edit, batches, run
+from ..interventions.patching import patch_edits
+from ..models.engine import batches, run
 from ..models.load import LoadedModel
 from ..models.moe import is_moe
-from .atp import NodeAttribution, atp_terms, groups, prompts, read_at, result
+from ..models.request import by_length, metric_of
+from .atp import NodeAttribution, atp_terms, prompts, read_at, result
 
 
 def pattern_grad(g_z: Tensor, v: Tensor, n_heads: int) -> Tensor:
@@ -150,7 +151,7 @@ def atp_star(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=None
     (both off: plain AtP). The gradient pass has ``1 + n_layers`` rows per prompt with GradDrop (``batch_size``
     rows per pass). Exact counterparts: ``exact_node_patching(..., qkv=True)``."""
     ps = prompts(lm, clean, corrupted, target, foil, metric, position, pairs, what="AtP*")
-    gs = groups(ps)
+    gs = by_length(ps)
     if batch_size < 1:
         raise InputError("batch_size must be at least 1")
     A = lm.anatomy
@@ -163,9 +164,10 @@ def atp_star(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=None
     drop_sites = [(s, layer) for layer in range(L) for s in ("attn_out", "mlp_out")] if V > 1 else []
     total: dict[str, Tensor] = {}
     m_clean = m_corr = 0.0
-    for c, x, t, f, pos, _ in gs:
+    for g in gs:
+        c, x, t, f = g.clean, g.corrupted, g.target, g.foil
         b, P = c.shape
-        last_only, at = read_at(pos, P)
+        last_only, at = read_at(g.position, P)
         positions = torch.arange(P)
         with torch.no_grad():
             lg_x, corr = run(lm, x, capture=grad_sites + qk_sites + expert_sites, last_only=last_only)
@@ -177,12 +179,9 @@ def atp_star(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=None
         for s, e in batches(b * V, batch_size):
             rows = torch.arange(s, e)
             j, var = rows // V, rows % V
-            edits = []
-            for site in ("attn_out", "mlp_out") if V > 1 else ():
-                sel = (var > 0).nonzero()[:, 0]
-                for r in sel.tolist():
-                    layer = int(var[r]) - 1
-                    edits.append(Edit(site, layer, torch.full((P,), r), positions, cl[(site, layer)][int(j[r])]))
+            sel = (var > 0).nonzero()[:, 0].tolist() if V > 1 else []
+            edits = patch_edits([(r, (site, int(var[r]) - 1, None, None), cl[(site, int(var[r]) - 1)][int(j[r])])
+                                 for site in ("attn_out", "mlp_out") for r in sel], P)
             lg, cap = run(lm, c[j], edits, capture=grad_sites, grad=True, last_only=last_only)
             m = metric_of(lg, metric, t[j], None if f is None else f[j], at=at)
             grads = dict(zip(grad_sites, torch.autograd.grad(m.sum(), [cap[k] for k in grad_sites])))

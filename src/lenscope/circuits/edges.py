@@ -27,9 +27,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..interventions.patching import METRICS, metric_of
 from ..models.engine import batches, run
 from ..models.load import LoadedModel
+from ..models.request import METRICS, metric_of
 from ..results import Result
 from .graph import ComponentGraph, end_metrics, groups, sender_writes, writer_sites
 

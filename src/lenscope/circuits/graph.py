@@ -24,13 +24,15 @@ from torch import Tensor
 
 from ..data.contrast import ContrastPair
 from ..errors import InputError, NotApplicableError
-from ..interventions.patching import metric_of
+from ..models.algebra import head_writes
 from ..models.anatomy import Layer
 from ..models.engine import run
 from ..models.load import LoadedModel, require_decoder
 from ..models.moe import is_moe
-from .atp import groups as node_groups
-from .atp import prompts
+from ..models.request import Group, by_length, contrasts, metric_of
+
+__all__ = ["ComponentGraph", "Group", "end_metrics", "groups", "mlp_write", "sender_writes",
+           "writer_sites"]
 
 
 @dataclass(frozen=True)
@@ -129,23 +131,6 @@ class ComponentGraph:
         return self.valid & keep[:, None]
 
 
-def head_writes(layer: Layer, z: Tensor) -> Tensor:
-    """What each head adds to the residual stream, ``(..., pos, head, d_model)``, from its outputs ``z (..., pos,
-    head, d_head)``; the heads' writes sum to what the attention part adds (bias and post-attention norm
-    included, see the module docstring)."""
-    attn = layer.attn
-    H = attn.n_heads
-    w = torch.einsum("...phe,hed->...phd", z.to(attn.W_O.dtype), attn.W_O)
-    if attn.b_O is not None:
-        w = w + attn.b_O / H
-    norm = layer.ln_attn_out
-    if norm is None:
-        return w
-    scale = norm.scale(w.sum(-2))[..., None]  # the norm's per-token scale of what the whole attention wrote
-    w = norm.linear(w, scale)
-    return w + norm.bias / H if norm.bias is not None else w
-
-
 def mlp_write(layer: Layer, mlp_out: Tensor) -> Tensor:
     """What the MLP adds to the residual stream (its output, through a post-MLP norm when there is one)."""
     return layer.ln_mlp_out(mlp_out) if layer.ln_mlp_out is not None else mlp_out
@@ -160,7 +145,7 @@ def sender_writes(lm: LoadedModel, graph: ComponentGraph, cap) -> Tensor:
     out = first.new_empty(first.shape[:2] + (len(graph.senders), first.shape[-1]))
     out[:, :, 0] = first
     for layer in range(graph.n_layers):
-        out[:, :, graph.heads_of(layer)] = head_writes(A.layers[layer], cap["head", layer])
+        out[:, :, graph.heads_of(layer)] = head_writes(A.layers[layer], cap["head", layer], "shared")[0]
         if graph.n_mlp > 1:
             out[:, :, graph.mlps_of(layer)] = cap["expert_out", layer]
         else:
@@ -173,24 +158,6 @@ def writer_sites(L: int, moe: bool = False) -> list[tuple[str, int]]:
     return [("resid_pre", 0)] + [(s, layer) for layer in range(L) for s in ("head", "expert_out" if moe else "mlp_out")]
 
 
-@dataclass
-class Group:
-    """Prompts of one token length, ready for the edge methods: ``clean``/``corrupted (b, pos)`` ids,
-    ``target``/``foil (b,)`` ids (``foil`` None for ``metric="prob"``), the metric's ``position``."""
-
-    clean: Tensor
-    corrupted: Tensor
-    target: Tensor
-    foil: Tensor | None
-    position: int
-    index: list[int]  # the prompts' places in the caller's list
-    metric: str = "logit_diff"
-
-    @property
-    def size(self) -> int:
-        return self.clean.shape[0]
-
-
 def groups(lm: LoadedModel, pairs, metric: str, position: int = -1) -> list[Group]:
     """Validated prompt pairs (``ContrastPair``-like objects or ``(clean, corrupted, target, foil)`` tuples) as
     :class:`Group`s of one token length (the node methods' grouping, :func:`lenscope.circuits.atp.groups`)."""
@@ -200,10 +167,10 @@ def groups(lm: LoadedModel, pairs, metric: str, position: int = -1) -> list[Grou
     ps = []
     for i, p in enumerate(pairs):
         try:
-            ps += prompts(lm, None, None, None, None, metric, position, pairs=[p], what="edge attribution")
+            ps += contrasts(lm, None, None, None, None, metric, position, pairs=[p], what="edge attribution")
         except InputError as e:
             raise InputError(f"pair {i + 1}: {e}") from None
-    return [Group(c, x, t, f, pos, idx, metric) for c, x, t, f, pos, idx in node_groups(ps)]
+    return by_length(ps)
 
 
 def end_metrics(lm: LoadedModel, g: Group, metric: str) -> tuple[Tensor, Tensor]:

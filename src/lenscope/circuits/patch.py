@@ -22,16 +22,16 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..interventions.patching import metric_of
+from ..models.algebra import head_writes
 from ..models.engine import batches, run
 from ..models.load import LoadedModel
+from ..models.request import metric_of
 from .edges import EdgeAttribution
 from .graph import (
     ComponentGraph,
     Group,
     end_metrics,
     groups,
-    head_writes,
     mlp_write,
     sender_writes,
     writer_sites,
@@ -114,7 +114,7 @@ def _patched(lm: LoadedModel, graph: ComponentGraph, clean: Tensor, ablated: Ten
             inp = inp + c
         xq, xk, xv = (blk.ln_attn(t) for t in inp.split(H, dim=2))
         z = blk.attn.split(xq, xk, xv, pos).transpose(1, 2)  # (N, p, head, d_head)
-        W[:, :, hs] = head_writes(blk, z).to(W.dtype)
+        W[:, :, hs] = head_writes(blk, z, "shared")[0].to(W.dtype)
         mid = resid + W[:, :, hs].sum(2)
         x_m = resid if graph.placement == "parallel" else mid
         c = reads(ms.start, sl.stop - 1)

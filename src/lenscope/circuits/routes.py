@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, InvariantError, NotApplicableError
-from ..mixing.alti import _chunks, proximity
+from ..mixing.alti import proximity, row_chunks
 from ..models.algebra import activation_scale, attention_parts, f32, norm_step, relative_gap
 from ..models.anatomy import Anatomy
 from ..models.load import LoadedModel, require_decoder, token_str
@@ -291,7 +291,7 @@ def routes_from_trace(A: Anatomy, tr: Trace, *, tau: float = 0.04, per_head: boo
         """Edges into the attention sums at ``rows``; the reached nodes recorded; the positions below."""
         nonlocal degenerate
         parts, biases = [], []
-        for chunk in _chunks(len(rows), _per_row_bytes(A, l, int(rows.max()) + 1, per_head)):
+        for chunk in row_chunks(len(rows), _per_row_bytes(A, l, int(rows.max()) + 1, per_head)):
             sel = rows[chunk]
             terms, y = attention_terms(A, tr, l, sel, per_head)
             gap.add(("attn", l), terms, y, (tr.resid_post if parallel else tr.resid_mid)[l])

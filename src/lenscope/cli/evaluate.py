@@ -72,9 +72,9 @@ def register(app: typer.Typer) -> None:
                                 progress=progress, restart=restart, block=block, ray=ray_target(ray, ray_address),
                                 workers=workers, baseline=baseline, force=force)
         if as_json:
-            from ..evaluate.alignment import _clean
+            from ..results import finite_json
 
-            print_json(_clean(summary.to_dict()))
+            print_json(finite_json(summary.to_dict()))
             return
         typer.echo(f"{summary.model}: MRR by dataset and method (95% bootstrap interval in --out/table.md)")
         typer.echo(summary.table("mrr", ci=False))

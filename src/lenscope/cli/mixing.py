@@ -86,9 +86,9 @@ def _study(model, data, limit, out, resume, max_tokens, as_json, ray=None, worke
     if out:
         st.save(out)
     if as_json:
-        from ..sweeps.mixing_study import _clean
+        from ..results import finite_json
 
-        print_json(_clean(st.to_dict()))
+        print_json(finite_json(st.to_dict()))
         return
     from rich.console import Console
     from rich.table import Table

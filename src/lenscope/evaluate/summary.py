@@ -5,7 +5,6 @@ plots and files."""
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from ..attribution.methods import DEFAULT as REFERENCE
 from ..attribution.methods import eval_timers
 from ..data.datasets import Example
 from ..errors import InputError
+from ..results import finite_json
 from .metrics import POSITIONAL, mean_ci, paired_difference, positional_metrics, random_rr
 
 
@@ -205,14 +205,7 @@ def _sci(v) -> str:
     return "—" if v is None else f"{v:.2g}"
 
 
-def _clean(x):
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
+_clean = finite_json  # the one home: lenscope.results.finite_json
 
 
 def _method_stats(recs: list[dict], m: str, n_total: int, accuracy) -> dict:

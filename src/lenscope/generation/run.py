@@ -33,8 +33,9 @@ from ..errors import InputError, InvariantError, NotApplicableError
 from ..lenses.depth import depths_from_agreement
 from ..lenses.lenses import Lens, LogitLens
 from ..models.engine import edits_within
-from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids
+from ..models.load import LoadedModel, require_decoder, token_ids
 from ..models.readout import Readout
+from ..models.request import Request
 from ..models.trace import trace
 from .result import Generation, stack_scores
 
@@ -180,7 +181,7 @@ def _foils(lm: LoadedModel, foil, tokens: Tensor, runner: Tensor, notes: list) -
         return None
     if isinstance(foil, str) and foil == "runner-up":
         return runner.clone()
-    f_id = resolve_token(lm, foil)
+    f_id = Request.of(lm, foil=foil, generated=True).foil
     same = tokens == f_id
     if bool(same.any()):
         notes.append(f"the foil is the generated token at step(s) {same.nonzero()[:, 0].tolist()}: those steps are "
@@ -253,7 +254,7 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
     if "erasure" in methods and ids.numel() < 2:
         raise InputError("erasure needs a prompt of at least 2 tokens: the first step's prediction would have no "
                          "context left once its one token is erased")
-    f_given = None if foil is None or foil == "runner-up" else resolve_token(lm, foil)  # checked before generating
+    f_given = None if foil is None or foil == "runner-up" else Request.of(lm, foil=foil, generated=True).foil  # now
     if isinstance(lens, str) or (lens is not None and not isinstance(lens, Lens)):
         from ..lenses.files import load_lens_dir
 
@@ -292,7 +293,7 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
     positions = list(range(P, n))
 
     def f_input():
-        from ..interventions.patching import metric_of
+        from ..models.request import metric_of
 
         return metric_of(tr.logits[rows], "logit_diff", tok, foils).double()
 

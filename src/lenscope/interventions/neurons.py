@@ -29,10 +29,10 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, encode, require_decoder, resolve_token, token_ids, token_str
+from ..models.load import LoadedModel, encode, require_decoder, token_ids, token_str
 from ..models.moe import MoE
+from ..models.request import Request, position_in, token_texts
 from ..results import Result
-from .patching import _position, _tokens
 
 
 @dataclass(repr=False)
@@ -203,14 +203,14 @@ def knowledge_neurons(lm: LoadedModel, prompt, target=None, *, steps: int = 20, 
         raise InputError("threshold must lie in (0, 1]")
     ids = token_ids(lm, prompt)
     P = ids.numel()
-    pos = _position(position, P)
+    pos = position_in(position, P)
     L = lm.anatomy.n_layers
     if layers is not None and any(not 0 <= int(j) < L for j in layers):
         raise InputError(f"layers must lie in 0..{L - 1}")
     with torch.no_grad():
         lg, _ = run(lm, ids[None])
     probs = lg[0, pos].float().softmax(-1)
-    tid = int(probs.argmax()) if target is None else resolve_token(lm, target)
+    tid = Request.of(lm, target).or_top(probs).target
     attr, comp = neuron_attributions(lm, ids, tid, pos, steps=steps, layers=layers, batch_size=batch_size)
     top = float(attr.max())
     if top <= 0:
@@ -229,7 +229,7 @@ def knowledge_neurons(lm: LoadedModel, prompt, target=None, *, steps: int = 20, 
     control = torch.tensor(ctrl, dtype=torch.long).reshape(-1, 2)
     ps = _edit_probs(lm, ids, tid, pos, [sel, sel, control, control], [0.0, 2.0, 0.0, 2.0])
     return KnowledgeNeurons(
-        attributions=attr, neurons=sel, control=control, completeness=comp, tokens=_tokens(lm, ids),
+        attributions=attr, neurons=sel, control=control, completeness=comp, tokens=token_texts(lm, ids),
         target=token_str(lm, tid), target_id=tid, position=pos, steps=steps, threshold=threshold,
         p_base=float(probs[tid]), p_suppressed=ps[0], p_amplified=ps[1], p_control_suppressed=ps[2],
         p_control_amplified=ps[3], seed=seed, model=lm.name, info=_moe_info(lm),
@@ -318,7 +318,7 @@ def refined_knowledge_neurons(lm: LoadedModel, prompts, target, *, share: float 
         raise InputError("share must lie in (0, 1]")
     if not 0 < threshold <= 1:
         raise InputError("threshold must lie in (0, 1]")
-    tid = resolve_token(lm, target)
+    tid = Request.of(lm, target, need="knowledge neurons").target
     counts: dict[tuple[int, int], int] = {}
     coarse_sizes, ids_all = [], []
     for prompt in prompts:

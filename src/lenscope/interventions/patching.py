@@ -18,11 +18,14 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, require_decoder, resolve_token, token_ids, token_str
+from ..models.load import LoadedModel, require_decoder, token_str
+from ..models.request import METRICS, check_metric, contrast, metric_of, position_in, token_texts
 from ..results import Result
 
+__all__ = ["METRICS", "WHATS", "PatchingResult", "activation_patching", "contrast", "metric_of", "patch_edits",
+           "patch_nodes", "share_restored", "sweep_sites"]
+
 WHATS = ("resid", "attn", "mlp", "heads")
-METRICS = ("logit_diff", "prob")
 
 
 @dataclass(repr=False)
@@ -135,56 +138,50 @@ def share_restored(raw: Tensor, m_clean: float, m_corr: float, metric: str) -> T
     return (raw - m_corr) / denom
 
 
-def _tokens(lm, ids) -> list[str]:
-    return lm.tokenizer.batch_decode([[int(i)] for i in ids])
+Node = tuple  # (site, layer, position or None: every position, head or None: the whole site)
 
 
-def _position(position: int, P: int) -> int:
-    pos = position + P if position < 0 else position
-    if not 0 <= pos < P:
-        raise InputError(f"position {position} is outside the {P} tokens")
-    return pos
-
-
-def contrast(lm: LoadedModel, clean, corrupted, target, foil, metric: str, position: int):
-    """A clean/corrupted request checked once for every patching method: ``(clean_ids, corrupted_ids, target_id,
-    foil_id, position)`` with equal token lengths, a foil when ``metric="logit_diff"``, the position in range."""
-    c_ids, x_ids = token_ids(lm, clean), token_ids(lm, corrupted)
-    if c_ids.numel() != x_ids.numel():
-        raise InputError(
-            f"the clean and corrupted prompts must have the same number of tokens; they have {c_ids.numel()} "
-            f"{_tokens(lm, c_ids)} and {x_ids.numel()} {_tokens(lm, x_ids)}: reword one of them"
-        )
-    tid = resolve_token(lm, target)
-    if metric == "logit_diff" and foil is None:
-        raise InputError("metric='logit_diff' needs a foil token (--foil); or use metric='prob'")
-    fid = resolve_token(lm, foil) if foil is not None else None
-    return c_ids, x_ids, tid, fid, _position(position, c_ids.numel())
-
-
-def metric_of(logits: Tensor, metric: str, target_id, foil_id=None, *, at: Tensor | int | None = None) -> Tensor:
-    """``logits (rows, vocab)`` -> ``(rows,)``: the logit difference ``logit[target] - logit[foil]`` (``foil_id``
-    None: the target's logit alone) or, for ``metric="prob"``, the target's probability.
-
-    ``target_id`` / ``foil_id``: one token id for every row, or ``(rows,)`` ids, one per row. ``at``: read
-    ``logits (rows, pos, vocab)`` at that position (an int, or ``(rows,)`` one per row). bfloat16 / float16 logits
-    are read in float32; the one per-row metric of patching, attribution patching and the attribution baselines."""
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    if at is not None:
-        logits = logits[rows, _on(at, rows)] if isinstance(at, Tensor) else logits[:, at]
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    if metric == "prob":
-        logits = logits.softmax(-1)
-    t = _on(target_id, rows) if isinstance(target_id, Tensor) else target_id
-    out = logits[rows, t]
-    if metric == "logit_diff" and foil_id is not None:
-        out = out - logits[rows, _on(foil_id, rows) if isinstance(foil_id, Tensor) else foil_id]
+def patch_edits(rows: list[tuple[int, Node, Tensor]], P: int) -> list[Edit]:
+    """The one builder of patch edits: one engine :class:`Edit` per (site, layer, per-head or not) from ``(batch
+    row, node, source value (pos, ...))``, a node ``(site, layer, pos or None, head or None)`` (``pos`` None: every
+    position of the ``P``)."""
+    merged: dict[tuple, list] = {}
+    for row, (site, layer, p, h), value in rows:
+        pos = torch.arange(P) if p is None else torch.tensor([p])
+        v = value if p is None else value[p:p + 1]
+        v = v if h is None else v[:, h]
+        merged.setdefault((site, layer, h is None), []).append((torch.full_like(pos, row), pos, v,
+                                                                 None if h is None else torch.full_like(pos, h)))
+    out = []
+    for (site, layer, whole), parts in merged.items():
+        r, pos, v, hd = zip(*parts)
+        out.append(Edit(site, layer, torch.cat(r), torch.cat(pos), torch.cat(v),
+                        head=None if whole else torch.cat(hd)))
     return out
 
 
-def _on(x: Tensor, like: Tensor) -> Tensor:
-    return x.to(like.device)
+@torch.no_grad()
+def patch_nodes(lm: LoadedModel, base: Tensor, source: dict, nodes: list[Node], metric: str, target, foil, *,
+                position: int, batch_size: int = 32, last_only: bool = False) -> Tensor:
+    """The one node-patching loop: the metric of the run of ``base (b, pos)`` with one node set to its value in
+    ``source`` (``{(site, layer): (b, pos, ...)}``, each prompt's own), for every (node, prompt) pair, one pair per
+    batch row, ``batch_size`` rows per forward pass: ``(node, b)``. ``target``/``foil``: one id, or ``(b,)`` ids;
+    the metric is read at ``position`` (``last_only``: the last position's logits only, ``position`` the last).
+    Activation patching's sweeps and the circuits' exact node scores are its uses."""
+    if batch_size < 1:
+        raise InputError("batch_size must be at least 1")
+    b, P = base.shape
+    out = []
+    for s, e in batches(len(nodes) * b, batch_size):
+        rows = torch.arange(s, e)
+        node_i, prompt_j = rows // b, rows % b
+        edits = patch_edits([(r, nodes[i], source[nodes[i][:2]][j]) for r, (i, j) in
+                             enumerate(zip(node_i.tolist(), prompt_j.tolist()))], P)
+        lg, _ = run(lm, base[prompt_j], edits, last_only=last_only)
+        t = target[prompt_j] if isinstance(target, Tensor) else target
+        f = foil[prompt_j] if isinstance(foil, Tensor) else foil
+        out.append(metric_of(lg, metric, t, f, at=-1 if last_only else position).cpu())
+    return torch.cat(out).reshape(len(nodes), b)
 
 
 def sweep_sites(what: str, lm: LoadedModel, P: int, head_position: int | None):
@@ -209,14 +206,14 @@ def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *,
     """
     if what not in WHATS:
         raise InputError(f"unknown what={what!r}; choose one of {', '.join(WHATS)}")
-    if metric not in METRICS:
-        raise InputError(f"unknown metric={metric!r}; choose one of {', '.join(METRICS)}")
+    check_metric(metric)
     if batch_size < 1:
         raise InputError("batch_size must be at least 1")
     require_decoder(lm, "activation patching", instead="use a model with a language-model head")
-    c_ids, x_ids, tid, fid, pos = contrast(lm, clean, corrupted, target, foil, metric, position)
+    cx = contrast(lm, clean, corrupted, target, foil, metric, position)
+    c_ids, x_ids, tid, fid, pos = cx.clean, cx.corrupted, cx.target, cx.foil, cx.position
     P = c_ids.numel()
-    hp = None if head_position is None else _position(head_position, P)
+    hp = None if head_position is None else position_in(head_position, P)
     L = lm.anatomy.n_layers
     site = {"resid": "resid_pre", "attn": "attn_out", "mlp": "mlp_out", "heads": "head"}[what]
     keys = [(site, layer) for layer in range(L)]
@@ -227,30 +224,13 @@ def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *,
     src = {k: v[1 if noising else 0] for k, v in got.items()}  # (pos, ...) per layer
 
     patches, shape = sweep_sites(what, lm, P, hp)
-    raw = torch.empty(len(patches))
-    plist = torch.tensor(patches, dtype=torch.long)  # (n, 2): layer, index
-    for s, e in batches(len(patches), batch_size):
-        chunk = plist[s:e]
-        n = e - s
-        edits = []
-        for layer in chunk[:, 0].unique().tolist():
-            rows = (chunk[:, 0] == layer).nonzero()[:, 0]
-            idx = chunk[rows, 1]
-            vals = src[(site, layer)]
-            if what != "heads":
-                edits.append(Edit(site, layer, rows, idx, vals[idx]))
-            else:
-                ps = torch.arange(P) if hp is None else torch.tensor([hp])
-                r = rows.repeat_interleave(len(ps))
-                h = idx.repeat_interleave(len(ps))
-                pp = ps.repeat(len(rows))
-                edits.append(Edit(site, layer, r, pp, vals[pp, h], head=h))
-        lg, _ = run(lm, base_ids[None].expand(n, P), edits)
-        raw[s:e] = metric_of(lg[:, pos], metric, tid, fid).cpu()
+    nodes = [(site, layer, i, None) if what != "heads" else (site, layer, hp, i) for layer, i in patches]
+    source = {k: v[None] for k, v in src.items()}  # a batch of one prompt
+    raw = patch_nodes(lm, base_ids[None], source, nodes, metric, tid, fid, position=pos, batch_size=batch_size)[:, 0]
     raw = raw.reshape(shape)
     values = share_restored(raw, m_clean, m_corr, metric)
     return PatchingResult(
-        values=values, raw=raw, tokens=_tokens(lm, c_ids), corrupted_tokens=_tokens(lm, x_ids), what=what,
+        values=values, raw=raw, tokens=token_texts(lm, c_ids), corrupted_tokens=token_texts(lm, x_ids), what=what,
         metric=metric, noising=noising, target=token_str(lm, tid), target_id=tid,
         foil=None if fid is None else token_str(lm, fid), foil_id=fid, clean_metric=m_clean,
         corrupted_metric=m_corr, position=pos, head_position=hp, model=lm.name,

@@ -21,28 +21,25 @@ from torch import Tensor
 from ..errors import InputError, NotApplicableError
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, require_decoder, token_str
-from .patching import METRICS, PatchingResult, _tokens, contrast, metric_of, share_restored
+from ..models.request import METRICS, contrast, metric_of, token_texts
+from .patching import PatchingResult, patch_edits, share_restored
 
 SENDERS = ("heads", "attn", "mlp")
 
 
-def _freeze_edits(rows_layer: Tensor, rows: Tensor, base: dict, L_stop: int, P: int, what: str) -> list[Edit]:
+def _freezes(rows_layer: Tensor, rows: Tensor, base: dict, L_stop: int, what: str) -> list[tuple]:
     """Freeze every attention and MLP output after each row's sender (and the sender layer's MLP; for MLP
-    senders, from the next layer on) up to layer ``L_stop - 1``, at the base run's values (all positions)."""
-    edits = []
+    senders, from the next layer on) up to layer ``L_stop - 1``, at the base run's values (all positions): the
+    ``(row, node, value)`` patches of :func:`~lenscope.interventions.patching.patch_edits`."""
+    out = []
     for j in range(L_stop):
         for site in ("attn_out", "mlp_out"):
             if what == "mlp":
                 sel = rows_layer < j
             else:
                 sel = rows_layer < j if site == "attn_out" else rows_layer <= j
-            r = rows[sel]
-            if r.numel() == 0:
-                continue
-            rr = r.repeat_interleave(P)
-            pp = torch.arange(P).repeat(r.numel())
-            edits.append(Edit(site, j, rr, pp, base[(site, j)][pp]))
-    return edits
+            out += [(r, (site, j, None, None), base[(site, j)]) for r in rows[sel].tolist()]
+    return out
 
 
 def _receiver_logits(lm: LoadedModel, ids: Tensor, edits: list[Edit], receiver: tuple[int, int, str]) -> Tensor:
@@ -56,17 +53,16 @@ def _receiver_logits(lm: LoadedModel, ids: Tensor, edits: list[Edit], receiver: 
     group = at.n_heads // at.n_kv_heads
     h_in = rh // group if which in ("k", "v") else rh
     n, P = ids.shape
-    rows, pos = torch.arange(n).repeat_interleave(P), torch.arange(P).repeat(n)
 
-    def at_head(h, site, x):  # set head ``h`` of ``site`` at every row and position to ``x (row, pos, d_head)``
-        return Edit(site, rl, rows, pos, x.reshape(n * P, -1), head=torch.full((n * P,), h))
+    def at_head(h, site, x):  # set head ``h`` of ``site`` at every row and position to ``x (row, pos, head, d)``
+        return patch_edits([(r, (site, rl, None, h), x[r]) for r in range(n)], P)
 
     _, cap = run(lm, ids, edits, capture=[(which, rl)], stop_after=(which, rl))
-    set_input = at_head(h_in, which, cap[(which, rl)][:, :, h_in])
+    set_input = at_head(h_in, which, cap[(which, rl)])
     if which == "q" or group == 1:
-        return run(lm, ids, [set_input]).logits
-    _, cap = run(lm, ids, [set_input], capture=[("head", rl)], stop_after=("head", rl))
-    return run(lm, ids, [at_head(rh, "head", cap[("head", rl)][:, :, rh])]).logits
+        return run(lm, ids, set_input).logits
+    _, cap = run(lm, ids, set_input, capture=[("head", rl)], stop_after=("head", rl))
+    return run(lm, ids, at_head(rh, "head", cap[("head", rl)])).logits
 
 
 @torch.no_grad()
@@ -93,7 +89,8 @@ def path_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, sende
         if not (0 < rl < L and 0 <= rh < lm.anatomy.layers[rl].attn.n_heads):
             H = lm.anatomy.layers[1].attn.n_heads
             raise InputError(f"receiver head ({rl}, {rh}) must lie in layers 1..{L - 1}, heads 0..{H - 1}")
-    c_ids, x_ids, tid, fid, pos = contrast(lm, clean, corrupted, target, foil, metric, position)
+    cx = contrast(lm, clean, corrupted, target, foil, metric, position)
+    c_ids, x_ids, tid, fid, pos = cx.clean, cx.corrupted, cx.target, cx.foil, cx.position
     P = c_ids.numel()
     src_ids, base_ids = (x_ids, c_ids) if noising else (c_ids, x_ids)
     site = {"heads": "head", "attn": "attn_out", "mlp": "mlp_out"}[senders]
@@ -114,24 +111,16 @@ def path_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, sende
         chunk = plist[s:e]
         n = e - s
         rows = torch.arange(n)
-        edits = []
-        for j in chunk[:, 0].unique().tolist():
-            r = rows[chunk[:, 0] == j]
-            idx = chunk[r, 1]
-            if senders == "heads":
-                rr, hh = r.repeat_interleave(P), idx.repeat_interleave(P)
-                pp = torch.arange(P).repeat(r.numel())
-                edits.append(Edit("head", j, rr, pp, src[("head", j)][pp, hh], head=hh))
-            else:
-                edits.append(Edit(site, j, r, idx, src[(site, j)][idx]))
-        edits += _freeze_edits(chunk[:, 0], rows, base, Ls, P, senders)
+        patches = [(r, ("head", j, None, c) if senders == "heads" else (site, j, c, None), src[(site, j)])
+                   for r, (j, c) in enumerate(chunk.tolist())]
+        edits = patch_edits(patches + _freezes(chunk[:, 0], rows, base, Ls, senders), P)
         ids = base_ids[None].expand(n, P)
         lg = run(lm, ids, edits).logits if receiver is None else _receiver_logits(lm, ids, edits, receiver)
         out[s:e] = metric_of(lg[:, pos], metric, tid, fid).cpu()
     raw[plist[:, 0], plist[:, 1]] = out
     values = share_restored(raw, m_clean, m_corr, metric)
     return PatchingResult(
-        values=values, raw=raw, tokens=_tokens(lm, c_ids), corrupted_tokens=_tokens(lm, x_ids), what=senders,
+        values=values, raw=raw, tokens=token_texts(lm, c_ids), corrupted_tokens=token_texts(lm, x_ids), what=senders,
         metric=metric, noising=noising, target=token_str(lm, tid), target_id=tid,
         foil=None if fid is None else token_str(lm, fid), foil_id=fid, clean_metric=m_clean, corrupted_metric=m_corr,
         position=pos, model=lm.name,

@@ -25,9 +25,10 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, encode, require_decoder, resolve_token, token_str
+from ..models.load import LoadedModel, encode, require_decoder, token_str
+from ..models.request import Request, token_texts
 from ..results import Result
-from .patching import _tokens
+from .patching import patch_edits
 
 KINDS = ("resid", "mlp", "attn")
 SITE = {"resid": "resid_pre", "mlp": "mlp_out", "attn": "attn_out"}  # the engine's sites
@@ -174,7 +175,7 @@ def causal_trace(lm: LoadedModel, prompt: str, subject: str, target=None, *, sam
     keys = [(SITE[s], layer) for s in ("resid", "attn", "mlp") for layer in range(L)]
     logits, clean = run(lm, ids[None], capture=keys)
     probs = logits[0, -1].float().softmax(-1)
-    tid = int(probs.argmax()) if target is None else resolve_token(lm, target)
+    tid = Request.of(lm, target).or_top(probs).target
     p_clean = float(probs[tid])
     clean = {k: v[0] for k, v in clean.items()}  # (pos, d_model)
 
@@ -200,19 +201,14 @@ def causal_trace(lm: LoadedModel, prompt: str, subject: str, target=None, *, sam
         # the noise first, then any restoration at the same site overrides it
         edits = [Edit("resid_pre", 0, local.repeat_interleave(len(subj)), subj_t.repeat(n),
                       eps[s_idx].reshape(-1, d), mode="add")]
-        sp = spec[r_idx]
-        for k, kind in enumerate(KINDS):
-            sel = (sp[:, 0] == k).nonzero()[:, 0]
-            if sel.numel() == 0:
+        restore = []  # (row, node, clean value): the restorations, patched from the clean run
+        for row, (k, layer, p) in enumerate(spec[r_idx].tolist()):
+            if k < 0:
                 continue
-            for layer in sp[sel, 1].unique().tolist():
-                rows = sel[sp[sel, 1] == layer]
-                pos = sp[rows, 2]
-                if kind == "resid":
-                    edits.append(Edit("resid_pre", layer, rows, pos, clean[("resid_pre", layer)][pos]))
-                else:
-                    for lw in window_layers(layer, window, L):
-                        edits.append(Edit(SITE[kind], lw, rows, pos, clean[(SITE[kind], lw)][pos]))
+            site = SITE[KINDS[k]]
+            for lw in [layer] if KINDS[k] == "resid" else window_layers(layer, window, L):
+                restore.append((row, (site, lw, p, None), clean[(site, lw)]))
+        edits += patch_edits(restore, P)
         lg, _ = run(lm, ids[None].expand(n, P), edits)
         out[s:e] = lg[:, -1].float().softmax(-1)[:, tid].cpu()
     per = out.reshape(R, samples).mean(1)
@@ -223,7 +219,7 @@ def causal_trace(lm: LoadedModel, prompt: str, subject: str, target=None, *, sam
         if sel.numel():
             maps[kind][spec[sel, 1], spec[sel, 2]] = per[sel] - p_corr
     return CausalTrace(
-        resid=maps["resid"], mlp=maps["mlp"], attn=maps["attn"], tokens=_tokens(lm, ids), subject=subject,
+        resid=maps["resid"], mlp=maps["mlp"], attn=maps["attn"], tokens=token_texts(lm, ids), subject=subject,
         subject_positions=subj, target=token_str(lm, tid), target_id=tid, p_clean=p_clean, p_corrupted=p_corr,
         noise_scale=nu, samples=samples, window=window, seed=seed, model=lm.name,
     )

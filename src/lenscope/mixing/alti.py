@@ -40,7 +40,7 @@ from ..viz.notebook import ReportView
 CHUNK_BYTES = 128 * 2**20
 
 
-def _chunks(n: int, per_row_bytes: int, budget: int = CHUNK_BYTES):
+def row_chunks(n: int, per_row_bytes: int, budget: int = CHUNK_BYTES):
     step = max(1, budget // max(per_row_bytes, 1))
     for a in range(0, n, step):
         yield torch.arange(a, min(n, a + step))
@@ -173,7 +173,7 @@ def alti_layer(A: Anatomy, tr: Trace, l: int, dtype: torch.dtype = torch.float32
     rms = activation_scale(real)
     C = real.new_zeros(n, n)
     err = 0.0
-    for rows in _chunks(n, n * layer.attn.n_heads * real.element_size() * 2):
+    for rows in row_chunks(n, n * layer.attn.n_heads * real.element_size() * 2):
         b = int(rows[-1]) + 1 if A.causal else n  # causal: these rows read no source at or after b
         sub = prefix_trace(tr, b) if A.causal else tr
         dec = resid_mid_parts(A, sub, l, rows, "sources", writes=writes[:, :b], dtype=dtype, factored=True)
@@ -204,7 +204,7 @@ def value_zeroing_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, int]:
     base = layer.after_attention(x, attn_out)["resid_post"]  # recomputed: same float path as the ablations
     C = x.new_zeros(n, n)
     per_src = n * (3 * layer.mlp.d_mlp + 8 * d) * 8
-    for src in _chunks(n, per_src):
+    for src in row_chunks(n, per_src):
         removed = torch.einsum("hij,hjd->jid", probs[:, :, src], writes[:, src])  # (chunk, pos, d)
         out = layer.after_attention(x[None], attn_out[None] - removed)["resid_post"]
         cos = torch.nn.functional.cosine_similarity(out, base[None], dim=-1)  # (chunk, pos)

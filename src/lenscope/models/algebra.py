@@ -153,6 +153,54 @@ def head_values(attn: Attention, z: Tensor, value_bias: bool) -> Tensor:
     return attn._per_kv(v)
 
 
+def head_outputs(A: Anatomy, tr: Trace, l: int, rows: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+    """Each head's output at positions ``rows`` from the trace (the engine's ``head`` site, the output
+    projection's input): ``z[r, h] = sum_j alpha[h, rows[r], j] v_j^h``, ``(row, head, d_head)``."""
+    layer = A.layers[l]
+    z, _ = attention_input_parts(layer, tr, l, "sources", dtype)
+    probs = f32(take_rows(tr.attn_probs[l], rows, 1), dtype)  # (head, row, src)
+    return torch.einsum("hrs,hse->rhe", probs, head_values(layer.attn, z, True))
+
+
+HeadBias = Literal["shared", "rest"]
+
+
+def head_writes(layer: Layer, z: Tensor, bias: HeadBias, norm_input: Tensor | None = None,
+                dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor | None]:
+    """What each head adds to the residual stream, ``(..., pos, head, d_model)``, from its outputs ``z (..., pos,
+    head, d_head)``, and what no head writes, ``(..., pos, d_model)`` (None with ``"shared"``): the one head-write
+    function (direct logit attribution, the circuits' senders, the app's head view).
+
+    The bias convention: ``"shared"`` gives each head ``b_O / H`` (and, under a post-attention norm, ``1/H`` of the
+    norm's bias), so the heads alone sum to what the attention part adds (the circuits' senders); ``"rest"`` keeps
+    ``b_O`` (and the norm's bias) in the remainder (direct logit attribution's ``L{l}.attn_bias``). Under a
+    post-attention (sandwich) norm the writes go through the norm, affine given its per-token scale: that of
+    ``norm_input`` (the traced attention output) when given, else of what the heads and the bias wrote. ``dtype``:
+    compute in it (default: the weights' own)."""
+    attn = layer.attn
+    H = attn.n_heads
+    W_O = attn.W_O if dtype is None else attn.W_O.to(dtype)
+    w = torch.einsum("...phe,hed->...phd", z.to(W_O.dtype), W_O)
+    b_O = attn.b_O if attn.b_O is None or dtype is None else attn.b_O.to(dtype)
+    rest = None
+    if bias == "shared":
+        if b_O is not None:
+            w = w + b_O / H
+    else:
+        rest = w.new_zeros(w.shape[:-2] + w.shape[-1:]) + (b_O if b_O is not None else 0)
+    norm = layer.ln_attn_out
+    if norm is None:
+        return w, rest
+    norm = norm if dtype is None else norm.to(dtype)
+    total = w.sum(-2) if rest is None else w.sum(-2) + rest
+    scale = norm.scale(total if norm_input is None else norm_input.to(w.dtype))[..., None]
+    w = norm.linear(w, scale)
+    if rest is None:
+        return (w + norm.bias / H if norm.bias is not None else w), None
+    rest = norm.linear(rest, scale[..., 0])
+    return w, (rest + norm.bias if norm.bias is not None else rest)
+
+
 def bias_through_attention(attn: Attention, beta: Tensor | None, value_bias: bool,
                            dtype: torch.dtype = torch.float32, mass: Tensor | None = None) -> Tensor:
     """What attention writes independently of the sources, (d_model,): ``b_O``, plus (when the biases are not

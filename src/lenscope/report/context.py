@@ -11,6 +11,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models.load import LoadedModel, token_ids
+from ..models.request import Request
 from ..viz.report.payloads import packed, unpack  # noqa: F401 - re-exported: lenscope.report.packed
 
 
@@ -59,8 +60,7 @@ class ReportContext:
         self.ids = token_ids(self.lm, self.text)  # validates the text (empty, too long, ...)
         A = self.lm.anatomy
         self.has_logits = A.unembed is not None
-        if self.foil is not None and self.target is None:
-            raise InputError("a foil needs a target: give --target as well")
+        self.request = Request.of(self.lm, self.target, self.foil)  # a foil needs a target; both one token each
         if self.target is not None and not self.has_logits:
             raise InputError(f"{self.lm.name} has no language-model head, so there is no target to explain; "
                              "leave out --target/--foil")
@@ -94,8 +94,8 @@ class ReportContext:
     def _check_contrast(self) -> None:
         """A corrupted prompt is refused before any view is computed: it needs a target and a foil (the circuit's
         metric is logit(target) - logit(foil)), a decoder, and as many tokens as the clean text."""
-        from ..interventions.patching import contrast
         from ..models.load import require_decoder
+        from ..models.request import contrast
 
         if self.target is None or self.foil is None:
             raise InputError("a corrupted prompt needs a target and a foil (the circuit is scored on "
@@ -129,19 +129,13 @@ class ReportContext:
     @cached_property
     def target_id(self) -> int | None:
         """The token to explain: the one given, else the model's own top prediction at the last position."""
-        from ..models.load import resolve_token
-
         if not self.has_logits:
             return None
-        if self.target is None:
-            return int(self.final_logits.argmax())
-        return resolve_token(self.lm, self.target)
+        return self.request.or_top(self.final_logits).target
 
     @cached_property
     def foil_id(self) -> int | None:
-        from ..models.load import resolve_token
-
-        return None if self.foil is None else resolve_token(self.lm, self.foil)
+        return self.request.foil
 
     def token_text(self, i: int | None) -> str | None:
         return None if i is None else self.lm.tokenizer.decode([int(i)])

@@ -266,7 +266,7 @@ class Service:
 
     @staticmethod
     def _head_write(ctx: ReportContext, layer: int, head: int, p: int) -> dict:
-        from ..attribution.dla import _head_writes
+        from ..attribution.dla import traced_head_writes
         from ..models.load import require_decoder
         from ..models.readout import Readout
 
@@ -275,7 +275,7 @@ class Service:
                         instead="pick a decoder model")
         readout = Readout.from_anatomy(lm.anatomy)
         s = readout.scale(ctx.trace.final_in[p])
-        vec = _head_writes(lm.anatomy, ctx.trace, layer, p)[0][head]
+        vec = traced_head_writes(lm.anatomy, ctx.trace, layer, p)[0][head]
         logits = readout.part_logits(vec, s, readout.W_U.float())
         k = min(10, logits.numel())
         up, down = torch.topk(logits, k), torch.topk(-logits, k)
@@ -303,7 +303,7 @@ class Service:
 
     def token(self, name: str, text: str, position: int, target=None, foil=None) -> dict:
         """``POST /api/token``: every attribution method's explanation of the prediction at ``position``."""
-        from ..models.load import resolve_token
+        from ..models.request import Request
 
         entry = self.context(name, text)
         ctx = entry.ctx
@@ -324,12 +324,11 @@ class Service:
         tr = ctx.trace
         tid = fid = None
         if has_logits:
-            if target is not None:
-                tid = resolve_token(lm, target)
-            else:
-                lg = tr.logits[p] if tr.logits is not None else A.logits(tr.final_in[p:p + 1])[0]
-                tid = int(lg.float().argmax())
-            fid = None if foil is None else resolve_token(lm, foil)
+            top = None
+            if target is None:  # the model's own top prediction
+                top = tr.logits[p] if tr.logits is not None else A.logits(tr.final_in[p:p + 1])[0]
+            req = Request.of(lm, target, foil, top=top)
+            tid, fid = req.target, req.foil
         out = {"position": p, "token": ctx.tokens[p], "target": _tok(ctx, tid), "foil": _tok(ctx, fid),
                "methods": {}, "notes": {}}
         with entry.lock:

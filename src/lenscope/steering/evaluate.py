@@ -32,7 +32,8 @@ from torch import Tensor
 from ..data.steering import SteeringInput, data_hash
 from ..errors import InputError
 from ..models.engine import run
-from ..models.load import LoadedModel, require_decoder, resolve_token, token_str
+from ..models.load import LoadedModel, require_decoder, token_str
+from ..models.request import Request
 from ..results import Result
 from .directions import Direction, add_edits, direction_dict, length_groups, text_ids
 
@@ -257,7 +258,7 @@ def resolve_inputs(lm: LoadedModel, inputs, source: str = "the inputs") -> tuple
         pair = []
         for name, ans in (("answer_positive", x.answer_positive), ("answer_negative", x.answer_negative)):
             try:
-                pair.append(resolve_token(lm, ans))
+                pair.append(Request.of(lm, ans).target)
             except InputError as e:
                 raise InputError(f"{source}, row {row}: {name}: {e}") from None
         if pair[0] == pair[1]:

@@ -26,7 +26,7 @@ from ..errors import InputError
 from ..mixing.analysis import contextualization_change, ff_amp, pre_post_ff, scope_pairs, top_pairs
 from ..mixing.maps import check_scopes, layer_decompositions
 from ..models.trace import trace
-from ..results import read_summary
+from ..results import finite_json, read_summary
 from ..stats import pearson, spearman
 
 DATASETS = ("sst2", "wikitext")
@@ -202,14 +202,7 @@ class MixingStudy:
                 f"{len(self.ff_norm)} layers, skipped={self.skipped})")
 
 
-def _clean(x):
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_clean(v) for v in x]
-    return x
+_clean = finite_json  # the one home: lenscope.results.finite_json
 
 
 def _nanmean(cols: list[list[float]]) -> list:
