@@ -149,6 +149,8 @@ class MixingMaps(Result):
     ``||real_i||`` (0 for ``attention``);
     ``layer_errors (layer,)`` per layer."""
 
+    VIEW = "mixing"  # its view: drawn by viz/report/assets/mixing.js (lenscope.viz.views)
+
     model: str
     scope: str
     tokens: list[str]
