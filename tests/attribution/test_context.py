@@ -4,6 +4,7 @@ here from the papers' equations (independent of lenscope.models.algebra)."""
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -278,8 +279,17 @@ def test_result_roundtrip_frame_plot_html(tmp_path):
     fig = e.plot()
     assert len(fig.axes) >= 2
     page = lenscope.attribution.explain_html(list(res.values()), tmp_path / "e.html")
-    assert "lenscope-explain" in page and page.count("\"method\":") == 4
-    assert "<script" not in json.dumps(e.tokens)
+    assert (tmp_path / "e.html").read_text(encoding="utf-8") == page
+    assert 'data-section="attribution"' in page  # the report page with the attribution view, its own script
+    block = re.search(r'<script type="application/json" id="lenscope-data">(.*?)</script>', page, re.S).group(1)
+    (sec,) = json.loads(block)["sections"]
+    assert sec["key"] == "attribution" and list(sec["data"]["methods"]) == list(res)  # the four methods
+    assert sec["data"]["tokens"] == e.tokens and sec["data"]["target"] == " capital"
+    for m, ex in res.items():
+        assert sec["data"]["methods"][m]["scores"] == pytest.approx(ex.scores.tolist(), rel=1e-4, abs=1e-9)
+    assert set(sec["data"]["layers"]) == {"logit", "alti-logit"}  # their per-layer scores
+    assert "<script" not in block
+    assert e.to_html() == lenscope.attribution.explain_html([e])
 
 
 @settings(max_examples=15, deadline=None)

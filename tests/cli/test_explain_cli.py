@@ -55,7 +55,9 @@ def test_token_ids_html_png_save_and_table(tmp_path):
     assert "invariant error" in r.stdout and "' capital'" in r.stdout
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5000
     page = html.read_text()
-    assert page.startswith("<!doctype html>") and "http://" not in page and "https://" not in page
+    assert page.startswith("<!doctype html>") and "https://" not in page
+    assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")  # the SVG namespace is a name, not fetched
+    assert 'data-section="attribution"' in page  # the report page with the attribution view
     from lenscope import Explanation
 
     back = Explanation.load(save)

@@ -314,7 +314,16 @@ def _data_block(page: str) -> dict:
     return json.loads(m.group(1))
 
 
+def _section(page: str) -> dict:
+    """The one section of a result's page (the report page holding just its view)."""
+    data = _data_block(page)
+    (sec,) = data["sections"]
+    return {"meta": data["meta"], **sec}
+
+
 def test_html_is_self_contained_and_escaped(tmp_path):
+    from lenscope.viz.report import asset
+
     lm = get_model("tiny:gpt2")
     a = prediction_trajectory(lm, TEXT, perturbed_tuned_lens(lm), mid=True)
     b = prediction_trajectory(lm, TEXT)
@@ -325,19 +334,25 @@ def test_html_is_self_contained_and_escaped(tmp_path):
     path = a.to_html(tmp_path / "t.html", [b], title="<i>IOI</i> & co")
     page = path.read_text(encoding="utf-8")
     assert page.startswith("<!doctype html>")
-    assert "http://" not in page and "https://" not in page and "//cdn" not in page
+    # the report page with the trajectory view, drawn by the report's own scripts (inline: nothing fetched)
+    assert asset("core.js") in page and asset("trajectory.js") in page and 'data-section="trajectory"' in page
+    assert "https://" not in page and "//cdn" not in page
+    assert "http://" not in page.replace("http://www.w3.org/2000/svg", "")  # the SVG namespace is a name
     assert "<b>bold" not in page and "<!--" not in page
-    assert page.count("</script>") == 2  # the data block and the code block, nothing else closes one
+    assert page.count("</script>") == 4  # the data block, core.js, trajectory.js, the start: nothing else closes one
     assert "<script src" not in page and "<link" not in page and "@import" not in page
     assert "<title>&lt;i&gt;IOI&lt;/i&gt; &amp; co</title>" in page
-    data = _data_block(page)
-    assert data["title"] == "<i>IOI</i> & co"
-    got = data["trajectories"]
+    assert "<h2>&lt;i&gt;IOI&lt;/i&gt; &amp; co</h2>" in page  # the view's heading
+    sec = _section(page)
+    assert sec["key"] == "trajectory" and sec["meta"]["model"] == NASTY[3] + NASTY[4]
+    got = sec["data"]["trajectories"]
     assert [t["lens"] for t in got] == ["tuned", "logit"]
     assert got[0]["tokens"][2] == NASTY[0] and got[0]["top_tokens"][0][1] == NASTY[1]
-    assert got[0]["topk_tokens"][1][1][1] == NASTY[2] and got[0]["model"] == NASTY[3] + NASTY[4]
+    assert got[0]["topk_tokens"][1][1][1] == NASTY[2]
     assert got[0]["state_labels"] == a.state_labels
-    assert got[1]["entropy"][2][3] == pytest.approx(float(b.entropy[2, 3]), abs=1e-6)
+    # the page's numbers are the report's: 4 decimals (rounding moves a value by at most 5e-5)
+    assert got[1]["entropy"][2][3] == pytest.approx(float(b.entropy[2, 3]), abs=5e-5 + 1e-7)
+    assert got[1]["topk_prob"][2][3][0] == pytest.approx(float(b.topk_prob[2, 3, 0]), abs=5e-5 + 1e-7)
     # the controls and the tooltip fields exist
     for word in ('"entropy"', '"kl"', '"prob"', "topk_tokens", "textContent", "tip"):
         assert word in page
@@ -349,7 +364,11 @@ def test_html_single_and_default_title(tmp_path):
     traj = prediction_trajectory(lm, TEXT)
     page = trajectory_html(traj, tmp_path / "sub" / "one.html").read_text(encoding="utf-8")
     assert "<title>Prediction trajectory · logit lens · tiny:llama</title>" in page
-    assert len(_data_block(page)["trajectories"]) == 1
+    assert len(_section(page)["data"]["trajectories"]) == 1
+    # to_html, the notebook view and lenscope.show write one page: the same view with the same data
+    from lenscope.viz import notebook
+
+    assert _section(notebook.view(traj).page) == _section(page)
     with pytest.raises(lenscope.InputError):
         trajectory_html([], tmp_path / "none.html")
 

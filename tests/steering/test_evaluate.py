@@ -145,6 +145,15 @@ def test_json_files_frame_plots_page(tmp_path):
         assert ev.plot(kind) is not None
     page = ev.to_html(tmp_path / "p.html")
     assert "lenscope-data" in page and "LS.sections.steering" in page and (tmp_path / "p.html").is_file()
+    # in a notebook (and lenscope.show): the same view with the same data, on the same report page
+    from lenscope.viz import notebook
+
+    def data(p):
+        return json.loads(p.split('id="lenscope-data">')[1].split("</script>")[0])["sections"]
+
+    framed = ev._repr_html_()
+    assert framed.startswith('<div class="lenscope-view"><iframe') and 'sandbox="allow-scripts"' in framed
+    assert data(notebook.view(ev).page) == data(page)
 
 
 def test_bad_inputs(tmp_path):

@@ -1,7 +1,7 @@
 """Attribution of a prediction to model components (direct logit attribution) and to context tokens
 (Logit, ALTI-Logit, ALTI, gradient, erasure and value-zeroing explanations)."""
 
-from ..viz.explain_html import explanation_html as explain_html
+from ..viz.html import explanation_html as explain_html
 from .baselines import erasure, grad_norm, grad_x_input, integrated_gradients
 from .context import alti_logit_explanation, logit_explanation, rollout_explanation
 from .dla import ComponentAttribution, direct_logit_attribution

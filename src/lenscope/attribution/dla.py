@@ -37,6 +37,8 @@ class ComponentAttribution(Result):
     (``layer``/``head`` are -1 where they do not apply); ``experts``: per component the expert of a mixture of
     experts (-1 elsewhere), empty unless the experts were split."""
 
+    VIEW = "components"  # its view: drawn by viz/report/assets/components.js (lenscope.viz.views)
+
     model: str
     tokens: list[str]
     position: int

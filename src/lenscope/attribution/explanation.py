@@ -55,6 +55,8 @@ class Explanation(Result):
     - ``info``: method-specific numbers (e.g. integrated gradients' completeness, the logit difference).
     """
 
+    VIEW = "attribution"  # its view: drawn by viz/report/assets/attribution.js (lenscope.viz.views)
+
     model: str
     method: str
     tokens: list[str]
@@ -121,8 +123,9 @@ class Explanation(Result):
         return plot_explanation(self, ax=ax)
 
     def to_html(self, path=None) -> str:
-        """A self-contained page with the tokens coloured by score (written to ``path`` when given)."""
-        from ..viz.explain_html import explanation_html
+        """The self-contained page of this explanation: the report page with its attribution view (written to
+        ``path`` when given; :func:`lenscope.viz.html.explanation_html`)."""
+        from ..viz.html import explanation_html
 
         return explanation_html([self], path)
 

@@ -38,6 +38,8 @@ class Generation(ReportView, Result):
     ``seconds``: wall time per stage (``generate``: the decoding loop, ``trace``, then one entry per method).
     """
 
+    VIEW = "generation"  # its view: drawn by viz/report/assets/generation.js (lenscope.viz.views)
+
     model: str
     prompt: str
     text: str

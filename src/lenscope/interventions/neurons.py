@@ -91,23 +91,9 @@ class KnowledgeNeurons(Result):
         }
 
     def plot(self, ax=None):
-        import matplotlib
+        from ..viz.intervention_plots import plot_knowledge_neurons
 
-        matplotlib.use("Agg", force=False)
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            _, ax = plt.subplots(figsize=(7, 3.5))
-        A = self.attributions
-        ax.bar(range(A.shape[0]), A.max(1).values.tolist(), color="#ff7f0e", label="largest attribution")
-        ax.axhline(self.threshold * float(A.max()), color="black", lw=0.7, ls="--", label="threshold")
-        ax.set_xlabel("layer")
-        ax.set_ylabel("IG attribution")
-        ax.set_title(f"Knowledge neurons of {self.target!r}: {len(self.neurons)} neurons; P {self.p_base:.3f} → "
-                     f"{self.p_suppressed:.3f} suppressed, {self.p_amplified:.3f} amplified", fontsize=9)
-        ax.legend(fontsize=7)
-        ax.figure.tight_layout()
-        return ax.figure
+        return plot_knowledge_neurons(self, ax=ax)
 
     def __repr__(self) -> str:
         return (f"KnowledgeNeurons(target={self.target!r}, neurons={len(self.neurons)}, p_base={self.p_base:.4f}, "

@@ -104,7 +104,7 @@ class PatchingResult(Result):
         return [(int(i) // C, int(i) % C, float(flat[i])) for i in idx]
 
     def plot(self, ax=None):
-        from .plots import heatmap
+        from ..viz.intervention_plots import heatmap
 
         what = {"resid": "residual stream", "attn": "attention output", "mlp": "MLP output", "heads": "head output"}
         label = "share of logit difference restored" if self.metric == "logit_diff" else f"P({self.target!r})"

@@ -1,50 +1,6 @@
-"""Heat maps of intervention results (drawing only; the math lives in the other modules)."""
+"""Moved: the heat maps of intervention results are drawn by :mod:`lenscope.viz.intervention_plots` (a methods
+package computes, viz draws); ``heatmap`` and ``heatmaps`` stay importable from here."""
 
-from __future__ import annotations
+from ..viz.intervention_plots import heatmap, heatmaps
 
-
-def heatmap(values, columns, title: str, label: str, ax=None, xlabel: str = "position", signed: bool | None = None):
-    """``values (layer, column)`` as an image, layer 0 at the bottom."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    data = values.detach().cpu().float().numpy()
-    if ax is None:
-        fig, ax = plt.subplots(figsize=(max(4.5, 0.55 * data.shape[1] + 2.5), max(3.0, 0.18 * data.shape[0] + 1.8)))
-    fig = ax.figure
-    import numpy as np
-
-    if signed is None:
-        signed = bool((np.nan_to_num(data) < 0).any())
-    vmax = float(np.nanmax(abs(data))) if np.isfinite(data).any() else 1.0
-    vmax = vmax or 1.0
-    im = ax.imshow(data, aspect="auto", origin="lower", cmap="RdBu_r" if signed else "Purples",
-                   vmin=-vmax if signed else 0.0, vmax=vmax, interpolation="nearest")
-    ax.set_xticks(range(len(columns)), [repr(c) if xlabel.startswith("position") else c for c in columns],
-                  rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("layer")
-    ax.set_xlabel(xlabel)
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax, label=label)
-    fig.tight_layout()
-    return fig
-
-
-def heatmaps(panels, columns, title: str, label: str):
-    """Several ``(name, values (layer, column))`` panels side by side, one colour scale each."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    n = len(panels)
-    L = panels[0][1].shape[0]
-    fig, axes = plt.subplots(1, n, figsize=(n * max(3.5, 0.45 * len(columns) + 1.8), max(3.2, 0.18 * L + 2.0)))
-    axes = [axes] if n == 1 else list(axes)
-    for ax, (name, vals) in zip(axes, panels):
-        heatmap(vals, columns, name, label, ax=ax)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+__all__ = ["heatmap", "heatmaps"]

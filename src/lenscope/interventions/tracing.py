@@ -85,7 +85,7 @@ class CausalTrace(Result):
         }
 
     def plot(self):
-        from .plots import heatmaps
+        from ..viz.intervention_plots import heatmaps
 
         cols = [t + ("*" if i in self.subject_positions else "") for i, t in enumerate(self.tokens)]
         panels = [("residual stream", self.resid), (f"MLP (window {self.window})", self.mlp),

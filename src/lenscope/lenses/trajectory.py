@@ -42,6 +42,8 @@ class PredictionTrajectory(ReportView, Result):
     position predicts the next token (decoders) or its own token (masked-LM encoders)).
     """
 
+    VIEW = "trajectory"  # its view: drawn by viz/report/assets/trajectory.js (lenscope.viz.views)
+
     model: str
     lens: str
     tokens: list[str]

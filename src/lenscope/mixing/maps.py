@@ -150,6 +150,8 @@ class MixingMaps(ReportView, Result):
     ``||real_i||`` (0 for ``attention``);
     ``layer_errors (layer,)`` per layer."""
 
+    VIEW = "mixing"  # its view: drawn by viz/report/assets/mixing.js (lenscope.viz.views)
+
     model: str
     scope: str
     tokens: list[str]

@@ -29,6 +29,8 @@ class Report:
     where a view does not apply), every exactness ``checks`` entry and the ``timings`` (seconds per section,
     the shared trace counted where it was first needed)."""
 
+    VIEW = "report"  # its view: the report page, whole (lenscope.viz.notebook)
+
     meta: dict
     sections: list[dict]
     checks: list[dict]

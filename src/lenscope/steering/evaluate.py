@@ -70,6 +70,8 @@ class SteeringEvaluation(Result):
     ``settings``: ``bootstrap`` draws, ``seed``, ``confidence``, ``min_effect``, ``max_tokens``.
     """
 
+    VIEW = "steering"  # its view: drawn by viz/report/assets/steering.js (lenscope.viz.views)
+
     model: str
     direction: dict
     layers: list[int]
@@ -186,6 +188,13 @@ class SteeringEvaluation(Result):
         from ..viz.steering_html import steering_html
 
         return steering_html(self.to_dict(), path)
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the report's steering view of this result, drawn by the report's own script
+        (:func:`lenscope.viz.notebook.view`; ``lenscope.show(result)`` opens it in a browser)."""
+        from ..viz.notebook import view
+
+        return str(view(self))
 
     def __repr__(self) -> str:
         fr = self.fractions()

@@ -4,13 +4,9 @@ and a faithfulness curve."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from .lens_plots import show_token
-
-if TYPE_CHECKING:
-    from ..circuits.circuit import Circuit, Faithfulness
-    from ..circuits.routes import InformationFlowRoutes
+from .protocols import CircuitLike, FaithfulnessLike, RoutesLike
 
 COLORS = {"attn": (0.12, 0.35, 0.75), "mlp": (0.90, 0.45, 0.05), "resid": (0.35, 0.35, 0.35)}
 MLP_DX = 0.22  # the FF edge is drawn as a bend to the right of the residual line
@@ -20,7 +16,7 @@ def _y(layer: int, kind: int, mid: float) -> float:
     return layer + (mid if kind else 0.0)
 
 
-def route_segments(res: InformationFlowRoutes) -> list[tuple[str, list[tuple[float, float]], float]]:
+def route_segments(res: RoutesLike) -> list[tuple[str, list[tuple[float, float]], float]]:
     """Every kept edge as ``(kind, polyline, importance)`` in plot coordinates: token index on x, layer on y
     (``x^l`` at ``l``, ``x^mid`` of block ``l`` at ``l + 0.5``); kind ``attn`` / ``mlp`` / ``resid``."""
     mid = 0.5
@@ -38,7 +34,7 @@ def route_segments(res: InformationFlowRoutes) -> list[tuple[str, list[tuple[flo
     return out
 
 
-def plot_routes(res: InformationFlowRoutes, ax=None, min_alpha: float = 0.12):
+def plot_routes(res: RoutesLike, ax=None, min_alpha: float = 0.12):
     """The routes of one prediction: tokens on x, layers on y, each kept edge a line whose opacity (and width) grows
     with its importance (``sqrt``, at least ``min_alpha``: edges just above a small ``tau`` stay visible); attention
     edges blue, FF edges orange (a bend right of the residual line), residual edges
@@ -95,7 +91,7 @@ def _node_xy(name: str) -> tuple[float, float]:
     return -1.5, float(layer)  # an MLP, left of the heads
 
 
-def plot_circuit(circuit: Circuit, ax=None):
+def plot_circuit(circuit: CircuitLike, ax=None):
     """A circuit as a layered graph: blocks bottom to top, each block's MLP (square) left of its heads (dots);
     an edge into a head's query, key or value input drawn solid, dashed or dotted. Returns the figure."""
     import matplotlib
@@ -139,7 +135,7 @@ def plot_circuit(circuit: Circuit, ax=None):
     return fig
 
 
-def plot_faithfulness(curve: Faithfulness, ax=None, fraction: float = 0.8):
+def plot_faithfulness(curve: FaithfulnessLike, ax=None, fraction: float = 0.8):
     """Faithfulness against circuit size (log x), the ``fraction`` line and the smallest size reaching it."""
     return _faithfulness(curve.points(), curve.total, curve.level, curve.method, ax, fraction)
 

@@ -1,10 +1,10 @@
 """The view of a generated continuation explained token by token (``lenscope.generate(...).to_dict()``).
 
 One script draws it, ``viz/report/assets/generation.js``: in the report (the section ``generation``, with
-``--generate N``) and on the standalone page of ``lenscope generate --html PATH``, which is the report page
-(:func:`lenscope.viz.report.render`) holding just this section. This module turns the generation's dict into
-the section's data (:func:`generation_payload`: floats rounded to 5 significant digits, nothing recomputed) and
-writes that page (:func:`generation_html`).
+``--generate N``), in notebooks and on the standalone page of ``lenscope generate --html PATH``, which is the
+report page holding just this section (:func:`lenscope.viz.views.page`; the view is registered there as
+``generation``). This module turns the generation's dict into the section's data (:func:`generation_payload`:
+floats rounded to 5 significant digits, nothing recomputed) and writes that page (:func:`generation_html`).
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def check_name(method: str) -> str:
     return f"{method}: largest invariant error over the steps"
 
 
-def _meta(d: dict, lm, extra: dict | None) -> dict:
+def run_meta(d: dict, lm=None, extra: dict | None = None) -> dict:
+    """The run card's fields of a generation's dict (the model's, from ``lm`` when given; ``extra`` overrides)."""
     from ..version import __version__
 
     d = {**(d.get("settings") or {}), **d}  # run-card fields the generation records (family, n_layers, ...)
@@ -91,8 +92,9 @@ def _meta(d: dict, lm, extra: dict | None) -> dict:
 
 def generation_html(d_or_gen, path: str | Path | None = None, *, lm=None, meta: dict | None = None,
                     tolerance: float | None = None) -> str:
-    """The standalone page of a generation (``lenscope generate --html PATH``): the report page with just the
-    generation section, self-contained (fetches nothing). Returns the HTML; also writes it to ``path`` when given.
+    """The standalone page of a generation (``lenscope generate --html PATH``, ``Generation.to_html``): the report
+    page with just the generation section and its run card (:func:`lenscope.viz.views.page`), self-contained
+    (fetches nothing). Returns the HTML; also writes it to ``path`` when given.
 
     ``d_or_gen``: ``lenscope.generate(...)``'s result or its ``to_dict()``. ``lm``: the model that generated it
     (optional): the run card names its family, layers and width, and each method's largest invariant error is
@@ -101,26 +103,9 @@ def generation_html(d_or_gen, path: str | Path | None = None, *, lm=None, meta: 
     reported).
     """
     from .html import write_page
-    from .report import render
+    from .views import generation_view, page
 
-    d = as_dict(d_or_gen)
-    if tolerance is None and lm is not None:
-        from ..models.verify import completeness_tolerance
-
-        tolerance = completeness_tolerance(lm)
-    checks = []
-    for m, v in invariant_errors(d).items():
-        if v is None:
-            continue
-        ok = None if tolerance is None else bool(v <= tolerance)
-        checks.append({"section": KEY, "name": check_name(m), "value": float(v), "tolerance": tolerance, "ok": ok,
-                       "note": ""})
-    seconds = d.get("seconds")
-    report = {"meta": _meta(d, lm, meta),
-              "sections": [{"key": KEY, "title": TITLE, "blurb": BLURB, "data": generation_payload(d)}],
-              "checks": checks, "timings": {"generate": float(seconds)} if seconds is not None else {},
-              "ok": all(c["ok"] is not False for c in checks)}
-    page = render(report)
+    out = page(generation_view(d_or_gen, lm=lm, meta=meta, tolerance=tolerance), run_card=True)
     if path is not None:
-        write_page(page, path)
-    return page
+        write_page(out, path)
+    return out

@@ -1,11 +1,12 @@
 """Results that draw themselves: in Jupyter (``_repr_html_``) and from a script (:func:`show`, a browser tab).
 
-A result with a report view (direct logit attribution, explanations, mixing maps and matrices, lens
-trajectories, a generation, the report itself) is drawn by the report's own script for that view
-(``viz/report/assets/<key>.js``) from the same data the report embeds (:mod:`lenscope.viz.report.payloads`):
-:func:`view_page` is the report page (:func:`lenscope.viz.report.render`) holding just that section, with the
-run card, header and table of contents hidden; :func:`view_html` puts that page in an ``<iframe sandbox="allow-scripts"
-srcdoc="...">``, so its scripts and styles cannot touch the notebook's and nothing is fetched. The frame tells
+A result with a report view (its class's ``VIEW``: direct logit attribution, explanations, mixing maps and
+matrices, lens trajectories, a generation, a steering evaluation; the report itself) is drawn by the report's
+own script for that view (``viz/report/assets/<key>.js``) from the same data the report embeds, on the page
+of :func:`lenscope.viz.views.page` (the report page holding just that section, with the run card, header and
+table of contents hidden; the result's ``to_html`` writes the same page); :func:`view` puts that page in an
+``<iframe sandbox="allow-scripts" srcdoc="...">``, so its scripts and styles cannot touch the notebook's and
+nothing is fetched. The frame tells
 its parent its height (``postMessage``) so the output grows to fit where the notebook runs the output's script;
 elsewhere it keeps its first height and scrolls.
 
@@ -28,19 +29,18 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..results import Result, figure_svg
-from ..version import __version__
+from . import views
 from .html import write_page
-from .report import payloads
 from .report.page import render
+from .views import Shown, view_meta
+
+__all__ = ["View", "view", "show", "view_html", "view_page", "view_meta", "report_html", "frame_html"]
 
 # the default first height of each view's frame, in pixels (the frame then fits its page where scripts run)
 HEIGHTS = {"prediction": 360, "trajectory": 560, "components": 470, "attribution": 520, "mixing": 720,
-           "flow": 620, "circuit": 700, "generation": 620, "report": 900}
+           "flow": 620, "circuit": 700, "generation": 620, "steering": 700, "report": 900}
 MAX_HEIGHT = 4000
 
-# shown in the frame: the section's card only
-_CSS = ("<style>header.top, nav.toc, #sec-run, footer { display: none !important; }\n"
-        "main { padding: 8px 8px 10px !important; }</style>\n")
 # inside the frame: report the height of the page's content (the body's, which does not depend on the frame's own
 # height, so resizing the frame never feeds back) to the parent; the frame's id is written into the script
 _SIZER = ('<script>(function () {{ var last = 0; function post() {{ var h = Math.ceil('
@@ -66,18 +66,6 @@ class View(str):
         return str(self)
 
 
-def view_meta(model: str = "", tokens=(), **extra) -> dict:
-    """A report ``meta`` record for a view drawn outside a report: the fields the page and the scripts read,
-    with neutral values where a result does not know them (``extra`` overrides any)."""
-    tokens = list(tokens)
-    meta = {"model": model or "?", "family": "?", "model_type": "?", "n_layers": 0, "d_model": 0, "causal": True,
-            "placement": "?", "text": "".join(tokens), "tokens": tokens, "target": None, "target_id": None,
-            "foil": None, "foil_id": None, "target_is_top_prediction": False, "lens": None,
-            "versions": {"lenscope": __version__}, "created": ""}
-    meta.update(extra)
-    return meta
-
-
 def _frame_id() -> str:
     return uuid.uuid4().hex[:12]
 
@@ -94,13 +82,10 @@ def _inject(page: str, head: str = "", body: str = "") -> str:
 
 def view_page(key: str, payload: dict, meta: dict | None = None, *, title: str | None = None,
               blurb: str = "") -> str:
-    """The self-contained page of one report view: the report page (:func:`~lenscope.viz.report.render`) with
-    just the section ``key`` holding ``payload`` (drawn by ``assets/<key>.js``) under ``title`` (default: the
-    key), its run card hidden."""
-    meta = view_meta() if meta is None else meta
-    report = {"meta": meta, "sections": [{"key": key, "title": title or key, "blurb": blurb,
-                                          "data": payload}], "checks": [], "timings": {}, "ok": True}
-    return _inject(render(report), head=_CSS)
+    """The self-contained page of one report view: the report page with just the section ``key`` holding
+    ``payload`` (drawn by ``assets/<key>.js``) under ``title`` (default: the key), its run card hidden
+    (:func:`lenscope.viz.views.page`)."""
+    return views.page(Shown(key, payload, view_meta() if meta is None else meta, title or key, blurb))
 
 
 def frame_html(page: str, *, height: int = 500, title: str = "lenscope view") -> str:
@@ -118,123 +103,34 @@ def view_html(key: str, payload: dict, meta: dict | None = None, *, title: str |
               height: int | None = None) -> View:
     """One report view for a notebook: :func:`view_page` in a sandboxed iframe (a :class:`View`, whose
     ``page`` is the page itself)."""
-    page = view_page(key, payload, meta, title=title, blurb=blurb)
-    out = View(frame_html(page, height=height or HEIGHTS.get(key, 500), title=title or key))
+    return _framed(view_page(key, payload, meta, title=title, blurb=blurb), key, title or key, height)
+
+
+def _framed(page: str, key: str, title: str, height: int | None = None) -> View:
+    out = View(frame_html(page, height=height or HEIGHTS.get(key, 500), title=title))
     out.page = page
     return out
 
 
 def report_html(report: dict, height: int | None = None) -> View:
     """A whole report (:meth:`lenscope.report.Report.to_dict`) in a sandboxed iframe."""
-    page = render(report)
-    title = f"lenscope report · {report['meta']['model']}"
-    out = View(frame_html(page, height=height or HEIGHTS["report"], title=title))
-    out.page = page
-    return out
-
-
-# ------------------------------------------------------------------------------------ results -> views
-
-
-def _meta_of(res, **extra) -> dict:
-    fields = {k: getattr(res, k) for k in ("target", "target_id", "foil", "foil_id", "causal") if hasattr(res, k)}
-    return view_meta(getattr(res, "model", ""), getattr(res, "tokens", ()), **{**fields, **extra})
-
-
-def _dla(res):
-    what = repr(res.target) + (f" - {res.foil!r}" if res.foil is not None else "")
-    return "components", payloads.components_payload(res), _meta_of(res), f"Direct logit attribution · {what}"
-
-
-def _trajectories(trajs):
-    t = trajs[0]
-    lenses = " vs ".join(dict.fromkeys(x.lens for x in trajs))
-    return "trajectory", payloads.trajectory_payload(list(trajs)), _meta_of(t), f"Prediction trajectory · {lenses}"
-
-
-def _explanations(exs: dict):
-    first = next(iter(exs.values()))
-    named = [e for e in exs.values() if e.target is not None]
-    meta = _meta_of(named[0] if named else first)
-    title = "Context attribution · " + ", ".join(exs) + (f" · {named[0].what()}" if named else "")
-    return "attribution", payloads.attribution_payload(exs), meta, title
-
-
-def _mixing(maps: dict):
-    first = next(iter(maps.values()))
-    return "mixing", payloads.mixing_payload(maps), _meta_of(first), "Context-mixing maps · " + ", ".join(maps)
-
-
-def _flow(mm):
-    c = mm.contributions
-    causal = bool((c.triu(1) == 0).all())  # whether a position ever draws on a later one
-    return "flow", payloads.flow_payload(mm), _meta_of(mm, causal=causal), f"Information flow · {mm.method}"
-
-
-def _generation(g):
-    from .generation_html import TITLE, generation_payload
-
-    d = g.to_dict()
-    settings = d.get("settings") or {}
-    run = {k: settings[k] for k in ("family", "model_type", "n_layers", "d_model", "placement") if k in settings}
-    meta = view_meta(d.get("model", ""), d.get("tokens", ()), text=d.get("prompt", ""), **run)
-    return "generation", generation_payload(d), meta, TITLE
-
-
-def _single(obj):
-    """``(key, payload, meta, title)`` of a result with a report view, else None (duck-typed on the class
-    name: viz never imports a method)."""
-    name = type(obj).__name__
-    if name == "ComponentAttribution":
-        return _dla(obj)
-    if name == "Explanation":
-        return _explanations({obj.method: obj})
-    if name == "MixingMaps":
-        return _mixing({obj.scope: obj})
-    if name == "MixingMatrices" and obj.rollout is not None:
-        return _flow(obj)
-    if name == "PredictionTrajectory":
-        return _trajectories([obj])
-    if name == "Generation" and hasattr(obj, "to_dict"):
-        return _generation(obj)
-    return None
-
-
-def _collection(obj):
-    """A dict or list of results of one kind shown together (``explain_all``'s methods, ``context_mixing``'s
-    scopes, trajectories of several lenses, the report's DLA views)."""
-    items = list(obj.values()) if isinstance(obj, dict) else list(obj)
-    if not items:
-        raise InputError("nothing to show: the collection is empty")
-    kinds = {type(x).__name__ for x in items}
-    if len(kinds) != 1:
-        raise InputError(f"a collection to show holds one kind of result, not {sorted(kinds)}")
-    kind = kinds.pop()
-    if kind == "Explanation":
-        return _explanations(obj if isinstance(obj, dict) else {e.method: e for e in items})
-    if kind == "MixingMaps":
-        return _mixing(obj if isinstance(obj, dict) else {m.scope: m for m in items})
-    if kind == "PredictionTrajectory":
-        return _trajectories(items)
-    if kind == "ComponentAttribution" and isinstance(obj, dict):
-        key, payload, meta, title = _dla(items[0])
-        return key, payloads.components_payload(obj), meta, title
-    raise InputError(f"no view shows a collection of {kind}; show them one at a time")
+    return _framed(render(report), "report", f"lenscope report · {report['meta']['model']}", height)
 
 
 def view(obj) -> View:
     """The notebook HTML of a result (what its ``_repr_html_`` returns), of a report, or of a dict / list of
     results of one kind drawn together: :func:`~lenscope.explain_all`'s explanations (the attribution view,
     every method side by side), :func:`~lenscope.mixing.maps.context_mixing`'s scopes, several lenses'
-    trajectories. Other results: their ``plot()`` as an inline SVG."""
-    if type(obj).__name__ == "Report" and hasattr(obj, "to_dict"):
+    trajectories. The view is the one the result's class declares (``VIEW``, :mod:`lenscope.viz.views`); other
+    results show their ``plot()`` as an inline SVG."""
+    key = views.view_key(obj)
+    if key == "report" and hasattr(obj, "to_dict"):
         return report_html(obj.to_dict())
-    spec = _collection(obj) if isinstance(obj, (dict, list, tuple)) else _single(obj)
-    if spec is not None:
-        key, payload, meta, title = spec
-        return view_html(key, payload, meta, title=title)
-    if type(obj).__name__ == "MixingMatrices":  # without its rollout (rollout=False): the last contributions
-        return View(f'<div class="lenscope-plot">{figure_svg(obj.plot(which="contributions"))}</div>')
+    s = views.shown(obj)
+    if s is not None:
+        return _framed(views.page(s), s.key, s.title)
+    if key in views.FALLBACK_PLOT:  # a view that does not apply to this result (MixingMatrices without rollout)
+        return View(f'<div class="lenscope-plot">{figure_svg(obj.plot(**views.FALLBACK_PLOT[key]))}</div>')
     if isinstance(obj, Result):
         return View(Result._repr_html_(obj))  # the plot as SVG (never the subclass's: it may call view)
     raise InputError(f"lenscope cannot show a {type(obj).__name__}; give a lenscope result or report")

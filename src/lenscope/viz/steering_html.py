@@ -1,9 +1,9 @@
 """The page of a steering evaluation (``lenscope steer eval --html PATH``, ``SteeringEvaluation.to_html``).
 
-One script draws it, ``viz/report/assets/steering.js``, on the report page (:func:`lenscope.viz.report.render`)
-holding just this section, self-contained. This module turns the evaluation's dict into the section's data
-(:func:`steering_payload`: floats rounded to 5 significant digits, nothing recomputed) and writes the page
-(:func:`steering_html`).
+One script draws it, ``viz/report/assets/steering.js``, on the report page holding just this section
+(:func:`lenscope.viz.views.page`; the view is registered there as ``steering``), self-contained. This module
+turns the evaluation's dict into the section's data (:func:`steering_payload`: floats rounded to 5 significant
+digits, nothing recomputed) and writes the page (:func:`steering_html`).
 """
 
 from __future__ import annotations
@@ -37,31 +37,27 @@ def steering_payload(d_or_ev, digits: int = 5) -> dict:
     return _round(as_dict(d_or_ev), digits)
 
 
-def steering_html(d_or_ev, path: str | Path | None = None) -> str:
-    """The standalone page of a steering evaluation: the report page with just this section (fetches nothing).
-    Returns the HTML; also writes it to ``path`` when given."""
+def run_meta(d: dict) -> dict:
+    """The run card's fields of an evaluation's dict."""
     from ..version import __version__
-    from .html import write_page
-    from .report import render
 
-    d = as_dict(d_or_ev)
     direction = d["direction"]
-    zero = [abs(e) for r in d["layers"].values() for a, e in zip(r["multipliers"], r["mean_effect"])
-            if a == 0 and e is not None]
-    checks = [{"section": KEY, "name": "effect at multiplier 0 (no edit applied)", "value": max(zero), "tolerance": 0.0,
-               "ok": max(zero) == 0.0, "note": ""}] if zero else []
-    meta = {"model": d["model"], "family": "?", "model_type": "?", "n_layers": "?",
+    return {"model": d["model"], "family": "?", "model_type": "?", "n_layers": "?",
             "d_model": direction.get("d_model", "?"), "causal": True, "placement": "?",
             "text": f"{d['n_inputs']} held-out inputs; {direction.get('method')} direction at {direction.get('site')}",
             "tokens": [], "target": "answer_positive", "target_id": None, "foil": "answer_negative", "foil_id": None,
             "target_is_top_prediction": False, "lens": None,
             "versions": {"lenscope": __version__, "python": platform.python_version()},
             "created": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-    seconds = d.get("seconds") or {}
-    report = {"meta": meta, "sections": [{"key": KEY, "title": TITLE, "blurb": BLURB, "data": steering_payload(d)}],
-              "checks": checks, "timings": {k: float(v) for k, v in seconds.items() if k != "total"},
-              "ok": all(c["ok"] is not False for c in checks)}
-    page = render(report)
+
+
+def steering_html(d_or_ev, path: str | Path | None = None) -> str:
+    """The standalone page of a steering evaluation: the report page with just this section and its run card
+    (:func:`lenscope.viz.views.page`; fetches nothing). Returns the HTML; also writes it to ``path`` when given."""
+    from .html import write_page
+    from .views import page, steering_view
+
+    out = page(steering_view(d_or_ev), run_card=True)
     if path is not None:
-        write_page(page, path)
-    return page
+        write_page(out, path)
+    return out

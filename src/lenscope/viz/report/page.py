@@ -79,12 +79,12 @@ def _run_card(report: dict) -> str:
             f'<th>value</th><th>tolerance</th><th></th></tr>{"".join(checks)}</table></details></section>')
 
 
-def render(report: dict) -> str:
+def render(report: dict, title: str | None = None) -> str:
     """The page's HTML from a report's plain data: ``meta``, ``sections`` (each ``key``, ``title``, ``blurb`` and
     ``data`` or a ``note``), ``checks``, ``timings`` and ``ok`` (:meth:`lenscope.report.Report.to_dict`). A section
-    is drawn by ``assets/<key>.js``."""
+    is drawn by ``assets/<key>.js``. ``title``: the page's (default: ``lenscope report · MODEL``)."""
     meta = report["meta"]
-    title = f"lenscope report · {meta['model']}"
+    title = title or f"lenscope report · {meta['model']}"
     toc = ['<nav class="toc"><a href="#sec-run">Run</a>']
     cards = [_run_card(report)]
     for s in report["sections"]:

@@ -2,7 +2,7 @@
 shared by the report's sections (:mod:`lenscope.report.sections`, which compute the results and record their
 checks), the results' own ``_repr_html_`` in notebooks (:mod:`lenscope.viz.notebook`) and ``lenscope serve``.
 
-The functions read results duck-typed (viz never imports a method): a
+The functions read results duck-typed through :mod:`lenscope.viz.protocols` (viz never names a method): a
 :class:`~lenscope.attribution.ComponentAttribution`, :class:`~lenscope.attribution.Explanation`,
 :class:`~lenscope.mixing.maps.MixingMaps`, :class:`~lenscope.mixing.alti.MixingMatrices` or
 :class:`~lenscope.lenses.trajectory.PredictionTrajectory`. Floats are rounded to 5 significant digits (None for a
@@ -13,17 +13,12 @@ from __future__ import annotations
 
 import base64
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from ...attribution import ComponentAttribution, Explanation
-    from ...lenses.trajectory import PredictionTrajectory
-    from ...mixing.alti import MixingMatrices
-    from ...mixing.maps import MixingMaps
+from ..protocols import ComponentsLike, ExplanationLike, MixingMapsLike, MixingMatricesLike, TrajectoryLike
 
 TRAJECTORY_FIELDS = ("lens", "tokens", "state_labels", "top_tokens", "topk_tokens", "top_prob", "entropy", "kl",
                      "topk_prob", "causal")
@@ -60,7 +55,7 @@ def rounded_list(t, digits: int = 5) -> list:
 # --------------------------------------------------------------------------------------------- components
 
 
-def dla_view(res: ComponentAttribution) -> dict:
+def dla_view(res: ComponentsLike) -> dict:
     """One logit's direct logit attribution for ``components.js``: per layer the attention (its heads and the
     output-projection bias) and the MLP, per head ``heads (layer, head)`` (zeros without ``by_head``), and the
     embedding / bias terms as ``other``."""
@@ -84,7 +79,7 @@ def dla_view(res: ComponentAttribution) -> dict:
             "heads": [rounded_list(r) for r in heads], "other": other}
 
 
-def components_payload(views: dict[str, ComponentAttribution] | ComponentAttribution) -> dict:
+def components_payload(views: dict[str, ComponentsLike] | ComponentsLike) -> dict:
     """The ``components`` view: ``{name: ComponentAttribution}`` (the report's ``difference``, ``target`` and
     ``foil``; the first one names the target and foil), or one result, shown as ``difference`` when it has a
     foil, else ``target``."""
@@ -97,7 +92,7 @@ def components_payload(views: dict[str, ComponentAttribution] | ComponentAttribu
 # -------------------------------------------------------------------------------------------- trajectory
 
 
-def trajectory_payload(trajs: PredictionTrajectory | list[PredictionTrajectory]) -> dict:
+def trajectory_payload(trajs: TrajectoryLike | list[TrajectoryLike]) -> dict:
     """The ``trajectory`` view: one or more lenses' trajectories on the same text, floats to 4 decimals."""
     if not isinstance(trajs, (list, tuple)):
         trajs = [trajs]
@@ -111,7 +106,7 @@ def trajectory_payload(trajs: PredictionTrajectory | list[PredictionTrajectory])
 # ------------------------------------------------------------------------------------------- attribution
 
 
-def explanation_record(e: Explanation) -> dict:
+def explanation_record(e: ExplanationLike) -> dict:
     """One method's row of the ``attribution`` view: its scores, invariant error and (integrated gradients)
     completeness error."""
     rec = {"scores": rounded_list(e.scores), "invariant_error": e.invariant_error}
@@ -120,7 +115,7 @@ def explanation_record(e: Explanation) -> dict:
     return rec
 
 
-def attribution_payload(explanations: dict[str, Explanation] | list[Explanation] | Explanation, *,
+def attribution_payload(explanations: dict[str, ExplanationLike] | list[ExplanationLike] | ExplanationLike, *,
                         tokens: list[str] | None = None, target=..., foil=...) -> dict:
     """The ``attribution`` view: every method's scores side by side, and the per-layer scores of the methods that
     split the attention's logit update by layer (those with ``layer_scores`` and ``attention_update``: Logit,
@@ -149,7 +144,7 @@ def attribution_payload(explanations: dict[str, Explanation] | list[Explanation]
 # ------------------------------------------------------------------------------------------ mixing, flow
 
 
-def mixing_payload(maps: dict[str, MixingMaps] | MixingMaps) -> dict:
+def mixing_payload(maps: dict[str, MixingMapsLike] | MixingMapsLike) -> dict:
     """The ``mixing`` view: ``{scope: MixingMaps}`` (as :func:`~lenscope.mixing.maps.context_mixing` returns)
     or one scope's maps."""
     if not isinstance(maps, dict):
@@ -162,7 +157,7 @@ def mixing_payload(maps: dict[str, MixingMaps] | MixingMaps) -> dict:
     return out
 
 
-def flow_payload(mm: MixingMatrices) -> dict:
+def flow_payload(mm: MixingMatricesLike) -> dict:
     """The ``flow`` view: ALTI (or value zeroing) contributions per layer and the last layer's rollout."""
     return {"tokens": list(mm.tokens), "contributions": packed(mm.contributions), "rollout": packed(mm.rollout[-1]),
             "degenerate_rows": mm.degenerate_rows}
