@@ -161,9 +161,16 @@ def test_ids_and_text_agree_and_model_is_left_alone():
 
 # Gauss-Legendre nodes needed for completeness < 1e-2 on TEXT. llama's RMSNorms have no bias in front of them,
 # so with a zero baseline f(alpha e) varies on a log scale in alpha (1e-6 .. 1e-1: the eps regime of the
-# norms) and 16 nodes give 0.27; 512 give 5e-5. gemma3 is in GEMMA_JUMP below.
-IG_STEPS = {"llama": 512}
-IG_FAMILIES = [n for n in TINY if n != "gemma3"]
+# norms) and 16 nodes give 0.27; 512 give 5e-5. The other bias-free RMSNorm families alike (16 -> 512 nodes,
+# observed): granite 0.45 -> 5e-7, olmo2 0.11 -> 1e-7, phi3 0.04 -> 1e-7, llama-rope-llama3 0.27 -> 5e-5,
+# qwen3-yarn 0.29 -> 6e-4. smollm3 swings harder in that regime (f(1e-5 e) = 0.03, f(1e-4 e) = 0.51, f(e) = 0.22):
+# 512 nodes 0.82, 1024 0.14, 2048 5e-3. Gemma's sandwich norms jump instead (GEMMA_JUMP, below).
+RMS_STEPS = 512
+IG_STEPS = {"llama": RMS_STEPS, "llama-rope-llama3": RMS_STEPS, "qwen3-yarn": RMS_STEPS}
+# f(alpha e) jumps right next to the zero baseline (see test_ig_gemma_jump_is_reported), with the smallest
+# completeness error the note must still report
+GEMMA_JUMP = {"gemma3": 0.1}
+IG_FAMILIES = [n for n in TINY if n not in GEMMA_JUMP]
 
 
 @pytest.mark.parametrize("name", IG_FAMILIES)
@@ -185,11 +192,12 @@ def test_ig_completeness(name):
     assert info["f_baseline"] == pytest.approx(f0, abs=1e-6)
 
 
-def test_ig_gemma_jump_is_reported():
+@pytest.mark.parametrize("name", sorted(GEMMA_JUMP))
+def test_ig_gemma_jump_is_reported(name):
     """Gemma's four RMSNorms per block each amplify a tiny residual ~1/sqrt(eps) = 1000x, so f(1e-9 e) is
     already far from f(0) = 0: the path integral misses a jump at alpha < 1e-9 whatever the quadrature.
     The method must say so rather than hide it."""
-    lm = get_model("tiny:gemma3")
+    lm = get_model(f"tiny:{name}")
     ids = ids_of(lm)
     with torch.no_grad():
         e = lm.model.get_input_embeddings()(ids[None])
@@ -197,7 +205,7 @@ def test_ig_gemma_jump_is_reported():
                       tid(lm, " John"))
     assert float(f[0]) == 0 and abs(float(f[1])) > 0.1 * abs(float(f[2]))
     res = integrated_gradients(lm, TEXT, " Mary", " John", steps=64)
-    assert res.info["completeness_error"] > 0.1
+    assert res.info["completeness_error"] > GEMMA_JUMP[name]
     assert "note" in res.info and "steps" in res.info["note"]
 
 

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from ..errors import UnsupportedModelError
 from ..results import axis_size
+from .tensors import _mix, _on, _up, astype, to_device  # noqa: F401  (to_device: re-exported)
 
 # ----------------------------------------------------------------------------------------------
 # activations
@@ -65,75 +66,21 @@ def activation_name(hf_name: str) -> str:
 # parts
 
 
-def _map_tensors(obj, fn):
-    """``obj`` (a tensor, list, tuple or dataclass, recursively) with ``fn`` applied to every tensor; unchanged
-    objects are returned as they are (no copies)."""
-    import dataclasses
-
-    if isinstance(obj, Tensor):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_tensors(o, fn) for o in obj)
-    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
-        return obj
-    changes = {}
-    for f in dataclasses.fields(obj):
-        v = getattr(obj, f.name)
-        nv = _map_tensors(v, fn)
-        if nv is not v:
-            changes[f.name] = nv
-    return dataclasses.replace(obj, **changes) if changes else obj
-
-
-def astype(obj, dtype: torch.dtype):
-    """A copy of an anatomy part (a dataclass, recursively) with every floating tensor in ``dtype``; the object
-    itself when nothing changes. Used to run lenscope's own math in float64 where a method needs it."""
-    return _map_tensors(obj, lambda t: t.to(dtype) if t.is_floating_point() else t)
-
-
-def to_device(obj, device):
-    """A copy of an anatomy part (a dataclass, recursively) with every tensor on ``device``; the object itself when
-    nothing changes. For a model split across devices a method can bring one layer's weights to where its
-    activations are (``to_device(A.layers[l], tr.resid_pre.device)``, one layer at a time); ``load(...,
-    math_device=)`` gathers a whole Anatomy with it."""
-    device = torch.device(device)
-    return _map_tensors(obj, lambda t: t if t.device == device else t.to(device))
-
-
-def _on(x: Tensor | None, ref: Tensor | None) -> Tensor | None:
-    """``x`` on the device of ``ref`` (a no-op when they already share one): lenscope's own math runs where the
-    weights of the part sit, so a model split across devices is recomputed layer by layer on each layer's device."""
-    if x is None or ref is None or x.device == ref.device:
-        return x
-    return x.to(ref.device)
-
-
-def _mix(x: Tensor, W: Tensor) -> tuple[Tensor, Tensor]:
-    """``x`` and the weight ``W`` in a common dtype (the more precise one; a no-op when they agree). An Anatomy that
-    keeps a bfloat16 model's weights as views (``load(..., anatomy_dtype="model")``) computes in float32 this way,
-    one weight at a time."""
-    if x.dtype == W.dtype:
-        return x, W
-    dt = torch.promote_types(x.dtype, W.dtype)
-    return x.to(dt), W.to(dt)
-
-
-def _up(t: Tensor) -> Tensor:
-    """A bfloat16 / float16 tensor in float32 (rows of an embedding kept as views in the model's dtype)."""
-    return t.float() if t.is_floating_point() and torch.finfo(t.dtype).bits < 32 else t
-
-
 @dataclass(repr=False)
 class Norm:
-    """LayerNorm or RMSNorm over the last axis.
+    """LayerNorm or RMSNorm over the last axis, or the identity.
 
     ``weight`` is the effective multiplier (Gemma's ``1 + w`` is folded in). ``scale(x)`` is the
     per-token factor ``1/sqrt(var + eps)`` (LayerNorm, variance of the centred vector) or
     ``1/sqrt(mean(x^2) + eps)`` (RMSNorm). Given that scale, the norm is affine in ``x``:
     ``linear(x, s) + bias``; decompositions use this with the scale taken from the trace.
+
+    ``"identity"`` (scale 1, a weight of ones that says where the block's weights sit, no bias) stands for a norm
+    slot that a block does not have, e.g. OLMo 2's pre-norms (it normalises the sub-layers' outputs only): every
+    method reads the slot as it reads a norm.
     """
 
-    kind: Literal["layernorm", "rmsnorm"]
+    kind: Literal["layernorm", "rmsnorm", "identity"]
     weight: Tensor | None  # (d,)
     bias: Tensor | None  # (d,)
     eps: float
@@ -144,6 +91,8 @@ class Norm:
     def scale(self, x: Tensor) -> Tensor:
         """Per-token scale, shape ``x.shape[:-1]`` (float32, or float64 for a float64 input)."""
         x = x if x.dtype == torch.float64 else x.float()
+        if self.kind == "identity":
+            return x.new_ones(x.shape[:-1])
         if self.kind == "layernorm":
             var = x.var(-1, unbiased=False)
         else:
@@ -175,7 +124,7 @@ class Norm:
         return astype(self, dtype)
 
     def __repr__(self) -> str:
-        d = None if self.weight is None else self.weight.shape[0]
+        d = None if self.weight is None else self.weight.shape[-1]
         return f"Norm({self.kind}, d={d}, bias={self.bias is not None}, eps={self.eps:g})"
 
 
@@ -236,11 +185,12 @@ class Attention:
     scale: float
     causal: bool = True
     rotary: Rotary | None = None
-    q_norm: Norm | None = None
-    k_norm: Norm | None = None
+    q_norm: Norm | None = None  # over each head's d_head features; weight (d_head,) or per head (head, 1, d_head)
+    k_norm: Norm | None = None  # weight (d_head,) or per key/value head (kv_head, 1, d_head)
     alibi: Tensor | None = None  # (head,) slopes
     softcap: float | None = None
     window: int | None = None  # causal: query i sees keys j with i - j < window; bidirectional: |i - j| <= window
+    qk_norm_scope: Literal["head", "all"] = "head"  # "all": q/k norms over the whole projection (OLMo 2)
 
     n_heads = axis_size("W_Q", 0)
     n_kv_heads = axis_size("W_K", 0)
@@ -267,16 +217,53 @@ class Attention:
         """x (..., pos, d_model) -> q, k (..., head, pos, d_head) after norms and rotary (keys repeated per query
         head). ``x_k``: another input for the keys (default ``x``); ``per_head``: inputs ``(..., pos, head,
         d_model)``, one per query head."""
-        q = self._project(x, self.W_Q, self.b_Q, per_head, kv=False)
-        k = self._project(x if x_k is None else x_k, self.W_K, self.b_K, per_head, kv=True)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        if self.k_norm is not None:
-            k = self.k_norm(k)
+        x_k = x if x_k is None else x_k
+        if self.qk_norm_scope == "all":
+            q = self._project_normed(x, self.W_Q, self.b_Q, self.q_norm, per_head, kv=False)
+            k = self._project_normed(x_k, self.W_K, self.b_K, self.k_norm, per_head, kv=True)
+        else:
+            q = self._project(x, self.W_Q, self.b_Q, per_head, kv=False)
+            k = self._project(x_k, self.W_K, self.b_K, per_head, kv=True)
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+            if self.k_norm is not None:
+                k = self._key_norm(per_head)(k)
         if self.rotary is not None:
             q = self.rotary.apply(q, positions)
             k = self.rotary.apply(k, positions)
         return q, k if per_head else self._per_kv(k, dim=-3)
+
+    def _key_norm(self, per_head: bool) -> Norm:
+        """The key norm for keys laid out per key/value head, or (``per_head``) per query head: a norm with one
+        weight per key/value head ``(kv_head, 1, d_head)`` (StableLM) repeats it for its query group."""
+        n = self.k_norm
+        if not per_head or n.weight is None or n.weight.dim() < 3 or self.n_kv_heads == self.n_heads:
+            return n
+        return Norm(n.kind, self._per_kv(n.weight), None if n.bias is None else self._per_kv(n.bias), n.eps)
+
+    def _project_normed(self, x: Tensor, W: Tensor, b: Tensor | None, norm: Norm | None, per_head: bool,
+                        kv: bool) -> Tensor:
+        """:meth:`_project` followed by a norm over the whole projection (``qk_norm_scope="all"``: every head's
+        features together), ``(..., head, pos, d_head)``. With ``per_head`` inputs each head's input is projected by
+        every head of ``W`` and normalised as a whole, and the head keeps its own part (its key/value head's)."""
+        if not per_head:
+            out = self._project(x, W, b, False, kv)  # (..., n, pos, e)
+            if norm is None:
+                return out
+            n, e = out.shape[-3], out.shape[-1]
+            return norm(out.transpose(-3, -2).flatten(-2)).unflatten(-1, (n, e)).transpose(-3, -2)
+        x = _on(x, W)
+        n, e = W.shape[0], W.shape[2]
+        full = torch.einsum("...pid,nde->...ipne", *_mix(x, W))  # (..., head, pos, n, e)
+        if b is not None:
+            full = full + b
+        if norm is not None:
+            full = norm(full.flatten(-2)).unflatten(-1, (n, e))
+        H = self.n_heads
+        own = torch.arange(H, device=full.device)
+        if kv:
+            own = own // (H // self.n_kv_heads)
+        return full.movedim(-2, -3)[..., torch.arange(H, device=full.device), own, :, :]
 
     def values(self, x: Tensor, *, per_head: bool = False) -> Tensor:
         """x (..., pos, d_model) -> v (..., head, pos, d_head) per query head; ``per_head``: see queries_keys."""
@@ -342,7 +329,8 @@ class Attention:
 
     def __repr__(self) -> str:
         flags = [(self.rotary is not None, repr(self.rotary)), (self.alibi is not None, "alibi"),
-                 (self.q_norm is not None, "qk_norm"), (self.softcap is not None, f"softcap={self.softcap or 0:g}"),
+                 (self.q_norm is not None, "qk_norm" + ("(all heads)" if self.qk_norm_scope == "all" else "")),
+                 (self.softcap is not None, f"softcap={self.softcap or 0:g}"),
                  (self.window is not None, f"window={self.window}")]
         parts = [f"heads={self.n_heads}", f"kv_heads={self.n_kv_heads}", f"d_head={self.d_head}",
                  "causal" if self.causal else "bidirectional"] + [text for on, text in flags if on]
@@ -411,6 +399,9 @@ class Layer:
     - ``sandwich``: as ``pre`` with ``ln_attn_out`` / ``ln_mlp_out`` applied to what each sub-layer writes
     - ``parallel``: ``out = h + attn(ln_attn(h)) + mlp(ln_mlp(h))``
     - ``post``: ``mid = ln_attn(h + attn(h))``; ``out = ln_mlp(mid + mlp(mid))``
+
+    ``residual_scale`` multiplies what each sub-layer adds to the residual stream (Granite's
+    ``residual_multiplier``): the write is ``residual_scale * ln_*_out(sub-layer output)`` (:meth:`write`).
     """
 
     placement: Placement
@@ -420,6 +411,14 @@ class Layer:
     ln_mlp: Norm | None
     ln_attn_out: Norm | None = None
     ln_mlp_out: Norm | None = None
+    residual_scale: float = 1.0
+
+    def write(self, which: Literal["attn", "mlp"], out: Tensor) -> Tensor:
+        """What sub-layer ``which`` adds to the residual stream, from its output ``out (..., d_model)``: through
+        its sandwich norm (when there is one), times ``residual_scale``."""
+        norm = self.ln_attn_out if which == "attn" else self.ln_mlp_out
+        w = norm(out) if norm is not None else out
+        return w * self.residual_scale if self.residual_scale != 1.0 else w
 
     def norms(self) -> dict[str, Norm]:
         """The block's norms by slot name."""
@@ -457,7 +456,7 @@ class Layer:
         ref = self.mlp.W_in
         h, attn_out, mlp_in = _on(h, ref), _on(attn_out, ref), _on(mlp_in, ref)
         r: dict[str, Tensor] = {}
-        r["attn_write"] = self.ln_attn_out(attn_out) if self.ln_attn_out is not None else attn_out
+        r["attn_write"] = self.write("attn", attn_out)
         if self.placement == "post":
             r["resid_mid"] = self.ln_attn(h + r["attn_write"])
             r["mlp_in"] = r["resid_mid"]
@@ -468,7 +467,7 @@ class Layer:
             r["resid_mid"] = h + r["attn_write"]
             r["mlp_in"] = self.ln_mlp(r["resid_mid"])
         r["mlp_out"] = self.mlp(r["mlp_in"])
-        r["mlp_write"] = self.ln_mlp_out(r["mlp_out"]) if self.ln_mlp_out is not None else r["mlp_out"]
+        r["mlp_write"] = self.write("mlp", r["mlp_out"])
         if self.placement == "post":
             r["resid_post"] = self.ln_mlp(r["resid_mid"] + r["mlp_write"])
         else:
@@ -481,7 +480,8 @@ class Layer:
         return self.attn.W_Q.device
 
     def __repr__(self) -> str:
-        return f"Layer({self.placement}, {self.attn!r}, {self.mlp!r})"
+        scale = f", residual_scale={self.residual_scale:g}" if self.residual_scale != 1.0 else ""
+        return f"Layer({self.placement}, {self.attn!r}, {self.mlp!r}{scale})"
 
 
 @dataclass(repr=False)

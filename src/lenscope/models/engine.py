@@ -307,6 +307,24 @@ class _Session:
         return norm.scale(x.reshape(self.B, self.P, x.shape[-1]))
 
 
+def _chain(*fns):
+    """A forward pre-hook (``with_kwargs``) passing the module's first input (positional or ``hidden_states``)
+    through ``fns`` in turn."""
+    def f(mod, args, kwargs):
+        if args:
+            x = args[0]
+            for fn in fns:
+                x = fn(x)
+            return (x,) + tuple(args[1:]), kwargs
+        kwargs = dict(kwargs)
+        x = kwargs["hidden_states"]
+        for fn in fns:
+            x = fn(x)
+        kwargs["hidden_states"] = x
+        return args, kwargs
+    return f
+
+
 def _register(s: _Session, hooks, handles: list) -> None:
     """Put on the real model the hooks the session needs (and only those)."""
 
@@ -339,26 +357,53 @@ def _register(s: _Session, hooks, handles: list) -> None:
                 return out
             write = any(k in s.by_site or (s.grad and k in s.capture) for k in keys)
             B, P = s.B, s.P
-            H = _n_heads(s.lm, "q", layer)
-            axis = 3 if layout == "heads" else 2  # (head, [q k v], d_head) per position: GPT-NeoX, BLOOM
-            parts = out.view(B, P, H, 3, -1).unbind(3) if axis == 3 else out.view(B, P, 3, -1).unbind(2)  # GPT-2
-            # the model goes on from the visited parts, stacked anew (never written into a captured view: a captured
-            # part must stay a node of the graph its gradient is taken through)
+            H, K = _n_heads(s.lm, "q", layer), _n_heads(s.lm, "k", layer)
+            if layout == "heads":  # (head, [q k v], d_head) per position: GPT-NeoX, BLOOM
+                parts = out.view(B, P, H, 3, -1).unbind(3)
+            else:  # [q | k | v] (GPT-2; Phi-3, with fewer key/value heads than query heads)
+                e = out.shape[-1] // (H + 2 * K)
+                parts = out.view(B, P, -1).split([H * e, K * e, K * e], dim=-1)
+            # the model goes on from the visited parts, put together anew (never written into a captured view: a
+            # captured part must stay a node of the graph its gradient is taken through)
             new = [s.visit(k, part.reshape(B, P, -1)).reshape(part.shape) if s.wants(k) else part
                    for k, part in zip(keys, parts)]
-            return torch.stack(new, dim=axis).reshape(out.shape) if write else out
+            if not write:
+                return out
+            return (torch.stack(new, dim=3) if layout == "heads" else torch.cat(new, dim=-1)).reshape(out.shape)
         return f
 
-    def norm(slot, layer, mod):
+    def second_half(key):  # a fused [gate | up] projection (Phi-3): the site is its second half
+        def f(mod, args, out):
+            gate, up = out.chunk(2, dim=-1)
+            new = s.visit(key, up)
+            return torch.cat([gate, new], dim=-1) if new is not up else out
+        return f
+
+    def norm(slot, layer, mod, reader=None):
+        """Hooks of a norm slot: ``mod`` the norm (its input, output and scale), or ``None`` where the block has no
+        norm there (the identity); ``reader`` the module reading its output, where the output is read there (a norm
+        shared by two sub-layers, or none: the slot's input is then the reader's input too)."""
         kin, kout, kscale = ((f"{slot}.{w}", layer) for w in ("in", "out", "scale"))
+        if mod is None:  # no norm: input, scale and output are all the reader's input
+            if any(s.wants(k) for k in (kin, kout, kscale)):
+                def g(key):
+                    def f(x):
+                        if s.wants(kscale) and key == kin:
+                            s.visit(kscale, s.norm_scale(slot, layer, x))
+                        return s.visit(key, x) if s.wants(key) else x
+                    return f
+                handles.append(reader.register_forward_pre_hook(_chain(g(kin), g(kout)), with_kwargs=True))
+            return
         if s.wants(kin):
             handles.append(mod.register_forward_pre_hook(pre(kin)))
         if s.wants(kout) or s.wants(kscale):
             def f(mod, args, out):
                 if s.wants(kscale):
                     s.visit(kscale, s.norm_scale(slot, layer, args[0]))
-                return post(kout)(mod, args, out) if s.wants(kout) else out
+                return post(kout)(mod, args, out) if s.wants(kout) and reader is None else out
             handles.append(mod.register_forward_hook(f))
+        if reader is not None and s.wants(kout):
+            handles.append(reader.register_forward_pre_hook(pre(kout, kw=True), with_kwargs=True))
 
     for i, lh in enumerate(hooks.layers):
         w = lambda name, i=i: s.wants((name, i))  # noqa: E731
@@ -381,7 +426,8 @@ def _register(s: _Session, hooks, handles: list) -> None:
         if w("mlp_up"):
             if lh.up is None:
                 raise NotApplicableError("site 'mlp_up' exists only for gated MLPs")
-            handles.append(lh.up.register_forward_hook(post(("mlp_up", i))))
+            handles.append(lh.up.register_forward_hook(second_half(("mlp_up", i)) if lh.up_fused
+                                                       else post(("mlp_up", i))))
         if w("q") or w("k") or w("v"):
             if lh.qkv is not None:
                 handles.append(lh.qkv.register_forward_hook(fused(i, lh.qkv_layout)))
@@ -390,9 +436,13 @@ def _register(s: _Session, hooks, handles: list) -> None:
                     if w(name):
                         handles.append(mod.register_forward_hook(post((name, i))))
         for slot, mod in lh.norms.items():
-            norm(slot, i, mod)
+            norm(slot, i, mod, lh.readers.get(slot))
+        for slot, reader in lh.readers.items():
+            if slot not in lh.norms:
+                norm(slot, i, None, reader)
         for slot in NORM_SLOTS:
-            if slot not in lh.norms and any(w(f"{slot}.{x}") for x in ("in", "out", "scale")):
+            if slot not in lh.norms and slot not in lh.readers and any(w(f"{slot}.{x}")
+                                                                       for x in ("in", "out", "scale")):
                 raise NotApplicableError(f"this model's blocks have no norm {slot!r}; they have "
                                          f"{', '.join(lh.norms)}")
     if any(s.wants((n, None)) for n in MODEL_SITES[:3]):

@@ -29,6 +29,7 @@ leaves out would exceed :data:`KEEP_BYTES` (and the model computes in float32), 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal
 
 import torch
@@ -50,7 +51,7 @@ class Trace:
       part (for parallel blocks ``resid_pre + attn_write``, which the model never materialises), after it
     - ``attn_out, mlp_out (layer, pos, d_model)``: what each sub-layer computed (with output biases)
     - ``attn_write, mlp_write (layer, pos, d_model)``: what it added to the residual stream (after the
-      sandwich norms of Gemma; equal to ``*_out`` elsewhere)
+      sandwich norms of Gemma, times Granite's residual multiplier: ``Layer.write``; equal to ``*_out`` elsewhere)
     - ``attn_probs (layer, head, pos, src)``
     - ``mlp_pre (layer, pos, d_mlp)``: pre-activation of the activated branch; ``mlp_up``: the linear
       branch of gated MLPs (else None)
@@ -333,7 +334,8 @@ class RecomputedMLP(Recomputed):
 
 class RecomputedNorm(Recomputed):
     """A block norm's outputs ``(layer, pos, d_model)`` recomputed from its traced inputs ``x`` with the
-    Anatomy's norm (see :class:`Recomputed`)."""
+    Anatomy's norm (see :class:`Recomputed`), or any other map of one layer's values (``norms``: one callable per
+    layer; a residual multiplier's scaling)."""
 
     def __init__(self, norms: list, x: Tensor, n: int | None = None):
         super().__init__(len(norms), (x.shape[1] if n is None else n, x.shape[2]), x)
@@ -447,9 +449,9 @@ def _view(lm: LoadedModel, cap, ids: Tensor, row: int, logits: Tensor | None, le
         resid_mid=resid_mid,
         resid_post=resid_post,
         attn_out=attn_out,
-        attn_write=norm_out.get("ln_attn_out", attn_out),
+        attn_write=_scaled(A, norm_out.get("ln_attn_out", attn_out), lean),
         mlp_out=mlp_out,
-        mlp_write=norm_out.get("ln_mlp_out", mlp_out),
+        mlp_write=_scaled(A, norm_out.get("ln_mlp_out", mlp_out), lean),
         attn_probs=probs,
         mlp_pre=mlp_pre,
         mlp_up=mlp_up,
@@ -460,6 +462,18 @@ def _view(lm: LoadedModel, cap, ids: Tensor, row: int, logits: Tensor | None, le
         logits=_logits(A, logits, resid_pre.device, final_in if final_in is not None else resid_post[-1], lean),
         placement=A.placement,
     )
+
+
+def _scaled(A, x, lean: bool = False):
+    """A sub-layer's output (through its sandwich norm) ``(layer, pos, d_model)`` times each block's
+    ``residual_scale``: what it adds to the residual stream (``x`` itself where every scale is 1; a lean trace
+    scales each layer when read)."""
+    scales = [layer.residual_scale for layer in A.layers]
+    if all(c == 1.0 for c in scales):
+        return x
+    if lean:
+        return RecomputedNorm([partial(torch.mul, other=c) for c in scales], x)
+    return x * torch.tensor(scales, dtype=x.dtype, device=x.device)[:, None, None]
 
 
 def _logits(A, logits: Tensor | None, device, final_resid: Tensor, lean: bool):

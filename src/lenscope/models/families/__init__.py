@@ -32,8 +32,14 @@ class LayerHooks:
     - ``up``: output = the linear branch of a gated MLP
     - ``norms``: slot name (as in :meth:`Layer.norms`) -> norm module (input and output captured)
     - ``q``, ``k``, ``v``: the query, key and value projections (output = per-head q/k/v, heads concatenated), or
-    - ``qkv``: one fused projection, its output laid out as ``qkv_layout``: ``"blocks"`` (``[q | k | v]``, GPT-2)
-      or ``"heads"`` (per head ``[q k v]``, each ``d_head``: GPT-NeoX, BLOOM)
+    - ``qkv``: one fused projection, its output laid out as ``qkv_layout``: ``"blocks"`` (``[q | k | v]``, GPT-2;
+      Phi-3 with fewer key/value heads) or ``"heads"`` (per head ``[q k v]``, each ``d_head``: GPT-NeoX, BLOOM)
+    - ``up_fused``: ``up``'s output holds both branches of the gated MLP, ``[gate | up]`` (Phi-3's
+      ``gate_up_proj``): the site ``mlp_up`` is its second half
+    - ``readers``: slot -> the module that reads the norm's output, for a slot whose output is not the norm
+      module's own: a norm shared by two sub-layers (StableLM's parallel blocks: each reads its own copy), or a slot
+      without a norm module (not in ``norms``; the Anatomy's norm is the identity, e.g. OLMo 2's pre-norms), whose
+      input is then the reader's input too
     """
 
     block: nn.Module
@@ -48,6 +54,8 @@ class LayerHooks:
     v: nn.Module | None = None
     qkv: nn.Module | None = None
     qkv_layout: str = "blocks"
+    up_fused: bool = False
+    readers: dict[str, nn.Module] = field(default_factory=dict)
 
 
 @dataclass
@@ -57,7 +65,7 @@ class ModelHooks:
 
     @classmethod
     def of(cls, blocks, final_norm: nn.Module | None, *, norms: dict[str, str], qkv_layout: str = "blocks",
-           **paths: str) -> ModelHooks:
+           up_fused: bool = False, readers: dict[str, str] | None = None, **paths: str) -> ModelHooks:
         """The hooks of every block in ``blocks``, each module given by its dotted path inside a block
         (``attn="self_attn", attn_out="self_attn.o_proj", norms={"ln_attn": "input_layernorm"}, ...``)."""
 
@@ -67,6 +75,7 @@ class ModelHooks:
             return block
 
         layers = [LayerHooks(block=b, norms={slot: at(b, p) for slot, p in norms.items()}, qkv_layout=qkv_layout,
+                             up_fused=up_fused, readers={slot: at(b, p) for slot, p in (readers or {}).items()},
                              **{k: at(b, p) for k, p in paths.items()}) for b in blocks]
         return cls(layers=layers, final_norm=final_norm)
 
@@ -166,10 +175,33 @@ def rms_norm(mod: nn.Module, *, offset: float = 0.0) -> Norm:
 
 
 def rotary(rot_module: nn.Module, prefix: str = "") -> Rotary:
-    """Rotary settings from a transformers rotary-embedding module (``inv_freq`` and scaling)."""
-    inv_freq = getattr(rot_module, f"{prefix}inv_freq").detach().float()
+    """Rotary settings from a transformers rotary-embedding module: its frequencies ``inv_freq`` and the factor
+    ``attention_scaling`` of cos and sin, as the module computed them, so scaled RoPE (``linear``, ``llama3``,
+    ``yarn``, ``longrope``, ...) is read exactly; the rotated dimension is ``2 * len(inv_freq)`` (partial rotary).
+    The ``dynamic`` and ``longrope`` types change their frequencies for inputs longer than a length that
+    :func:`rope_context` makes the model's context, so within it the frequencies read here are the ones used."""
+    inv_freq = getattr(rot_module, f"{prefix}original_inv_freq", None)  # never updated in place by a forward pass
+    if inv_freq is None:
+        inv_freq = getattr(rot_module, f"{prefix}inv_freq")
+    inv_freq = inv_freq.detach().float()
     scaling = getattr(rot_module, f"{prefix}attention_scaling", 1.0)
     return Rotary(inv_freq=inv_freq, dim=2 * inv_freq.shape[0], attention_scaling=float(scaling))
+
+
+def rope_context(cfg, rot_module: nn.Module | None = None) -> int:
+    """The longest input lenscope runs a rotary model on (``Anatomy.n_ctx``): ``max_position_embeddings``, or for
+    LongRoPE (Phi-3's long-context models) its ``original_max_position_embeddings``: beyond it transformers switches
+    the whole sequence to other frequencies, a choice by input length that recomputing a prefix of it cannot see.
+    (Dynamic NTK changes its frequencies only beyond ``max_position_embeddings``.)"""
+    n = cfg.max_position_embeddings
+    kind = getattr(rot_module, "rope_type", None)
+    kinds = kind.values() if isinstance(kind, dict) else [kind]
+    if "longrope" in kinds:
+        params = cfg.rope_parameters
+        params = [params] if "rope_type" in params else list(params.values())
+        n = min([n] + [p["original_max_position_embeddings"] for p in params
+                       if p.get("rope_type") == "longrope" and p.get("original_max_position_embeddings")])
+    return int(n)
 
 
 def require(cond: bool, what: str) -> None:
