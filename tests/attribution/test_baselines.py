@@ -167,7 +167,7 @@ def test_ids_and_text_agree_and_model_is_left_alone():
 # 512 nodes 0.82, 1024 0.14, 2048 5e-3. Gemma's sandwich norms jump instead (GEMMA_JUMP, below).
 RMS_STEPS = 512
 IG_STEPS = {"llama": RMS_STEPS, "granite": RMS_STEPS, "olmo2": RMS_STEPS, "phi3": RMS_STEPS,
-            "llama-rope-llama3": RMS_STEPS, "qwen3-yarn": RMS_STEPS}
+            "llama-rope-llama3": RMS_STEPS, "qwen3-yarn": RMS_STEPS, "smollm3": 2048}
 # f(alpha e) jumps right next to the zero baseline (see test_ig_gemma_jump_is_reported), with the smallest
 # completeness error the note must still report
 GEMMA_JUMP = {"gemma3": 0.1, "gemma3-multimodal": 0.1, "gemma2": 0.01}
