@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Norm, Unembed, activation_name
+from ..tensors import _up
 from . import (
     SEPARATE_QKV,
     Family,
@@ -171,7 +172,7 @@ class Layout:
                               self._mlp(cfg, blk.mlp), float(sc.residual)) for i, blk in enumerate(base.layers)]
         W_U = linear_in_out(model.lm_head)
         if sc.logits != 1.0:  # folded into the unembedding: logits = x (W_U * c), what every readout path reads
-            W_U = W_U * sc.logits
+            W_U = _up(W_U) * sc.logits  # a bfloat16 / float16 model's copy in float32, scaled without rounding
         return Anatomy(
             family=self.family, model_type=cfg.model_type, d_model=d, n_ctx=rope_context(cfg, base.rotary_emb),
             vocab_size=cfg.vocab_size, embed=Embedding(W_E=base.embed_tokens.weight.detach(), scale=float(sc.embed)),
