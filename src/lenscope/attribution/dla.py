@@ -10,7 +10,8 @@ A mixture of experts' write splits into its chosen experts (``L{l}.E{e}.mlp``): 
 the block's output is the sum of the experts' weighted outputs (:meth:`lenscope.models.moe.MoE.expert_outputs`).
 Each attention write splits further into its heads and its output bias through the decomposition algebra
 (:func:`lenscope.models.algebra.attention_parts` with the attention weights from the trace, then
-:func:`~lenscope.models.algebra.norm_step` for Gemma's sandwich norm, affine given its traced scale); the final
+:func:`~lenscope.models.algebra.write_step` for Gemma's sandwich norm, affine given its traced scale, and
+Granite's residual multiplier); the final
 norm, the biases and the soft-cap are read through :class:`lenscope.models.readout.Readout`. The parts sum to
 the model's logit up to float error; ``completeness_error`` reports how far.
 """
@@ -23,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.algebra import attention_parts, norm_step
+from ..models.algebra import attention_write_parts
 from ..models.load import LoadedModel, require_decoder, resolve_token, token_str
 from ..models.readout import Readout
 from ..models.trace import Trace, trace
@@ -103,12 +104,10 @@ class ComponentAttribution(Result):
 def _head_writes(A, tr: Trace, l: int, p: int) -> tuple[Tensor, Tensor]:
     """What each head of layer ``l`` adds to the residual stream at position ``p``, ``(head, d_model)``, and the
     part no head writes (the output bias; for a sandwich block, through the post-attention norm with its traced
-    scale, plus that norm's bias), ``(d_model,)``: the algebra's attention decomposition summed per head."""
+    scale, plus that norm's bias; times a residual multiplier), ``(d_model,)``: the algebra's attention write
+    decomposition summed per head."""
     rows = torch.tensor([p], device=tr.attn_probs[l].device)
-    dec = attention_parts(A, tr, l, rows, "sources", factored=True)
-    post = A.layers[l].ln_attn_out
-    if post is not None:
-        dec = norm_step(dec, post, tr.attn_out[l][rows])
+    dec = attention_write_parts(A, tr, l, rows, "sources", factored=True)
     heads = torch.einsum("hs,hsd->hd", dec.alpha[:, 0], dec.V) * dec.scale[0]  # diag is empty: no residual here
     return heads, dec.rest[0]
 
@@ -121,6 +120,7 @@ def _expert_writes(A, tr: Trace, l: int, p: int) -> list[tuple[int, Tensor]]:
     if A.layers[l].ln_mlp_out is not None:
         raise NotApplicableError("splitting a mixture of experts followed by a sandwich norm is not supported; "
                                  "use by_expert=False")
+    out = out * A.layers[l].residual_scale  # (Layer.write without a sandwich norm)
     return [(e, out[e]) for e in w.nonzero()[:, 0].tolist()]
 
 

@@ -139,16 +139,17 @@ def head_writes(layer: Layer, z: Tensor) -> Tensor:
     if attn.b_O is not None:
         w = w + attn.b_O / H
     norm = layer.ln_attn_out
-    if norm is None:
-        return w
-    scale = norm.scale(w.sum(-2))[..., None]  # the norm's per-token scale of what the whole attention wrote
-    w = norm.linear(w, scale)
-    return w + norm.bias / H if norm.bias is not None else w
+    if norm is not None:
+        scale = norm.scale(w.sum(-2))[..., None]  # the norm's per-token scale of what the whole attention wrote
+        w = norm.linear(w, scale)
+        w = w + norm.bias / H if norm.bias is not None else w
+    return w * layer.residual_scale if layer.residual_scale != 1.0 else w
 
 
 def mlp_write(layer: Layer, mlp_out: Tensor) -> Tensor:
-    """What the MLP adds to the residual stream (its output, through a post-MLP norm when there is one)."""
-    return layer.ln_mlp_out(mlp_out) if layer.ln_mlp_out is not None else mlp_out
+    """What the MLP adds to the residual stream (its output, through a post-MLP norm when there is one, times a
+    residual multiplier): :meth:`~lenscope.models.anatomy.Layer.write`."""
+    return layer.write("mlp", mlp_out)
 
 
 def sender_writes(lm: LoadedModel, graph: ComponentGraph, cap) -> Tensor:
@@ -162,7 +163,7 @@ def sender_writes(lm: LoadedModel, graph: ComponentGraph, cap) -> Tensor:
     for layer in range(graph.n_layers):
         out[:, :, graph.heads_of(layer)] = head_writes(A.layers[layer], cap["head", layer])
         if graph.n_mlp > 1:
-            out[:, :, graph.mlps_of(layer)] = cap["expert_out", layer]
+            out[:, :, graph.mlps_of(layer)] = mlp_write(A.layers[layer], cap["expert_out", layer])  # no sandwich
         else:
             out[:, :, graph.mlp_of(layer)] = mlp_write(A.layers[layer], cap["mlp_out", layer])
     return out

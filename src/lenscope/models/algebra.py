@@ -255,13 +255,46 @@ def add_residual(dec, x: Tensor, inplace: bool = False):
     return Decomposition(parts, dec.rest, dec.rows)
 
 
+def scale_step(dec, c: float):
+    """A decomposition (dense or :class:`Factored`) times a constant ``c``: parts and remainder scaled."""
+    if c == 1.0:
+        return dec
+    if isinstance(dec, Factored):
+        return Factored(dec.alpha, dec.scale * c, dec.V, dec.diag * c, dec.rest * c, dec.rows)
+    return Decomposition(dec.parts * c, dec.rest * c, dec.rows)
+
+
+def write_step(dec, layer: Layer, which: str, sub_out: Tensor):
+    """Carry a decomposition of sub-layer ``which``'s output (``"attn"`` or ``"mlp"``) to what it adds to the
+    residual stream (:meth:`~lenscope.models.anatomy.Layer.write`): through its sandwich norm, affine given the
+    per-token scale of its real output ``sub_out (row, d_model)``, then times the block's ``residual_scale``."""
+    norm = layer.ln_attn_out if which == "attn" else layer.ln_mlp_out
+    if norm is not None:
+        dec = norm_step(dec, norm, sub_out)
+    return scale_step(dec, layer.residual_scale)
+
+
+def write_pullback(layer: Layer, which: str, u: Tensor, sub_out: Tensor) -> tuple[Tensor, Tensor]:
+    """A read-out direction ``u (row, d_model)`` on sub-layer ``which``'s write carried back to its output (the
+    transpose of :func:`write_step`): ``(w, c)`` with ``write . u == out . w + c`` for the real output ``sub_out
+    (row, d_model)`` (``c (row,)``: the sandwich norm's bias read along ``u``)."""
+    u = u * layer.residual_scale if layer.residual_scale != 1.0 else u
+    norm = layer.ln_attn_out if which == "attn" else layer.ln_mlp_out
+    c = u.new_zeros(u.shape[0])
+    if norm is None:
+        return u, c
+    if norm.bias is not None:
+        c = c + u @ norm.bias.to(u.dtype)
+    return norm.pullback(u, norm.scale(sub_out.to(u.dtype))), c
+
+
 def attention_write_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Convention = "sources",
                           *, writes: Tensor | None = None, dtype: torch.dtype = torch.float32,
                           factored: bool = False) -> Decomposition | Factored:
-    """What the attention sub-layer adds to the residual stream (after Gemma's post-attention norm)."""
+    """What the attention sub-layer adds to the residual stream (:func:`write_step`: after Gemma's post-attention
+    norm, times Granite's residual multiplier)."""
     dec = attention_parts(A, tr, l, rows, convention, writes=writes, dtype=dtype, factored=factored)
-    post = A.layers[l].ln_attn_out
-    return norm_step(dec, post, tr.attn_out[l][rows]) if post is not None else dec
+    return write_step(dec, A.layers[l], "attn", tr.attn_out[l][rows])
 
 
 def resid_mid_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Convention = "sources",
