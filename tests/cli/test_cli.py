@@ -45,8 +45,7 @@ def test_models_json():
     assert fams["olmo2"]["norms"] == ["identity", "rmsnorm"] and "q/k norms across heads" in fams["olmo2"]["attention"]
     assert "q/k norms across heads" in fams["olmoe"]["attention"] and "q/k norms across heads" not in \
         fams["llama"]["attention"]
-    assert {"residual scale", "embedding scale"} <= set(fams["granite"]["block"]) and "logit scale 0.25" in \
-        fams["granite"]["head"]
+    assert fams["granite"]["block"] == ["pre", "residual scale"] and "logit scale 0.25" in fams["granite"]["head"]
     assert "rotary (not every layer)" in fams["smollm3"]["attention"]
     assert "rotary (partial)" in fams["phi3"]["attention"]
     assert "shared by attention and MLP" in fams["stablelm"]["norms"] and fams["stablelm"]["parallel"]

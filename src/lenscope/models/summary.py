@@ -8,11 +8,11 @@ from .anatomy import MLP, Anatomy
 
 def summarize(A: Anatomy) -> dict:
     """What the Anatomy ``A`` holds, in words (``lenscope models`` lists it per family): ``kind`` (decoder /
-    encoder), ``block`` (placements, constant multipliers), ``norms``, ``attention``, ``mlp`` and ``head`` (lists
+    encoder), ``block`` (placements, a residual multiplier), ``norms``, ``attention``, ``mlp`` and ``head`` (lists
     of features), and the flags ``parallel`` and ``moe``."""
     layers = A.layers
     norms = [n for layer in layers for n in layer.norms().values()] + [n for n in (A.final_norm,) if n]
-    shared = any(layer.ln_mlp is layer.ln_attn for layer in layers if layer.ln_mlp is not None)
+    shared = any(layer.ln_mlp is layer.ln_attn for layer in layers if layer.ln_mlp and layer.ln_mlp.kind != "identity")
     norm = sorted({n.kind for n in norms}) + (["shared by attention and MLP"] if shared else [])
     if norms and all(n.bias is None for n in norms if n.kind == "layernorm") and "layernorm" in norm:
         norm.append("no bias")
@@ -39,8 +39,8 @@ def summarize(A: Anatomy) -> dict:
     head = [] if u is None else [name for name, on in (
         ("bias", u.b_U is not None), (f"logit scale {u.logit_scale:g}", u.logit_scale != 1),
         ("soft-capped", u.softcap is not None), ("masked-LM transform", u.transform_W is not None)) if on]
-    block = sorted({x.placement for x in layers}) + [name for name, on in (
-        ("residual scale", any(x.residual_scale != 1 for x in layers)), ("embedding scale", A.embed.scale != 1)) if on]
+    block = sorted({x.placement for x in layers}) + (["residual scale"] if any(x.residual_scale != 1 for x in layers)
+                                                     else [])
     return {"kind": "encoder" if A.is_encoder else "decoder", "block": block,
             "norms": norm, "attention": att, "mlp": mlp, "head": head if u is not None else ["none"],
             "parallel": any(x.placement == "parallel" for x in layers), "moe": moe}
