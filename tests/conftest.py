@@ -64,9 +64,10 @@ def tiny_with_layers(family: str, n_layers: int):
 
         fam = tiny_names()[family]
         cfg = fam.tiny[family](tiny_special_ids())
-        cfg.num_hidden_layers = n_layers
-        if getattr(cfg, "layer_types", None) is not None:
-            cfg.layer_types = cfg.layer_types[:n_layers]
+        text = cfg.get_text_config()  # a multimodal config's text part (the config itself otherwise)
+        text.num_hidden_layers = n_layers
+        if getattr(text, "layer_types", None) is not None:
+            text.layer_types = text.layer_types[:n_layers]
         torch.manual_seed(0)
         auto = AutoModelForMaskedLM if fam.encoder else AutoModelForCausalLM
         model = auto.from_config(cfg, attn_implementation="eager", dtype=torch.float32)

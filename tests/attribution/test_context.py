@@ -64,6 +64,7 @@ def brute_logit(lm, tr, t, w, f=None):
                 vec = head_part(A, tr, l, t, j, h)
                 if layer.ln_attn_out is not None:
                     vec = lin(layer.ln_attn_out, vec, tr.attn_out[l][t])
+                vec = vec * layer.residual_scale  # Granite's residual multiplier scales the write
                 out[l, h, j] = lin(A.final_norm, vec, tr.final_in[t]) @ u
     return out
 
@@ -80,6 +81,7 @@ def brute_alti(lm, tr):
                 a = sum(head_part(A, tr, l, i, j, h) for h in range(layer.attn.n_heads))
                 if layer.ln_attn_out is not None:
                     a = lin(layer.ln_attn_out, a, tr.attn_out[l][i])
+                a = a * layer.residual_scale
                 if i == j:
                     a = a + tr.resid_pre[l][i].double()
                 if layer.placement == "post":

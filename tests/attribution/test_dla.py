@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 import lenscope
 from lenscope.attribution.dla import ComponentAttribution
+from lenscope.models.readout import Readout
 from tests.conftest import DECODERS, get_model
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
@@ -17,7 +18,8 @@ def test_completeness_every_decoder(tiny_decoder):
     for by_head in (False, True):
         res = lenscope.direct_logit_attribution(lm, TEXT, " Mary", by_head=by_head)
         tr = lenscope.trace(lm, TEXT)
-        assert res.logit == pytest.approx(float(tr.logits[-1, res.target_id]), abs=1e-6)
+        logits = Readout.from_anatomy(lm.anatomy).uncap(tr.logits[-1])  # the logit before a soft-cap (Gemma 2)
+        assert res.logit == pytest.approx(float(logits[res.target_id]), abs=1e-6)
         assert res.completeness_error < 1e-4, res
         assert abs(res.total - res.logit) < 1e-4
 

@@ -44,6 +44,10 @@ def test_qk_fix_equals_brute_force(tiny_decoder):
         torch.testing.assert_close(got_k, want_k, rtol=1e-4, atol=1e-4 * float(want_k.abs().max()) + 1e-6)
         torch.testing.assert_close(query_scores(attn, q, k, q_x, g_A, pos), want_q, rtol=1e-4, atol=1e-6)
         assert float(want_k.abs().max()) > 1e-4, lm.name  # the keys do move the pattern
+        if attn.softcap is not None:
+            # soft-capped scores (Gemma 2) are not linear in q or k: the linear version takes the exact change of
+            # the scores (atp_star's docstring), which is not their derivative along the corrupted key / query
+            continue
         # the linear version is the derivative of the fix along the corrupted key / query
         eps = 1e-2  # float32 probs: smaller steps drown in rounding
         for fn, a, b in ((key_scores, k, k_x), (query_scores, q, q_x)):

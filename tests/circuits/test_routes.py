@@ -46,7 +46,7 @@ def test_proximity_and_importance_by_hand():
 
 def _expected_heads(lm, tr, l):
     """Head h's write from source j to position i, recomputed from the Anatomy alone: ``(pos, head, src, d)``,
-    and the bias term ``(pos, d)`` (after a sandwich norm with its traced scale)."""
+    and the bias term ``(pos, d)`` (after a sandwich norm with its traced scale, times a residual multiplier)."""
     layer = lm.anatomy.layers[l]
     attn = layer.attn
     v = attn.values(tr.attn_in[l]).double()  # (head, src, d_head), b_V in
@@ -61,7 +61,7 @@ def _expected_heads(lm, tr, l):
         s = post.scale(tr.attn_out[l].double())
         c = post.linear(c, s[:, None, None].expand(c.shape[:3]))
         bias = post.linear(bias, s) + (post.bias if post.bias is not None else 0)
-    return c, bias
+    return c * layer.residual_scale, bias * layer.residual_scale  # Granite's residual multiplier scales the write
 
 
 def test_terms_complete_and_recomputed(tiny_decoder):

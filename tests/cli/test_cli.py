@@ -38,6 +38,17 @@ def test_models_json():
     assert {"multi-query", "grouped-query"} <= set(fams["falcon"]["attention"])
     assert "sliding window" in fams["starcoder2"]["attention"] and fams["gemma3"]["block"] == ["sandwich"]
     assert fams["llama"]["norms"] == ["rmsnorm"] and not fams["llama"]["moe"] and not fams["falcon"]["moe"]
+    # issue 31's families, with their switches as the Anatomy holds them
+    assert {m for f in fams.values() for m in f["model_types"]} >= {"gemma2", "gemma3", "phi3", "olmo2", "olmo3",
+                                                                     "stablelm", "granite", "smollm3"}
+    assert fams["gemma2"]["block"] == ["sandwich"] and "soft-capped" in fams["gemma2"]["attention"]
+    assert fams["olmo2"]["norms"] == ["identity", "rmsnorm"] and "q/k norms across heads" in fams["olmo2"]["attention"]
+    assert "q/k norms across heads" in fams["olmoe"]["attention"] and "q/k norms across heads" not in \
+        fams["llama"]["attention"]
+    assert fams["granite"]["block"] == ["pre", "residual scale"] and "logit scale 0.25" in fams["granite"]["head"]
+    assert "rotary (not every layer)" in fams["smollm3"]["attention"]
+    assert "rotary (partial)" in fams["phi3"]["attention"]
+    assert "shared by attention and MLP" in fams["stablelm"]["norms"] and fams["stablelm"]["parallel"]
     text = run("models")
     assert text.exit_code == 0 and "model families" in text.stdout and "starcoder2" in text.stdout
 

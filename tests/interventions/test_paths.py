@@ -44,6 +44,7 @@ def test_direct_effect_equals_brute_force(tiny_decoder, senders):
                 src, base = (tc.attn_out, tx.attn_out) if senders == "attn" else (tc.mlp_out, tx.mlp_out)
                 new, old = (src[j, i], base[j, i]) if i == C - 1 else (base[j, -1], base[j, -1])
             delta = (post(new) - post(old)) if post is not None else (new - old)
+            delta = delta * layer.residual_scale  # Granite's residual multiplier scales what a sub-layer adds
             brute[j, i] = _ld(A.logits(final + delta), tid, fid)
     assert torch.allclose(res.raw, brute, atol=2e-5), (res.raw - brute).abs().max()
     # a sender at an earlier position has no direct effect on the last position's logits: exactly 0 but for the
@@ -57,7 +58,8 @@ def test_direct_effect_equals_brute_force(tiny_decoder, senders):
 def _blocks(lm):
     """The real model's blocks (named here, independently of lenscope's family files)."""
     m = lm.model
-    for path in ("transformer.h", "gpt_neox.layers", "model.decoder.layers", "model.layers"):
+    for path in ("transformer.h", "gpt_neox.layers", "model.decoder.layers", "model.layers",
+                 "model.language_model.layers"):  # the last: Gemma 3's multimodal wrapper
         obj = m
         try:
             for part in path.split("."):
@@ -91,13 +93,17 @@ def _proj(lm, layer, which, head):
     if fused is not None:  # per head [q k v], each d_head
         off = head * 3 * dh + j * dh
         return fused, slice(off, off + dh)
+    fused = getattr(blk.self_attn, "qkv_proj", None)  # Phi-3: [q | k | v], q (head, d_head), k and v (kv_head, d_head)
+    if fused is not None:
+        off = (0, H * dh, (H + at.n_kv_heads) * dh)[j] + head * dh
+        return fused, slice(off, off + dh)
     mod = getattr(blk.self_attn, f"{which}_proj")
     return mod, slice(head * dh, (head + 1) * dh)
 
 
 def _run_with(lm, ids, hooks):
-    handles = [mod.register_forward_hook(f) if kind == "post" else mod.register_forward_pre_hook(f)
-               for mod, kind, f in hooks]
+    handles = [mod.register_forward_hook(f) if kind == "post" else
+               mod.register_forward_pre_hook(f, with_kwargs=kind == "pre_kw") for mod, kind, f in hooks]
     try:
         with torch.no_grad():
             return lm.model(input_ids=ids[None], use_cache=False).logits[0, -1]
@@ -126,10 +132,15 @@ def _brute_receiver(lm, c, x, sender, receiver):
         z.view(*z.shape[:-1], H, -1)[0, :, sh] = got[("head", sl)][0, :, sh]
         return (z,)
 
+    if "ln_attn" in hooks[rl].norms and "ln_attn" not in hooks[rl].readers:
+        keep_x = (hooks[rl].norms["ln_attn"], "post", lambda m, a, o: store.__setitem__("x", o.clone()))
+    else:  # no norm module of its own (OLMo 2), or one shared with the MLP (StableLM): attention's own input
+        def read_x(m, a, kw):
+            store["x"] = (a[0] if a else kw["hidden_states"]).clone()
+        keep_x = (hooks[rl].attn, "pre_kw", read_x)
     _run_with(lm, x, [(hooks[sl].attn_out, "pre", patch_head),
                       (hooks[sl].mlp_out, "post", lambda m, a, o: with_module_output(
-                          o, got[("mlp_out", sl)][1].reshape(module_output(o).shape))),
-                      (hooks[rl].norms["ln_attn"], "post", lambda m, a, o: store.__setitem__("x", o.clone()))])
+                          o, got[("mlp_out", sl)][1].reshape(module_output(o).shape))), keep_x])
     h_in = rh // group if which != "q" else rh
     mod, sl_ = _proj(lm, rl, which, h_in)
     busy = [False]

@@ -75,6 +75,8 @@ def rel_gap(total, real):
 def lin(norm, v, real_in):
     """A norm without its bias applied to ``v``, at the scale of the norm's real input ``real_in``."""
     x, v = real_in.double(), v.double()
+    if norm.kind == "identity":  # a norm slot the block does not have (OLMo 2's pre-norms)
+        return v
     if norm.kind == "layernorm":
         c, s = v - v.mean(), torch.sqrt(((x - x.mean()) ** 2).mean() + norm.eps)
     else:
@@ -175,6 +177,7 @@ def brute_parts(lm, tr, l, steps=IG_STEPS, ff_rows=None):
                 t += alpha[h, i, j] * (own @ WV @ WO)
             if layer.ln_attn_out is not None:  # sandwich: the post-attention norm at attn_out_i's scale
                 t = lin(layer.ln_attn_out, t, tr.attn_out[l][i])
+            t = t * layer.residual_scale  # Granite's residual multiplier scales the write
             if i == j:
                 t = t + x[i]
             if post:  # LN1 at the scale of x_i + attn_out_i
@@ -205,7 +208,7 @@ def brute_parts(lm, tr, l, steps=IG_STEPS, ff_rows=None):
             f = ff[j]
             if layer.ln_mlp_out is not None:
                 f = lin(layer.ln_mlp_out, f, tr.mlp_out[l][i])
-            P["ff"][i, j] = f
+            P["ff"][i, j] = f * layer.residual_scale
     res = P["ff"] + P["atb"]
     out = {"attn_2020": P["attn_2020"], "attn": P["attn"], "atb": P["atb"]}
     if post:

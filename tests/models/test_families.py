@@ -145,14 +145,19 @@ def test_verify_fails_when_a_switch_is_read_wrong():
 @pytest.mark.parametrize("cfg,match", [
     (lambda: falcon(alibi=True), "alibi=True is not supported"),
     (lambda: falcon(new_decoder_architecture=True, num_kv_heads=2, parallel_attn=False), "parallel_attn=False"),
-    (lambda: cohere(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4,
-                                     "long_factor": [2.0] * 4, "original_max_position_embeddings": 64}),
-     "rope_type='longrope'"),
 ])
 def test_switches_lenscope_does_not_model_are_refused(cfg, match):
     with pytest.raises(UnsupportedModelError, match=match) as e:
         build(cfg())
     assert len(str(e.value).splitlines()) == 1
+
+
+def test_length_dependent_rope_runs_within_its_original_context():
+    """LongRoPE (read by ``families.rotary``, its context capped by ``rope_context``, for every rotary family)."""
+    lm = build(cohere(rope_parameters={"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 4,
+                                       "long_factor": [2.0] * 4, "original_max_position_embeddings": 64}))
+    assert lm.anatomy.n_ctx == 64
+    assert lenscope.verify(lm, tr=lenscope.trace(lm, list(range(3, 67)))).ok
 
 
 def test_a_module_that_is_not_there_is_named():

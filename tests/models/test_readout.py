@@ -19,8 +19,9 @@ def _trace(lm):
     return lenscope.trace(lm, TEXT)
 
 
-def brute_logits(A, h):
-    """Logits of residual states ``h`` in float64, straight from the weights."""
+def brute_logits(A, h, capped: bool = True):
+    """Logits of residual states ``h`` in float64, straight from the weights (``capped=False``: before the
+    soft-cap)."""
     h = h.double()
     n = A.final_norm
     if n is not None:
@@ -38,7 +39,7 @@ def brute_logits(A, h):
         z = z + A.unembed.b_U.double()
     z = z * A.unembed.logit_scale  # Cohere
     c = A.unembed.softcap
-    return torch.tanh(z / c) * c if c is not None else z
+    return torch.tanh(z / c) * c if c is not None and capped else z
 
 
 def test_readout_of_the_final_residual_is_the_models_logits(tiny_decoder):
@@ -80,8 +81,8 @@ def test_linearised_parts_sum_to_the_logit_with_the_traced_scale(tiny_decoder):
         # the pulled-back direction reads the same parts
         d = ro.pullback(u, s)
         assert torch.allclose(parts @ d, values, atol=1e-5 * float(values.abs().max()) + 1e-6)
-        # brute force: the logit difference of the float64 readout
-        z = brute_logits(A, tr.final_in[p])
+        # brute force: the logit difference of the float64 readout (before the soft-cap, as traced_logit)
+        z = brute_logits(A, tr.final_in[p], capped=False)
         assert logit == pytest.approx(float(z[t] - (z[f] if f is not None else 0)), abs=1e-4 * max(1.0, abs(logit)))
     assert ro.has_bias == (A.final_norm.bias is not None or A.unembed.b_U is not None)
 

@@ -63,7 +63,8 @@ def test_lean_trace_equals_full_trace(tiny):
         cut = prefix_trace(lean, 4).logits
         torch.testing.assert_close(cut[-1], full.logits[3], atol=2e-5, rtol=1e-5)
     recomputed = {k for k in a if isinstance(_field(lean, k), RecomputedNorm)}
-    for k in recomputed:  # a block norm's output (Gemma's attn_write / mlp_write too), recomputed from its input
+    for k in recomputed:  # a block norm's output (Gemma's attn_write / mlp_write too, Granite's scaled writes),
+        # recomputed from its input
         got, want = _field(lean, k), a.pop(k)
         assert got.shape == want.shape
         for l in range(full.n_layers):

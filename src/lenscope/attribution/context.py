@@ -23,7 +23,13 @@ from torch import Tensor
 
 from ..errors import InvariantError
 from ..mixing.alti import carry_back, mixing_matrices
-from ..models.algebra import attention_input_parts, bias_through_attention, f32, projected_value_writes
+from ..models.algebra import (
+    attention_input_parts,
+    bias_through_attention,
+    f32,
+    projected_value_writes,
+    write_pullback,
+)
 from ..models.load import LoadedModel, require_decoder, token_str
 from ..models.readout import Readout
 from ..models.request import Request, position_in
@@ -59,19 +65,14 @@ def attention_logit_rows(A, tr: Trace, l: int, rows: Tensor, directions: Tensor)
     ``directions (k, d_model)``, per head and source (``"sources"`` bias convention): ``(k, head, src)`` scores
     and the remainders ``(k,)``, with ``scores[r].sum() + remainder[r] == attn_write[l, rows[r]] . directions[r]``.
 
-    The directions are pulled back through a sandwich norm and then through ``W_O`` / ``W_V``
+    The directions are pulled back through the write (a sandwich norm, a residual multiplier:
+    :func:`~lenscope.models.algebra.write_pullback`) and then through ``W_O`` / ``W_V``
     (:func:`~lenscope.models.algebra.projected_value_writes`), so nothing of size (src, d_model) is built; one
     call serves every generated token of a text (``k`` rows) as well as one prediction (``k = 1``)."""
     layer = A.layers[l]
     attn = layer.attn
     z, beta = attention_input_parts(layer, tr, l, "sources")
-    d_post = directions.float()
-    const = d_post.new_zeros(d_post.shape[0])
-    post = layer.ln_attn_out
-    if post is not None:
-        if post.bias is not None:
-            const = const + d_post @ post.bias.float()
-        d_post = post.pullback(d_post, post.scale(f32(tr.attn_out[l][rows])))
+    d_post, const = write_pullback(layer, "attn", directions.float(), f32(tr.attn_out[l][rows]))
     proj = projected_value_writes(attn, z, d_post, True)  # (k, head, src)
     alpha = f32(tr.attn_probs[l][:, rows]).transpose(0, 1)  # (k, head, src)
     rem = const + d_post @ bias_through_attention(attn, beta, False)

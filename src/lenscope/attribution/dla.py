@@ -10,7 +10,8 @@ A mixture of experts' write splits into its chosen experts (``L{l}.E{e}.mlp``): 
 the block's output is the sum of the experts' weighted outputs (:meth:`lenscope.models.moe.MoE.expert_outputs`).
 Each attention write splits further into its heads and its output bias through the one head-write function
 (:func:`lenscope.models.algebra.head_writes` with the ``"rest"`` bias convention, on the heads' outputs recomputed
-with the attention weights from the trace; through Gemma's sandwich norm, affine given its traced scale); the final
+with the attention weights from the trace; through Gemma's sandwich norm, affine given its traced scale, and times
+Granite's residual multiplier); the final
 norm, the biases and the soft-cap are read through :class:`lenscope.models.readout.Readout`. The parts sum to
 the model's logit up to float error; ``completeness_error`` reports how far.
 """
@@ -106,8 +107,9 @@ class ComponentAttribution(Result):
 def traced_head_writes(A, tr: Trace, l: int, p: int) -> tuple[Tensor, Tensor]:
     """What each head of layer ``l`` adds to the residual stream at position ``p``, ``(head, d_model)``, and the
     part no head writes (the output bias; for a sandwich block, through the post-attention norm with its traced
-    scale, plus that norm's bias), ``(d_model,)``: :func:`lenscope.models.algebra.head_writes` with the ``"rest"``
-    bias convention, on the heads' outputs read from the trace."""
+    scale, plus that norm's bias; times a residual multiplier), ``(d_model,)``:
+    :func:`lenscope.models.algebra.head_writes` with the ``"rest"`` bias convention, on the heads' outputs read from
+    the trace."""
     rows = torch.tensor([p], device=tr.attn_probs[l].device)
     z = head_outputs(A, tr, l, rows)  # (1, head, d_head)
     post_in = None if A.layers[l].ln_attn_out is None else f32(tr.attn_out[l][rows])
@@ -123,6 +125,7 @@ def _expert_writes(A, tr: Trace, l: int, p: int) -> list[tuple[int, Tensor]]:
     if A.layers[l].ln_mlp_out is not None:
         raise NotApplicableError("splitting a mixture of experts followed by a sandwich norm is not supported; "
                                  "use by_expert=False")
+    out = out * A.layers[l].residual_scale  # (Layer.write without a sandwich norm)
     return [(e, out[e]) for e in w.nonzero()[:, 0].tolist()]
 
 

@@ -132,8 +132,9 @@ class ComponentGraph:
 
 
 def mlp_write(layer: Layer, mlp_out: Tensor) -> Tensor:
-    """What the MLP adds to the residual stream (its output, through a post-MLP norm when there is one)."""
-    return layer.ln_mlp_out(mlp_out) if layer.ln_mlp_out is not None else mlp_out
+    """What the MLP adds to the residual stream (its output, through a post-MLP norm when there is one, times a
+    residual multiplier): :meth:`~lenscope.models.anatomy.Layer.write`."""
+    return layer.write("mlp", mlp_out)
 
 
 def sender_writes(lm: LoadedModel, graph: ComponentGraph, cap) -> Tensor:
@@ -147,7 +148,7 @@ def sender_writes(lm: LoadedModel, graph: ComponentGraph, cap) -> Tensor:
     for layer in range(graph.n_layers):
         out[:, :, graph.heads_of(layer)] = head_writes(A.layers[layer], cap["head", layer], "shared")[0]
         if graph.n_mlp > 1:
-            out[:, :, graph.mlps_of(layer)] = cap["expert_out", layer]
+            out[:, :, graph.mlps_of(layer)] = mlp_write(A.layers[layer], cap["expert_out", layer])  # no sandwich
         else:
             out[:, :, graph.mlp_of(layer)] = mlp_write(A.layers[layer], cap["mlp_out", layer])
     return out

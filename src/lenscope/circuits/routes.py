@@ -26,9 +26,9 @@ Families:
 
 - pre-norm, sequential residual (GPT-2, OPT, BLOOM, Llama, Qwen2): the paper's case.
 - sandwich norms (Gemma 3): a sub-layer's write is its output through a norm whose per-token scale is taken from
-  the trace, so the write is linear in the head contributions (:func:`~lenscope.models.algebra.norm_step`): each
+  the trace, so the write is linear in the head contributions (:func:`~lenscope.models.algebra.write_step`): each
   head term is the normed contribution, the bias term is the normed output bias plus the norm's bias; the FF term
-  is the normed MLP output (``tr.mlp_write``).
+  is the normed MLP output (``tr.mlp_write``). A residual multiplier (Granite) scales every term of the write.
 - parallel residual (GPT-NeoX): attention and the FF block both read ``x^l``, so a block is one sum,
   ``x_i^{l+1} = x_i^l + sum_h sum_j c_{h, j->i} + b + f_i``, and there are no ``mid`` nodes: every edge of the
   block goes from ``(l, ., resid)`` to ``(l + 1, i, resid)`` (the FF edge from ``(l, i, resid)``).
@@ -45,7 +45,7 @@ from torch import Tensor
 
 from ..errors import InputError, InvariantError, NotApplicableError
 from ..mixing.alti import proximity, row_chunks
-from ..models.algebra import activation_scale, attention_parts, f32, norm_step, relative_gap
+from ..models.algebra import activation_scale, attention_write_parts, f32, relative_gap
 from ..models.anatomy import Anatomy
 from ..models.load import LoadedModel, require_decoder, token_str
 from ..models.trace import Trace, prefix_trace, trace
@@ -166,10 +166,7 @@ def attention_terms(A: Anatomy, tr: Trace, l: int, rows: Tensor, per_head: bool 
     rows = rows.to(tr.resid_pre.device)
     b = int(rows.max()) + 1
     sub = prefix_trace(tr, b)
-    dec = attention_parts(A, sub, l, rows, "sources", dtype=dtype, factored=True)
-    post = A.layers[l].ln_attn_out
-    if post is not None:
-        dec = norm_step(dec, post, sub.attn_out[l][rows])
+    dec = attention_write_parts(A, sub, l, rows, "sources", dtype=dtype, factored=True)
     if per_head:  # (row, head * src, d): head h's write from source j, scaled by the sandwich norm
         heads = (dec.scale[:, None, None, None] * dec.alpha.transpose(0, 1)[..., None] * dec.V[None]).flatten(1, 2)
     else:

@@ -39,6 +39,7 @@ from ..models.algebra import (
     layer_input,
     norm_step,
     relative_gap,
+    write_step,
 )
 from ..models.stop import checkpoint
 from ..models.trace import Trace, prefix_trace
@@ -98,8 +99,8 @@ def layer_decompositions(A, tr: Trace, l: int, rows: Tensor, scopes, *, nodes: i
     x = layer_input(tr, l, dtype)
     # kept factored (attention weights times per-source vectors) until the FF block's projection
     atb = attention_parts(A, tr, l, rows, "remainder", dtype=dtype, factored=True)
-    if layer.ln_attn_out is not None:  # sandwich: the post-attention norm belongs to ATTN's write
-        atb = norm_step(atb, layer.ln_attn_out, tr.attn_out[l][rows])
+    # sandwich: the post-attention norm belongs to ATTN's write (so does a residual multiplier)
+    atb = write_step(atb, layer, "attn", tr.attn_out[l][rows])
     atb = add_residual(atb, x)
     if post:
         atb = norm_step(atb, layer.ln_attn, tr.norm_in["ln_attn"][l][rows])
@@ -119,8 +120,7 @@ def layer_decompositions(A, tr: Trace, l: int, rows: Tensor, scopes, *, nodes: i
         return out, err
     routing = None if tr.routing is None else tr.routing[l][rows]  # a mixture of experts: the traced routing
     ff, err = ff_step(ff_in, layer.mlp, nodes=nodes, numeric_steps=numeric_steps, routing=routing)
-    if layer.ln_mlp_out is not None:
-        ff = norm_step(ff, layer.ln_mlp_out, tr.mlp_out[l][rows])
+    ff = write_step(ff, layer, "mlp", tr.mlp_out[l][rows])
     res = combine(ff, atb_dense)  # RES2 adds back the whole decomposed input of the FF block
     if post:
         out["atbff"], out["atbffres"] = ff, res

@@ -175,8 +175,8 @@ def head_writes(layer: Layer, z: Tensor, bias: HeadBias, norm_input: Tensor | No
     norm's bias), so the heads alone sum to what the attention part adds (the circuits' senders); ``"rest"`` keeps
     ``b_O`` (and the norm's bias) in the remainder (direct logit attribution's ``L{l}.attn_bias``). Under a
     post-attention (sandwich) norm the writes go through the norm, affine given its per-token scale: that of
-    ``norm_input`` (the traced attention output) when given, else of what the heads and the bias wrote. ``dtype``:
-    compute in it (default: the weights' own)."""
+    ``norm_input`` (the traced attention output) when given, else of what the heads and the bias wrote; then times
+    the block's ``residual_scale``. ``dtype``: compute in it (default: the weights' own)."""
     attn = layer.attn
     H = attn.n_heads
     W_O = attn.W_O if dtype is None else attn.W_O.to(dtype)
@@ -189,16 +189,20 @@ def head_writes(layer: Layer, z: Tensor, bias: HeadBias, norm_input: Tensor | No
     else:
         rest = w.new_zeros(w.shape[:-2] + w.shape[-1:]) + (b_O if b_O is not None else 0)
     norm = layer.ln_attn_out
-    if norm is None:
-        return w, rest
-    norm = norm if dtype is None else norm.to(dtype)
-    total = w.sum(-2) if rest is None else w.sum(-2) + rest
-    scale = norm.scale(total if norm_input is None else norm_input.to(w.dtype))[..., None]
-    w = norm.linear(w, scale)
-    if rest is None:
-        return (w + norm.bias / H if norm.bias is not None else w), None
-    rest = norm.linear(rest, scale[..., 0])
-    return w, (rest + norm.bias if norm.bias is not None else rest)
+    if norm is not None:
+        norm = norm if dtype is None else norm.to(dtype)
+        total = w.sum(-2) if rest is None else w.sum(-2) + rest
+        scale = norm.scale(total if norm_input is None else norm_input.to(w.dtype))[..., None]
+        w = norm.linear(w, scale)
+        if rest is None:
+            w = w + norm.bias / H if norm.bias is not None else w
+        else:
+            rest = norm.linear(rest, scale[..., 0])
+            rest = rest + norm.bias if norm.bias is not None else rest
+    g = layer.residual_scale  # Granite's residual multiplier scales what the block writes (Layer.write)
+    if g != 1.0:
+        w, rest = w * g, (None if rest is None else rest * g)
+    return w, rest
 
 
 def bias_through_attention(attn: Attention, beta: Tensor | None, value_bias: bool,
@@ -303,13 +307,46 @@ def add_residual(dec, x: Tensor, inplace: bool = False):
     return Decomposition(parts, dec.rest, dec.rows)
 
 
+def scale_step(dec, c: float):
+    """A decomposition (dense or :class:`Factored`) times a constant ``c``: parts and remainder scaled."""
+    if c == 1.0:
+        return dec
+    if isinstance(dec, Factored):
+        return Factored(dec.alpha, dec.scale * c, dec.V, dec.diag * c, dec.rest * c, dec.rows)
+    return Decomposition(dec.parts * c, dec.rest * c, dec.rows)
+
+
+def write_step(dec, layer: Layer, which: str, sub_out: Tensor):
+    """Carry a decomposition of sub-layer ``which``'s output (``"attn"`` or ``"mlp"``) to what it adds to the
+    residual stream (:meth:`~lenscope.models.anatomy.Layer.write`): through its sandwich norm, affine given the
+    per-token scale of its real output ``sub_out (row, d_model)``, then times the block's ``residual_scale``."""
+    norm = layer.ln_attn_out if which == "attn" else layer.ln_mlp_out
+    if norm is not None:
+        dec = norm_step(dec, norm, sub_out)
+    return scale_step(dec, layer.residual_scale)
+
+
+def write_pullback(layer: Layer, which: str, u: Tensor, sub_out: Tensor) -> tuple[Tensor, Tensor]:
+    """A read-out direction ``u (row, d_model)`` on sub-layer ``which``'s write carried back to its output (the
+    transpose of :func:`write_step`): ``(w, c)`` with ``write . u == out . w + c`` for the real output ``sub_out
+    (row, d_model)`` (``c (row,)``: the sandwich norm's bias read along ``u``)."""
+    u = u * layer.residual_scale if layer.residual_scale != 1.0 else u
+    norm = layer.ln_attn_out if which == "attn" else layer.ln_mlp_out
+    c = u.new_zeros(u.shape[0])
+    if norm is None:
+        return u, c
+    if norm.bias is not None:
+        c = c + u @ norm.bias.to(u.dtype)
+    return norm.pullback(u, norm.scale(sub_out.to(u.dtype))), c
+
+
 def attention_write_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Convention = "sources",
                           *, writes: Tensor | None = None, dtype: torch.dtype = torch.float32,
                           factored: bool = False) -> Decomposition | Factored:
-    """What the attention sub-layer adds to the residual stream (after Gemma's post-attention norm)."""
+    """What the attention sub-layer adds to the residual stream (:func:`write_step`: after Gemma's post-attention
+    norm, times Granite's residual multiplier)."""
     dec = attention_parts(A, tr, l, rows, convention, writes=writes, dtype=dtype, factored=factored)
-    post = A.layers[l].ln_attn_out
-    return norm_step(dec, post, tr.attn_out[l][rows]) if post is not None else dec
+    return write_step(dec, A.layers[l], "attn", tr.attn_out[l][rows])
 
 
 def resid_mid_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Convention = "sources",

@@ -30,15 +30,18 @@ if TYPE_CHECKING:
 
 @dataclass(repr=False)
 class Norm:
-    """LayerNorm or RMSNorm over the last axis.
+    """LayerNorm or RMSNorm over the last axis, or the identity.
 
     ``weight`` is the effective multiplier (Gemma's ``1 + w`` is folded in). ``scale(x)`` is the
     per-token factor ``1/sqrt(var + eps)`` (LayerNorm, variance of the centred vector) or
     ``1/sqrt(mean(x^2) + eps)`` (RMSNorm). Given that scale, the norm is affine in ``x``:
     ``linear(x, s) + bias``; decompositions use this with the scale taken from the trace.
+
+    ``"identity"`` (scale 1, a weight of ones placing it on the block's device) is a norm slot a block lacks (OLMo
+    2's pre-norms): every method reads the slot as a norm.
     """
 
-    kind: Literal["layernorm", "rmsnorm"]
+    kind: Literal["layernorm", "rmsnorm", "identity"]
     weight: Tensor | None  # (d,)
     bias: Tensor | None  # (d,)
     eps: float
@@ -49,6 +52,8 @@ class Norm:
     def scale(self, x: Tensor) -> Tensor:
         """Per-token scale, shape ``x.shape[:-1]`` (float32, or float64 for a float64 input)."""
         x = x if x.dtype == torch.float64 else x.float()
+        if self.kind == "identity":
+            return x.new_ones(x.shape[:-1])
         if self.kind == "layernorm":
             var = x.var(-1, unbiased=False)
         else:
@@ -151,9 +156,8 @@ class Attention:
     alibi: Tensor | None = None  # (head,) slopes
     softcap: float | None = None
     window: int | None = None  # causal: query i sees keys j with i - j < window; bidirectional: |i - j| <= window
-    sinks: Tensor | None = None  # (head,) learned logits in each head's softmax denominator (GPT-OSS): the weights
-    # over the real tokens then sum to less than one
-    qk_norm_across_heads: bool = False  # q_norm / k_norm over all heads' features at once (OLMoE), not per head
+    sinks: Tensor | None = None  # (head,) logits in each head's softmax denominator only (GPT-OSS's sinks)
+    qk_norm_across_heads: bool = False  # q_norm / k_norm over all heads' features at once (OLMo 2, OLMoE), not per head
 
     n_heads = axis_size("W_Q", 0)
     n_kv_heads = axis_size("W_K", 0)
@@ -212,14 +216,19 @@ class Attention:
             if self.q_norm is not None:
                 q = self.q_norm(q)
             if self.k_norm is not None:
-                n = self.k_norm  # a weight per key/value head (kv_head, 1, d_head), Cohere's, repeats for per-head keys
-                if per_head and n.weight is not None and n.weight.dim() == 3:
-                    n = Norm(n.kind, self._per_kv(n.weight), n.bias, n.eps)
-                k = n(k)
+                k = self._key_norm(per_head)(k)
         if self.rotary is not None:
             q = self.rotary.apply(q, positions)
             k = self.rotary.apply(k, positions)
         return q, k if per_head else self._per_kv(k, dim=-3)
+
+    def _key_norm(self, per_head: bool) -> Norm:
+        """The key norm for keys per key/value head, or (``per_head``) per query head: a weight per key/value head
+        ``(kv_head, 1, d_head)`` (Cohere, StableLM) repeats for its query group."""
+        n = self.k_norm
+        if not per_head or n.weight is None or n.weight.dim() < 3 or self.n_kv_heads == self.n_heads:
+            return n
+        return Norm(n.kind, self._per_kv(n.weight), None if n.bias is None else self._per_kv(n.bias), n.eps)
 
     def values(self, x: Tensor, *, per_head: bool = False) -> Tensor:
         """x (..., pos, d_model) -> v (..., head, pos, d_head) per query head; ``per_head``: see queries_keys."""
@@ -290,7 +299,8 @@ class Attention:
 
     def __repr__(self) -> str:
         flags = [(self.rotary is not None, repr(self.rotary)), (self.alibi is not None, "alibi"),
-                 (self.q_norm is not None, "qk_norm"), (self.softcap is not None, f"softcap={self.softcap or 0:g}"),
+                 (self.q_norm is not None, "qk_norm" + ("(across heads)" if self.qk_norm_across_heads else "")),
+                 (self.softcap is not None, f"softcap={self.softcap or 0:g}"),
                  (self.window is not None, f"window={self.window}"), (self.sinks is not None, "sinks")]
         parts = [f"heads={self.n_heads}", f"kv_heads={self.n_kv_heads}", f"d_head={self.d_head}",
                  "causal" if self.causal else "bidirectional"] + [text for on, text in flags if on]
@@ -392,6 +402,9 @@ class Layer:
     - ``sandwich``: as ``pre`` with ``ln_attn_out`` / ``ln_mlp_out`` applied to what each sub-layer writes
     - ``parallel``: ``out = h + attn(ln_attn(h)) + mlp(ln_mlp(h))``
     - ``post``: ``mid = ln_attn(h + attn(h))``; ``out = ln_mlp(mid + mlp(mid))``
+
+    ``residual_scale`` multiplies what each sub-layer adds to the residual stream (Granite's
+    ``residual_multiplier``): the write is ``residual_scale * ln_*_out(sub-layer output)`` (:meth:`write`).
     """
 
     placement: Placement
@@ -401,15 +414,19 @@ class Layer:
     ln_mlp: Norm | None
     ln_attn_out: Norm | None = None
     ln_mlp_out: Norm | None = None
+    residual_scale: float = 1.0
+
+    def write(self, which: Literal["attn", "mlp"], out: Tensor) -> Tensor:
+        """What sub-layer ``which`` adds to the residual stream, from its output ``out (..., d_model)``: through
+        its sandwich norm (when there is one), times ``residual_scale``."""
+        norm = self.ln_attn_out if which == "attn" else self.ln_mlp_out
+        w = norm(out) if norm is not None else out
+        return w * self.residual_scale if self.residual_scale != 1.0 else w
 
     def norms(self) -> dict[str, Norm]:
         """The block's norms by slot name."""
-        slots = {
-            "ln_attn": self.ln_attn,
-            "ln_mlp": self.ln_mlp,
-            "ln_attn_out": self.ln_attn_out,
-            "ln_mlp_out": self.ln_mlp_out,
-        }
+        slots = {"ln_attn": self.ln_attn, "ln_mlp": self.ln_mlp, "ln_attn_out": self.ln_attn_out,
+                 "ln_mlp_out": self.ln_mlp_out}
         return {k: v for k, v in slots.items() if v is not None}
 
     def forward(self, h: Tensor, positions: Tensor, routing: Tensor | None = None) -> dict[str, Tensor]:
@@ -420,11 +437,7 @@ class Layer:
         mlp_in, mlp_out, mlp_write, resid_post``.
         """
         h, positions = _on(h, self.attn.W_Q), _on(positions, self.attn.W_Q)
-        r: dict[str, Tensor] = {}
-        if self.placement == "post":
-            r["attn_in"] = h
-        else:
-            r["attn_in"] = self.ln_attn(h)
+        r: dict[str, Tensor] = {"attn_in": h if self.placement == "post" else self.ln_attn(h)}
         r["attn_out"], r["attn_probs"] = self.attn(r["attn_in"], positions)
         r.update(self.after_attention(h, r["attn_out"], routing=routing))
         return r
@@ -440,7 +453,7 @@ class Layer:
         ref = self.mlp.W_in
         h, attn_out, mlp_in = _on(h, ref), _on(attn_out, ref), _on(mlp_in, ref)
         r: dict[str, Tensor] = {}
-        r["attn_write"] = self.ln_attn_out(attn_out) if self.ln_attn_out is not None else attn_out
+        r["attn_write"] = self.write("attn", attn_out)
         if self.placement == "post":
             r["resid_mid"] = self.ln_attn(h + r["attn_write"])
             r["mlp_in"] = r["resid_mid"]
@@ -451,7 +464,7 @@ class Layer:
             r["resid_mid"] = h + r["attn_write"]
             r["mlp_in"] = self.ln_mlp(r["resid_mid"])
         r["mlp_out"] = self.mlp(r["mlp_in"]) if routing is None else self.mlp(r["mlp_in"], routing)
-        r["mlp_write"] = self.ln_mlp_out(r["mlp_out"]) if self.ln_mlp_out is not None else r["mlp_out"]
+        r["mlp_write"] = self.write("mlp", r["mlp_out"])
         if self.placement == "post":
             r["resid_post"] = self.ln_mlp(r["resid_mid"] + r["mlp_write"])
         else:
@@ -464,7 +477,8 @@ class Layer:
         return self.attn.W_Q.device
 
     def __repr__(self) -> str:
-        return f"Layer({self.placement}, {self.attn!r}, {self.mlp!r})"
+        scale = f", residual_scale={self.residual_scale:g}" if self.residual_scale != 1.0 else ""
+        return f"Layer({self.placement}, {self.attn!r}, {self.mlp!r}{scale})"
 
 
 @dataclass(repr=False)

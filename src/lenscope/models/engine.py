@@ -253,15 +253,16 @@ class _Session:
 def _register(s: _Session, hooks, handles: list) -> None:
     """Put on the real model the hooks the session needs (and only those)."""
 
+    def on_input(fn):  # a pre-hook (with_kwargs) passing the first input (or ``hidden_states``) through ``fn``
+        def f(mod, args, kwargs):
+            if args:
+                return (fn(args[0]),) + tuple(args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": fn(kwargs["hidden_states"])}
+        return f
+
     def pre(key, kw=False):
         if kw:
-            def f(mod, args, kwargs):
-                if args:
-                    return (s.visit(key, args[0]),) + tuple(args[1:]), kwargs
-                kwargs = dict(kwargs)
-                kwargs["hidden_states"] = s.visit(key, kwargs["hidden_states"])
-                return args, kwargs
-            return f
+            return on_input(lambda x: s.visit(key, x))
 
         def g(mod, args):
             return (s.visit(key, args[0]),) + tuple(args[1:])
@@ -282,20 +283,17 @@ def _register(s: _Session, hooks, handles: list) -> None:
                 return out
             write = any(k in s.by_site or (s.grad and k in s.capture) for k in keys)
             B, P = s.B, s.P
-            H = _n_heads(s.lm, "q", layer)
-            if layout == "grouped":  # per key/value head [q_1 .. q_g k v], each d_head: Falcon
-                K = _n_heads(s.lm, "k", layer)
-                x = out.view(B, P, K, H // K + 2, -1)
-                parts = (x[:, :, :, :-2], x[:, :, :, -2:-1], x[:, :, :, -1:])
-            else:
-                axis = 3 if layout == "heads" else 2  # (head, [q k v], d_head) per position: GPT-NeoX, BLOOM
-                parts = (out.view(B, P, H, 3, -1).split(1, dim=3) if axis == 3
-                         else out.view(B, P, 3, -1).split(1, dim=2))  # GPT-2
+            H, K = _n_heads(s.lm, "q", layer), _n_heads(s.lm, "k", layer)
+            if layout == "blocks":  # [q | k | v], heads in order in each (GPT-2; Phi-3 with fewer key/value heads)
+                e = out.shape[-1] // (H + 2 * K)
+                parts, dim = out.view(B, P, -1).split([H * e, K * e, K * e], dim=-1), -1
+            else:  # "grouped": per key/value head its query heads, key, value ([q_1 .. q_g k v], each d_head)
+                parts, dim = out.view(B, P, K, H // K + 2, -1).split([H // K, 1, 1], dim=3), 3
             # the model goes on from the visited parts, put together anew (never written into a captured view: a
             # captured part must stay a node of the graph its gradient is taken through)
             new = [s.visit(k, part.reshape(B, P, -1)).reshape(part.shape) if s.wants(k) else part
                    for k, part in zip(keys, parts)]
-            return torch.cat(new, dim=3 if layout == "grouped" else axis).reshape(out.shape) if write else out
+            return torch.cat(new, dim=dim).reshape(out.shape) if write else out
         return f
 
     def router(layer):
@@ -332,6 +330,12 @@ def _register(s: _Session, hooks, handles: list) -> None:
                 else out  # with grad=True: the same numbers, and the gradient reaches the captures
         return f
 
+    def second_half(key):  # a fused [gate | up] projection (Phi-3): the site is its second half
+        def f(mod, args, out):
+            gate, up = out.chunk(2, dim=-1)
+            return out if (new := s.visit(key, up)) is up else torch.cat([gate, new], dim=-1)
+        return f
+
     def norm(slot, layer, mod):
         kin, kout, kscale = ((f"{slot}.{w}", layer) for w in ("in", "out", "scale"))
         if s.wants(kin):
@@ -343,8 +347,22 @@ def _register(s: _Session, hooks, handles: list) -> None:
                 return post(kout)(mod, args, out) if s.wants(kout) else out
             handles.append(mod.register_forward_hook(f))
 
+    def absent_norm(slot, layer, reader):
+        """The sites of a norm slot the block lacks (the Anatomy's identity norm: OLMo 2's pre-norms): its input,
+        scale and output are all the input of ``reader``, the sub-layer that reads the slot."""
+        kin, kout, kscale = ((f"{slot}.{w}", layer) for w in ("in", "out", "scale"))
+
+        def f(x):
+            if s.wants(kin):
+                x = s.visit(kin, x)
+            if s.wants(kscale):
+                s.visit(kscale, s.norm_scale(slot, layer, x))
+            return s.visit(kout, x) if s.wants(kout) else x
+        if any(s.wants(k) for k in (kin, kout, kscale)):
+            handles.append(reader.register_forward_pre_hook(on_input(f), with_kwargs=True))
+
     def shared_norm(layer, mod, reader):
-        """The ``ln_mlp`` sites of a norm that attention and the MLP share (``LayerHooks.mlp_in``): the MLP reads
+        """The ``ln_mlp`` sites of a norm that attention and the MLP share (``LayerHooks.readers``): the MLP reads
         its own copy, the real norm module run again on the block's input as it entered the norm (before any
         ``ln_attn`` edit), after the ``ln_mlp`` edits."""
         keys = [(f"{slot}.{w}", layer) for slot in ("ln_attn", "ln_mlp") for w in ("in", "out", "scale")]
@@ -399,7 +417,8 @@ def _register(s: _Session, hooks, handles: list) -> None:
             if w("mlp_up"):
                 if lh.up is None:
                     raise NotApplicableError("site 'mlp_up' exists only for gated MLPs")
-                handles.append(lh.up.register_forward_hook(post(("mlp_up", i))))
+                handles.append(lh.up.register_forward_hook(second_half(("mlp_up", i)) if lh.up_fused
+                                                           else post(("mlp_up", i))))
         if w("q") or w("k") or w("v"):
             if lh.qkv is not None:
                 handles.append(lh.qkv.register_forward_hook(fused(i, lh.qkv_layout)))
@@ -407,13 +426,17 @@ def _register(s: _Session, hooks, handles: list) -> None:
                 for name, mod in (("q", lh.q), ("k", lh.k), ("v", lh.v)):
                     if w(name):
                         handles.append(mod.register_forward_hook(post((name, i))))
-        if lh.mlp_in is not None:
-            shared_norm(i, lh.norms["ln_mlp"], lh.mlp_in)
         for slot, mod in lh.norms.items():
-            if not (slot == "ln_mlp" and lh.mlp_in is not None):
+            if slot in lh.readers:  # a norm shared with ln_attn: the reader runs its own copy
+                shared_norm(i, mod, lh.readers[slot])
+        for slot, mod in lh.norms.items():
+            if slot not in lh.readers:
                 norm(slot, i, mod)
+        for slot, reader in lh.readers.items():
+            if slot not in lh.norms:
+                absent_norm(slot, i, reader)
         for slot in NORM_SLOTS:
-            if slot not in lh.norms and any(w(f"{slot}.{x}") for x in ("in", "out", "scale")):
+            if slot not in {**lh.norms, **lh.readers} and any(w(f"{slot}.{x}") for x in ("in", "out", "scale")):
                 raise NotApplicableError(f"this model's blocks have no norm {slot!r}; they have "
                                          f"{', '.join(lh.norms)}")
     if any(s.wants((n, None)) for n in MODEL_SITES[:3]):

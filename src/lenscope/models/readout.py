@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UnsupportedModelError
-from .anatomy import Norm, Unembed, _mix, _on
+from .anatomy import Norm, Unembed, _mix, _on, _up
 
 if TYPE_CHECKING:
     from .anatomy import Anatomy
@@ -61,8 +61,11 @@ def _converted(W: Tensor, dtype: torch.dtype) -> dict:
     return e
 
 
-# one scaled unembedding per process (a model whose logits are multiplied by a constant, Cohere's logit_scale): the
-# readout works with ``W_U * logit_scale`` and ``b_U * logit_scale``, so every equation below holds unchanged
+# one scaled unembedding per process (a model whose logits are multiplied by a constant: Cohere's logit_scale,
+# Granite's 1 / logits_scaling): the readout works with ``W_U * logit_scale`` and ``b_U * logit_scale``, so every
+# equation below holds unchanged. The scaled copy is float32 at least (a bfloat16 / float16 W_U is upcast before
+# scaling, never rounded back), so it differs from the model's ``(x @ W_U) * c`` (Granite: ``/ logits_scaling``) by
+# float32 rounding only, as every other product of the readout.
 _SCALED: dict = {}
 
 
@@ -70,7 +73,7 @@ def _scaled(W: Tensor, scale: float) -> Tensor:
     """``W * scale``, cached for this very tensor (identity and in-place version, as :func:`_converted`)."""
     e = _SCALED.get("entry")
     if e is None or e["src"]() is not W or e["version"] != W._version or e["scale"] != scale:
-        e = {"src": weakref.ref(W), "version": W._version, "scale": scale, "W": W * scale}
+        e = {"src": weakref.ref(W), "version": W._version, "scale": scale, "W": _up(W) * scale}
         _SCALED["entry"] = e
     return e["W"]
 

@@ -8,11 +8,11 @@ from .anatomy import MLP, Anatomy
 
 def summarize(A: Anatomy) -> dict:
     """What the Anatomy ``A`` holds, in words (``lenscope models`` lists it per family): ``kind`` (decoder /
-    encoder), ``block`` (placements), ``norms``, ``attention``, ``mlp`` and ``head`` (lists of features), and the
-    flags ``parallel`` and ``moe``."""
+    encoder), ``block`` (placements, a residual multiplier), ``norms``, ``attention``, ``mlp`` and ``head`` (lists
+    of features), and the flags ``parallel`` and ``moe``."""
     layers = A.layers
     norms = [n for layer in layers for n in layer.norms().values()] + [n for n in (A.final_norm,) if n]
-    shared = any(layer.ln_mlp is layer.ln_attn for layer in layers if layer.ln_mlp is not None)
+    shared = any(layer.ln_mlp is layer.ln_attn for layer in layers if layer.ln_mlp and layer.ln_mlp.kind != "identity")
     norm = sorted({n.kind for n in norms}) + (["shared by attention and MLP"] if shared else [])
     if norms and all(n.bias is None for n in norms if n.kind == "layernorm") and "layernorm" in norm:
         norm.append("no bias")
@@ -22,10 +22,12 @@ def summarize(A: Anatomy) -> dict:
     rots = [a.rotary for a in attns if a.rotary is not None]
     if rots:
         att.append("rotary" + (" (interleaved)" if any(r.interleaved for r in rots) else "")
-                   + (" (partial)" if any(a.rotary and a.rotary.dim < a.d_head for a in attns) else ""))
+                   + (" (partial)" if any(a.rotary and a.rotary.dim < a.d_head for a in attns) else "")
+                   + (" (not every layer)" if len(rots) < len(attns) else ""))
     att += [name for name, on in (
         ("alibi", any(a.alibi is not None for a in attns)), ("learned positions", A.embed.W_pos is not None),
         ("sliding window", any(a.window is not None for a in attns)), ("q/k norms", any(a.q_norm for a in attns)),
+        ("q/k norms across heads", any(a.q_norm and a.qk_norm_across_heads for a in attns)),
         ("soft-capped", any(a.softcap is not None for a in attns)),
         ("biases", any(a.b_Q is not None or a.b_O is not None for a in attns)),
         ("bidirectional", not A.causal)) if on]
@@ -37,6 +39,8 @@ def summarize(A: Anatomy) -> dict:
     head = [] if u is None else [name for name, on in (
         ("bias", u.b_U is not None), (f"logit scale {u.logit_scale:g}", u.logit_scale != 1),
         ("soft-capped", u.softcap is not None), ("masked-LM transform", u.transform_W is not None)) if on]
-    return {"kind": "encoder" if A.is_encoder else "decoder", "block": sorted({x.placement for x in layers}),
+    block = sorted({x.placement for x in layers}) + (["residual scale"] if any(x.residual_scale != 1 for x in layers)
+                                                     else [])
+    return {"kind": "encoder" if A.is_encoder else "decoder", "block": block,
             "norms": norm, "attention": att, "mlp": mlp, "head": head if u is not None else ["none"],
             "parallel": any(x.placement == "parallel" for x in layers), "moe": moe}

@@ -33,15 +33,19 @@ class LayerHooks:
     - ``up``: output = the linear branch of a gated MLP
     - ``norms``: slot name (as in :meth:`Layer.norms`) -> norm module (input and output captured)
     - ``q``, ``k``, ``v``: the query, key and value projections (output = per-head q/k/v, heads concatenated), or
-    - ``qkv``: one fused projection, its output laid out as ``qkv_layout``: ``"blocks"`` (``[q | k | v]``, GPT-2)
-      or ``"heads"`` (per head ``[q k v]``, each ``d_head``: GPT-NeoX, BLOOM) or ``"grouped"`` (per key/value head
-      its query heads then its key and value, ``[q_1 .. q_g k v]``, each ``d_head``: Falcon; multi-query attention
-      is one group, ``[q_1 .. q_H k v]``)
-    - ``mlp_in``: a parallel block whose attention and MLP read one shared norm (GPT-J, Cohere, Falcon): the MLP
-      module, whose first input is that norm's output. The norm is named under both slots (``ln_attn`` and
-      ``ln_mlp``); the engine gives the MLP its own copy (the real norm module run again on the block's input), so
-      that an edit or a gradient at ``ln_mlp`` reaches only the MLP and one at ``ln_attn`` only the attention, as
-      for two norms with the same weights.
+    - ``qkv``: one fused projection, its output laid out as ``qkv_layout``: ``"blocks"`` (``[q | k | v]``, each the
+      heads in order: GPT-2; Phi-3 with fewer key/value heads) or ``"grouped"`` (per key/value head its query heads
+      then its key and value, ``[q_1 .. q_g k v]``, each ``d_head``: Falcon, multi-query attention being one group;
+      GPT-NeoX and BLOOM, one query head per group: per head ``[q k v]``)
+    - ``up_fused``: ``up``'s output holds both branches of the gated MLP, ``[gate | up]`` (Phi-3's
+      ``gate_up_proj``): the site ``mlp_up`` is its second half
+    - ``readers``: slot -> the sub-layer module whose first input is the slot's output, where that is not the norm
+      module's own output: (1) a slot without a norm module (not in ``norms``; the Anatomy's norm is the identity,
+      OLMo 2's pre-norms): its input, scale and output are the reader's input; (2) ``ln_mlp`` of a parallel block
+      whose attention and MLP share one norm (GPT-J, Cohere, Falcon, StableLM), named under both slots: the engine
+      gives the MLP its own copy (the real norm module run again on the block's input), so that an edit or a
+      gradient at ``ln_mlp`` reaches only the MLP and one at ``ln_attn`` only the attention, as for two norms with
+      the same weights.
     - mixture-of-experts blocks (:class:`~lenscope.models.moe.MoE`): ``router``: output = ``(router logits,
       the chosen experts' weights, their indices)``; ``experts``: input = ``(hidden states, expert indices, expert
       weights)``, output = the weighted sum of the experts' outputs; ``mlp_out`` is then the whole block and
@@ -60,7 +64,8 @@ class LayerHooks:
     v: nn.Module | None = None
     qkv: nn.Module | None = None
     qkv_layout: str = "blocks"
-    mlp_in: nn.Module | None = None
+    up_fused: bool = False
+    readers: dict[str, nn.Module] = field(default_factory=dict)
     router: nn.Module | None = None
     experts: nn.Module | None = None
 
@@ -72,7 +77,7 @@ class ModelHooks:
 
     @classmethod
     def of(cls, blocks, final_norm: nn.Module | None, *, norms: dict[str, str], qkv_layout: str = "blocks",
-           **paths: str) -> ModelHooks:
+           up_fused: bool = False, readers: dict[str, str] | None = None, **paths: str) -> ModelHooks:
         """The hooks of every block in ``blocks``, each module given by its dotted path inside a block
         (``attn="self_attn", attn_out="self_attn.o_proj", norms={"ln_attn": "input_layernorm"}, ...``)."""
 
@@ -87,6 +92,7 @@ class ModelHooks:
             return mod
 
         layers = [LayerHooks(block=b, norms={slot: at(b, p) for slot, p in norms.items()}, qkv_layout=qkv_layout,
+                             up_fused=up_fused, readers={slot: at(b, p) for slot, p in (readers or {}).items()},
                              **{k: at(b, p) for k, p in paths.items()}) for b in blocks]
         return cls(layers=layers, final_norm=final_norm)
 
@@ -216,23 +222,33 @@ def rms_norm(mod: nn.Module, *, offset: float = 0.0) -> Norm:
 
 
 def rotary(rot_module: nn.Module, prefix: str = "") -> Rotary:
-    """Rotary settings from a transformers rotary-embedding module (``inv_freq`` and scaling)."""
-    inv_freq = getattr(rot_module, f"{prefix}inv_freq").detach().float()
+    """Rotary settings from a transformers rotary-embedding module: its frequencies ``inv_freq`` and the factor
+    ``attention_scaling`` of cos and sin, as the module computed them, so scaled RoPE (``linear``, ``llama3``,
+    ``yarn``, ``longrope``, ...) is read exactly; the rotated dimension is ``2 * len(inv_freq)`` (partial rotary).
+    The ``dynamic`` and ``longrope`` types change their frequencies for inputs longer than a length that
+    :func:`rope_context` makes the model's context, so within it the frequencies read here are the ones used."""
+    inv_freq = getattr(rot_module, f"{prefix}original_inv_freq", None)  # never updated in place by a forward pass
+    if inv_freq is None:
+        inv_freq = getattr(rot_module, f"{prefix}inv_freq")
+    inv_freq = inv_freq.detach().float()
     scaling = getattr(rot_module, f"{prefix}attention_scaling", 1.0)
     return Rotary(inv_freq=inv_freq, dim=2 * inv_freq.shape[0], attention_scaling=float(scaling))
 
 
-# rope types whose frequencies change with the input's length inside the context (lenscope reads them once)
-LENGTH_DEPENDENT_ROPE = ("longrope",)
-
-
-def static_rotary(rot_module: nn.Module, what: str) -> Rotary:
-    """:func:`rotary` of a model whose rope frequencies do not change with the input's length; refused (naming the
-    rope type) otherwise. ``what``: the model, for the message."""
-    kind = getattr(rot_module, "rope_type", "default")
-    require(kind not in LENGTH_DEPENDENT_ROPE,
-            f"{what} with rope_type={kind!r} is not supported: its rotary frequencies change with the input's length")
-    return rotary(rot_module)
+def rope_context(cfg, rot_module: nn.Module | None = None) -> int:
+    """The longest input lenscope runs a rotary model on (``Anatomy.n_ctx``): ``max_position_embeddings``, or for
+    LongRoPE (Phi-3's long-context models) its ``original_max_position_embeddings``: beyond it transformers switches
+    the whole sequence to other frequencies, a choice by input length that recomputing a prefix of it cannot see.
+    (Dynamic NTK changes its frequencies only beyond ``max_position_embeddings``.)"""
+    n = cfg.max_position_embeddings
+    kind = getattr(rot_module, "rope_type", None)
+    kinds = kind.values() if isinstance(kind, dict) else [kind]
+    if "longrope" in kinds:
+        params = cfg.rope_parameters
+        params = [params] if "rope_type" in params else list(params.values())
+        n = min([n] + [p["original_max_position_embeddings"] for p in params
+                       if p.get("rope_type") == "longrope" and p.get("original_max_position_embeddings")])
+    return int(n)
 
 
 def require(cond: bool, what: str) -> None:

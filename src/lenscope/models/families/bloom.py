@@ -39,7 +39,7 @@ def read(model) -> Anatomy:
 
 # where the engine's sites are in a BloomBlock (fused q/k/v laid out per head)
 PATHS = {"attn": "self_attention", "attn_out": "self_attention.dense", "mlp_out": "mlp.dense_4h_to_h",
-         "act": "mlp.gelu_impl", "qkv": "self_attention.query_key_value", "qkv_layout": "heads", "norms": PRE_NORMS}
+         "act": "mlp.gelu_impl", "qkv": "self_attention.query_key_value", "qkv_layout": "grouped", "norms": PRE_NORMS}
 
 
 def hooks(model) -> ModelHooks:

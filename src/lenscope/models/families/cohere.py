@@ -15,8 +15,9 @@ from . import (
     layer_norm,
     linear_in_out,
     require,
+    rope_context,
+    rotary,
     separate_qkv,
-    static_rotary,
     tiny_tokens,
 )
 
@@ -31,7 +32,7 @@ def head_norm(mod) -> Norm:
 def read(model) -> Anatomy:
     cfg = model.config
     base = model.model
-    rot = dataclasses.replace(static_rotary(base.rotary_emb, "Cohere"), interleaved=True)
+    rot = dataclasses.replace(rotary(base.rotary_emb), interleaved=True)
     scale = getattr(model, "logit_scale", 1.0)
     require(scale is not None, "Cohere with logit_scale=None is not supported (the model itself cannot run it)")
     layers = []
@@ -47,7 +48,7 @@ def read(model) -> Anatomy:
         ln = layer_norm(blk.input_layernorm)  # one norm read by both branches
         layers.append(Layer("parallel", attn, mlp, ln_attn=ln, ln_mlp=ln))
     return Anatomy(
-        family="cohere", model_type=cfg.model_type, d_model=cfg.hidden_size, n_ctx=cfg.max_position_embeddings,
+        family="cohere", model_type=cfg.model_type, d_model=cfg.hidden_size, n_ctx=rope_context(cfg, base.rotary_emb),
         vocab_size=cfg.vocab_size, embed=Embedding(W_E=base.embed_tokens.weight.detach()), layers=layers,
         final_norm=layer_norm(base.norm),
         unembed=Unembed(W_U=linear_in_out(model.lm_head), logit_scale=float(scale)),
@@ -55,7 +56,7 @@ def read(model) -> Anatomy:
 
 
 def hooks(model) -> ModelHooks:
-    return ModelHooks.of(model.model.layers, model.model.norm, **GATED_SITES, mlp_in="mlp",
+    return ModelHooks.of(model.model.layers, model.model.norm, **GATED_SITES, readers={"ln_mlp": "mlp"},
                          norms={"ln_attn": "input_layernorm", "ln_mlp": "input_layernorm"})
 
 

@@ -15,7 +15,18 @@ rounds Falcon's ALiBi bias to bfloat16, which lenscope does not model.
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import Family, ModelHooks, layer_norm, linear_in_out, require, split_heads_out, static_rotary, t, tiny_tokens
+from . import (
+    Family,
+    ModelHooks,
+    layer_norm,
+    linear_in_out,
+    require,
+    rope_context,
+    rotary,
+    split_heads_out,
+    t,
+    tiny_tokens,
+)
 
 
 def _norms(cfg) -> dict[str, str]:
@@ -57,7 +68,7 @@ def read(model) -> Anatomy:
                            "which lenscope does not model (rotary Falcon models, alibi=False, are)")
     norms = _norms(cfg)
     parallel = cfg.new_decoder_architecture or cfg.parallel_attn
-    rot = static_rotary(tr.rotary_emb, "Falcon")
+    rot = rotary(tr.rotary_emb)
     layers = []
     for blk in tr.h:
         a = blk.self_attention
@@ -80,7 +91,7 @@ def read(model) -> Anatomy:
         ln_mlp = ln_attn if norms["ln_mlp"] == norms["ln_attn"] else layer_norm(getattr(blk, norms["ln_mlp"]))
         layers.append(Layer("parallel" if parallel else "pre", attn, mlp, ln_attn=ln_attn, ln_mlp=ln_mlp))
     return Anatomy(
-        family="falcon", model_type=cfg.model_type, d_model=cfg.hidden_size, n_ctx=cfg.max_position_embeddings,
+        family="falcon", model_type=cfg.model_type, d_model=cfg.hidden_size, n_ctx=rope_context(cfg, tr.rotary_emb),
         vocab_size=cfg.vocab_size, embed=Embedding(W_E=tr.word_embeddings.weight.detach()), layers=layers,
         final_norm=layer_norm(tr.ln_f),
         unembed=Unembed(W_U=linear_in_out(model.lm_head), b_U=t(model.lm_head.bias)),
@@ -89,7 +100,7 @@ def read(model) -> Anatomy:
 
 def hooks(model) -> ModelHooks:
     norms = _norms(model.config)
-    shared = {"mlp_in": "mlp"} if norms["ln_attn"] == norms["ln_mlp"] else {}
+    shared = {"readers": {"ln_mlp": "mlp"}} if norms["ln_attn"] == norms["ln_mlp"] else {}
     return ModelHooks.of(model.transformer.h, model.transformer.ln_f, attn="self_attention",
                          attn_out="self_attention.dense", mlp_out="mlp.dense_4h_to_h", act="mlp.act",
                          qkv="self_attention.query_key_value", qkv_layout="grouped", norms=norms, **shared)

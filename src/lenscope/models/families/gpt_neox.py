@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import PRE_NORMS, Family, ModelHooks, layer_norm, linear_in_out, rotary, split_heads_out, t
+from . import PRE_NORMS, Family, ModelHooks, layer_norm, linear_in_out, rope_context, rotary, split_heads_out, t
 
 
 def read(model) -> Anatomy:
@@ -32,7 +32,7 @@ def read(model) -> Anatomy:
         layers.append(Layer(placement, attn, mlp, ln_attn=layer_norm(blk.input_layernorm),
                             ln_mlp=layer_norm(blk.post_attention_layernorm)))
     return Anatomy(
-        family="gpt-neox", model_type=cfg.model_type, d_model=d, n_ctx=cfg.max_position_embeddings,
+        family="gpt-neox", model_type=cfg.model_type, d_model=d, n_ctx=rope_context(cfg, base.rotary_emb),
         vocab_size=cfg.vocab_size, embed=Embedding(W_E=base.embed_in.weight.detach()), layers=layers,
         final_norm=layer_norm(base.final_layer_norm), unembed=Unembed(W_U=linear_in_out(model.get_output_embeddings())),
     )
@@ -40,7 +40,7 @@ def read(model) -> Anatomy:
 
 # where the engine's sites are in a GPTNeoXLayer (fused q/k/v laid out per head)
 PATHS = {"attn": "attention", "attn_out": "attention.dense", "mlp_out": "mlp.dense_4h_to_h", "act": "mlp.act",
-         "qkv": "attention.query_key_value", "qkv_layout": "heads", "norms": PRE_NORMS}
+         "qkv": "attention.query_key_value", "qkv_layout": "grouped", "norms": PRE_NORMS}
 
 
 def hooks(model) -> ModelHooks:

@@ -44,7 +44,7 @@ def read(model) -> Anatomy:
 
 
 PATHS = {"attn": "attn", "attn_out": "attn.out_proj", "mlp_out": "mlp.fc_out", "act": "mlp.act",
-         "q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj", "mlp_in": "mlp",
+         "q": "attn.q_proj", "k": "attn.k_proj", "v": "attn.v_proj", "readers": {"ln_mlp": "mlp"},
          "norms": {"ln_attn": "ln_1", "ln_mlp": "ln_1"}}
 
 

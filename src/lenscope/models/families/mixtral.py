@@ -15,6 +15,7 @@ from . import (
     moe_block,
     require,
     rms_norm,
+    rope_context,
     rotary,
     separate_qkv,
     stacked_experts,
@@ -57,7 +58,7 @@ def read(model) -> Anatomy:
         layers.append(Layer("pre", attn, moe_of(cfg, blk), ln_attn=rms_norm(blk.input_layernorm),
                             ln_mlp=rms_norm(blk.post_attention_layernorm)))
     return Anatomy(
-        family="mixtral", model_type=cfg.model_type, d_model=d, n_ctx=cfg.max_position_embeddings,
+        family="mixtral", model_type=cfg.model_type, d_model=d, n_ctx=rope_context(cfg, base.rotary_emb),
         vocab_size=cfg.vocab_size, embed=Embedding(W_E=base.embed_tokens.weight.detach()), layers=layers,
         final_norm=rms_norm(base.norm), unembed=Unembed(W_U=linear_in_out(model.lm_head)),
     )

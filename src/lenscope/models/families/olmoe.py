@@ -6,7 +6,18 @@ causal whatever the config says)."""
 from __future__ import annotations
 
 from ..anatomy import Anatomy, Attention, Embedding, Layer, Unembed
-from . import PRE_NORMS, Family, ModelHooks, linear_in_out, require, rms_norm, rotary, separate_qkv, tiny_tokens
+from . import (
+    PRE_NORMS,
+    Family,
+    ModelHooks,
+    linear_in_out,
+    require,
+    rms_norm,
+    rope_context,
+    rotary,
+    separate_qkv,
+    tiny_tokens,
+)
 from .mixtral import MOE_SITES, moe_of
 
 
@@ -25,7 +36,7 @@ def read(model) -> Anatomy:
         layers.append(Layer("pre", attn, moe_of(cfg, blk), ln_attn=rms_norm(blk.input_layernorm),
                             ln_mlp=rms_norm(blk.post_attention_layernorm)))
     return Anatomy(
-        family="olmoe", model_type=cfg.model_type, d_model=d, n_ctx=cfg.max_position_embeddings,
+        family="olmoe", model_type=cfg.model_type, d_model=d, n_ctx=rope_context(cfg, base.rotary_emb),
         vocab_size=cfg.vocab_size, embed=Embedding(W_E=base.embed_tokens.weight.detach()), layers=layers,
         final_norm=rms_norm(base.norm), unembed=Unembed(W_U=linear_in_out(model.lm_head)),
     )

@@ -11,8 +11,9 @@ from . import (
     ModelHooks,
     layer_norm,
     linear_in_out,
+    rope_context,
+    rotary,
     separate_qkv,
-    static_rotary,
     t,
     tiny_tokens,
 )
@@ -21,7 +22,7 @@ from . import (
 def read(model) -> Anatomy:
     cfg = model.config
     base = model.model
-    rot = static_rotary(base.rotary_emb, "StarCoder2")
+    rot = rotary(base.rotary_emb)
     layers = []
     for blk in base.layers:
         a = blk.self_attn
@@ -34,7 +35,8 @@ def read(model) -> Anatomy:
         layers.append(Layer("pre", attn, mlp, ln_attn=layer_norm(blk.input_layernorm),
                             ln_mlp=layer_norm(blk.post_attention_layernorm)))
     return Anatomy(
-        family="starcoder2", model_type=cfg.model_type, d_model=cfg.hidden_size, n_ctx=cfg.max_position_embeddings,
+        family="starcoder2", model_type=cfg.model_type, d_model=cfg.hidden_size,
+        n_ctx=rope_context(cfg, base.rotary_emb),
         vocab_size=cfg.vocab_size, embed=Embedding(W_E=base.embed_tokens.weight.detach()), layers=layers,
         final_norm=layer_norm(base.norm),
         unembed=Unembed(W_U=linear_in_out(model.lm_head), b_U=t(model.lm_head.bias)),
