@@ -25,7 +25,7 @@ from lenscope.viz.report import asset
 
 from ..browser import isolated_page, wait_drawn
 from ..conftest import get_model
-from .test_report_browser import CHROMIUM, sync_playwright
+from ..report.test_report_browser import CHROMIUM, sync_playwright
 
 TEXT = "The capital of France is"
 TARGET, FOIL = " capital", " of"
@@ -104,7 +104,7 @@ def test_collections_show_one_kind(lm):
 
 
 pytestmark_browser = pytest.mark.skipif(sync_playwright is None or CHROMIUM is None,
-                                        reason="chromium and Playwright: see tests/viz/test_report_browser.py")
+                                        reason="chromium and Playwright: see tests/report/test_report_browser.py")
 
 
 @pytestmark_browser
