@@ -183,9 +183,10 @@ def test_trace_is_a_view_on_the_engine(tiny):
     lm = tiny
     tr = trace(lm, IDS[0])
     cap = capture(lm, IDS, trace_sites(lm))
-    torch.testing.assert_close(tr.attn_probs, cap.stacked("pattern")[:, 0])
+    torch.testing.assert_close(tr.pattern, cap.stacked("pattern")[:, 0])
     torch.testing.assert_close(tr.resid_mid, cap.stacked("resid_mid")[:, 0])
-    torch.testing.assert_close(tr.resid_post[-1], tr.final_resid if tr.final_in is None else tr.final_in)
+    final_in = tr.site("ln_final.in")
+    torch.testing.assert_close(tr.resid_post[-1], tr.final_resid if final_in is None else final_in)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "gpt-neox", "bloom"])
