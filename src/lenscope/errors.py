@@ -40,7 +40,8 @@ class RenamedWarning(DeprecationWarning):
     names only."""
 
 
-# the files that resolve an old name: a warning names the line that used it, not these
+# the files that resolve an old name: a warning names the line that used it, not these (nor a dataclass's generated
+# __init__, "<string>")
 _RESOLVERS = ("lenscope/errors.py", "lenscope/models/sites.py", "lenscope/models/engine.py", "lenscope/models/trace.py")
 
 
@@ -51,6 +52,6 @@ def warn_renamed(old: str, new: str) -> None:
     import warnings
 
     frame, level = sys._getframe(0), 1
-    while frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(_RESOLVERS):
+    while frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(_RESOLVERS + ("<string>",)):
         frame, level = frame.f_back, level + 1
     warnings.warn(f"{old} is deprecated: use {new}", RenamedWarning, stacklevel=level)

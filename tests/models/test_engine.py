@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lenscope.errors import InputError, NotApplicableError
+from lenscope.errors import InputError, NotApplicableError, RenamedWarning
 from lenscope.models.engine import Edit, capture, run, site_key
 from lenscope.models.trace import trace, trace_sites
 from tests.conftest import get_model
@@ -21,7 +21,8 @@ def _attn_input(lm, cap, layer):
 
 def test_site_names():
     assert site_key("resid_pre.3") == ("resid_pre", 3)
-    assert site_key(("resid", 2)) == ("resid_pre", 2)  # the interventions' first vocabulary
+    with pytest.warns(RenamedWarning):  # the interventions' first vocabulary (tests/models/test_names.py)
+        assert site_key(("resid", 2)) == ("resid_pre", 2)
     assert site_key("ln_attn.scale.0") == ("ln_attn.scale", 0)
     assert site_key("ln_final.in") == ("ln_final.in", None)
     with pytest.raises(InputError, match="unknown site"):
