@@ -43,6 +43,11 @@ site                    shape                   edit    what it is
 A mixture of experts' ``mlp_pre``, ``mlp_up``, ``mlp_hidden`` hold every expert's units side by side, ``(b, p,
 expert * d_mlp)`` (0 for the experts a token does not use), computed with ``expert_out`` by the Anatomy's own math
 (:meth:`~lenscope.models.moe.MoE.run`) from what the experts module receives (docs/design.md).
+
+One name per activation: a site's name is its name everywhere (the :class:`~lenscope.models.trace.Trace`'s fields,
+``Trace.site``); the old names (:data:`ALIASES`) warn. The parts' display names (``L3H2``, ``L3.mlp``, ``L1H2@3``,
+...) come from :func:`display_name`. This table and docs/design.md's are tested against the tuples below
+(``tests/models/test_names.py``).
 """
 
 from __future__ import annotations
