@@ -38,6 +38,7 @@ Families:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -364,8 +365,9 @@ def route_recovery(routes: InformationFlowRoutes, circuit_nodes: list[str]) -> d
     comps = routes.components()
     circuit = set()
     for name in circuit_nodes:
-        if not routes.per_head and name.startswith("L") and "H" in name:
-            name = name.split("H")[0] + ".attn"
+        head = re.match(r"L(\d+)H\d", name)
+        if not routes.per_head and head:
+            name = display_name("attn", int(head.group(1)))
         circuit.add(name)
     found = circuit & comps
     nan = float("nan")
