@@ -132,9 +132,9 @@ def test_the_library_uses_only_the_new_names():
     assert '"error::lenscope.errors.RenamedWarning:lenscope"' in toml
     tr = trace(get_model("tiny:gpt2"), TEXT)
     with pytest.raises(RenamedWarning):  # code of a lenscope module reading an old name
-        exec("tr.attn_probs", {"__name__": "lenscope.some_method", "tr": tr})
+        exec(compile("tr.attn_probs", "some_method.py", "exec"), {"__name__": "lenscope.some_method", "tr": tr})
     with pytest.warns(RenamedWarning):  # a user's code: warned
-        exec("tr.attn_probs", {"__name__": "user_script", "tr": tr})
+        exec(compile("tr.attn_probs", "user_script.py", "exec"), {"__name__": "user_script", "tr": tr})
 
 
 def test_display_names():
