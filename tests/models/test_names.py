@@ -49,6 +49,7 @@ def test_site_reads_every_traced_site_by_its_engine_name(family):
     for layer in range(tr.n_layers):
         assert torch.equal(tr.site("pattern", layer), cap["pattern", layer][0].to(tr.pattern.dtype))
         assert torch.equal(tr.site(f"resid_mid.{layer}"), cap["resid_mid", layer][0].float())
+        assert torch.equal(tr.site(("resid_mid", layer)), tr.resid_mid[layer])
         assert tr.site("pattern", layer) is not None and tr.site("ln_attn.in", layer).shape == tr.resid_pre[0].shape
     for name in SITE_FIELDS:
         assert tr.site(name) is getattr(tr, name)

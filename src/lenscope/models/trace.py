@@ -102,7 +102,10 @@ class Trace:
     def site(self, name: str, layer: int | None = None) -> Tensor | None:
         """The traced site ``name`` (the engine's name, :mod:`lenscope.models.sites`) of block ``layer``
         (``(pos, ...)``; every block, ``(layer, pos, ...)``, when ``layer`` is None), also written ``"name.layer"``;
-        None where the model has no such site (``mlp_up`` of a plain MLP, ``ln_final.in`` of an encoder)."""
+        None where the model has no such site (``mlp_up`` of a plain MLP, ``ln_final.in`` of an encoder); a
+        ``(name, layer)`` pair as the engine writes sites works too."""
+        if isinstance(name, tuple) and layer is None:
+            name, layer = name
         if layer is None and isinstance(name, str):
             head, _, tail = name.rpartition(".")
             if head and tail.isdigit():
