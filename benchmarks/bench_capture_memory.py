@@ -60,7 +60,7 @@ def child(variant: str, model: str, n_tokens: int) -> dict:
         else:
             tr = lenscope.trace(lm, ids[0])
             kept = [v for v in vars(tr).values() if isinstance(v, torch.Tensor)]
-            kept += [v for d in (tr.norm_in, tr.norm_out) for v in d.values()]
+            kept += list(tr.norms.values())
     peak = _status_mb("VmHWM")
     seen, kept_bytes = set(), 0
     for t in kept:

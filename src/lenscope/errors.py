@@ -32,3 +32,26 @@ class InvariantError(LenscopeError):
 class Stopped(Exception):
     """A computation was asked to stop before it finished, because nobody waits for its result any more (``lenscope
     serve``: the client went away). Not a :class:`LenscopeError`: nothing was wrong with the input."""
+
+
+class RenamedWarning(DeprecationWarning):
+    """An old name (of a ``Trace`` field, a site, a keyword) that lenscope still accepts; the message names the new
+    one. Inside lenscope itself it is an error (``pyproject.toml``'s ``filterwarnings``): the library uses the new
+    names only."""
+
+
+# the files that resolve an old name: a warning names the line that used it, not these (nor a dataclass's generated
+# __init__, "<string>")
+_RESOLVERS = ("lenscope/errors.py", "lenscope/models/sites.py", "lenscope/models/engine.py", "lenscope/models/trace.py")
+
+
+def warn_renamed(old: str, new: str) -> None:
+    """Warn (:class:`RenamedWarning`) that ``old`` is deprecated in favour of ``new``, pointing at the first caller
+    outside the code that resolves old names."""
+    import sys
+    import warnings
+
+    frame, level = sys._getframe(0), 1
+    while frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(_RESOLVERS + ("<string>",)):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(f"{old} is deprecated: use {new}", RenamedWarning, stacklevel=level)

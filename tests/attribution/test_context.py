@@ -48,7 +48,7 @@ def head_part(A, tr, l, i, j, h):
     v = z @ attn.W_V[kv].double()
     if attn.b_V is not None:
         v = v + attn.b_V[kv].double()
-    return tr.attn_probs[l][h, i, j].double() * (v @ attn.W_O[h].double())
+    return tr.pattern[l][h, i, j].double() * (v @ attn.W_O[h].double())
 
 
 def brute_logit(lm, tr, t, w, f=None):
@@ -65,7 +65,7 @@ def brute_logit(lm, tr, t, w, f=None):
                 if layer.ln_attn_out is not None:
                     vec = lin(layer.ln_attn_out, vec, tr.attn_out[l][t])
                 vec = vec * layer.residual_scale  # Granite's residual multiplier scales the write
-                out[l, h, j] = lin(A.final_norm, vec, tr.final_in[t]) @ u
+                out[l, h, j] = lin(A.final_norm, vec, tr.site("ln_final.in")[t]) @ u
     return out
 
 
@@ -85,7 +85,7 @@ def brute_alti(lm, tr):
                 if i == j:
                     a = a + tr.resid_pre[l][i].double()
                 if layer.placement == "post":
-                    a = lin(layer.ln_attn, a, tr.norm_in["ln_attn"][l][i])
+                    a = lin(layer.ln_attn, a, tr.site("ln_attn.in", l)[i])
                 row[j] = max(0.0, float(y.abs().sum() - (y - a).abs().sum()))
             C[l, i] = row / row.sum() if row.sum() > 0 else torch.eye(n, dtype=torch.float64)[i]
     return C
@@ -104,7 +104,7 @@ def brute_value_zeroing(lm, tr):
         for j in range(n):
             v = attn.values(z).clone()
             v[:, j] = 0
-            o = (torch.einsum("hqk,hke->qhe", tr.attn_probs[l].double(), v).reshape(n, -1)
+            o = (torch.einsum("hqk,hke->qhe", tr.pattern[l].double(), v).reshape(n, -1)
                  @ attn.W_O.reshape(-1, A.d_model))
             if attn.b_O is not None:
                 o = o + attn.b_O

@@ -53,7 +53,7 @@ def test_by_hand_on_a_one_layer_view():
     res = lenscope.direct_logit_attribution(lm, TEXT, " Mary")
     tr = lenscope.trace(lm, TEXT)
     A = lm.anatomy
-    s = A.final_norm.scale(tr.final_in[-1])
+    s = A.final_norm.scale(tr.site("ln_final.in")[-1])
     u = A.unembed.W_U[:, res.target_id]
     expected = float((tr.embed[-1] * s * A.final_norm.weight) @ u)
     assert res.values[0].item() == pytest.approx(expected, rel=1e-5)
@@ -134,7 +134,7 @@ def test_experts_sum_to_their_layer(family, tmp_path):
     L = lm.anatomy.n_layers
     cap = capture(lm, ids, [("expert_out", i) for i in range(L)] + [("routing_weights", i) for i in range(L)])
     readout = Readout.from_anatomy(lm.anatomy)
-    u, s = readout.direction(split.target_id, None), readout.scale(tr.final_in[-1])
+    u, s = readout.direction(split.target_id, None), readout.scale(tr.site("ln_final.in")[-1])
     recs = split.to_records()
     for layer in range(L):
         w = float(whole.values[whole.names.index(f"L{layer}.mlp")])

@@ -51,7 +51,7 @@ def _expected_heads(lm, tr, l):
     attn = layer.attn
     v = attn.values(tr.attn_in[l]).double()  # (head, src, d_head), b_V in
     W_O = attn.W_O.double()
-    probs = tr.attn_probs[l].double()  # (head, pos, src)
+    probs = tr.pattern[l].double()  # (head, pos, src)
     c = torch.einsum("hij,hje,hed->ihjd", probs, v, W_O)
     n, d = c.shape[0], c.shape[-1]
     bias = attn.b_O.double().expand(n, d) if attn.b_O is not None else torch.zeros(n, d, dtype=torch.float64)

@@ -36,7 +36,7 @@ def test_batched_rows_equal_single_example_methods(family):
         row = ids[b].tolist()
         ref_tr = lenscope.trace(lm, row)
         torch.testing.assert_close(trs[b].resid_post, ref_tr.resid_post, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(trs[b].attn_probs, ref_tr.attn_probs, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(trs[b].pattern, ref_tr.pattern, atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(trs[b].logits[-1], ref_tr.logits[-1], atol=1e-5, rtol=1e-5)
         assert torch.isnan(trs[b].logits[:-1]).all()
         for m in ("logit", "alti-logit"):

@@ -70,9 +70,9 @@ def test_batched_ig_equals_loop(tiny_decoder):
     ids = encode(lm, PROMPT)
     tid, steps = resolve_token(lm, " capital"), 5
     attr, comp = neuron_attributions(lm, ids, tid, ids.numel() - 1, steps=steps, batch_size=7)
-    _, got = run(lm, ids[None], capture=[("hidden", j) for j in range(lm.anatomy.n_layers)])
+    _, got = run(lm, ids[None], capture=[("mlp_hidden", j) for j in range(lm.anatomy.n_layers)])
     for layer in range(lm.anatomy.n_layers):
-        h = got[("hidden", layer)][0, -1]
+        h = got[("mlp_hidden", layer)][0, -1]
         total = torch.zeros_like(h)
         for k in range(1, steps + 1):
             v = ((k / steps) * h).clone().requires_grad_(True)

@@ -146,10 +146,10 @@ def test_patch_all_positions_layer0_restores_exactly(tiny_decoder):
     lm = tiny_decoder
     c, x = encode(lm, CLEAN), encode(lm, "The capital of Frace is")  # two tokens differ
     assert c.numel() == x.numel() and int((c != x).sum()) == 2
-    _, got = run(lm, c[None], capture=[("resid", 0)])
+    _, got = run(lm, c[None], capture=[("resid_pre", 0)])
     P = c.numel()
     lg, _ = run(lm, x[None],
-                [Edit("resid", 0, torch.zeros(P, dtype=torch.long), torch.arange(P), got[("resid", 0)][0])])
+                [Edit("resid_pre", 0, torch.zeros(P, dtype=torch.long), torch.arange(P), got[("resid_pre", 0)][0])])
     lc, _ = run(lm, c[None])
     assert torch.allclose(lg[0, -1], lc[0, -1], atol=1e-5)
 
@@ -159,11 +159,11 @@ def test_all_heads_equal_attention_output(tiny_decoder):
     lm = tiny_decoder
     c, x = encode(lm, CLEAN), encode(lm, CORRUPT)
     layer, pos = lm.anatomy.n_layers - 1, c.numel() - 1
-    _, got = run(lm, c[None], capture=[("head", layer), ("attn", layer)])
+    _, got = run(lm, c[None], capture=[("head", layer), ("attn_out", layer)])
     H = got[("head", layer)].shape[2]
     z = torch.zeros(H, dtype=torch.long)
     a, _ = run(lm, x[None], [Edit("head", layer, z, z + pos, got[("head", layer)][0, pos], head=torch.arange(H))])
-    b, _ = run(lm, x[None], [Edit("attn", layer, z[:1], z[:1] + pos, got[("attn", layer)][0, pos][None])])
+    b, _ = run(lm, x[None], [Edit("attn_out", layer, z[:1], z[:1] + pos, got[("attn_out", layer)][0, pos][None])])
     assert torch.allclose(a, b, atol=1e-5)
 
 

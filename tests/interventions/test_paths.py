@@ -29,7 +29,7 @@ def test_direct_effect_equals_brute_force(tiny_decoder, senders):
     tc, tx = lenscope.trace(lm, c), lenscope.trace(lm, x)
     _, heads = run(lm, torch.stack([c, x]), capture=[("head", j) for j in range(lm.anatomy.n_layers)])
     A = lm.anatomy
-    final = tx.final_in[-1]
+    final = tx.site("ln_final.in")[-1]
     L, C = res.raw.shape
     brute = torch.empty(L, C)
     for j in range(L):

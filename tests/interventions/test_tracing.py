@@ -9,6 +9,7 @@ from lenscope.interventions import CausalTrace, Edit, causal_trace, embedding_st
 from lenscope.interventions.tracing import window_layers
 from lenscope.models.families import family_for
 from lenscope.models.load import encode, resolve_token
+from lenscope.models.sites import PART_SITES
 
 from ..conftest import get_model, module_output, with_module_output
 
@@ -102,8 +103,9 @@ def test_batched_equals_loop(tiny_decoder):
     ids = encode(lm, PROMPT)
     subj = res.subject_positions
     tid = resolve_token(lm, " capital")
-    _, got = run(lm, ids[None], capture=[(k, i) for k in ("resid", "attn", "mlp") for i in range(lm.anatomy.n_layers)])
-    clean = {k: {i: got[(k, i)][0] for i in range(lm.anatomy.n_layers)} for k in ("resid", "attn", "mlp")}
+    kinds, L = ("resid", "attn", "mlp"), lm.anatomy.n_layers
+    _, got = run(lm, ids[None], capture=[(PART_SITES[k], i) for k in kinds for i in range(L)])
+    clean = {k: {i: got[(PART_SITES[k], i)][0] for i in range(L)} for k in kinds}
     g = torch.Generator().manual_seed(3)
     eps = torch.randn(samples, len(subj), lm.anatomy.d_model, generator=g) * res.noise_scale
     p_corr = sum(one_row_prob(lm, ids, subj, eps[s], ("none", -1, 0), clean, window, tid)
@@ -126,13 +128,14 @@ def test_restoring_subject_embeddings_gives_p_clean(tiny_decoder):
     assert res.p_corrupted != pytest.approx(res.p_clean, abs=1e-7)
     ids = encode(lm, PROMPT)
     subj = torch.tensor(res.subject_positions)
-    _, got = run(lm, ids[None], capture=[("resid", 0)])
+    _, got = run(lm, ids[None], capture=[("resid_pre", 0)])
     g = torch.Generator().manual_seed(0)
     eps = torch.randn(3, len(subj), lm.anatomy.d_model, generator=g) * res.noise_scale
     rows = torch.arange(3).repeat_interleave(len(subj))
     pos = subj.repeat(3)
-    lg, _ = run(lm, ids[None].expand(3, -1), [Edit("resid", 0, rows, pos, eps.reshape(-1, eps.shape[-1]), mode="add"),
-                                               Edit("resid", 0, rows, pos, got[("resid", 0)][0, pos])])
+    lg, _ = run(lm, ids[None].expand(3, -1),
+                [Edit("resid_pre", 0, rows, pos, eps.reshape(-1, eps.shape[-1]), mode="add"),
+                 Edit("resid_pre", 0, rows, pos, got[("resid_pre", 0)][0, pos])])
     p = lg[:, -1].softmax(-1)[:, res.target_id]
     assert torch.allclose(p, torch.full((3,), res.p_clean), atol=1e-6)
     # a one-token subject: the sweep's own entry at (layer 0, subject) is that restoration: AIE = p_clean - p_corrupted

@@ -141,7 +141,7 @@ def test_alti_logit_on_a_lean_trace(tiny_decoder):
     from lenscope.attribution.context import alti_logit_explanation, rollout_explanation
 
     ids = list(range(5, 45))
-    full, lean = trace(tiny_decoder, ids, attn_probs="keep"), trace(tiny_decoder, ids, attn_probs="recompute")
+    full, lean = trace(tiny_decoder, ids, pattern="keep"), trace(tiny_decoder, ids, pattern="recompute")
     for position in (-1, 20):
         a = alti_logit_explanation(tiny_decoder, ids, 7, 9, position=position, tr=full)
         b = alti_logit_explanation(tiny_decoder, ids, 7, 9, position=position, tr=lean)

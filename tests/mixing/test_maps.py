@@ -60,7 +60,7 @@ def real_of(A, tr, l, scope):
     if scope == "atblnffres":
         return tr.resid_post[l]
     assert scope == "atblnffres_nextln"
-    return tr.norm_out["ln_attn"][l + 1] if l + 1 < A.n_layers else tr.final_out
+    return tr.site("ln_attn.out", l + 1) if l + 1 < A.n_layers else tr.site("ln_final.out")
 
 
 def rel_gap(total, real):
@@ -161,7 +161,7 @@ def brute_parts(lm, tr, l, steps=IG_STEPS, ff_rows=None):
     group = H // attn.n_kv_heads
     x = tr.resid_pre[l].double()
     z = x if post else tr.attn_in[l].double()  # what attention reads, whole
-    alpha = tr.attn_probs[l].double()
+    alpha = tr.pattern[l].double()
     names = ["attn_2020", "attn", "atb", "ff_in", "ff"]
     P = {s: torch.zeros(n, n, d, dtype=torch.float64) for s in names}
     for i in range(n):
@@ -189,15 +189,15 @@ def brute_parts(lm, tr, l, steps=IG_STEPS, ff_rows=None):
                 P["ff_in"][i, j] = lin(layer.ln_mlp, x[i], x[i]) if i == j else 0.0
             else:
                 P["ff_in"][i, j] = lin(layer.ln_mlp, t, tr.resid_mid[l][i])
-    mlp_in = tr.resid_mid[l] if post else tr.norm_out["ln_mlp"][l]
-    moe = tr.routing is not None
+    mlp_in = tr.resid_mid[l] if post else tr.site("ln_mlp.out", l)
+    moe = tr.routing_weights is not None
     P["ff"].fill_(float("nan"))
     for i in range(n) if ff_rows is None else ff_rows:
         rest = mlp_in[i].double() - P["ff_in"][i].sum(0)  # the remainder player: what no source carries
         players = torch.cat([P["ff_in"][i], rest[None]])
         # a mixture of experts: each expert chosen at i (the traced routing), its output times its weight
-        chosen = [(layer.mlp.expert(e), float(tr.routing[l][i, e])) for e in range(layer.mlp.n_experts)
-                  if tr.routing[l][i, e] > 0] if moe else [(layer.mlp, 1.0)]
+        chosen = [(layer.mlp.expert(e), float(tr.routing_weights[l][i, e])) for e in range(layer.mlp.n_experts)
+                  if tr.routing_weights[l][i, e] > 0] if moe else [(layer.mlp, 1.0)]
         ff = torch.zeros(n, d, dtype=torch.float64)
         for mlp, weight in chosen:
             ig, hidden, _, _ = brute_ig(lm, l, players, steps, mlp=mlp)
@@ -221,7 +221,7 @@ def brute_parts(lm, tr, l, steps=IG_STEPS, ff_rows=None):
         if l + 1 < A.n_layers:
             norm, norm_in = A.layers[l + 1].ln_attn, tr.resid_pre[l + 1]
         else:
-            norm, norm_in = A.final_norm, tr.final_in
+            norm, norm_in = A.final_norm, tr.site("ln_final.in")
         out["atblnffres_nextln"] = torch.stack([torch.stack([lin(norm, res[i, j], norm_in[i]) for j in range(n)])
                                                 for i in range(n)])
     return out
@@ -517,7 +517,7 @@ def test_structure(tiny):
     tr = lenscope.trace(lm, TEXT)
     n = len(tr.tokens)
     res = context_mixing(lm, tr=tr)
-    torch.testing.assert_close(res["attention"].maps, tr.attn_probs.float().mean(1), atol=0, rtol=0)
+    torch.testing.assert_close(res["attention"].maps, tr.pattern.float().mean(1), atol=0, rtol=0)
     assert res["attention"].completeness_error == 0.0
     for s, m in res.items():
         if A.causal:  # nothing from the future, exactly

@@ -25,7 +25,7 @@ from tests.conftest import DECODERS, TINY, get_model
 
 TEXT = "The capital of France is Paris, and Berlin"
 TRACED = ("embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "attn_write", "mlp_out", "mlp_write",
-          "attn_probs", "mlp_pre", "mlp_up", "final_in", "final_out", "logits", "positions")
+          "pattern", "mlp_pre", "mlp_up", "ln_final.in", "ln_final.out", "logits", "positions")
 
 
 def split_map(model, disk_blocks=(1,), other="cpu", disk_modules=()) -> dict:
@@ -77,7 +77,7 @@ def test_split_model_same_trace_and_verify(family):
             assert y.device.type != "meta" and torch.equal(x, y)
     t0, t1 = lenscope.trace(lm0, TEXT), lenscope.trace(lm, TEXT)
     for k in TRACED:
-        x, y = getattr(t0, k), getattr(t1, k)
+        x, y = (t0.site(k), t1.site(k)) if "." in k else (getattr(t0, k), getattr(t1, k))
         assert (x is None) == (y is None), k
         if x is not None:
             assert torch.equal(x, y), k
@@ -153,7 +153,7 @@ def test_residual_states_of_split_model():
 def test_trace_device_argument():
     lm = get_model("tiny:llama")
     t0, t1 = lenscope.trace(lm, TEXT), lenscope.trace(lm, TEXT, device="cpu")
-    assert all(torch.equal(getattr(t0, k), getattr(t1, k)) for k in ("resid_pre", "attn_probs", "logits"))
+    assert all(torch.equal(getattr(t0, k), getattr(t1, k)) for k in ("resid_pre", "pattern", "logits"))
     assert t1.positions.device == t1.resid_pre.device
 
 
@@ -170,12 +170,12 @@ def test_math_runs_on_each_layers_device(family):
     assert layer.device == meta and A.layers[-1].device.type == "cpu"  # a copy; the Anatomy is untouched
     r = layer.forward(tr.resid_pre[-1], tr.positions)
     assert r["resid_post"].device == meta and r["resid_post"].shape == tr.resid_post[-1].shape
-    assert r["attn_probs"].shape == tr.attn_probs[-1].shape
+    assert r["pattern"].shape == tr.pattern[-1].shape
     rest = layer.after_attention(tr.resid_pre[-1], tr.attn_out[-1])
     assert rest["resid_post"].device == meta
     for norm in layer.norms().values():
         assert norm(tr.resid_pre[-1]).device == meta
-    assert layer.attn.head_outputs(tr.attn_probs[-1], tr.attn_in[-1]).device == meta
+    assert layer.attn.head_outputs(tr.pattern[-1], tr.attn_in[-1]).device == meta
     emb = to_device(A.embed, meta)
     assert emb(tr.input_ids, tr.positions).shape == tr.embed.shape
     if A.unembed is not None:
@@ -344,7 +344,7 @@ def test_real_model_split_with_disk_offload():
     lm = lenscope.load("smollm2", device_map=dm)
     assert len(lm.anatomy.extras["placement"]["offloaded"]) > 100
     t0, t1 = lenscope.trace(lm0, TEXT), lenscope.trace(lm, TEXT)
-    assert all(torch.equal(getattr(t0, k), getattr(t1, k)) for k in ("resid_pre", "attn_probs", "logits"))
+    assert all(torch.equal(getattr(t0, k), getattr(t1, k)) for k in ("resid_pre", "pattern", "logits"))
     r0, r1 = lenscope.verify(lm0, tr=t0), lenscope.verify(lm, tr=t1)
     assert r1.ok and r1.layers == r0.layers
     d0 = direct_logit_attribution(lm0, TEXT, " Paris", tr=t0)

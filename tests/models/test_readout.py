@@ -47,13 +47,13 @@ def test_readout_of_the_final_residual_is_the_models_logits(tiny_decoder):
     A = lm.anatomy
     tr = _trace(lm)
     ro = Readout.from_anatomy(A)
-    got = ro.logits(tr.final_in)
+    got = ro.logits(tr.site("ln_final.in"))
     want = tr.logits.float()
     scale = float(want.abs().max())
     assert torch.allclose(got, want, rtol=0, atol=1e-5 * scale + 1e-6), float((got - want).abs().max())
-    assert torch.allclose(got.double(), brute_logits(A, tr.final_in), rtol=0, atol=1e-5 * scale + 1e-6)
-    assert torch.equal(A.logits(tr.final_in), got)  # Anatomy.logits is the readout
-    assert torch.equal(ro.unembed(ro.features(tr.final_in)), got)
+    assert torch.allclose(got.double(), brute_logits(A, tr.site("ln_final.in")), rtol=0, atol=1e-5 * scale + 1e-6)
+    assert torch.equal(A.logits(tr.site("ln_final.in")), got)  # Anatomy.logits is the readout
+    assert torch.equal(ro.unembed(ro.features(tr.site("ln_final.in"))), got)
 
 
 def test_linearised_parts_sum_to_the_logit_with_the_traced_scale(tiny_decoder):
@@ -62,10 +62,10 @@ def test_linearised_parts_sum_to_the_logit_with_the_traced_scale(tiny_decoder):
     tr = _trace(lm)
     ro = Readout.from_anatomy(A)
     p = len(tr.tokens) - 1
-    s = ro.scale(tr.final_in[p])
+    s = ro.scale(tr.site("ln_final.in")[p])
     # the residual stream's own parts: embeddings and every sub-layer's write
     parts = torch.cat([tr.embed[p][None], tr.attn_write[:, p], tr.mlp_write[:, p]]).float()
-    assert torch.allclose(parts.sum(0), tr.final_in[p].float(), atol=1e-4)
+    assert torch.allclose(parts.sum(0), tr.site("ln_final.in")[p].float(), atol=1e-4)
     g = torch.Generator().manual_seed(0)
     noise = torch.randn(parts.shape, generator=g)
     parts = torch.cat([parts, noise, -noise])  # any split of the state reads the same
@@ -82,7 +82,7 @@ def test_linearised_parts_sum_to_the_logit_with_the_traced_scale(tiny_decoder):
         d = ro.pullback(u, s)
         assert torch.allclose(parts @ d, values, atol=1e-5 * float(values.abs().max()) + 1e-6)
         # brute force: the logit difference of the float64 readout (before the soft-cap, as traced_logit)
-        z = brute_logits(A, tr.final_in[p], capped=False)
+        z = brute_logits(A, tr.site("ln_final.in")[p], capped=False)
         assert logit == pytest.approx(float(z[t] - (z[f] if f is not None else 0)), abs=1e-4 * max(1.0, abs(logit)))
     assert ro.has_bias == (A.final_norm.bias is not None or A.unembed.b_U is not None)
 
@@ -118,11 +118,11 @@ def test_soft_capped_decoder_parts_sum_to_the_uncapped_logit():
     tr = _trace(lm)
     ro = Readout(A.final_norm, dataclasses.replace(A.unembed, softcap=0.5))
     p = 3
-    logits = ro.logits(tr.final_in[p])
+    logits = ro.logits(tr.site("ln_final.in")[p])
     assert logits.abs().max() < 0.5
-    s = ro.scale(tr.final_in[p])
+    s = ro.scale(tr.site("ln_final.in")[p])
     u = ro.direction(10, 20)
-    total = float(ro.part_logits(tr.final_in[p][None].float(), s, u).sum()) + ro.constant(10, 20)
+    total = float(ro.part_logits(tr.site("ln_final.in")[p][None].float(), s, u).sum()) + ro.constant(10, 20)
     assert total == pytest.approx(ro.traced_logit(logits, 10, 20), abs=2e-3)
 
 

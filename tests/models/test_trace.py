@@ -42,14 +42,14 @@ def _field(tr, key):
 
 
 def test_lean_trace_equals_full_trace(tiny):
-    full = trace(tiny, TEXT, attn_probs="keep")
-    lean = trace(tiny, TEXT, attn_probs="recompute")
-    assert isinstance(full.attn_probs, torch.Tensor) and isinstance(lean.attn_probs, RecomputedProbs)
+    full = trace(tiny, TEXT, pattern="keep")
+    lean = trace(tiny, TEXT, pattern="recompute")
+    assert isinstance(full.pattern, torch.Tensor) and isinstance(lean.pattern, RecomputedProbs)
     a, b = _tensors(full), _tensors(lean)
-    assert a.pop("attn_probs") is full.attn_probs and a.pop("mlp_pre", None) is full.mlp_pre
+    assert a.pop("pattern") is full.pattern and a.pop("mlp_pre", None) is full.mlp_pre
     a.pop("mlp_up", None)
     # a mixture of experts: no pre-activations, the routing captured by both (small)
-    assert (full.mlp_pre is None) == (lean.mlp_pre is None) == (full.routing is not None)
+    assert (full.mlp_pre is None) == (lean.mlp_pre is None) == (full.routing_weights is not None)
     if tiny.anatomy.causal:  # ran with the last position's logits only; the others recomputed by the readout
         assert isinstance(lean.logits, RecomputedLogits) and a.pop("logits") is full.logits
         assert lean.logits.shape == full.logits.shape and lean.logits.dtype == full.logits.dtype
@@ -78,26 +78,27 @@ def test_lean_trace_equals_full_trace(tiny):
     assert lean.resid_post.untyped_storage().data_ptr() == lean.resid_pre.untyped_storage().data_ptr()
     assert torch.equal(lean.resid_post[:-1], lean.resid_pre[1:])
     # recomputed probabilities: what the model computed, up to float error
-    P = lean.attn_probs
-    assert P.shape == full.attn_probs.shape and P.dtype == torch.float32 and P.device == full.attn_probs.device
+    P = lean.pattern
+    assert P.shape == full.pattern.shape and P.dtype == torch.float32 and P.device == full.pattern.device
     L = full.n_layers
     for l in range(L):
-        torch.testing.assert_close(P[l], full.attn_probs[l], atol=2e-6, rtol=1e-5)
-    torch.testing.assert_close(P[-1], full.attn_probs[L - 1], atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(P[l], full.pattern[l], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(P[-1], full.pattern[L - 1], atol=2e-6, rtol=1e-5)
     rows = torch.tensor([0, 3, 5])
-    torch.testing.assert_close(P[1][:, rows], full.attn_probs[1][:, rows], atol=2e-6, rtol=1e-5)
-    torch.testing.assert_close(P[1, 0], full.attn_probs[1, 0], atol=2e-6, rtol=1e-5)
-    torch.testing.assert_close(P[torch.tensor(1)], full.attn_probs[1], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(P[1][:, rows], full.pattern[1][:, rows], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(P[1, 0], full.pattern[1, 0], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(P[torch.tensor(1)], full.pattern[1], atol=2e-6, rtol=1e-5)
     # anything else materialises the whole tensor
-    torch.testing.assert_close(P.materialize(), full.attn_probs, atol=2e-6, rtol=1e-5)
-    torch.testing.assert_close(P[:, 0], full.attn_probs[:, 0], atol=2e-6, rtol=1e-5)
-    torch.testing.assert_close(P.sum(-1), full.attn_probs.sum(-1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(P.materialize(), full.pattern, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(P[:, 0], full.pattern[:, 0], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(P.sum(-1), full.pattern.sum(-1), atol=1e-5, rtol=1e-5)
     assert bool(torch.isfinite(P).all())
     assert len(P) == L and P.dim() == P.ndim == 4 and P.size(2) == len(full.tokens)
     # the MLP's pre-activations, recomputed from its input
     if full.mlp_pre is None:  # a mixture of experts
         assert full.mlp_up is None and lean.mlp_up is None
-        assert torch.equal(lean.routing, full.routing) and torch.equal(lean.router_logits, full.router_logits)
+        assert torch.equal(lean.routing_weights, full.routing_weights)
+        assert torch.equal(lean.router_logits, full.router_logits)
     else:
         assert isinstance(lean.mlp_pre, RecomputedMLP) and lean.mlp_pre.shape == full.mlp_pre.shape
     assert (lean.mlp_up is None) == (full.mlp_up is None)
@@ -111,22 +112,23 @@ def test_lean_trace_equals_full_trace(tiny):
 
 
 def test_lean_prefix_and_mixing(tiny_decoder):
-    full = trace(tiny_decoder, TEXT, attn_probs="keep")
-    lean = trace(tiny_decoder, TEXT, attn_probs="recompute")
+    full = trace(tiny_decoder, TEXT, pattern="keep")
+    lean = trace(tiny_decoder, TEXT, pattern="recompute")
     n = len(full.tokens) - 4
     pf, pl = prefix_trace(full, n), prefix_trace(lean, n)
-    assert pl.attn_probs.shape == pf.attn_probs.shape
+    assert pl.pattern.shape == pf.pattern.shape
     if pf.mlp_pre is None:  # a mixture of experts: the routing is cut with the positions
-        assert pl.routing.shape == pf.routing.shape == (full.n_layers, n, full.routing.shape[-1])
-        torch.testing.assert_close(pl.routing, full.routing[:, :n])
+        experts = full.routing_weights.shape[-1]
+        assert pl.routing_weights.shape == pf.routing_weights.shape == (full.n_layers, n, experts)
+        torch.testing.assert_close(pl.routing_weights, full.routing_weights[:, :n])
     else:
         assert pl.mlp_pre.shape == pf.mlp_pre.shape
         torch.testing.assert_close(pl.mlp_pre[1], pf.mlp_pre[1], atol=1e-5, rtol=1e-5)
     for l in range(full.n_layers):
-        torch.testing.assert_close(pl.attn_probs[l], pf.attn_probs[l], atol=2e-6, rtol=1e-5)
-    half = lean.attn_probs.narrow(2, 0, n)  # rows cut first, keys still whole
+        torch.testing.assert_close(pl.pattern[l], pf.pattern[l], atol=2e-6, rtol=1e-5)
+    half = lean.pattern.narrow(2, 0, n)  # rows cut first, keys still whole
     assert half.shape[2:] == (n, len(full.tokens))
-    torch.testing.assert_close(half[0], full.attn_probs[0, :, :n], atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(half[0], full.pattern[0, :, :n], atol=2e-6, rtol=1e-5)
     A = tiny_decoder.anatomy
     m_full, m_lean = mixing_matrices(A, pf, "alti"), mixing_matrices(A, pl, "alti")
     torch.testing.assert_close(m_lean.contributions, m_full.contributions, atol=1e-5, rtol=1e-4)
@@ -143,14 +145,14 @@ def test_auto_recomputes_only_long_float32_inputs(monkeypatch):
     monkeypatch.setattr(trace_module, "KEEP_BYTES", 1000)
     assert recompute_probs(lm, n)
     tr = trace(lm, list(range(5, 5 + n)))
-    assert isinstance(tr.attn_probs, RecomputedProbs)
+    assert isinstance(tr.pattern, RecomputedProbs)
     assert not recompute_probs(lm, n, "keep")
     smollm2_like = 4 * (30 * 9 * 1024 * 1024 + 30 * 1024 * 1536 * 2 + 1023 * 49152)
     assert smollm2_like > trace_module.KEEP_BYTES  # ALTI-Logit's 1,024 tokens on smollm2 get a lean trace
     assert trace_module.lean_bytes(lm, n) == 4 * (lm.anatomy.n_layers * lm.anatomy.layers[0].attn.n_heads * n * n
                                                   + lm.anatomy.n_layers * n * lm.anatomy.layers[0].mlp.d_mlp * 2
                                                   + (n - 1) * lm.anatomy.vocab_size)
-    with pytest.raises(InputError, match="attn_probs must be"):
+    with pytest.raises(InputError, match="pattern must be"):
         recompute_probs(lm, n, "lazy")
 
 
@@ -168,13 +170,14 @@ def test_lean_trace_holds_less(tiny_decoder):
     """A lean trace keeps no (pos, src) probabilities, no d_mlp pre-activations, no logits but the last row, and
     one stack of the residual stream: on a 60-token text it holds a fraction of the full trace's bytes."""
     ids = list(range(3, 63))
-    full, lean = trace(tiny_decoder, ids, attn_probs="keep"), trace(tiny_decoder, ids, attn_probs="recompute")
+    full, lean = trace(tiny_decoder, ids, pattern="keep"), trace(tiny_decoder, ids, pattern="recompute")
     A = tiny_decoder.anatomy
     d, n, L = A.d_model, len(ids), A.n_layers
     assert _held_bytes(lean) < _held_bytes(full) - 4 * L * n * (n + d)  # at least the probabilities and one copy
     # what a lean trace holds: the residual stack (with the final norm's input), resid_mid, attn_out, mlp_out,
     # the final norm's output and the last row of logits (a mixture of experts: its router logits and routing too)
-    per_pos = 4 * ((L + 1) + 3 * L + 1) * d + (8 * L * full.routing.shape[-1] if full.routing is not None else 0)
+    moe = full.routing_weights is not None
+    per_pos = 4 * ((L + 1) + 3 * L + 1) * d + (8 * L * full.routing_weights.shape[-1] if moe else 0)
     assert _held_bytes(lean) <= per_pos * n + 4 * A.vocab_size + 4096
 
 
@@ -183,8 +186,8 @@ def test_recomputed_reads_like_a_tensor():
     import numpy as np
 
     lm = get_model("tiny:llama")
-    full, lean = trace(lm, TEXT, attn_probs="keep"), trace(lm, TEXT, attn_probs="recompute")
-    P, Q = lean.attn_probs, full.attn_probs
+    full, lean = trace(lm, TEXT, pattern="keep"), trace(lm, TEXT, pattern="recompute")
+    P, Q = lean.pattern, full.pattern
     for got, want in [(P + 1, Q + 1), (1 - P, 1 - Q), (P * 2, Q * 2), (-P, -Q), (abs(P), Q.abs()), (P ** 2, Q ** 2),
                       (P / 2, Q / 2), (P @ Q[0, 0].T, Q @ Q[0, 0].T), (torch.stack([P[0], P[1]]), Q[:2]),
                       (torch.softmax(P, -1), torch.softmax(Q, -1)), (lean.logits.log_softmax(-1),
@@ -201,15 +204,15 @@ def test_verify_given_a_lean_trace_checks_the_model_itself(monkeypatch):
     """A lean trace's attention probabilities are lenscope's own recomputation: verify must not compare them with
     themselves, so it captures the model's (a wrong reading of the model then still fails)."""
     lm = get_model("tiny:llama")
-    lean = trace(lm, TEXT, attn_probs="recompute")
+    lean = trace(lm, TEXT, pattern="recompute")
     import lenscope.models.verify as V
 
     seen = []
     real_trace = V.trace
     monkeypatch.setattr(V, "trace", lambda *a, **k: seen.append(k) or real_trace(*a, **k))
     rep = verify(lm, tr=lean)
-    assert rep.ok and seen == [{"attn_probs": "keep"}]
-    full = real_trace(lm, TEXT, attn_probs="keep")
+    assert rep.ok and seen == [{"pattern": "keep"}]
+    full = real_trace(lm, TEXT, pattern="keep")
     seen.clear()
     verify(lm, tr=full)
     assert seen == []  # a full trace is used as it is

@@ -39,14 +39,14 @@ def test_trace_shapes_and_chain(tiny):
     A = tiny.anatomy
     L, P = A.n_layers, len(tr.tokens)
     assert tr.resid_pre.shape == (L, P, A.d_model)
-    assert tr.attn_probs.shape == (L, A.layers[0].attn.n_heads, P, P)
-    sums = tr.attn_probs.sum(-1)
+    assert tr.pattern.shape == (L, A.layers[0].attn.n_heads, P, P)
+    sums = tr.pattern.sum(-1)
     if A.layers[0].attn.sinks is None:
         assert torch.allclose(sums, torch.ones(L, A.layers[0].attn.n_heads, P), atol=1e-5)
     else:  # attention sinks take their share of each row: the weights over the tokens sum to less than one
         assert float(sums.max()) < 1 - 1e-3 and float(sums.min()) > 0
     if A.causal:  # nothing attends to the future
-        assert float(tr.attn_probs.triu(1).abs().max()) == 0.0
+        assert float(tr.pattern.triu(1).abs().max()) == 0.0
     # each block's output is the next block's input
     assert torch.equal(tr.resid_post[:-1], tr.resid_pre[1:])
 
@@ -61,8 +61,8 @@ def test_gemma_sliding_window_is_exercised():
     P = len(tr.tokens)
     assert P > 6
     i, j = torch.meshgrid(torch.arange(P), torch.arange(P), indexing="ij")
-    assert float(tr.attn_probs[0][:, (i - j) >= 4].abs().max()) == 0.0  # local layer: outside window is 0
-    assert float(tr.attn_probs[-1][:, (i - j) >= 4].abs().max()) > 0.0  # global layer sees further
+    assert float(tr.pattern[0][:, (i - j) >= 4].abs().max()) == 0.0  # local layer: outside window is 0
+    assert float(tr.pattern[-1][:, (i - j) >= 4].abs().max()) > 0.0  # global layer sees further
 
 
 @pytest.mark.slow

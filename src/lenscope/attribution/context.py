@@ -52,7 +52,7 @@ def _readout(lm: LoadedModel, tr: Trace, rows: Tensor, t_ids: Tensor, f_ids: Ten
     bias) and the model's logit differences ``(k,)`` (float64, before any final soft-capping)."""
     readout = Readout.from_anatomy(lm.anatomy)
     u = readout.direction(t_ids, f_ids).T  # (k, d_model): one unembedding difference per row
-    direction = readout.pullback(u, readout.scale(f32(tr.final_in[rows])))
+    direction = readout.pullback(u, readout.scale(f32(tr.site("ln_final.in")[rows])))
     pairs = list(zip(t_ids.tolist(), [None] * len(rows) if f_ids is None else f_ids.tolist()))
     const = torch.tensor([readout.constant(t, f) for t, f in pairs], dtype=torch.float64)
     logit = torch.tensor([readout.traced_logit(tr.logits[int(r)], t, f) for r, (t, f) in zip(rows, pairs)],
@@ -74,7 +74,7 @@ def attention_logit_rows(A, tr: Trace, l: int, rows: Tensor, directions: Tensor)
     z, beta = attention_input_parts(layer, tr, l, "sources")
     d_post, const = write_pullback(layer, "attn", directions.float(), f32(tr.attn_out[l][rows]))
     proj = projected_value_writes(attn, z, d_post, True)  # (k, head, src)
-    alpha = f32(tr.attn_probs[l][:, rows]).transpose(0, 1)  # (k, head, src)
+    alpha = f32(tr.pattern[l][:, rows]).transpose(0, 1)  # (k, head, src)
     rem = const + d_post @ bias_through_attention(attn, beta, False)
     return alpha * proj, rem
 

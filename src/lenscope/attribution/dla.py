@@ -28,6 +28,7 @@ from ..models.algebra import f32, head_outputs, head_writes
 from ..models.load import LoadedModel, require_decoder, token_str
 from ..models.readout import Readout
 from ..models.request import Request, position_in
+from ..models.sites import display_name
 from ..models.trace import Trace, trace
 from ..results import Result
 
@@ -110,7 +111,7 @@ def traced_head_writes(A, tr: Trace, l: int, p: int) -> tuple[Tensor, Tensor]:
     scale, plus that norm's bias; times a residual multiplier), ``(d_model,)``:
     :func:`lenscope.models.algebra.head_writes` with the ``"rest"`` bias convention, on the heads' outputs read from
     the trace."""
-    rows = torch.tensor([p], device=tr.attn_probs[l].device)
+    rows = torch.tensor([p], device=tr.pattern[l].device)
     z = head_outputs(A, tr, l, rows)  # (1, head, d_head)
     post_in = None if A.layers[l].ln_attn_out is None else f32(tr.attn_out[l][rows])
     heads, rest = head_writes(A.layers[l], z, "rest", post_in, dtype=torch.float32)
@@ -120,7 +121,7 @@ def traced_head_writes(A, tr: Trace, l: int, p: int) -> tuple[Tensor, Tensor]:
 def _expert_writes(A, tr: Trace, l: int, p: int) -> list[tuple[int, Tensor]]:
     """``(expert, what it adds to the residual stream at p (d_model,))`` for the experts of mixture-of-experts block
     ``l`` that position ``p`` uses, with the routing read from the trace; they add up to ``tr.mlp_write[l][p]``."""
-    w = tr.routing[l][p]
+    w = tr.routing_weights[l][p]
     out = A.layers[l].mlp.expert_outputs(tr.mlp_in[l][p:p + 1], w[None])[0]  # (expert, d_model)
     if A.layers[l].ln_mlp_out is not None:
         raise NotApplicableError("splitting a mixture of experts followed by a sandwich norm is not supported; "
@@ -157,7 +158,7 @@ def direct_logit_attribution(
 
     readout = Readout.from_anatomy(A)
     u = readout.direction(t_id, f_id)  # float32 from bf16/fp16 weights
-    s = readout.scale(tr.final_in[p])
+    s = readout.scale(tr.site("ln_final.in")[p])
     names: list[str] = []
     layers: list[int] = []
     heads: list[int] = []
@@ -183,15 +184,15 @@ def direct_logit_attribution(
         if by_head:
             head_out, bias = traced_head_writes(A, tr, i, p)
             for h in range(layer.attn.n_heads):
-                add(f"L{i}.H{h}", i, h, head_out[h])
-            add(f"L{i}.attn_bias", i, -1, bias)
+                add(display_name("dla.head", i, h), i, h, head_out[h])
+            add(display_name("dla.attn_bias", i), i, -1, bias)
         else:
-            add(f"L{i}.attn", i, -1, tr.attn_write[i][p])
-        if by_expert and tr.routing is not None:
+            add(display_name("attn", i), i, -1, tr.attn_write[i][p])
+        if by_expert and tr.routing_weights is not None:
             for e, vec in _expert_writes(A, tr, i, p):
-                add(f"L{i}.E{e}.mlp", i, -1, vec, e)
+                add(display_name("mlp", i, expert=e), i, -1, vec, e)
         else:
-            add(f"L{i}.mlp", i, -1, tr.mlp_write[i][p])
+            add(display_name("mlp", i), i, -1, tr.mlp_write[i][p])
 
     values = readout.part_logits(torch.stack(parts), s, u)
     if readout.has_bias:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ..models.sites import display_name
 from ..results import Result
 
 
@@ -108,7 +109,7 @@ class Explanation(Result):
                            "score": self.scores.double().numpy()})
         if self.layer_scores is not None:
             for i, row in enumerate(self.layer_scores.double().numpy()):
-                df[f"L{i}"] = row
+                df[display_name("layer", i)] = row
         return df
 
     def top(self, k: int = 5) -> list[tuple[int, str, float]]:

@@ -23,6 +23,7 @@ from ..models.engine import run
 from ..models.load import LoadedModel, token_str
 from ..models.moe import is_moe
 from ..models.request import Contrast, by_length, contrasts, metric_of, token_texts
+from ..models.sites import display_name
 from ..results import Result
 
 FINE = ("heads_pos", "mlps_pos", "resid")
@@ -77,21 +78,22 @@ class NodeAttribution(Result):
         out = [{"name": "embed", "score": self.embed}]
         L, H = self.heads.shape
         for layer in range(L):
-            out += [{"name": f"L{layer}H{h}", "score": float(self.heads[layer, h])} for h in range(H)]
-            out.append({"name": f"L{layer}.mlp", "score": float(self.mlps[layer])})
+            out += [{"name": display_name("head", layer, h), "score": float(self.heads[layer, h])} for h in range(H)]
+            out.append({"name": display_name("mlp", layer), "score": float(self.mlps[layer])})
             if self.experts is not None:
-                out += [{"name": f"L{layer}.E{e}.mlp", "score": float(v)} for e, v in enumerate(self.experts[layer])]
+                out += [{"name": display_name("mlp", layer, expert=e), "score": float(v)}
+                        for e, v in enumerate(self.experts[layer])]
         if not fine:
             return out
-        for key, fmt in (("heads_pos", "L{l}H{h}@{p}"), ("mlps_pos", "L{l}.mlp@{p}"), ("resid", "L{l}.resid@{p}"),
-                         ("queries", "L{l}H{h}.q@{p}"), ("keys", "L{l}KV{h}.k@{p}"), ("values", "L{l}KV{h}.v@{p}")):
+        for key, kind in (("heads_pos", "head"), ("mlps_pos", "mlp"), ("resid", "resid"), ("queries", "q"),
+                          ("keys", "kv.k"), ("values", "kv.v")):
             t = getattr(self, key)
             if t is None:
                 continue
             t3 = t if t.dim() == 3 else t[..., None]
             for (l_, p, h), v in zip(torch.cartesian_prod(*(torch.arange(s) for s in t3.shape)).tolist(),
                                      t3.flatten().tolist()):
-                out.append({"name": fmt.format(l=l_, p=p, h=h), "score": v})
+                out.append({"name": display_name(kind, l_, h, pos=p), "score": v})
         return out
 
     def to_dict(self) -> dict:

@@ -30,6 +30,7 @@ from ..models.engine import run
 from ..models.load import LoadedModel, require_decoder
 from ..models.moe import is_moe
 from ..models.request import Group, by_length, contrasts, metric_of
+from ..models.sites import display_name
 
 __all__ = ["ComponentGraph", "Group", "end_metrics", "groups", "mlp_write", "sender_writes",
            "writer_sites"]
@@ -70,11 +71,12 @@ class ComponentGraph:
         M = A.layers[0].mlp.n_experts if moe else 1
 
         def mlps(layer):
-            return [f"L{layer}.E{e}.mlp" for e in range(M)] if moe else [f"L{layer}.mlp"]
+            return [display_name("mlp", layer, expert=e) for e in range(M)] if moe else [display_name("mlp", layer)]
 
-        senders = ["embed"] + [n for layer in range(L) for n in [f"L{layer}H{h}" for h in range(H)] + mlps(layer)]
-        receivers = [n for layer in range(L)
-                     for n in [f"L{layer}H{h}.{w}" for w in "qkv" for h in range(H)] + [f"L{layer}.mlp"]] + ["logits"]
+        senders = [display_name("embed")] + [n for layer in range(L)
+                                             for n in [display_name("head", layer, h) for h in range(H)] + mlps(layer)]
+        receivers = [n for layer in range(L) for n in [display_name(w, layer, h) for w in "qkv" for h in range(H)]
+                     + [display_name("mlp", layer)]] + [display_name("logits")]
         # a stage per sender (the order of writing) and per receiver (it reads stages below its own)
         s_stage = [-1] + [2 * layer + (h >= H) for layer in range(L) for h in range(H + M)]
         # heads of block l read stages < 2l; a sequential MLP reads < 2l + 1, a parallel one < 2l

@@ -38,6 +38,7 @@ Families:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -48,6 +49,7 @@ from ..mixing.alti import proximity, row_chunks
 from ..models.algebra import activation_scale, attention_write_parts, f32, relative_gap
 from ..models.anatomy import Anatomy
 from ..models.load import LoadedModel, require_decoder, token_str
+from ..models.sites import display_name
 from ..models.trace import Trace, prefix_trace, trace
 from ..models.verify import TOLERANCE, completeness_tolerance
 from ..results import Result
@@ -60,8 +62,8 @@ DTYPE = torch.float64  # a proximity is a difference of two L1 norms: it cancels
 def via_name(layer: int, code: int) -> str:
     """``"L{layer}H{head}"`` (``code`` >= 0), ``"L{layer}.mlp"``, ``"L{layer}.attn"`` or ``"resid"``."""
     if code >= 0:
-        return f"L{layer}H{code}"
-    return {RESID: "resid", MLP: f"L{layer}.mlp", ATTN: f"L{layer}.attn"}[code]
+        return display_name("head", layer, code)
+    return "resid" if code == RESID else display_name({MLP: "mlp", ATTN: "attn"}[code], layer)
 
 
 @dataclass(repr=False)
@@ -363,8 +365,9 @@ def route_recovery(routes: InformationFlowRoutes, circuit_nodes: list[str]) -> d
     comps = routes.components()
     circuit = set()
     for name in circuit_nodes:
-        if not routes.per_head and name.startswith("L") and "H" in name:
-            name = name.split("H")[0] + ".attn"
+        head = re.match(r"L(\d+)H\d", name)
+        if not routes.per_head and head:
+            name = display_name("attn", int(head.group(1)))
         circuit.add(name)
     found = circuit & comps
     nan = float("nan")

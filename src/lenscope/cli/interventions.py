@@ -196,6 +196,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Knowledge neurons (Dai et al. 2022): IG over MLP hidden units, then suppress / amplify vs random ones."""
         from ..interventions.neurons import knowledge_neurons
+        from ..models.sites import display_name
 
         if steps < 1 or batch_size < 1:
             fail("--steps and --batch-size must be at least 1")
@@ -209,7 +210,7 @@ def register(app: typer.Typer) -> None:
         con = Console()
         con.print(f"{lm.name}: {len(res.neurons)} knowledge neurons of {res.target!r} (P = {res.p_base:.4f})")
         for layer, unit in res.neurons[:10].tolist():
-            con.print(f"  L{layer}.N{unit}  {float(res.attributions[layer, unit]):.4g}")
+            con.print(f"  {display_name('neuron', layer, unit=unit)}  {float(res.attributions[layer, unit]):.4g}")
         con.print(f"suppressed: P = {res.p_suppressed:.4f} (random control {res.p_control_suppressed:.4f}); "
                   f"amplified: P = {res.p_amplified:.4f} (control {res.p_control_amplified:.4f})")
         if png:

@@ -61,7 +61,7 @@ def register(app: typer.Typer) -> None:
         device_map: str = DEVICE_MAP_OPTION,
     ):
         """Recompute every sub-layer with lenscope's own math and compare with the real model (exit 1 if not ok)."""
-        from ..models.verify import DEFAULT_TEXT, verify
+        from ..models.verify import DEFAULT_TEXT, PATTERN_KEY, verify
 
         lm = load_model(model, dtype=dtype, device_map=device_map)
         rep = verify(lm, text if text is not None else DEFAULT_TEXT)
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
                 mlp = max(v for k, v in r.items() if k.startswith("mlp_"))
                 block = max(v for k, v in r.items() if k.startswith("resid_"))
                 table.add_row(str(r["layer"]),
-                              *(f"{v:.1e}" for v in (norms, r["attn_probs"], r["attn_out"], mlp, block)))
+                              *(f"{v:.1e}" for v in (norms, r[PATTERN_KEY], r["attn_out"], mlp, block)))
             con.print(table)
             logit = "n/a (no LM head)" if rep.max_abs_logit_error is None else f"{rep.max_abs_logit_error:.2e}"
             if rep.nonfinite:

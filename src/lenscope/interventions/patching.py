@@ -20,6 +20,7 @@ from ..errors import InputError
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, require_decoder, token_str
 from ..models.request import METRICS, check_metric, contrast, metric_of, position_in, token_texts
+from ..models.sites import PART_SITES, display_name
 from ..results import Result
 
 __all__ = ["METRICS", "WHATS", "PatchingResult", "activation_patching", "contrast", "metric_of", "patch_edits",
@@ -113,7 +114,7 @@ class PatchingResult(Result):
         title = f"Patching the {what[self.what]} ({kind}): {vs}"
         if self.info.get("path"):
             rec = self.info["receiver"]
-            rec = "the logits" if rec == "logits" else f"head L{rec[0]}H{rec[1]}'s {rec[2]}"
+            rec = "the logits" if rec == "logits" else f"head {display_name('head', rec[0], rec[1])}'s {rec[2]}"
             title = f"Path patching, {what[self.what]} -> {rec} ({kind}): {vs}"
         return heatmap(self.values, self.columns, title, label, ax=ax,
                        xlabel="head" if self.what == "heads" else "position (clean token)")
@@ -215,7 +216,7 @@ def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *,
     P = c_ids.numel()
     hp = None if head_position is None else position_in(head_position, P)
     L = lm.anatomy.n_layers
-    site = {"resid": "resid_pre", "attn": "attn_out", "mlp": "mlp_out", "heads": "head"}[what]
+    site = PART_SITES[what]
     keys = [(site, layer) for layer in range(L)]
     src_ids, base_ids = (x_ids, c_ids) if noising else (c_ids, x_ids)
     logits, got = run(lm, torch.stack([c_ids, x_ids]), capture=keys)

@@ -22,6 +22,7 @@ from ..errors import InputError, NotApplicableError
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, require_decoder, token_str
 from ..models.request import METRICS, contrast, metric_of, token_texts
+from ..models.sites import PART_SITES
 from .patching import PatchingResult, patch_edits, share_restored
 
 SENDERS = ("heads", "attn", "mlp")
@@ -93,7 +94,7 @@ def path_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, sende
     c_ids, x_ids, tid, fid, pos = cx.clean, cx.corrupted, cx.target, cx.foil, cx.position
     P = c_ids.numel()
     src_ids, base_ids = (x_ids, c_ids) if noising else (c_ids, x_ids)
-    site = {"heads": "head", "attn": "attn_out", "mlp": "mlp_out"}[senders]
+    site = PART_SITES[senders]
     keys = [(s, j) for s in ("attn_out", "mlp_out", site) for j in range(L)]
     logits, got = run(lm, torch.stack([c_ids, x_ids]), capture=keys)
     m = metric_of(logits[:, pos], metric, tid, fid)

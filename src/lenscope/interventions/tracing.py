@@ -27,11 +27,11 @@ from ..errors import InputError
 from ..models.engine import Edit, batches, run
 from ..models.load import LoadedModel, encode, require_decoder, token_str
 from ..models.request import Request, token_texts
+from ..models.sites import PART_SITES
 from ..results import Result
 from .patching import patch_edits
 
 KINDS = ("resid", "mlp", "attn")
-SITE = {"resid": "resid_pre", "mlp": "mlp_out", "attn": "attn_out"}  # the engine's sites
 DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "models" / "tiny_corpus.txt"
 _STD_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(corpus, ...): std}
 
@@ -172,7 +172,7 @@ def causal_trace(lm: LoadedModel, prompt: str, subject: str, target=None, *, sam
     L = lm.anatomy.n_layers
     subj = subject_positions(lm, prompt, subject)
     nu = 3.0 * embedding_std(lm, corpus) if noise is None else float(noise)
-    keys = [(SITE[s], layer) for s in ("resid", "attn", "mlp") for layer in range(L)]
+    keys = [(PART_SITES[s], layer) for s in ("resid", "attn", "mlp") for layer in range(L)]
     logits, clean = run(lm, ids[None], capture=keys)
     probs = logits[0, -1].float().softmax(-1)
     tid = Request.of(lm, target).or_top(probs).target
@@ -205,7 +205,7 @@ def causal_trace(lm: LoadedModel, prompt: str, subject: str, target=None, *, sam
         for row, (k, layer, p) in enumerate(spec[r_idx].tolist()):
             if k < 0:
                 continue
-            site = SITE[KINDS[k]]
+            site = PART_SITES[KINDS[k]]
             for lw in [layer] if KINDS[k] == "resid" else window_layers(layer, window, L):
                 restore.append((row, (site, lw, p, None), clean[(site, lw)]))
         edits += patch_edits(restore, P)

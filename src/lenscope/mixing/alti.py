@@ -197,7 +197,7 @@ def value_zeroing_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, int]:
     layer = astype(A.layers[l], dt)
     z, _ = attention_input_parts(layer, tr, l, "sources", dt)
     writes = value_writes(layer.attn, z, True)  # (head, src, d)
-    probs = f32(tr.attn_probs[l], dt)  # (head, pos, src)
+    probs = f32(tr.pattern[l], dt)  # (head, pos, src)
     x = layer_input(tr, l, dt)
     attn_out = f32(tr.attn_out[l], dt)
     n, d = x.shape

@@ -73,8 +73,8 @@ def _real(tr: Trace, A, l: int) -> dict[str, Tensor]:
     """What each scope's parts must add up to, read from the trace (pos, d_model)."""
     if A.placement == "post":
         return {"attn_2020": tr.attn_out[l], "attn": tr.attn_out[l], "atb": tr.resid_mid[l],
-                "atbff": tr.mlp_write[l], "atbffres": tr.norm_in["ln_mlp"][l], "atbffresln": tr.resid_post[l]}
-    nxt = tr.norm_out["ln_attn"][l + 1] if l + 1 < A.n_layers else tr.final_out
+                "atbff": tr.mlp_write[l], "atbffres": tr.site("ln_mlp.in", l), "atbffresln": tr.resid_post[l]}
+    nxt = tr.site("ln_attn.out", l + 1) if l + 1 < A.n_layers else tr.site("ln_final.out")
     return {"attn_2020": tr.attn_out[l], "attn": tr.attn_out[l], "atb": tr.resid_mid[l], "atbln": tr.mlp_in[l],
             "atblnff": tr.mlp_write[l], "atblnffres": tr.resid_post[l], "atblnffres_nextln": nxt}
 
@@ -103,35 +103,36 @@ def layer_decompositions(A, tr: Trace, l: int, rows: Tensor, scopes, *, nodes: i
     atb = write_step(atb, layer, "attn", tr.attn_out[l][rows])
     atb = add_residual(atb, x)
     if post:
-        atb = norm_step(atb, layer.ln_attn, tr.norm_in["ln_attn"][l][rows])
+        atb = norm_step(atb, layer.ln_attn, tr.site("ln_attn.in", l)[rows])
     if post:
         ff_in = atb
     elif layer.placement == "parallel":  # the MLP reads LN2(x_i): position i's own input only
         zero = atb.alpha[:0]
         diag = Factored(zero, atb.scale, atb.V[:0], torch.zeros_like(atb.diag), torch.zeros_like(atb.rest), rows)
-        ff_in = norm_step(add_residual(diag, x), layer.ln_mlp, tr.norm_in["ln_mlp"][l][rows])
+        ff_in = norm_step(add_residual(diag, x), layer.ln_mlp, tr.site("ln_mlp.in", l)[rows])
     else:
-        ff_in = norm_step(atb, layer.ln_mlp, tr.norm_in["ln_mlp"][l][rows])
+        ff_in = norm_step(atb, layer.ln_mlp, tr.site("ln_mlp.in", l)[rows])
     atb_dense = atb.dense()
     out["atb"] = atb_dense
     if not post and "atbln" in want:
         out["atbln"] = ff_in.dense()
     if not (want & {"atbff", "atbffres", "atbffresln", "atblnff", "atblnffres", "atblnffres_nextln"}):
         return out, err
-    routing = None if tr.routing is None else tr.routing[l][rows]  # a mixture of experts: the traced routing
+    # a mixture of experts: the traced routing weights
+    routing = None if tr.routing_weights is None else tr.routing_weights[l][rows]
     ff, err = ff_step(ff_in, layer.mlp, nodes=nodes, numeric_steps=numeric_steps, routing=routing)
     ff = write_step(ff, layer, "mlp", tr.mlp_out[l][rows])
     res = combine(ff, atb_dense)  # RES2 adds back the whole decomposed input of the FF block
     if post:
         out["atbff"], out["atbffres"] = ff, res
-        out["atbffresln"] = norm_step(res, layer.ln_mlp, tr.norm_in["ln_mlp"][l][rows])
+        out["atbffresln"] = norm_step(res, layer.ln_mlp, tr.site("ln_mlp.in", l)[rows])
     else:
         out["atblnff"], out["atblnffres"] = ff, res
         if "atblnffres_nextln" in want:
             if l + 1 < A.n_layers:
-                out["atblnffres_nextln"] = norm_step(res, A.layers[l + 1].ln_attn, tr.norm_in["ln_attn"][l + 1][rows])
+                out["atblnffres_nextln"] = norm_step(res, A.layers[l + 1].ln_attn, tr.site("ln_attn.in", l + 1)[rows])
             else:
-                out["atblnffres_nextln"] = norm_step(res, A.final_norm, tr.final_in[rows])
+                out["atblnffres_nextln"] = norm_step(res, A.final_norm, tr.site("ln_final.in")[rows])
     return out, err
 
 
@@ -232,7 +233,7 @@ def context_mixing(lm, text=None, scopes=None, *, layers=None, tr: Trace | None 
     for k, l in enumerate(layers):
         checkpoint()  # a layer is a chunk: a caller that no longer waits stops the loop here
         if "attention" in scopes:
-            maps["attention"][k] = f32(tr.attn_probs[l]).mean(0).cpu()
+            maps["attention"][k] = f32(tr.pattern[l]).mean(0).cpu()
         real = {s: f32(v) for s, v in _real(tr, A, l).items() if s in scopes}
         rms = {s: activation_scale(v) for s, v in real.items()}
         for a, b in chunks:

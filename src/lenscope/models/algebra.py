@@ -158,7 +158,7 @@ def head_outputs(A: Anatomy, tr: Trace, l: int, rows: Tensor, dtype: torch.dtype
     projection's input): ``z[r, h] = sum_j alpha[h, rows[r], j] v_j^h``, ``(row, head, d_head)``."""
     layer = A.layers[l]
     z, _ = attention_input_parts(layer, tr, l, "sources", dtype)
-    probs = f32(take_rows(tr.attn_probs[l], rows, 1), dtype)  # (head, row, src)
+    probs = f32(take_rows(tr.pattern[l], rows, 1), dtype)  # (head, row, src)
     return torch.einsum("hrs,hse->rhe", probs, head_values(layer.attn, z, True))
 
 
@@ -265,7 +265,7 @@ def attention_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Con
     vb = convention == "sources"
     if writes is None:
         writes = value_writes(layer.attn, z, vb)
-    probs = f32(take_rows(tr.attn_probs[l], rows, 1), dtype)  # (head, row, src)
+    probs = f32(take_rows(tr.pattern[l], rows, 1), dtype)  # (head, row, src)
     if layer.attn.sinks is not None:  # the weights over the tokens sum to less than one: per row and head
         rest = bias_through_attention(layer.attn, beta, not vb, dtype, mass=probs.sum(-1))
     else:
@@ -359,7 +359,7 @@ def resid_mid_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Con
     dec = attention_write_parts(A, tr, l, rows, convention, writes=writes, dtype=dtype, factored=factored)
     dec = add_residual(dec, layer_input(tr, l, dtype), inplace=True)
     if layer.placement == "post":
-        dec = norm_step(dec, layer.ln_attn, tr.norm_in["ln_attn"][l][rows])
+        dec = norm_step(dec, layer.ln_attn, tr.site("ln_attn.in", l)[rows])
     return dec
 
 

@@ -433,12 +433,12 @@ class Layer:
         """Recompute the block from its input ``h`` (pos, d_model) with lenscope's own math (``routing (pos,
         expert)``: a mixture of experts' routing weights, by default its router's own).
 
-        Returns every intermediate: ``attn_in, attn_out, attn_write, attn_probs, resid_mid,
+        Returns every intermediate: ``attn_in, attn_out, attn_write, pattern, resid_mid,
         mlp_in, mlp_out, mlp_write, resid_post``.
         """
         h, positions = _on(h, self.attn.W_Q), _on(positions, self.attn.W_Q)
         r: dict[str, Tensor] = {"attn_in": h if self.placement == "post" else self.ln_attn(h)}
-        r["attn_out"], r["attn_probs"] = self.attn(r["attn_in"], positions)
+        r["attn_out"], r["pattern"] = self.attn(r["attn_in"], positions)
         r.update(self.after_attention(h, r["attn_out"], routing=routing))
         return r
 

@@ -26,7 +26,6 @@ from .load import LoadedModel
 from .moe import MOE_SITES
 from .sites import (  # noqa: F401 (the site table lives in sites.py; re-exported here)
     _ALL,
-    ALIASES,
     HEAD_SITES,
     LAYER_SITES,
     MODEL_SITES,
@@ -35,6 +34,7 @@ from .sites import (  # noqa: F401 (the site table lives in sites.py; re-exporte
     READ_ONLY,
     ROUTER_SITES,
     Edit,
+    canonical,
     edits_within,
     site_key,
 )
@@ -78,7 +78,7 @@ class Captures(dict):
 
     def stacked(self, name: str) -> Tensor:
         """Every captured block of ``name`` as one ``(layer, ...)`` tensor, blocks in ascending order."""
-        name = ALIASES.get(name, name)
+        name = canonical(name)
         if name in self._bufs:
             return self._bufs[name][1]
         layers = sorted(layer for (n, layer) in self if n == name)

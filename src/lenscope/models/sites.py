@@ -43,6 +43,11 @@ site                    shape                   edit    what it is
 A mixture of experts' ``mlp_pre``, ``mlp_up``, ``mlp_hidden`` hold every expert's units side by side, ``(b, p,
 expert * d_mlp)`` (0 for the experts a token does not use), computed with ``expert_out`` by the Anatomy's own math
 (:meth:`~lenscope.models.moe.MoE.run`) from what the experts module receives (docs/design.md).
+
+One name per activation: a site's name is its name everywhere (the :class:`~lenscope.models.trace.Trace`'s fields,
+``Trace.site``); the old names (:data:`ALIASES`) warn. The parts' display names (``L3H2``, ``L3.mlp``, ``L1H2@3``,
+...) come from :func:`display_name`. This table and docs/design.md's are tested against the tuples below
+(``tests/models/test_names.py``).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, warn_renamed
 
 NORM_SLOTS = ("ln_attn", "ln_mlp", "ln_attn_out", "ln_mlp_out")
 NORM_SITES = tuple(f"{s}.{w}" for s in NORM_SLOTS for w in ("in", "out", "scale"))
@@ -65,8 +70,50 @@ READ_ONLY = ({"resid_mid", "pattern", "logits"} | set(ROUTER_SITES)
              | {s for s in LAYER_SITES + MODEL_SITES if s.endswith(".scale")})
 HEAD_SITES = ("head", "q", "k", "v")
 _ALL = frozenset(LAYER_SITES + MODEL_SITES)
-# the interventions' first vocabulary, still accepted in Edit / run
-ALIASES = {"resid": "resid_pre", "attn": "attn_out", "mlp": "mlp_out", "hidden": "mlp_hidden"}
+# the interventions' part kinds (activation patching's ``what``, path patching's senders, causal tracing's kinds;
+# CLI options) -> the engine's site each patches
+PART_SITES = {"resid": "resid_pre", "attn": "attn_out", "mlp": "mlp_out", "heads": "head"}
+# the interventions' first names of sites, still accepted in Edit / run with a deprecation warning (:func:`canonical`)
+ALIASES = {k: PART_SITES[k] for k in ("resid", "attn", "mlp")} | {"hidden": "mlp_hidden"}
+
+
+def canonical(name: str) -> str:
+    """The site ``name`` names: itself, or for an old alias (:data:`ALIASES`) its site, with a
+    :class:`~lenscope.errors.RenamedWarning`."""
+    if name in ALIASES:
+        warn_renamed(f"the site name {name!r}", repr(ALIASES[name]))
+        return ALIASES[name]
+    return name
+
+
+# The display names of a model's parts (the CLI's tables, the circuits' nodes, DLA's rows, JSON): one template per
+# kind (a kind is a node kind or the engine's site it reads); display_name formats them, nothing else does.
+DISPLAY = {
+    "embed": "embed", "logits": "logits", "layer": "L{layer}",
+    "head": "L{layer}H{head}",  # a head (the engine's site "head")
+    "q": "L{layer}H{head}.q", "k": "L{layer}H{head}.k", "v": "L{layer}H{head}.v",  # a head's query / key / value
+    "kv.k": "L{layer}KV{head}.k", "kv.v": "L{layer}KV{head}.v",  # a key/value head's (grouped attention)
+    "attn": "L{layer}.attn", "mlp": "L{layer}.mlp", "resid": "L{layer}.resid",
+    "expert": "L{layer}.E{expert}.mlp",  # one expert of a mixture of experts
+    "neuron": "L{layer}.N{unit}",  # a unit of the MLP's hidden layer
+    # direct logit attribution's rows, older than the circuits' names and kept (saved results use them)
+    "dla.head": "L{layer}.H{head}", "dla.attn_bias": "L{layer}.attn_bias",
+}
+# the engine's sites that name a part: their display kind
+SITE_DISPLAY = {"resid_pre": "resid", "attn_out": "attn", "mlp_out": "mlp", "expert_out": "expert"}
+
+
+def display_name(kind: str, layer: int | None = None, head: int | None = None, pos: int | None = None,
+                 expert: int | None = None, unit: int | None = None) -> str:
+    """The display name of a part (:data:`DISPLAY`): ``("head", 3, 2)`` -> ``"L3H2"``, ``("mlp", 3)`` ->
+    ``"L3.mlp"`` (with ``expert=1``: ``"L3.E1.mlp"``), ``("q", 3, 2)`` -> ``"L3H2.q"``, ``"embed"``, ``"logits"``;
+    ``pos`` appends ``"@pos"`` (``"L1H2@3"``). ``kind`` may be an engine site (``"attn_out"`` -> ``"L3.attn"``)."""
+    kind = SITE_DISPLAY.get(kind, kind)
+    if kind == "mlp" and expert is not None:
+        kind = "expert"
+    name = DISPLAY[kind].format(layer=layer, head=head, expert=expert, unit=unit)
+    return name if pos is None else f"{name}@{pos}"
+
 
 def site_key(site) -> tuple[str, int | None]:
     """``("resid_pre", 3)``, ``"resid_pre.3"``, ``"ln_final.in"`` -> ``(name, layer)`` (checked)."""
@@ -80,7 +127,7 @@ def site_key(site) -> tuple[str, int | None]:
             raise InputError(
                 f"a site is a name and a block, e.g. ('resid_pre', 3) or 'resid_pre.3'; got {site!r}") from None
         layer = None if layer is None else int(layer)
-    name = ALIASES.get(name, name)
+    name = canonical(name)
     if name in MODEL_SITES:
         if layer is not None:
             raise InputError(f"site {name!r} belongs to the whole model, not to a block: use ({name!r}, None)")
@@ -111,7 +158,7 @@ class Edit:
     mode: str = "set"
 
     def __post_init__(self):
-        self.site = ALIASES.get(self.site, self.site)
+        self.site = canonical(self.site)
         if self.mode not in ("set", "add", "scale"):
             raise InputError(f"unknown edit mode {self.mode!r}; choose set, add or scale")
 

@@ -11,7 +11,7 @@ Long inputs: the per-head attention probabilities ``(layer, head, pos, src)`` gr
 30-layer, 9-head model at 1,024 tokens), every position's logits as ``pos * vocab``. When what a lean trace
 leaves out would exceed :data:`KEEP_BYTES` (and the model computes in float32), :func:`trace` makes a lean trace:
 
-- ``attn_probs`` is a :class:`RecomputedProbs`: reading ``tr.attn_probs[l]`` recomputes layer ``l``'s
+- ``pattern`` is a :class:`RecomputedProbs`: reading ``tr.pattern[l]`` recomputes layer ``l``'s
   probabilities from the traced attention input with the Anatomy's own attention
   (:meth:`~lenscope.models.anatomy.Attention.pattern`, the code ``verify`` checks against the model);
 - ``mlp_pre`` / ``mlp_up`` (:class:`RecomputedMLP`, from the MLP's traced input) and the block norms' outputs
@@ -21,7 +21,11 @@ leaves out would exceed :data:`KEEP_BYTES` (and the model computes in float32), 
 - copies of tensors the model passes on unchanged are shared (``resid_post[l]`` is ``resid_pre[l + 1]``; a
   pre-norm's input is the block's input, the MLP norm's input is ``resid_mid``).
 
-``trace(..., attn_probs="keep")`` keeps every capture whatever the length.
+``trace(..., pattern="keep")`` keeps every capture whatever the length.
+
+Names: a Trace field holding an engine site has the site's name (``pattern``, ``routing_weights``; the norms'
+sites by their names in :attr:`Trace.norms`), and :meth:`Trace.site` reads any traced site by name and block. The
+old names (:data:`RENAMED`) still work with a :class:`~lenscope.errors.RenamedWarning`.
 """
 
 from __future__ import annotations
@@ -33,12 +37,21 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, warn_renamed
 from .devices import compute_dtype, is_reduced
 from .engine import run
 from .lazy import Lazy, Recomputed, RecomputedLogits, RecomputedMLP, RecomputedNorm, RecomputedProbs  # noqa: F401
 from .load import LoadedModel, token_ids
 from .moe import is_moe
+from .sites import MODEL_SITES, canonical
+
+# the old names of Trace fields (and of trace()'s keyword) -> the site they name; "norm_in" / "norm_out" were dicts
+# by slot of the block norms' ".in" / ".out" sites
+RENAMED = {"attn_probs": "pattern", "routing": "routing_weights", "final_in": "ln_final.in",
+           "final_out": "ln_final.out", "norm_in": ".in", "norm_out": ".out"}
+# the Trace fields that hold an engine site (besides the norms)
+SITE_FIELDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "pattern", "mlp_pre", "mlp_up",
+               "router_logits", "routing_weights", "logits")
 
 
 @dataclass(repr=False)
@@ -52,14 +65,17 @@ class Trace:
     - ``attn_out, mlp_out (layer, pos, d_model)``: what each sub-layer computed (with output biases)
     - ``attn_write, mlp_write (layer, pos, d_model)``: what it added to the residual stream (after the
       sandwich norms of Gemma, times Granite's residual multiplier: ``Layer.write``; equal to ``*_out`` elsewhere)
-    - ``attn_probs (layer, head, pos, src)``
+    - ``pattern (layer, head, pos, src)``: the attention probabilities
     - ``mlp_pre (layer, pos, d_mlp)``: pre-activation of the activated branch; ``mlp_up``: the linear
       branch of gated MLPs (else None); both None for mixtures of experts, which hold instead
-    - ``router_logits, routing (layer, pos, expert)``: a mixture of experts' router logits and routing weights (0
-      for the experts not chosen; None for dense MLPs), read by decompositions as ``attn_probs`` are
-    - ``norm_in[slot], norm_out[slot] (layer, pos, d_model)`` for every norm slot of the blocks
-    - ``final_in, final_out (pos, d_model)``: the final norm's input and output (None for encoders)
+    - ``router_logits, routing_weights (layer, pos, expert)``: a mixture of experts' router logits and routing
+      weights (0 for the experts not chosen; None for dense MLPs), read by decompositions as ``pattern`` is
+    - ``norms``: the norms' sites by name: ``norms["ln_attn.in"], norms["ln_attn.out"] (layer, pos, d_model)`` for
+      every norm slot of the blocks, ``norms["ln_final.in"], norms["ln_final.out"] (pos, d_model)``: the final
+      norm's input and output (absent for encoders)
     - ``logits (pos, vocab)`` (None for a model without a language-model head)
+
+    :meth:`site` reads any of these sites by the engine's name and block: ``tr.site("ln_mlp.in", 3)``.
     """
 
     input_ids: Tensor
@@ -73,18 +89,50 @@ class Trace:
     attn_write: Tensor
     mlp_out: Tensor
     mlp_write: Tensor
-    attn_probs: Tensor  # these three may be Recomputed (a lean trace), which index and compute like tensors
+    pattern: Tensor  # these three may be Recomputed (a lean trace), which index and compute like tensors
     mlp_pre: Tensor | None
     mlp_up: Tensor | None
-    norm_in: dict[str, Tensor]
-    norm_out: dict[str, Tensor]
-    final_in: Tensor | None
-    final_out: Tensor | None
+    norms: dict[str, Tensor]
     logits: Tensor | None
     placement: str
     extras: dict = field(default_factory=dict)
     router_logits: Tensor | None = None
-    routing: Tensor | None = None
+    routing_weights: Tensor | None = None
+
+    def site(self, name: str, layer: int | None = None) -> Tensor | None:
+        """The traced site ``name`` (the engine's name, :mod:`lenscope.models.sites`) of block ``layer``
+        (``(pos, ...)``; every block, ``(layer, pos, ...)``, when ``layer`` is None), also written ``"name.layer"``;
+        None where the model has no such site (``mlp_up`` of a plain MLP, ``ln_final.in`` of an encoder); a
+        ``(name, layer)`` pair as the engine writes sites works too."""
+        if isinstance(name, tuple) and layer is None:
+            name, layer = name
+        if layer is None and isinstance(name, str):
+            head, _, tail = name.rpartition(".")
+            if head and tail.isdigit():
+                name, layer = head, int(tail)
+        name = canonical(name)
+        if name.startswith("ln_") and name.endswith((".in", ".out")):
+            value = self.norms.get(name)
+        elif name in SITE_FIELDS:
+            value = getattr(self, name)
+        else:
+            held = ", ".join(SITE_FIELDS + tuple(self.norms))
+            raise InputError(f"a Trace does not hold the site {name!r}; it holds {held} (read other sites with "
+                             "lenscope.models.engine.capture)")
+        if layer is not None and name in MODEL_SITES:
+            raise InputError(f"site {name!r} belongs to the whole model, not to a block: use tr.site({name!r})")
+        return value if value is None or layer is None else value[layer]
+
+    def __getattr__(self, name: str):  # the old field names (RENAMED), with a warning
+        new = RENAMED.get(name)
+        if new is None or "norms" not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        if new.startswith("."):
+            warn_renamed(f"Trace.{name}[slot]", f"Trace.site('<slot>{new}') or Trace.norms['<slot>{new}']")
+            return {k[: -len(new)]: v for k, v in self.norms.items()
+                    if k.endswith(new) and not k.startswith("ln_final")}
+        warn_renamed(f"Trace.{name}", f"Trace.site({new!r})" if "." in new else f"Trace.{new}")
+        return self.site(new)
 
     @property
     def n_layers(self) -> int:
@@ -93,23 +141,24 @@ class Trace:
     @property
     def attn_in(self) -> Tensor:
         """What each attention sub-layer read (layer, pos, d_model)."""
-        return self.resid_pre if self.placement == "post" else self.norm_out["ln_attn"]
+        return self.resid_pre if self.placement == "post" else self.norms["ln_attn.out"]
 
     @property
     def mlp_in(self) -> Tensor:
         """What each MLP read (layer, pos, d_model)."""
-        return self.resid_mid if self.placement == "post" else self.norm_out["ln_mlp"]
+        return self.resid_mid if self.placement == "post" else self.norms["ln_mlp.out"]
 
     @property
     def final_resid(self) -> Tensor:
         """The last residual state (pos, d_model): input of the final norm, or the encoder's output."""
-        return self.final_in if self.final_in is not None else self.resid_post[-1]
+        final_in = self.norms.get("ln_final.in")
+        return final_in if final_in is not None else self.resid_post[-1]
 
     def __repr__(self) -> str:
         return f"Trace(pos={len(self.tokens)}, layers={self.n_layers}, placement={self.placement!r})"
 
 
-KEEP_BYTES = 2**30  # trace(attn_probs="auto") is lean when it would leave out more than this (see lean_bytes)
+KEEP_BYTES = 2**30  # trace(pattern="auto") is lean when it would leave out more than this (see lean_bytes)
 
 
 # lean traces: copies the model passes on unchanged are shared. (slot.in/out, placements) -> the field it equals
@@ -185,18 +234,21 @@ def _view(lm: LoadedModel, cap, ids: Tensor, row: int, logits: Tensor | None, le
             return same[site]
         if site.endswith(".out"):
             slot = site[: -len(".out")]
-            return RecomputedNorm([layer.norms()[slot] for layer in A.layers], norm_in[slot])
+            return RecomputedNorm([layer.norms()[slot] for layer in A.layers], norms[f"{slot}.in"])
         return per_layer(site)
 
-    norm_in = {s: norm(f"{s}.in") for s in slots}
-    norm_out = {s: norm(f"{s}.out") for s in slots}
+    norms = {}
+    for site in [f"{s}.{w}" for w in ("in", "out") for s in slots]:  # the inputs first: an output reads one
+        norms[site] = norm(site)
+    if final_in is not None:
+        norms["ln_final.in"], norms["ln_final.out"] = final_in, final_out
     moe = is_moe(A)
     mlp_pre = mlp_up = None
     if lean:
-        x = resid_pre if A.placement == "post" else norm_out["ln_attn"]
+        x = resid_pre if A.placement == "post" else norms["ln_attn.out"]
         probs = RecomputedProbs([layer.attn for layer in A.layers], x, torch.arange(ids.numel(), device=x.device),
                                 A.causal)
-        x = resid_mid if A.placement == "post" else norm_out["ln_mlp"]
+        x = resid_mid if A.placement == "post" else norms["ln_mlp.out"]
         mlps = [layer.mlp for layer in A.layers]
         if not moe:
             mlp_pre = RecomputedMLP(mlps, x, 0)
@@ -215,20 +267,17 @@ def _view(lm: LoadedModel, cap, ids: Tensor, row: int, logits: Tensor | None, le
         resid_mid=resid_mid,
         resid_post=resid_post,
         attn_out=attn_out,
-        attn_write=_scaled(A, norm_out.get("ln_attn_out", attn_out), lean),
+        attn_write=_scaled(A, norms.get("ln_attn_out.out", attn_out), lean),
         mlp_out=mlp_out,
-        mlp_write=_scaled(A, norm_out.get("ln_mlp_out", mlp_out), lean),
-        attn_probs=probs,
+        mlp_write=_scaled(A, norms.get("ln_mlp_out.out", mlp_out), lean),
+        pattern=probs,
         mlp_pre=mlp_pre,
         mlp_up=mlp_up,
-        norm_in=norm_in,
-        norm_out=norm_out,
-        final_in=final_in,
-        final_out=final_out,
+        norms=norms,
         logits=_logits(A, logits, resid_pre.device, final_in if final_in is not None else resid_post[-1], lean),
         placement=A.placement,
         router_logits=per_layer("router_logits") if moe else None,
-        routing=per_layer("routing_weights") if moe else None,
+        routing_weights=per_layer("routing_weights") if moe else None,
     )
 
 
@@ -273,32 +322,38 @@ def lean_bytes(lm: LoadedModel, n: int) -> int:
     return 4 * (probs + pre + logits)
 
 
-def recompute_probs(lm: LoadedModel, n: int, attn_probs: str = "auto") -> bool:
+def recompute_probs(lm: LoadedModel, n: int, pattern: str = "auto") -> bool:
     """Whether :func:`trace` of ``n`` tokens makes a lean trace (recomputing the attention probabilities and the
-    rest when read) instead of keeping every capture (``attn_probs``: ``"auto"``, ``"keep"`` or ``"recompute"``;
+    rest when read) instead of keeping every capture (``pattern``: ``"auto"``, ``"keep"`` or ``"recompute"``;
     ``"auto"``: when :func:`lean_bytes` exceeds :data:`KEEP_BYTES` and the model computes in float32)."""
-    if attn_probs not in ("auto", "keep", "recompute"):
-        raise InputError(f"attn_probs must be 'auto', 'keep' or 'recompute', not {attn_probs!r}")
-    if attn_probs != "auto":
-        return attn_probs == "recompute"
+    if pattern not in ("auto", "keep", "recompute"):
+        raise InputError(f"pattern must be 'auto', 'keep' or 'recompute', not {pattern!r}")
+    if pattern != "auto":
+        return pattern == "recompute"
     dtype = getattr(lm.model, "dtype", torch.float32)
     return lean_bytes(lm, n) > KEEP_BYTES and not is_reduced(dtype)
 
 
 def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torch.device | None = None,
-          attn_probs: Literal["auto", "keep", "recompute"] = "auto", edits=()) -> Trace:
+          pattern: Literal["auto", "keep", "recompute"] = "auto", edits=(), **renamed) -> Trace:
     """Run the model once on ``text`` (or token ids) and capture everything lenscope's methods read.
 
     ``device``: where the captures are kept (default: the ``math_device`` the model was loaded with, else where the
     first block's capture arrives: the model's device for a model on one device). Captures of bfloat16 / float16
-    models are kept in float32. ``attn_probs``: ``"keep"`` the captured attention probabilities, ``"recompute"``
-    them per layer when read (:class:`RecomputedProbs`: a lean trace), or ``"auto"``: a lean trace where it leaves
-    out more than :data:`KEEP_BYTES` and the model computes in float32 (:func:`recompute_probs`). ``edits``: engine
-    edits (row 0, e.g. a steering vector) applied during the pass; with edits ``"auto"`` keeps every capture."""
+    models are kept in float32. ``pattern`` (its old name: :data:`RENAMED`): ``"keep"`` the captured attention
+    probabilities, ``"recompute"`` them per layer when read (:class:`RecomputedProbs`: a lean trace), or ``"auto"``:
+    a lean trace where it leaves out more than :data:`KEEP_BYTES` and the model computes in float32
+    (:func:`recompute_probs`). ``edits``: engine edits (row 0, e.g. a steering vector) applied during the pass; with
+    edits ``"auto"`` keeps every capture."""
+    for old, value in renamed.items():
+        if RENAMED.get(old) != "pattern":
+            raise TypeError(f"trace() got an unexpected keyword argument {old!r}")
+        warn_renamed(f"trace(..., {old}=)", "trace(..., pattern=)")
+        pattern = value
     ids = token_ids(lm, text)
     edits = list(edits)
-    attn_probs = "keep" if edits and attn_probs == "auto" else attn_probs
-    lean = recompute_probs(lm, ids.numel(), attn_probs)
+    pattern = "keep" if edits and pattern == "auto" else pattern
+    lean = recompute_probs(lm, ids.numel(), pattern)
     logits, cap = run(lm, ids[None], edits, capture=trace_sites(lm, lean=lean), device=_math_device(lm, device),
                       upcast=True, last_only=lean and lm.anatomy.causal)
     return _view(lm, cap, ids, 0, None if logits is None else logits[0], lean=lean)
@@ -362,9 +417,9 @@ def prefix_trace(tr: Trace, n: int) -> Trace:
         input_ids=tr.input_ids[:n], tokens=tr.tokens[:n], positions=tr.positions[:n], embed=tr.embed[:n],
         resid_pre=cut(tr.resid_pre, [1]), resid_mid=cut(tr.resid_mid, [1]), resid_post=cut(tr.resid_post, [1]),
         attn_out=cut(tr.attn_out, [1]), attn_write=cut(tr.attn_write, [1]), mlp_out=cut(tr.mlp_out, [1]),
-        mlp_write=cut(tr.mlp_write, [1]), attn_probs=cut(tr.attn_probs, [2, 3]), mlp_pre=cut(tr.mlp_pre, [1]),
-        mlp_up=cut(tr.mlp_up, [1]), norm_in={k: cut(v, [1]) for k, v in tr.norm_in.items()},
-        norm_out={k: cut(v, [1]) for k, v in tr.norm_out.items()}, final_in=cut(tr.final_in, [0]),
-        final_out=cut(tr.final_out, [0]), logits=cut(tr.logits, [0]), placement=tr.placement, extras=tr.extras,
-        router_logits=cut(tr.router_logits, [1]), routing=cut(tr.routing, [1]),
+        mlp_write=cut(tr.mlp_write, [1]), pattern=cut(tr.pattern, [2, 3]), mlp_pre=cut(tr.mlp_pre, [1]),
+        mlp_up=cut(tr.mlp_up, [1]), logits=cut(tr.logits, [0]),
+        norms={k: cut(v, [0 if k.startswith("ln_final") else 1]) for k, v in tr.norms.items()},
+        placement=tr.placement, extras=tr.extras,
+        router_logits=cut(tr.router_logits, [1]), routing_weights=cut(tr.routing_weights, [1]),
     )

@@ -32,6 +32,8 @@ from torch import Tensor
 from .load import LoadedModel
 from .trace import Trace, trace
 
+# the report's (JSON) names of the pattern's and the routing weights' errors: older than the sites' names, kept
+PATTERN_KEY, ROUTING_KEY = "attn_probs", "routing"
 DEFAULT_TEXT = "The capital of France is Paris, and the capital of Germany is Berlin. When Mary and John went out"
 TOLERANCE = 1e-3  # the one float32 tolerance: verify's logit error, and the invariant / completeness error
 # beyond which every decomposition (attribution, mixing maps, the report) refuses (see completeness_tolerance)
@@ -110,8 +112,8 @@ def _worst(values) -> float:
 def nonfinite_captures(tr: Trace) -> list[str]:
     """Names of the trace's captures holding inf or NaN: the model itself overflowed (e.g. float16)."""
     named = {"embed": tr.embed, "resid_pre": tr.resid_pre, "resid_post": tr.resid_post, "attn_out": tr.attn_out,
-             "mlp_out": tr.mlp_out, "attn_probs": tr.attn_probs, "mlp_pre": tr.mlp_pre, "logits": tr.logits,
-             "routing": tr.routing}
+             "mlp_out": tr.mlp_out, PATTERN_KEY: tr.pattern, "mlp_pre": tr.mlp_pre, "logits": tr.logits,
+             ROUTING_KEY: tr.routing_weights}
     return [k for k, v in named.items() if v is not None and not bool(torch.isfinite(v).all())]
 
 
@@ -170,11 +172,11 @@ def verify(lm: LoadedModel, text: str = DEFAULT_TEXT, tr: Trace | None = None) -
     from .devices import parse_dtype
 
     A = lm.anatomy
-    if tr is not None and not isinstance(tr.attn_probs, torch.Tensor):
+    if tr is not None and not isinstance(tr.pattern, torch.Tensor):
         # a lean trace recomputes its attention probabilities with lenscope's own math: comparing those with
         # themselves would prove nothing, so verify captures what the model computed
-        tr = trace(lm, tr.input_ids, attn_probs="keep")
-    tr = tr if tr is not None else trace(lm, text, attn_probs="keep")
+        tr = trace(lm, tr.input_ids, pattern="keep")
+    tr = tr if tr is not None else trace(lm, text, pattern="keep")
     dtype = parse_dtype(getattr(lm.model, "dtype", None))
     tol = tolerances(dtype)
     scale = tol.error_scale
@@ -184,24 +186,24 @@ def verify(lm: LoadedModel, text: str = DEFAULT_TEXT, tr: Trace | None = None) -
     for i, layer in enumerate(A.layers):
         row: dict = {"layer": i}
         for slot, norm in layer.norms().items():
-            row[slot] = rel_err(norm(tr.norm_in[slot][i]), tr.norm_out[slot][i], scale)
+            row[slot] = rel_err(norm(tr.site(f"{slot}.in", i)), tr.site(f"{slot}.out", i), scale)
         out, probs = layer.attn(tr.attn_in[i], pos)
-        row["attn_probs"] = float((probs.to(tr.attn_probs.device) - tr.attn_probs[i]).abs().max())
+        row[PATTERN_KEY] = float((probs.to(tr.pattern.device) - tr.pattern[i]).abs().max())
         row["attn_out"] = rel_err(out, tr.attn_out[i], scale)
-        if tr.routing is not None:  # a mixture of experts: the router, then the experts with the traced routing
+        if tr.routing_weights is not None:  # a mixture of experts: the router, then the experts with their routing
             logits = layer.mlp.router_logits(tr.mlp_in[i])
             row["router_logits"] = rel_err(logits, tr.router_logits[i], scale)
             # the routing function of the model's own logits (a reduced-precision model's logits round differently
             # from float32 ones, which may swap two experts of nearly equal weight)
-            row["routing"] = float((layer.mlp.routing(tr.router_logits[i]) - tr.routing[i]).abs().max())
-            row["mlp_out"] = rel_err(layer.mlp(tr.mlp_in[i], tr.routing[i]), tr.mlp_out[i], scale)
+            row[ROUTING_KEY] = float((layer.mlp.routing(tr.router_logits[i]) - tr.routing_weights[i]).abs().max())
+            row["mlp_out"] = rel_err(layer.mlp(tr.mlp_in[i], tr.routing_weights[i]), tr.mlp_out[i], scale)
         else:
             pre, up = layer.mlp.pre(tr.mlp_in[i])
             row["mlp_pre"] = rel_err(pre, tr.mlp_pre[i], scale)
             if up is not None:
                 row["mlp_up"] = rel_err(up, tr.mlp_up[i], scale)
             row["mlp_out"] = rel_err(layer.mlp(tr.mlp_in[i], pre=(pre, up)), tr.mlp_out[i], scale)  # one MLP pass
-        block = layer.forward(tr.resid_pre[i], pos, None if tr.routing is None else tr.routing[i])
+        block = layer.forward(tr.resid_pre[i], pos, None if tr.routing_weights is None else tr.routing_weights[i])
         row["resid_mid"] = rel_err(block["resid_mid"], tr.resid_mid[i], scale)
         row["resid_post"] = rel_err(block["resid_post"], tr.resid_post[i], scale)
         if i + 1 < A.n_layers:  # the block's output is the next block's input
@@ -214,8 +216,8 @@ def verify(lm: LoadedModel, text: str = DEFAULT_TEXT, tr: Trace | None = None) -
     if A.unembed is not None and tr.logits is not None:
         ours = A.logits(tr.final_resid)
         logit_err = float((ours.to(tr.logits.device) - tr.logits).abs().max())
-        if tr.final_out is not None:
-            max_sub = _worst([max_sub, rel_err(A.final_norm(tr.final_in), tr.final_out, scale)])
+        if tr.site("ln_final.out") is not None:
+            max_sub = _worst([max_sub, rel_err(A.final_norm(tr.site("ln_final.in")), tr.site("ln_final.out"), scale)])
     return VerifyReport(
         model=lm.name, family=A.family, n_layers=A.n_layers, n_tokens=len(tr.tokens),
         max_abs_logit_error=logit_err, max_rel_resid_error=max_resid, max_rel_sublayer_error=max_sub,

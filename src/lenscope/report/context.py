@@ -124,7 +124,7 @@ class ReportContext:
         tr = self.trace
         if tr.logits is not None:
             return tr.logits[-1].float()
-        return self.lm.anatomy.logits(tr.final_in[-1:])[0].float()
+        return self.lm.anatomy.logits(tr.site("ln_final.in")[-1:])[0].float()
 
     @cached_property
     def target_id(self) -> int | None:

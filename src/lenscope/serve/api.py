@@ -252,7 +252,7 @@ class Service:
         tr = ctx.trace
         p = len(ctx.ids) - 1
         out = {"layer": layer, "head": head, "tokens": ctx.tokens, "position": p,
-               "pattern": [_rl(r) for r in tr.attn_probs[layer][head].float()], "promoted": None,
+               "pattern": [_rl(r) for r in tr.pattern[layer][head].float()], "promoted": None,
                "suppressed": None, "dla": None, "patch": None, "notes": {}}
         with entry.lock:
             try:
@@ -274,7 +274,7 @@ class Service:
         require_decoder(lm, "a head's write read through the unembedding", sum_of_blocks=True,
                         instead="pick a decoder model")
         readout = Readout.from_anatomy(lm.anatomy)
-        s = readout.scale(ctx.trace.final_in[p])
+        s = readout.scale(ctx.trace.site("ln_final.in")[p])
         vec = traced_head_writes(lm.anatomy, ctx.trace, layer, p)[0][head]
         logits = readout.part_logits(vec, s, readout.W_U.float())
         k = min(10, logits.numel())
@@ -326,7 +326,7 @@ class Service:
         if has_logits:
             top = None
             if target is None:  # the model's own top prediction
-                top = tr.logits[p] if tr.logits is not None else A.logits(tr.final_in[p:p + 1])[0]
+                top = tr.logits[p] if tr.logits is not None else A.logits(tr.site("ln_final.in")[p:p + 1])[0]
             req = Request.of(lm, target, foil, top=top)
             tid, fid = req.target, req.foil
         out = {"position": p, "token": ctx.tokens[p], "target": _tok(ctx, tid), "foil": _tok(ctx, fid),

@@ -139,7 +139,7 @@ def steering_locus(lm: LoadedModel, direction: Direction, text: str, answer_posi
         vals = comp.values.double()
         direct = 0.0
         if k == 1 and alpha != 0:
-            s = readout.scale(tr.final_in[-1])
+            s = readout.scale(tr.site("ln_final.in")[-1])
             vec = alpha * direction.vector.to(s.device).float()
             direct = float(readout.part_logits(vec[None], s, u)[0]) * len(layers)
             if 0 in layers and A.embed.norm is not None:  # the embedding part is read from the steered state 0
