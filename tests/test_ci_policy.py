@@ -241,3 +241,22 @@ def test_no_assert_in_the_suite_cannot_fail():
     for p in sorted(Path(__file__).resolve().parent.rglob("*.py")):
         found += [f"{p.name}:{ln}: {why}" for ln, why in _asserts_that_cannot_fail(p.read_text())]
     assert not found, found
+
+
+def test_no_merge_conflict_markers_in_tracked_files():
+    """A merge left no conflict markers behind (git's ``<<<<<<< ``, ``>>>>>>> ``, a bare ``=======`` between them)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    files = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    found = []
+    for name in files:
+        path = root / name
+        if path.suffix not in {".py", ".md", ".js", ".css", ".html", ".toml", ".txt", ".sh", ".cfg", ".yml", ""}:
+            continue
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (UnicodeDecodeError, OSError):
+            continue
+        found += [f"{name}:{i + 1}" for i, ln in enumerate(lines) if ln.startswith(("<<<<<<< ", ">>>>>>> "))]
+    assert not found, found
