@@ -26,13 +26,13 @@ import torch
 from machine import record  # benchmarks/machine.py
 
 import lenscope
-from lenscope.models.families import family_for, randomize_
-from lenscope.models.load import LoadedModel
+from lenscope.models.families import family_for
+from lenscope.models.load import LoadedModel, random_model
 from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
 
 
 def build(kind: str, args) -> LoadedModel:
-    from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig
+    from transformers import LlamaConfig, MixtralConfig
 
     from lenscope.models.families import tiny_tokens
 
@@ -44,9 +44,7 @@ def build(kind: str, args) -> LoadedModel:
                             num_experts_per_tok=args.top_k, **common)
     else:
         cfg = LlamaConfig(intermediate_size=args.top_k * args.d_expert, **common)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
-    randomize_(model, seed=0)
+    model = random_model(cfg)
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tiny_tokenizer(), anatomy=family_for(model).read(model),

@@ -11,8 +11,8 @@ import torch
 import lenscope
 from lenscope.errors import InputError, UnsupportedModelError
 from lenscope.mixing.maps import context_mixing
-from lenscope.models.families import family_for, randomize_
-from lenscope.models.load import LoadedModel
+from lenscope.models.families import family_for
+from lenscope.models.load import LoadedModel, random_model
 from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
 from lenscope.models.verify import TOLERANCE
 
@@ -21,11 +21,7 @@ TEXT = "The capital of France is Paris, and the capital of Germany is"
 
 def build(cfg) -> LoadedModel:
     """A random model of ``cfg``, made as ``lenscope.load("tiny:...")`` makes its tiny models."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
-    randomize_(model, seed=0)
+    model = random_model(cfg)
     model.eval()
     model.requires_grad_(False)
     return LoadedModel(model=model, tokenizer=tiny_tokenizer(), anatomy=family_for(model).read(model),

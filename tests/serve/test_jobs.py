@@ -16,7 +16,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import uvicorn
 
 from lenscope.errors import Stopped
 from lenscope.models.stop import checkpoint, stoppable
@@ -24,6 +23,7 @@ from lenscope.serve import create_app
 from lenscope.serve.jobs import Jobs, ModelPool
 
 from ..conftest import get_model
+from .helpers import free_port, start_server, stop_server
 
 
 class FakeLoader:
@@ -165,26 +165,13 @@ def test_a_running_job_stops_at_its_next_chunk_and_the_next_job_runs_at_once():
 N_CHUNKS, CHUNK_S = 400, 0.025  # a slow attribution view of 10 s, in chunks as the real one has
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def server():
     app = create_app(["tiny:llama"], loader=get_model)
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    t0 = time.monotonic()
-    while not srv.started:
-        assert time.monotonic() - t0 < 20, "uvicorn did not start"
-        time.sleep(0.02)
+    srv, th = start_server(app, port=port)
     yield app, port
-    srv.should_exit = True
-    th.join(10)
+    stop_server(srv, th)
 
 
 def post(port: int, body: dict, timeout: float = 600) -> tuple[int, dict]:

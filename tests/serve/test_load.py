@@ -19,6 +19,7 @@ import uvicorn
 from lenscope.serve import create_app
 
 from ..conftest import get_model
+from .helpers import free_port, start_server, stop_server
 
 RSS_MARGIN_MB = 16  # measured +3.7 to +4.0 MB: the new cache entries of a tiny model are kilobytes, the rest is the
 # allocator's growth under 20 request threads; 16 MB leaves 4x that for other allocators and machines
@@ -33,26 +34,13 @@ def rss_mb() -> float:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
     app = create_app(["tiny:llama"], max_queue=32, loader=get_model)
     port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    th = threading.Thread(target=srv.run, daemon=True)
-    th.start()
-    t0 = time.monotonic()
-    while not srv.started:
-        assert time.monotonic() - t0 < 20, "uvicorn did not start"
-        time.sleep(0.02)
+    srv, th = start_server(app, port=port)
     yield app, port
-    srv.should_exit = True
-    th.join(10)
+    stop_server(srv, th)
 
 
 def post(port: int, path: str, body: dict, timeout: float = 60) -> tuple[int, dict]:
@@ -152,19 +140,12 @@ def test_serve_binds_to_127_0_0_1_by_default(monkeypatch):
     seen = {}
 
     def run_briefly(app, host, port, **kw):  # uvicorn.run, but stopped as soon as it listens
-        srv = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on"))
-        th = threading.Thread(target=srv.run, daemon=True)
-        th.start()
-        t0 = time.monotonic()
-        while not srv.started:
-            assert time.monotonic() - t0 < 20, "uvicorn did not start"
-            time.sleep(0.02)
+        srv, th = start_server(app, host, port)
         seen["host"] = host
         seen["bound"] = [sock.getsockname()[:2] for server in srv.servers for sock in server.sockets]
         status, d = get(port, "/api/models")
         seen["models"] = status, d
-        srv.should_exit = True
-        th.join(10)
+        stop_server(srv, th)
 
     monkeypatch.setattr(uvicorn, "run", run_briefly)
     port = free_port()

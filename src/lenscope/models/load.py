@@ -282,9 +282,7 @@ def _from_folder(folder: Path, dtype: torch.dtype, placement: dict | None = None
 
 
 def _tiny(family_name: str, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
-
-    from .families import randomize_, tiny_names
+    from .families import tiny_names
     from .tokenizer import tiny_special_ids, tiny_tokenizer
 
     names = tiny_names()
@@ -293,12 +291,22 @@ def _tiny(family_name: str, dtype: torch.dtype):
             f"unknown tiny family {family_name!r}; available: {', '.join('tiny:' + n for n in sorted(names))}"
         )
     fam = names[family_name]
-    cfg = fam.tiny[family_name](tiny_special_ids())
+    model = random_model(fam.tiny[family_name](tiny_special_ids()), encoder=fam.encoder)
+    return model.to(dtype), tiny_tokenizer(encoder=fam.encoder)
+
+
+def random_model(cfg, *, encoder: bool = False):
+    """A random float32 model of a transformers config, made as the ``tiny:`` models are: seed 0, eager attention,
+    every weight drawn by :func:`~lenscope.models.families.randomize_`."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from .families import randomize_
+
     torch.manual_seed(0)
-    auto = AutoModelForMaskedLM if fam.encoder else AutoModelForCausalLM
+    auto = AutoModelForMaskedLM if encoder else AutoModelForCausalLM
     model = auto.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
     randomize_(model, seed=0)
-    return model.to(dtype), tiny_tokenizer(encoder=fam.encoder)
+    return model
 
 
 def available_names() -> list[str]:
