@@ -17,7 +17,6 @@ may also carry translators for the mid-layer states (``A_mid, b_mid``, trained i
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -25,23 +24,10 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, NotApplicableError
-from ..models.anatomy import Anatomy
+from ..models.anatomy import Anatomy, fingerprint  # noqa: F401 (fingerprint re-exported)
 from ..models.load import LoadedModel
 
 LENS_FORMAT = 1
-
-
-def fingerprint(anatomy: Anatomy) -> str:
-    """A short hash of the model's shape and a sample of its weights (to refuse a lens on the wrong model)."""
-    h = hashlib.sha256()
-    h.update(f"{anatomy.family}:{anatomy.model_type}:{anatomy.d_model}:{anatomy.n_layers}:{anatomy.vocab_size}".encode())
-    samples = [anatomy.embed.W_E[:: max(1, anatomy.vocab_size // 64), :16]]
-    if anatomy.final_norm is not None and anatomy.final_norm.weight is not None:
-        samples.append(anatomy.final_norm.weight)
-    samples.append(anatomy.layers[-1].mlp.W_out[:16, :16])
-    for s in samples:
-        h.update(s.detach().float().cpu().contiguous().numpy().round(5).tobytes())
-    return h.hexdigest()[:16]
 
 
 def decode(anatomy: Anatomy, h: Tensor) -> Tensor:

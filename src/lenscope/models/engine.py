@@ -27,6 +27,7 @@ from .moe import MOE_SITES
 from .sites import (  # noqa: F401 (the site table lives in sites.py; re-exported here)
     _ALL,
     HEAD_SITES,
+    LATENT_SITES,
     LAYER_SITES,
     MODEL_SITES,
     NORM_SITES,
@@ -148,7 +149,7 @@ def _apply(view: Tensor, edits: list[Edit]) -> None:
 class _Session:
     """One forward pass: the requested captures, the edits by site, the hooks."""
 
-    def __init__(self, lm, B, P, edits, capture, stop_after, grad, device, upcast):
+    def __init__(self, lm, B, P, edits, capture, stop_after, grad, device, upcast, dictionaries=(), splice=False):
         self.lm, self.B, self.P, self.grad, self.upcast = lm, B, P, grad, upcast
         self.device = None if device is None else torch.device(device)
         self.by_site: dict[tuple, list[Edit]] = {}
@@ -177,6 +178,59 @@ class _Session:
                 self.layers_of[name].append(layer)
         for v in self.layers_of.values():
             v.sort()
+        self._dictionaries(list(dictionaries), splice)
+
+    def _dictionaries(self, dicts, splice: bool) -> None:
+        """The sparse dictionaries by the site they reconstruct, and the sites to hook for them (the site; a
+        transcoder's input, stashed until its ``mlp_out``): only those whose latents are read or edited, or all
+        of them when ``splice`` puts their reconstructions in place."""
+        self.splice, self.dicts, self.dict_inputs, self.stash = splice, {}, {}, {}
+        for d in dicts:
+            if d.site is None:
+                raise InputError("a dictionary given to the engine needs its site (dictionary.site = 'resid_post.5')")
+            d.check(self.lm)
+            key = site_key(d.site)
+            if key in self.dicts:
+                raise InputError(f"two dictionaries for the site {d.site}; give one per site")
+            self.dicts[key] = d
+        for key in [k for k in self.capture | set(self.by_site) if k[0] in LATENT_SITES]:
+            if (key[0].removesuffix(".latents"), key[1]) not in self.dicts:
+                raise InputError(f"site {key[0]}.{key[1]} needs a dictionary for {key[0].removesuffix('.latents')}."
+                                 f"{key[1]}: pass it in dictionaries=")
+        for key, d in list(self.dicts.items()):
+            lat = (f"{key[0]}.latents", key[1])
+            if not (splice or lat in self.capture or lat in self.by_site or lat == self.stop_after):
+                del self.dicts[key]  # attached but not used in this pass: the model runs untouched there
+            elif d.transcoder:
+                self.dict_inputs[site_key(d.input_site)] = key
+
+    def through_dictionary(self, key, x: Tensor) -> Tensor:
+        """The site ``key`` (a dictionary's) after its latents' edits, captures and, with ``splice``, the
+        reconstruction in its place: ``x + (z' - z) @ W_dec`` (the error ``x - dec(z)`` kept; unchanged without
+        an edit) or ``dec(z')``."""
+        d = self.dicts[key]
+        lat = (f"{key[0]}.latents", key[1])
+        xs = x.reshape(self.B, self.P, x.shape[-1])
+        src = self.stash.pop(key) if d.transcoder else xs
+        src = src.detach().to(d.W_enc.dtype)
+        with torch.no_grad():
+            z0 = d.encode(src)
+        es = self.by_site.get(lat)
+        leaf = self.grad and lat in self.capture
+        z = z0.clone() if es or leaf else z0
+        if es:
+            _apply(z, es)
+        if leaf:
+            z.requires_grad_(True)  # a leaf: the output's gradient reaches the latents (z0 holds none)
+        if lat in self.capture:
+            self.keep(lat, z)
+        if self.splice:
+            x = d.decode(z, src).to(x.dtype).reshape(x.shape)
+        elif es or z.requires_grad:
+            x = x + ((z - z0) @ d.W_dec).to(x.dtype).reshape(x.shape)
+        if lat == self.stop_after:
+            raise _Stop
+        return x
 
     # -- what a hook does with a tensor ------------------------------------------------------------
 
@@ -219,7 +273,8 @@ class _Session:
         self.out[key] = buf[j]
 
     def wants(self, key) -> bool:
-        return key in self.by_site or key in self.capture or key == self.stop_after
+        return (key in self.by_site or key in self.capture or key == self.stop_after or key in self.dicts
+                or key in self.dict_inputs)
 
     def visit(self, key, x):
         """Edit and capture the site ``key`` whose tensor is ``x`` (as the module has it); return what the
@@ -231,6 +286,10 @@ class _Session:
             x = x.clone()
             _apply(self.shaped(name, layer, x), es)
             x = x.reshape(shape)
+        if key in self.dict_inputs:  # a transcoder's input, read at its mlp_out
+            self.stash[self.dict_inputs[key]] = x.reshape(self.B, self.P, x.shape[-1])
+        if key in self.dicts:
+            x = self.through_dictionary(key, x)
         if key in self.capture:
             v = self.shaped(name, layer, x)
             if self.grad and x.is_floating_point() and name not in READ_ONLY:
@@ -474,7 +533,7 @@ def _mid_needs(placement: str, layer: int) -> list[tuple]:
 def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), capture: Iterable = (), *,
         inputs_embeds: Tensor | None = None, attention_mask: Tensor | None = None, stop_after=None,
         logits: bool = True, last_only: bool = False, grad: bool = False, device=None, upcast: bool = False,
-        past=None) -> Run:
+        past=None, dictionaries: Iterable = (), splice: bool = False) -> Run:
     """Run the real model on ``ids (b, p)`` (or ``inputs_embeds (b, p, d_model)``) with ``edits`` applied and the
     sites in ``capture`` kept (see the module's site table). Returns :class:`Run` ``(logits, captured)``.
 
@@ -487,6 +546,10 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
       the model reads and extends: ``ids`` are then positions ``past.get_seq_length()`` onwards. Edit positions
       count from the start of the whole sequence (entries at other positions wait for their step:
       :func:`edits_within`); captures and logits hold the new positions only.
+    - ``dictionaries``: sparse dictionaries (:class:`~lenscope.models.dictionary.Dictionary`, each naming its site),
+      whose latents are then the sites ``"<site>.latents"`` (capture; edit: the site changes by the decoded change,
+      the reconstruction error kept). ``splice``: every dictionary's reconstruction replaces its site (the error
+      dropped; all transcoders of a model at once: the replacement model).
     """
     checkpoint()
     model = lm.model
@@ -521,7 +584,7 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
                                  "resid_pre of the next block, or attn_out, with grad=True")
     extra = [k for i in mids for k in _mid_needs(lm.anatomy.placement, i) if k not in requested]
     want = [k for k in requested if k[0] not in ("resid_mid", "logits")] + extra
-    s = _Session(lm, B, P, list(edits), want, stop_after, grad, device, upcast)
+    s = _Session(lm, B, P, list(edits), want, stop_after, grad, device, upcast, dictionaries, splice)
     hooks = family_for(model).hooks(model)
     handles: list = []
     out = None

@@ -37,6 +37,11 @@ site                    shape                   edit    what it is
 ``<slot>.out``          ``(b, p, d_model)``     yes     ``ln_attn_out``, ``ln_mlp_out`` (sandwich) per block,
 ``<slot>.scale``        ``(b, p)``              no      ``ln_final`` (block ``None``); ``scale`` is the
                                                         per-token factor ``1/sqrt(var + eps)``
+``resid_pre.latents``   ``(b, p, width)``       yes     a sparse dictionary's latents (``run(...,
+``resid_post.latents``  ``(b, p, width)``       yes     dictionaries=)``) at the site it reconstructs; a
+``attn_out.latents``    ``(b, p, width)``       yes     transcoder's at the ``mlp_out`` it replaces; an edit
+``mlp_out.latents``     ``(b, p, width)``       yes     changes the site by the change of the decoded latents
+                                                        (the reconstruction error kept)
 ``logits``              ``(b, p, vocab)``       no      the model's output (block ``None``)
 ======================  ======================  ======  =====================================================
 
@@ -65,6 +70,11 @@ NORM_SITES = tuple(f"{s}.{w}" for s in NORM_SLOTS for w in ("in", "out", "scale"
 ROUTER_SITES = ("router_logits", "routing_weights")
 LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "head", "q", "k", "v", "pattern", "mlp_pre",
                "mlp_up", "mlp_hidden", "mlp_out") + NORM_SITES + ROUTER_SITES + ("expert_out",)
+# a sparse dictionary's latents (``dictionaries=`` of the engine's run, :mod:`lenscope.models.dictionary`): the site it
+# reconstructs (a transcoder: the mlp_out it replaces) + ".latents"
+DICT_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
+LATENT_SITES = tuple(f"{s}.latents" for s in DICT_SITES)
+LAYER_SITES = LAYER_SITES + LATENT_SITES
 MODEL_SITES = ("ln_final.in", "ln_final.out", "ln_final.scale", "logits")
 READ_ONLY = ({"resid_mid", "pattern", "logits"} | set(ROUTER_SITES)
              | {s for s in LAYER_SITES + MODEL_SITES if s.endswith(".scale")})

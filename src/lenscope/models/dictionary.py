@@ -1,0 +1,401 @@
+"""Sparse dictionaries over a model's activations: sparse autoencoders (SAEs), transcoders and skip transcoders,
+as the engine runs them and as they are stored (SAELens's folder layout).
+
+A dictionary reads an input ``x (..., d_in)`` and writes an output ``(..., d_out)`` through ``width`` latents::
+
+    pre     = (x - b_dec) @ W_enc + b_enc          (an SAE subtracts b_dec from its input; a transcoder does not)
+    latents = act(pre)                              TopK: the k largest of pre, ReLU'd, 0 elsewhere
+                                                    JumpReLU / BatchTopK: relu(pre) where pre > threshold, else 0
+    output  = latents @ W_dec + b_dec (+ x @ W_skip.T for a skip transcoder)
+
+- role ``sae``: reconstructs the activation at ``site`` from itself (``d_in == d_out``);
+- role ``transcoder`` / ``skip``: replaces an MLP: reads the MLP's input (:func:`input_site`: the output of
+  ``ln_mlp`` of the same block) and writes ``mlp_out`` of that block; ``site`` is the ``mlp_out`` it replaces.
+
+Kinds: ``topk`` (Gao et al. 2024), ``batchtopk`` (Bussmann et al. 2024; at inference a JumpReLU with the global
+threshold learned in training, as SAELens stores it), ``jumprelu`` (Rajamanoharan et al. 2024). A ReLU dictionary
+read from SAELens (``standard``, ``transcoder``, ``skip_transcoder``) is a JumpReLU with threshold 0, the same
+function.
+
+Training normalises activations by a fixed factor (SAELens's ``expected_average_only_in``: the scale that makes
+the mean squared norm ``d``); the factor is folded into the weights (:meth:`Dictionary.folded`), so a dictionary
+reads and writes the model's own activations, and is recorded (``scale_in``, ``scale_out``).
+
+The engine (:func:`lenscope.models.engine.run` with ``dictionaries=``) exposes a dictionary's latents as the site
+``"<site>.latents"`` (``("mlp_out.latents", 5)``), to capture and to edit with the reconstruction error kept.
+
+Files (:meth:`Dictionary.save`, :func:`load_dictionaries`): a folder with ``cfg.json`` and
+``sae_weights.safetensors`` as SAELens writes them (``architecture``, ``d_in``, ``d_sae``, ``metadata.hook_name``
+in TransformerLens's hook names, ...), lenscope's own record under ``metadata.lenscope`` (site, kind, role, model
+fingerprint, normalisation); several dictionaries trained together: one subfolder each.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+from .sites import DICT_SITES, LATENT_SITES, site_key
+
+KINDS = ("topk", "batchtopk", "jumprelu")
+ROLES = ("sae", "transcoder", "skip")
+CFG = "cfg.json"
+WEIGHTS = "sae_weights.safetensors"
+
+# TransformerLens's hook names, which SAELens records (``metadata.hook_name``)
+_TL_HOOK = {"resid_pre": "hook_resid_pre", "resid_post": "hook_resid_post", "attn_out": "hook_attn_out",
+            "mlp_out": "hook_mlp_out", "ln_mlp.out": "ln2.hook_normalized", "resid_mid": "hook_resid_mid"}
+_FROM_TL = {v: k for k, v in _TL_HOOK.items()}
+
+
+def tl_hook_name(site: str) -> str:
+    """``"resid_post.5"`` -> ``"blocks.5.hook_resid_post"`` (TransformerLens's name, which SAELens records)."""
+    name, layer = site_key(site)
+    return f"blocks.{layer}.{_TL_HOOK[name]}"
+
+
+def site_of_hook(hook: str) -> str:
+    """The inverse of :func:`tl_hook_name`, or an :class:`~lenscope.errors.InputError` naming what is understood."""
+    m = re.fullmatch(r"blocks\.(\d+)\.(.+)", hook or "")
+    if not m or m.group(2) not in _FROM_TL:
+        raise InputError(f"the dictionary's hook {hook!r} names no site lenscope knows; lenscope reads "
+                         f"blocks.<i>.{{{', '.join(_FROM_TL)}}}")
+    return f"{_FROM_TL[m.group(2)]}.{m.group(1)}"
+
+
+def input_site(site: str, role: str) -> str:
+    """The site a dictionary reads: its own for an SAE; for a transcoder of ``mlp_out.i``, ``ln_mlp.out.i`` (what
+    the MLP of block ``i`` reads in a pre-norm, sandwich or parallel block)."""
+    name, layer = site_key(site)
+    if role == "sae":
+        return f"{name}.{layer}"
+    if name != "mlp_out":
+        raise InputError(f"a transcoder replaces an MLP: its site is mlp_out.<block> (the MLP output it writes); "
+                         f"got {site!r}")
+    return f"ln_mlp.out.{layer}"
+
+
+def check_site(site: str, role: str = "sae") -> str:
+    """``site`` as ``"name.layer"``, checked: a site a dictionary can reconstruct."""
+    name, layer = site_key(site)
+    if name not in DICT_SITES:
+        raise InputError(f"a dictionary's site is one of {', '.join(s + '.<block>' for s in DICT_SITES)}; "
+                         f"got {site!r}")
+    input_site(f"{name}.{layer}", role)
+    return f"{name}.{layer}"
+
+
+@dataclass(repr=False)
+class Dictionary:
+    """One sparse dictionary (see the module's docstring for the equations). Weights: ``W_enc (d_in, width)``,
+    ``b_enc (width,)``, ``W_dec (width, d_out)``, ``b_dec (d_out,)``, ``threshold (width,)`` (JumpReLU,
+    BatchTopK), ``W_skip (d_out, d_in)`` (skip transcoders)."""
+
+    W_enc: Tensor
+    b_enc: Tensor
+    W_dec: Tensor
+    b_dec: Tensor
+    kind: str = "topk"
+    role: str = "sae"
+    k: int | None = None
+    threshold: Tensor | None = None
+    W_skip: Tensor | None = None
+    site: str | None = None
+    model: str | None = None
+    fingerprint: str | None = None
+    scale_in: float = 1.0
+    scale_out: float = 1.0
+    info: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise InputError(f"unknown dictionary kind {self.kind!r}; kinds: {', '.join(KINDS)}")
+        if self.role not in ROLES:
+            raise InputError(f"unknown dictionary role {self.role!r}; roles: {', '.join(ROLES)}")
+        d_in, width = self.W_enc.shape
+        if tuple(self.W_dec.shape) != (width, self.d_out) or tuple(self.b_enc.shape) != (width,):
+            raise InputError(f"dictionary weights disagree: W_enc {tuple(self.W_enc.shape)}, b_enc "
+                             f"{tuple(self.b_enc.shape)}, W_dec {tuple(self.W_dec.shape)}, b_dec "
+                             f"{tuple(self.b_dec.shape)}")
+        if self.kind == "topk":
+            if self.k is None or not 0 < int(self.k) < width:
+                raise InputError(f"a TopK dictionary needs 0 < k < width ({width}); got k={self.k}")
+            self.k = int(self.k)
+        elif self.threshold is None:
+            raise InputError(f"a {self.kind} dictionary needs its threshold (width,)")
+        if self.role == "sae" and d_in != self.d_out:
+            raise InputError(f"an SAE reads and writes one site: d_in {d_in} != d_out {self.d_out}")
+        if (self.role == "skip") != (self.W_skip is not None):
+            raise InputError("a skip transcoder (and only it) has W_skip")
+        if self.site is not None:
+            self.site = check_site(self.site, self.role)
+
+    @classmethod
+    def init(cls, d_in: int, width: int, *, kind: str = "topk", role: str = "sae", k: int | None = None,
+             d_out: int | None = None, site: str | None = None, seed: int = 0, threshold: float = 0.0,
+             dtype: torch.dtype = torch.float32, **kw) -> Dictionary:
+        """A new dictionary as training starts it: decoder rows random unit vectors, the encoder their transpose
+        (Gao et al. 2024), biases 0, thresholds ``threshold``, a skip path 0."""
+        d_out = d_in if d_out is None else int(d_out)
+        g = torch.Generator().manual_seed(int(seed))
+        W_dec = torch.randn(width, d_out, generator=g, dtype=torch.float64)
+        W_dec = W_dec / W_dec.norm(dim=1, keepdim=True)
+        W_enc = W_dec.T.clone() if d_out == d_in else \
+            torch.randn(d_in, width, generator=g, dtype=torch.float64) / d_in ** 0.5
+        return cls(W_enc=W_enc.to(dtype), b_enc=torch.zeros(width, dtype=dtype), W_dec=W_dec.to(dtype),
+                   b_dec=torch.zeros(d_out, dtype=dtype), kind=kind, role=role, k=k,
+                   threshold=None if kind == "topk" else torch.full((width,), float(threshold), dtype=dtype),
+                   W_skip=torch.zeros(d_out, d_in, dtype=dtype) if role == "skip" else None, site=site, **kw)
+
+    # -- shape ---------------------------------------------------------------------------------------------------
+
+    @property
+    def d_in(self) -> int:
+        return int(self.W_enc.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.W_enc.shape[1])
+
+    @property
+    def d_out(self) -> int:
+        return int(self.b_dec.shape[0])
+
+    @property
+    def input_site(self) -> str | None:
+        return None if self.site is None else input_site(self.site, self.role)
+
+    @property
+    def layer(self) -> int | None:
+        return None if self.site is None else site_key(self.site)[1]
+
+    @property
+    def transcoder(self) -> bool:
+        return self.role != "sae"
+
+    def tensors(self) -> dict[str, Tensor]:
+        out = {"W_enc": self.W_enc, "b_enc": self.b_enc, "W_dec": self.W_dec, "b_dec": self.b_dec}
+        if self.threshold is not None:
+            out["threshold"] = self.threshold
+        if self.W_skip is not None:
+            out["W_skip"] = self.W_skip
+        return out
+
+    def to(self, *args, **kw) -> Dictionary:
+        """A copy with every weight moved / cast (``torch.Tensor.to``'s arguments)."""
+        t = {n: v.to(*args, **kw) for n, v in self.tensors().items()}
+        return Dictionary(**t, kind=self.kind, role=self.role, k=self.k, site=self.site, model=self.model,
+                          fingerprint=self.fingerprint, scale_in=self.scale_in, scale_out=self.scale_out,
+                          info=dict(self.info))
+
+    # -- the function --------------------------------------------------------------------------------------------
+
+    def pre(self, x: Tensor) -> Tensor:
+        """The latents' pre-activations ``(..., width)`` of inputs ``x (..., d_in)``."""
+        x = x.to(self.W_enc.dtype)
+        if self.role == "sae":
+            x = x - self.b_dec
+        return x @ self.W_enc + self.b_enc
+
+    def activate(self, pre: Tensor) -> Tensor:
+        """The latents of pre-activations ``pre (..., width)`` (the inference form of every kind)."""
+        if self.kind == "topk":
+            vals, idx = pre.topk(self.k, dim=-1, sorted=False)
+            return torch.zeros_like(pre).scatter(-1, idx, vals.relu())
+        return pre.relu() * (pre > self.threshold).to(pre.dtype)
+
+    def encode(self, x: Tensor) -> Tensor:
+        """The latents ``(..., width)`` of inputs ``x (..., d_in)``."""
+        return self.activate(self.pre(x))
+
+    def decode(self, latents: Tensor, x: Tensor | None = None) -> Tensor:
+        """The output ``(..., d_out)`` of ``latents``; a skip transcoder also needs its input ``x``."""
+        out = latents.to(self.W_dec.dtype) @ self.W_dec + self.b_dec
+        if self.W_skip is not None:
+            if x is None:
+                raise InputError("a skip transcoder's output needs its input x (the skip path)")
+            out = out + x.to(self.W_skip.dtype) @ self.W_skip.T
+        return out
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """The reconstruction (SAE) or the MLP output's replacement (transcoder) of ``x``."""
+        return self.decode(self.encode(x), x)
+
+    def folded(self, scale_in: float, scale_out: float | None = None) -> Dictionary:
+        """This dictionary, trained on ``scale_in * x`` (and, for a transcoder, to write ``scale_out * y``), as
+        one that reads ``x`` and writes ``y`` directly: the pre-activations (and so the latents) are unchanged,
+        the decoder is divided by ``scale_out``."""
+        s_in = float(scale_in)
+        s_out = s_in if scale_out is None else float(scale_out)
+        if self.role == "sae" and s_out != s_in:
+            raise InputError("an SAE reads and writes one site: one scale")
+        t = self.tensors()
+        t["W_enc"] = self.W_enc * s_in
+        t["W_dec"] = self.W_dec / s_out
+        t["b_dec"] = self.b_dec / s_out  # an SAE's input shift (x*s - b) becomes s*(x - b/s): the same pre
+        if self.W_skip is not None:
+            t["W_skip"] = self.W_skip * (s_in / s_out)
+        return Dictionary(**t, kind=self.kind, role=self.role, k=self.k, site=self.site, model=self.model,
+                          fingerprint=self.fingerprint, scale_in=self.scale_in * s_in,
+                          scale_out=self.scale_out * s_out, info=dict(self.info))
+
+    # -- the model it belongs to ---------------------------------------------------------------------------------
+
+    def check(self, lm) -> None:
+        """Refuse (:class:`~lenscope.errors.InputError`, one line) a dictionary made for another model or for a
+        site this model lacks."""
+        from .anatomy import fingerprint
+
+        A = lm.anatomy
+        if self.fingerprint is not None and self.fingerprint != fingerprint(A):
+            raise InputError(f"the dictionary for {self.site} was trained on {self.model!r}, not on {lm.name!r} "
+                             f"(model fingerprints {self.fingerprint} and {fingerprint(A)} differ)")
+        if self.site is None:
+            raise InputError("this dictionary names no site of a model (trained on an activations file); give it "
+                             "one with dictionary.site = 'resid_post.5' to run it on a model")
+        layer = self.layer
+        if not 0 <= layer < A.n_layers:
+            raise InputError(f"the dictionary's site {self.site} is past the model's {A.n_layers} blocks")
+        if self.d_in != A.d_model or self.d_out != A.d_model:
+            raise InputError(f"the dictionary for {self.site} reads {self.d_in} and writes {self.d_out} dimensions; "
+                             f"{lm.name!r} has d_model {A.d_model}")
+        if self.transcoder and A.placement == "post":
+            raise InputError("transcoders read ln_mlp's output, which a post-norm model's MLP does not read")
+
+    # -- files ---------------------------------------------------------------------------------------------------
+
+    def architecture(self) -> str:
+        """SAELens's name for this dictionary's class (``topk``, ``jumprelu``, ``jumprelu_transcoder``, ...).
+        BatchTopK is stored as its inference form, a JumpReLU. SAELens (6.18) has no TopK transcoder and only
+        a ReLU skip transcoder: those are written ``topk_transcoder``, ``topk_skip_transcoder``,
+        ``jumprelu_skip_transcoder``, names only lenscope reads."""
+        act = "topk" if self.kind == "topk" else "jumprelu"
+        return {"sae": act, "transcoder": f"{act}_transcoder", "skip": f"{act}_skip_transcoder"}[self.role]
+
+    def config(self) -> dict:
+        """The ``cfg.json`` SAELens reads, lenscope's record under ``metadata.lenscope``."""
+        meta = {"model_name": self.model, "hook_name": None, "hook_head_index": None, "prepend_bos": True,
+                "lenscope": {"kind": self.kind, "role": self.role, "site": self.site, "fingerprint": self.fingerprint,
+                             "scale_in": self.scale_in, "scale_out": self.scale_out, "info": self.info}}
+        if self.site is not None:
+            meta["hook_name"] = tl_hook_name(self.input_site)
+            if self.transcoder:
+                meta["hook_name_out"] = tl_hook_name(self.site)
+        cfg = {"architecture": self.architecture(), "d_in": self.d_in, "d_sae": self.width,
+               "dtype": str(self.W_enc.dtype).removeprefix("torch."), "device": "cpu",
+               "apply_b_dec_to_input": self.role == "sae", "normalize_activations": "none",
+               "reshape_activations": "none", "metadata": meta}
+        if self.kind == "topk":
+            cfg.update(k=self.k, rescale_acts_by_decoder_norm=False)
+        if self.transcoder:
+            cfg["d_out"] = self.d_out
+        return cfg
+
+    def save(self, folder: str | Path) -> Path:
+        """Write ``folder/cfg.json`` and ``folder/sae_weights.safetensors``."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file({n: v.detach().contiguous().cpu() for n, v in self.tensors().items()}, str(folder / WEIGHTS))
+        (folder / CFG).write_text(json.dumps(self.config(), indent=1) + "\n")
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Dictionary:
+        """Read one dictionary folder (lenscope's or SAELens's layout)."""
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        try:
+            cfg = json.loads((folder / CFG).read_text())
+        except FileNotFoundError:
+            raise InputError(f"{folder} has no {CFG}: not a dictionary folder") from None
+        except json.JSONDecodeError as e:
+            raise InputError(f"{folder / CFG} is not valid JSON ({e})") from None
+        if not (folder / WEIGHTS).exists():
+            raise InputError(f"{folder} has {CFG} but no {WEIGHTS}")
+        t = load_file(str(folder / WEIGHTS))
+        missing = [n for n in ("W_enc", "b_enc", "W_dec", "b_dec") if n not in t]
+        if missing:
+            raise InputError(f"{folder / WEIGHTS} lacks {', '.join(missing)}")
+        arch = str(cfg.get("architecture", ""))
+        meta = cfg.get("metadata") or {}
+        own = meta.get("lenscope") or {}
+        role = own.get("role") or ("skip" if "skip_transcoder" in arch else "transcoder" if "transcoder" in arch
+                                   else "sae")
+        base = arch.replace("_skip_transcoder", "").replace("skip_transcoder", "").replace("_transcoder", "") \
+            .replace("transcoder", "")
+        if base in ("", "standard"):  # ReLU: a JumpReLU at threshold 0
+            kind = "jumprelu"
+            t.setdefault("threshold", torch.zeros_like(t["b_enc"]))
+        elif base in KINDS:
+            kind = base
+        else:
+            raise InputError(f"{folder / CFG}: architecture {arch!r} is not one lenscope reads (topk, jumprelu, "
+                             "standard, transcoder, skip_transcoder and their TopK / JumpReLU forms)")
+        kind = own.get("kind", kind)
+        if kind == "batchtopk" and "threshold" not in t:
+            raise InputError(f"{folder / WEIGHTS}: a BatchTopK dictionary needs its threshold")
+        if cfg.get("normalize_activations", "none") not in ("none", None):
+            raise InputError(f"{folder / CFG}: normalize_activations {cfg['normalize_activations']!r} is not folded "
+                             "into the weights; lenscope reads dictionaries with normalize_activations 'none'")
+        site = own.get("site")
+        if site is None and meta.get("hook_name"):
+            site = site_of_hook(meta.get("hook_name_out") or meta["hook_name"]) if role != "sae" else \
+                site_of_hook(meta["hook_name"])
+        return cls(W_enc=t["W_enc"], b_enc=t["b_enc"], W_dec=t["W_dec"], b_dec=t["b_dec"], kind=kind, role=role,
+                   k=cfg.get("k"), threshold=t.get("threshold") if kind != "topk" else None, W_skip=t.get("W_skip"),
+                   site=site, model=meta.get("model_name"), fingerprint=own.get("fingerprint"),
+                   scale_in=float(own.get("scale_in", 1.0)), scale_out=float(own.get("scale_out", 1.0)),
+                   info=dict(own.get("info") or {}))
+
+    def __repr__(self) -> str:
+        k = f", k={self.k}" if self.kind == "topk" else ""
+        return (f"Dictionary({self.role}, {self.kind}{k}, site={self.site!r}, d_in={self.d_in}, width={self.width}, "
+                f"model={self.model!r})")
+
+
+def load_dictionaries(path: str | Path) -> list[Dictionary]:
+    """The dictionaries in ``path``: one folder with ``cfg.json``, or a folder of such folders (one per site, as
+    ``lenscope dict train`` writes several sites trained together), in the order of their sites."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"dictionary folder {path} does not exist")
+    if (path / CFG).exists():
+        return [Dictionary.load(path)]
+    subs = sorted(p for p in path.iterdir() if p.is_dir() and (p / CFG).exists())
+    if not subs:
+        raise InputError(f"{path} holds no dictionary: neither {CFG} nor subfolders with one")
+    out = [Dictionary.load(p) for p in subs]
+
+    def order(d: Dictionary):
+        if d.site is None:
+            return (1, 0, "")
+        name, layer = site_key(d.site)
+        return (0, layer, name)
+
+    return sorted(out, key=order)
+
+
+def save_dictionaries(dicts: list[Dictionary], folder: str | Path) -> Path:
+    """One dictionary: ``folder`` itself; several: a subfolder per site (named by the site, ``mlp_out.5``)."""
+    folder = Path(folder)
+    if len(dicts) == 1:
+        return dicts[0].save(folder)
+    names = [d.site or f"dict{i}" for i, d in enumerate(dicts)]
+    if len(set(names)) != len(names):
+        raise InputError("two dictionaries for one site cannot share a folder")
+    for d, n in zip(dicts, names):
+        d.save(folder / n)
+    return folder
+
+
+__all__ = ["CFG", "DICT_SITES", "Dictionary", "KINDS", "LATENT_SITES", "ROLES", "WEIGHTS", "check_site",
+           "input_site", "load_dictionaries", "save_dictionaries", "site_of_hook", "tl_hook_name"]
