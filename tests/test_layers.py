@@ -7,7 +7,7 @@ and version are layer 0, each its own node):
     layer 0  errors, results, stats, version
     core     models, data, distributed
     viz      draws results
-    methods  lenses, attribution, mixing, interventions, circuits, steering
+    methods  lenses, attribution, mixing, interventions, circuits, steering, features
     apps     report, evaluate, detect, sweeps, generation, serve
     top      cli, lenscope/__init__.py (``__init__``), __main__
 
@@ -31,7 +31,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "layer 0": ("errors", "results", "stats", "version"),
     "core": ("models", "data", "distributed"),
     "viz": ("viz",),
-    "methods": ("lenses", "attribution", "mixing", "interventions", "circuits", "steering"),
+    "methods": ("lenses", "attribution", "mixing", "interventions", "circuits", "steering", "features"),
     "apps": ("report", "evaluate", "detect", "sweeps", "generation", "serve"),
     "top": ("cli", "__init__", "__main__"),
 }

@@ -7,8 +7,10 @@ import typer
 from . import (
     circuit,
     components,
+    dictionary,
     evaluate,
     explain,
+    features,
     generate,
     interventions,
     lens,
@@ -38,6 +40,8 @@ evaluate.register(app)
 report.register(app)
 generate.register(app)
 steer.register(app)
+dictionary.register(app)
+features.register(app)
 serve.register(app)
 
 

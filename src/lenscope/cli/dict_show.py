@@ -1,0 +1,9 @@
+"""``lenscope dict show``: to be written."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    pass
