@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from lenscope.errors import InputError
-from lenscope.models.anatomy import fingerprint
 from lenscope.models.dictionary import Dictionary, load_dictionaries, save_dictionaries, site_of_hook, tl_hook_name
 from lenscope.models.engine import Edit, run
+from lenscope.models.summary import fingerprint
 from tests.conftest import DECODERS, get_model
 
 TEXT = "The cat sat on the mat because it was warm"

@@ -24,8 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, NotApplicableError
-from ..models.anatomy import Anatomy, fingerprint  # noqa: F401 (fingerprint re-exported)
+from ..models.anatomy import Anatomy
 from ..models.load import LoadedModel
+from ..models.summary import fingerprint  # noqa: F401 (re-exported)
 
 LENS_FORMAT = 1
 

@@ -11,7 +11,6 @@ Tensors are views of the real model's parameters where possible (detached, no co
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -596,16 +595,3 @@ class Anatomy:
             f"  unembed: {'none' if self.unembed is None else 'W_U ' + str(tuple(self.unembed.W_U.shape))}",
         ]
         return "\n".join(lines)
-
-
-def fingerprint(anatomy: Anatomy) -> str:
-    """A short hash of the model's shape and a sample of its weights (to refuse a lens on the wrong model)."""
-    h = hashlib.sha256()
-    h.update(f"{anatomy.family}:{anatomy.model_type}:{anatomy.d_model}:{anatomy.n_layers}:{anatomy.vocab_size}".encode())
-    samples = [anatomy.embed.W_E[:: max(1, anatomy.vocab_size // 64), :16]]
-    if anatomy.final_norm is not None and anatomy.final_norm.weight is not None:
-        samples.append(anatomy.final_norm.weight)
-    samples.append(anatomy.layers[-1].mlp.W_out[:16, :16])
-    for s in samples:
-        h.update(s.detach().float().cpu().contiguous().numpy().round(5).tobytes())
-    return h.hexdigest()[:16]

@@ -250,7 +250,7 @@ class Dictionary:
     def check(self, lm) -> None:
         """Refuse (:class:`~lenscope.errors.InputError`, one line) a dictionary made for another model or for a
         site this model lacks."""
-        from .anatomy import fingerprint
+        from .summary import fingerprint
 
         A = lm.anatomy
         if self.fingerprint is not None and self.fingerprint != fingerprint(A):
@@ -362,6 +362,71 @@ class Dictionary:
                 f"model={self.model!r})")
 
 
+class Attached:
+    """The engine's side of ``run(..., dictionaries=, splice=)``: the dictionaries by the site they reconstruct,
+    only those whose latents this pass reads or edits (all of them with ``splice``), and what their sites become.
+    A transcoder's input (``ln_mlp.out``) is kept from its hook until its ``mlp_out``."""
+
+    def __init__(self, lm, dictionaries, splice: bool, capture: set, by_site: dict, stop_after):
+        self.splice, self.capture, self.by_site, self.stop_after = splice, capture, by_site, stop_after
+        self.dicts: dict[tuple, Dictionary] = {}
+        self.inputs: dict[tuple, tuple] = {}  # a transcoder's input site -> its mlp_out site
+        self.stash: dict[tuple, Tensor] = {}
+        for d in dictionaries:
+            if d.site is None:
+                raise InputError("a dictionary given to the engine needs its site (dictionary.site = 'resid_post.5')")
+            d.check(lm)
+            key = site_key(d.site)
+            if key in self.dicts:
+                raise InputError(f"two dictionaries for the site {d.site}; give one per site")
+            self.dicts[key] = d
+        for name, layer in [k for k in capture | set(by_site) if k[0] in LATENT_SITES]:
+            if (name.removesuffix(".latents"), layer) not in self.dicts:
+                raise InputError(f"site {name}.{layer} needs a dictionary for {name.removesuffix('.latents')}."
+                                 f"{layer}: pass it in dictionaries=")
+        for key, d in list(self.dicts.items()):
+            lat = (f"{key[0]}.latents", key[1])
+            if not (splice or lat in capture or lat in by_site or lat == stop_after):
+                del self.dicts[key]  # attached but not used in this pass: the model runs untouched there
+            elif d.transcoder:
+                self.inputs[site_key(d.input_site)] = key
+
+    def hooks(self, key) -> bool:
+        return key in self.dicts or key in self.inputs
+
+    def visit(self, key, x: Tensor, session) -> Tensor:
+        """The site ``key`` after its latents' edits and captures: ``x + (z' - z) @ W_dec`` (the error
+        ``x - dec(z)`` kept: ``x`` itself without an edit), or with ``splice`` ``dec(z')``; a transcoder's input
+        is kept for its ``mlp_out``. ``session``: the engine's (its ``B, P, grad``, ``keep``, ``_Stop``)."""
+        B, P = session.B, session.P
+        if key in self.inputs:
+            self.stash[self.inputs[key]] = x.reshape(B, P, x.shape[-1])
+        d = self.dicts.get(key)
+        if d is None:
+            return x
+        lat = (f"{key[0]}.latents", key[1])
+        src = self.stash.pop(key) if d.transcoder else x.reshape(B, P, x.shape[-1])
+        src = src.detach().to(d.W_enc.dtype)
+        with torch.no_grad():
+            z0 = d.encode(src)
+        es = self.by_site.get(lat)
+        leaf = session.grad and lat in self.capture
+        z = z0.clone() if es or leaf else z0
+        if es:
+            session.apply(z, es)
+        if leaf:
+            z.requires_grad_(True)  # a leaf: the output's gradient reaches the latents (z0 holds none)
+        if lat in self.capture:
+            session.keep(lat, z)
+        if self.splice:
+            x = d.decode(z, src).to(x.dtype).reshape(x.shape)
+        elif es or leaf:
+            x = x + ((z - z0) @ d.W_dec).to(x.dtype).reshape(x.shape)
+        if lat == self.stop_after:
+            session.stop()
+        return x
+
+
 def load_dictionaries(path: str | Path) -> list[Dictionary]:
     """The dictionaries in ``path``: one folder with ``cfg.json``, or a folder of such folders (one per site, as
     ``lenscope dict train`` writes several sites trained together), in the order of their sites."""
@@ -397,5 +462,5 @@ def save_dictionaries(dicts: list[Dictionary], folder: str | Path) -> Path:
     return folder
 
 
-__all__ = ["CFG", "DICT_SITES", "Dictionary", "KINDS", "LATENT_SITES", "ROLES", "WEIGHTS", "check_site",
+__all__ = ["Attached", "CFG", "DICT_SITES", "Dictionary", "KINDS", "LATENT_SITES", "ROLES", "WEIGHTS", "check_site",
            "input_site", "load_dictionaries", "save_dictionaries", "site_of_hook", "tl_hook_name"]

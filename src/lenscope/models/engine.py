@@ -21,19 +21,20 @@ from torch import Tensor
 
 from ..errors import InputError, NotApplicableError, UnsupportedModelError
 from .devices import compute_dtype, main_device
+from .dictionary import Attached
 from .families import family_for
 from .load import LoadedModel
 from .moe import MOE_SITES
 from .sites import (  # noqa: F401 (the site table lives in sites.py; re-exported here)
     _ALL,
     HEAD_SITES,
-    LATENT_SITES,
     LAYER_SITES,
     MODEL_SITES,
     NORM_SITES,
     NORM_SLOTS,
     READ_ONLY,
     ROUTER_SITES,
+    Captures,
     Edit,
     canonical,
     edits_within,
@@ -48,42 +49,6 @@ class Run(NamedTuple):
 
     logits: Tensor | None
     captured: Captures
-
-
-class Captures(dict):
-    """Captured sites by key ``(name, layer)``. The blocks of one site name share one preallocated
-    ``(layer, ...)`` buffer (so a capture is never held twice); :meth:`stacked` returns it."""
-
-    def __init__(self):
-        super().__init__()
-        self._bufs: dict[str, tuple[list[int], Tensor]] = {}
-
-    @staticmethod
-    def _key(key):
-        return key if isinstance(key, tuple) and len(key) == 2 and key[0] in _ALL else site_key(key)
-
-    def __getitem__(self, key):
-        return super().__getitem__(self._key(key))
-
-    def __contains__(self, key):
-        try:
-            return super().__contains__(self._key(key))
-        except InputError:
-            return False
-
-    def get(self, key, default=None):
-        return self[key] if key in self else default
-
-    def pop(self, key, *default):
-        return super().pop(self._key(key), *default)
-
-    def stacked(self, name: str) -> Tensor:
-        """Every captured block of ``name`` as one ``(layer, ...)`` tensor, blocks in ascending order."""
-        name = canonical(name)
-        if name in self._bufs:
-            return self._bufs[name][1]
-        layers = sorted(layer for (n, layer) in self if n == name)
-        return torch.stack([self[(name, layer)] for layer in layers])
 
 
 def forward_kwargs(lm: LoadedModel, ids: Tensor | None = None, *, inputs_embeds: Tensor | None = None,
@@ -178,59 +143,7 @@ class _Session:
                 self.layers_of[name].append(layer)
         for v in self.layers_of.values():
             v.sort()
-        self._dictionaries(list(dictionaries), splice)
-
-    def _dictionaries(self, dicts, splice: bool) -> None:
-        """The sparse dictionaries by the site they reconstruct, and the sites to hook for them (the site; a
-        transcoder's input, stashed until its ``mlp_out``): only those whose latents are read or edited, or all
-        of them when ``splice`` puts their reconstructions in place."""
-        self.splice, self.dicts, self.dict_inputs, self.stash = splice, {}, {}, {}
-        for d in dicts:
-            if d.site is None:
-                raise InputError("a dictionary given to the engine needs its site (dictionary.site = 'resid_post.5')")
-            d.check(self.lm)
-            key = site_key(d.site)
-            if key in self.dicts:
-                raise InputError(f"two dictionaries for the site {d.site}; give one per site")
-            self.dicts[key] = d
-        for key in [k for k in self.capture | set(self.by_site) if k[0] in LATENT_SITES]:
-            if (key[0].removesuffix(".latents"), key[1]) not in self.dicts:
-                raise InputError(f"site {key[0]}.{key[1]} needs a dictionary for {key[0].removesuffix('.latents')}."
-                                 f"{key[1]}: pass it in dictionaries=")
-        for key, d in list(self.dicts.items()):
-            lat = (f"{key[0]}.latents", key[1])
-            if not (splice or lat in self.capture or lat in self.by_site or lat == self.stop_after):
-                del self.dicts[key]  # attached but not used in this pass: the model runs untouched there
-            elif d.transcoder:
-                self.dict_inputs[site_key(d.input_site)] = key
-
-    def through_dictionary(self, key, x: Tensor) -> Tensor:
-        """The site ``key`` (a dictionary's) after its latents' edits, captures and, with ``splice``, the
-        reconstruction in its place: ``x + (z' - z) @ W_dec`` (the error ``x - dec(z)`` kept; unchanged without
-        an edit) or ``dec(z')``."""
-        d = self.dicts[key]
-        lat = (f"{key[0]}.latents", key[1])
-        xs = x.reshape(self.B, self.P, x.shape[-1])
-        src = self.stash.pop(key) if d.transcoder else xs
-        src = src.detach().to(d.W_enc.dtype)
-        with torch.no_grad():
-            z0 = d.encode(src)
-        es = self.by_site.get(lat)
-        leaf = self.grad and lat in self.capture
-        z = z0.clone() if es or leaf else z0
-        if es:
-            _apply(z, es)
-        if leaf:
-            z.requires_grad_(True)  # a leaf: the output's gradient reaches the latents (z0 holds none)
-        if lat in self.capture:
-            self.keep(lat, z)
-        if self.splice:
-            x = d.decode(z, src).to(x.dtype).reshape(x.shape)
-        elif es or z.requires_grad:
-            x = x + ((z - z0) @ d.W_dec).to(x.dtype).reshape(x.shape)
-        if lat == self.stop_after:
-            raise _Stop
-        return x
+        self.dicts = Attached(lm, dictionaries, splice, self.capture, self.by_site, self.stop_after)
 
     # -- what a hook does with a tensor ------------------------------------------------------------
 
@@ -245,6 +158,12 @@ class _Session:
             H = _n_heads(self.lm, name, layer)
             x = x.reshape(self.B, self.P, H, x.shape[-1] // H)
         return x
+
+    apply = staticmethod(lambda view, edits: _apply(view, edits))
+
+    @staticmethod
+    def stop():
+        raise _Stop
 
     def keep(self, key, value):
         if key in self.seen:
@@ -273,8 +192,7 @@ class _Session:
         self.out[key] = buf[j]
 
     def wants(self, key) -> bool:
-        return (key in self.by_site or key in self.capture or key == self.stop_after or key in self.dicts
-                or key in self.dict_inputs)
+        return key in self.by_site or key in self.capture or key == self.stop_after or self.dicts.hooks(key)
 
     def visit(self, key, x):
         """Edit and capture the site ``key`` whose tensor is ``x`` (as the module has it); return what the
@@ -286,10 +204,8 @@ class _Session:
             x = x.clone()
             _apply(self.shaped(name, layer, x), es)
             x = x.reshape(shape)
-        if key in self.dict_inputs:  # a transcoder's input, read at its mlp_out
-            self.stash[self.dict_inputs[key]] = x.reshape(self.B, self.P, x.shape[-1])
-        if key in self.dicts:
-            x = self.through_dictionary(key, x)
+        if self.dicts.hooks(key):  # a dictionary's site or a transcoder's input
+            x = self.dicts.visit(key, x, self)
         if key in self.capture:
             v = self.shaped(name, layer, x)
             if self.grad and x.is_floating_point() and name not in READ_ONLY:

@@ -149,6 +149,42 @@ def site_key(site) -> tuple[str, int | None]:
     return name, layer
 
 
+class Captures(dict):
+    """Captured sites by key ``(name, layer)``. The blocks of one site name share one preallocated
+    ``(layer, ...)`` buffer (so a capture is never held twice); :meth:`stacked` returns it."""
+
+    def __init__(self):
+        super().__init__()
+        self._bufs: dict[str, tuple[list[int], Tensor]] = {}
+
+    @staticmethod
+    def _key(key):
+        return key if isinstance(key, tuple) and len(key) == 2 and key[0] in _ALL else site_key(key)
+
+    def __getitem__(self, key):
+        return super().__getitem__(self._key(key))
+
+    def __contains__(self, key):
+        try:
+            return super().__contains__(self._key(key))
+        except InputError:
+            return False
+
+    def get(self, key, default=None):
+        return self[key] if key in self else default
+
+    def pop(self, key, *default):
+        return super().pop(self._key(key), *default)
+
+    def stacked(self, name: str) -> Tensor:
+        """Every captured block of ``name`` as one ``(layer, ...)`` tensor, blocks in ascending order."""
+        name = canonical(name)
+        if name in self._bufs:
+            return self._bufs[name][1]
+        layers = sorted(layer for (n, layer) in self if n == name)
+        return torch.stack([self[(name, layer)] for layer in layers])
+
+
 @dataclass
 class Edit:
     """Replace (``mode="set"``), add to (``"add"``) or multiply (``"scale"``) the activation at ``site`` of

@@ -3,6 +3,8 @@ rather than from a table kept by hand."""
 
 from __future__ import annotations
 
+import hashlib
+
 from .anatomy import MLP, Anatomy
 
 
@@ -44,3 +46,16 @@ def summarize(A: Anatomy) -> dict:
     return {"kind": "encoder" if A.is_encoder else "decoder", "block": block,
             "norms": norm, "attention": att, "mlp": mlp, "head": head if u is not None else ["none"],
             "parallel": any(x.placement == "parallel" for x in layers), "moe": moe}
+
+
+def fingerprint(anatomy: Anatomy) -> str:
+    """A short hash of the model's shape and a sample of its weights (to refuse a lens on the wrong model)."""
+    h = hashlib.sha256()
+    h.update(f"{anatomy.family}:{anatomy.model_type}:{anatomy.d_model}:{anatomy.n_layers}:{anatomy.vocab_size}".encode())
+    samples = [anatomy.embed.W_E[:: max(1, anatomy.vocab_size // 64), :16]]
+    if anatomy.final_norm is not None and anatomy.final_norm.weight is not None:
+        samples.append(anatomy.final_norm.weight)
+    samples.append(anatomy.layers[-1].mlp.W_out[:16, :16])
+    for s in samples:
+        h.update(s.detach().float().cpu().contiguous().numpy().round(5).tobytes())
+    return h.hexdigest()[:16]

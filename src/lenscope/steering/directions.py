@@ -33,9 +33,9 @@ from torch import Tensor
 
 from ..data.steering import SteeringPair, data_hash
 from ..errors import InputError
-from ..lenses.lenses import fingerprint
 from ..models.engine import Edit, capture, run
 from ..models.load import LoadedModel, require_decoder, token_ids
+from ..models.summary import fingerprint
 
 SITE = "resid_pre"
 FORMAT = 1
