@@ -7,8 +7,8 @@ import sys
 
 import typer
 
-from .common import at_least_one, fail, handle_errors, load_model, print_json
-from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION
+from .common import ModelChoice, at_least_one, command, fail, one_of, print_json
+from .options import JSON_OPTION, MODEL_OPTION
 
 METHODS = ("atp", "atp-star", "eap", "eap-ig", "exact")
 
@@ -44,14 +44,11 @@ def _table(out: dict) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("circuit")
-    @handle_errors
+    @command(app, "circuit", model=True)
     def circuit_cmd(
         clean: str = typer.Argument(None, help="The clean prompt (or give --data)."),
         corrupted: str = typer.Argument(None, help="The corrupted prompt (same number of tokens)."),
-        model: str = MODEL_OPTION,
-        dtype: str = DTYPE_OPTION,
-        device_map: str = DEVICE_MAP_OPTION,
+        model: ModelChoice = MODEL_OPTION,
         target: str = typer.Option(None, "--target", "-t", help="Target token: its text (e.g. ' Mary') or #ID."),
         foil: str = typer.Option(None, "--foil", "-f", help="Foil token (the metric is logit(target) - logit(foil))."),
         data: str = typer.Option(
@@ -74,8 +71,7 @@ def register(app: typer.Typer) -> None:
                                                     ".safetensors (the smallest circuit reaching 0.8)."),
     ):
         """Find the circuit of a behaviour: score nodes or edges, measure faithfulness, check against exact."""
-        if method not in METHODS:
-            fail(f"unknown --method {method!r}; choose one of {', '.join(METHODS)}")
+        one_of("--method", method, METHODS)
         level = level or ("edges" if method in ("eap", "eap-ig") else "nodes")
         if level not in ("nodes", "edges"):
             fail(f"unknown --level {level!r}; choose nodes or edges")
@@ -94,7 +90,7 @@ def register(app: typer.Typer) -> None:
         from ..circuits import circuit_json
         from ..data.contrast import ContrastPair, check_lengths, contrast_dataset, tokenize_with
 
-        lm = load_model(model, dtype=dtype, device_map=device_map)
+        lm = model.load()
         tokenize = tokenize_with(lm)
         if data is None:
             pairs = [ContrastPair(clean, corrupted, target, foil)]

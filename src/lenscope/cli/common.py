@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import sys
+from dataclasses import dataclass
 
 import typer
 
 from ..errors import LenscopeError
-from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP  # noqa: F401 (re-exported for the commands)
+from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, MODEL_OPTION  # noqa: F401 (re-exported)
 
 
 def fail(msg: str, code: int = 2):
     typer.echo(f"error: {msg}", err=True)
     raise typer.Exit(code)
+
+
+def one_of(option: str, value, choices) -> None:
+    """Fail unless ``value`` (given as ``option``, e.g. ``--metric``) is one of ``choices``."""
+    if value not in choices:
+        fail(f"unknown {option} {value!r}; choose one of {', '.join(choices)}")
 
 
 def at_least_one(**options: int | None) -> None:
@@ -39,6 +47,17 @@ def handle_errors(fn):
     return wrapper
 
 
+def command(app: typer.Typer, name: str, *, model: bool = False):
+    """Register the decorated function as command ``name`` of ``app`` with what every command has: lenscope errors
+    as one ``error:`` line (:func:`handle_errors`) and, with ``model=True``, the options ``--model``, ``--dtype`` and
+    ``--device-map`` as one :class:`ModelChoice` (:func:`model_options`)."""
+
+    def register(fn):
+        return app.command(name)(handle_errors(model_options(fn) if model else fn))
+
+    return register
+
+
 def print_json(obj) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
 
@@ -56,6 +75,40 @@ def load_model(name: str, dtype: str | None = None, device_map: str | dict | Non
     if device_map is not None:
         kwargs["device_map"] = device_map
     return load(name, **kwargs)
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """The model a command runs, as its options ``--model``, ``--dtype`` and ``--device-map`` give it
+    (:func:`model_options`)."""
+
+    name: str
+    dtype: str | None = None
+    device_map: str | None = None
+
+    def load(self):
+        return load_model(self.name, dtype=self.dtype, device_map=self.device_map)
+
+
+def model_options(fn):
+    """Give command ``fn`` the options ``--model``, ``--dtype`` and ``--device-map``, one after the other where ``fn``
+    has its parameter ``model`` (whose default is the ``--model`` option, e.g. :data:`MODEL_OPTION`), and call ``fn``
+    with ``model`` = the :class:`ModelChoice` they make (:func:`command` with ``model=True``)."""
+    sig = inspect.signature(fn)
+    params = []
+    for p in sig.parameters.values():
+        params.append(p.replace(annotation=str) if p.name == "model" else p)
+        if p.name == "model":
+            params += [inspect.Parameter("dtype", p.kind, default=DTYPE_OPTION, annotation=str),
+                       inspect.Parameter("device_map", p.kind, default=DEVICE_MAP_OPTION, annotation=str)]
+
+    @functools.wraps(fn)
+    def wrapper(*args, model: str, dtype: str | None = None, device_map: str | None = None, **kwargs):
+        return fn(*args, model=ModelChoice(model, dtype, device_map), **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params)
+    wrapper.__annotations__ = {**fn.__annotations__, "model": "str", "dtype": "str", "device_map": "str"}
+    return wrapper
 
 
 def emit(res, *, png: str | None = None, save: str | None = None, as_json: bool = False, figure=None) -> bool:

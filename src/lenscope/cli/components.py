@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from .common import emit, handle_errors, load_model
-from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION
+from .common import ModelChoice, command, emit
+from .options import JSON_OPTION, MODEL_OPTION
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("components")
-    @handle_errors
+    @command(app, "components", model=True)
     def components_cmd(
         text: str = typer.Argument(..., help="The text; the logit at its last token is decomposed."),
-        model: str = MODEL_OPTION,
+        model: ModelChoice = MODEL_OPTION,
         target: str = typer.Option(..., "--target", "-t", help="Target token: its text (e.g. ' Paris') or #ID."),
         foil: str = typer.Option(None, "--foil", "-f", help="Foil token: decompose target minus foil."),
         by_head: bool = typer.Option(False, "--by-head", help="Split each attention layer into its heads (and each "
@@ -23,13 +22,11 @@ def register(app: typer.Typer) -> None:
         png: str = typer.Option(None, "--png", help="Save a bar plot to this PNG file."),
         save: str = typer.Option(None, "--save", help="Save the result (.safetensors) to reload later."),
         as_json: bool = JSON_OPTION,
-        dtype: str = DTYPE_OPTION,
-        device_map: str = DEVICE_MAP_OPTION,
     ):
         """Write the logit of TARGET (minus FOIL) as an exact sum over embeddings, layers and heads."""
         from ..attribution.dla import direct_logit_attribution
 
-        lm = load_model(model, dtype=dtype, device_map=device_map)
+        lm = model.load()
         res = direct_logit_attribution(lm, text, target, foil, by_head=by_head, position=position)
         if emit(res, png=png, save=save, as_json=as_json, figure=lambda: res.plot(top=top)):
             return

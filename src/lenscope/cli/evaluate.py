@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from .common import at_least_one, fail, handle_errors, load_model, print_json
-from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_OPTION
+from .common import ModelChoice, at_least_one, command, fail, print_json
+from .options import MODEL_OPTION
 from .sweeps import ray_address_option, ray_option, ray_target, workers_option
 
 DATASET_HELP = ("blimp:SUBSET (one of the 11 with evidence, or any BLiMP paradigm for accuracy only), blimp:all11, "
@@ -20,10 +20,9 @@ def register(app: typer.Typer) -> None:
         no_args_is_help=True)
     app.add_typer(ev, name="eval")
 
-    @ev.command("alignment")
-    @handle_errors
+    @command(ev, "alignment", model=True)
     def alignment_cmd(
-        model: str = MODEL_OPTION,
+        model: ModelChoice = MODEL_OPTION,
         dataset: list[str] | None = typer.Option(None, "--dataset", "-d", help=DATASET_HELP),  # noqa: B008
         methods: str = typer.Option("logit,alti-logit,grad-norm,grad-x-input,ig,erasure,first,recent", "--methods",
                                     help="Comma-separated: logit, alti-logit, grad-norm, grad-x-input, ig, erasure, "
@@ -45,8 +44,6 @@ def register(app: typer.Typer) -> None:
         ray: bool = ray_option(),
         ray_address: str = ray_address_option(),
         workers: int = workers_option(),
-        dtype: str = DTYPE_OPTION,
-        device_map: str = DEVICE_MAP_OPTION,
         as_json: bool = typer.Option(False, "--json", help="Print the summary as one JSON object."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (stderr)."),
     ):
@@ -66,7 +63,7 @@ def register(app: typer.Typer) -> None:
         for spec in dataset:  # malformed files fail before the model loads
             if spec != "blimp:all11":
                 load_dataset(spec, 1)
-        lm = load_model(model, dtype=dtype, device_map=device_map)
+        lm = model.load()
         check_model(lm)
         summary = run_alignment(lm, dataset, meths, out=out, limit=limit, ig_steps=ig_steps, batch_size=batch_size,
                                 progress=progress, restart=restart, block=block, ray=ray_target(ray, ray_address),

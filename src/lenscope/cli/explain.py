@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, emit, fail, handle_errors, load_model
+from .common import MODEL_OPTION, ModelChoice, command, emit, fail, one_of
 
 METHOD_HELP = ("logit | alti-logit | alti | grad-norm | grad-x-input | ig | erasure | value-zeroing "
                "(alti and value-zeroing need no target: they give the rollout row of --position)")
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("explain")
-    @handle_errors
+    @command(app, "explain", model=True)
     def explain_cmd(
         text: str = typer.Argument(
             ..., help="The text; the prediction at its last token (or --position) is explained."),
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
-        dtype: str = DTYPE_OPTION,
-        device_map: str = DEVICE_MAP_OPTION,
+        model: ModelChoice = MODEL_OPTION,
         target: str = typer.Option(None, "--target", "-t", help="Target token: its text (e.g. ' are') or #ID."),
         foil: str = typer.Option(None, "--foil", "-f", help="Foil token: explain target versus foil (contrastive)."),
         method: str = typer.Option("alti-logit", "--method", help=METHOD_HELP),
@@ -38,8 +35,7 @@ def register(app: typer.Typer) -> None:
         from ..attribution.explain import explain
         from ..attribution.explanation import METHODS
 
-        if method not in METHODS:
-            fail(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        one_of("method", method, METHODS)
         if steps is not None and method != "ig":
             fail("--steps applies to --method ig only")
         if steps is not None and steps < 1:
@@ -48,7 +44,7 @@ def register(app: typer.Typer) -> None:
             fail("--baseline applies to --method ig only")
         if baseline is not None and baseline not in IG_BASELINES:
             fail(f"unknown --baseline {baseline!r}; choose one of {', '.join(IG_BASELINES)}")
-        lm = load_model(model, dtype=dtype, device_map=device_map)
+        lm = model.load()
         options = {k: v for k, v in (("steps", steps), ("baseline", baseline)) if v is not None}
         res = explain(lm, text, target, foil, method=method, position=position, **options)
         if html:

@@ -6,8 +6,8 @@ import sys
 
 import typer
 
-from .common import at_least_one, fail, handle_errors, load_model, print_json
-from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION
+from .common import ModelChoice, at_least_one, command, fail, print_json
+from .options import JSON_OPTION, MODEL_OPTION
 
 METHODS_HELP = ("Comma-separated methods of `lenscope explain`: logit, alti-logit, alti, grad-norm, grad-x-input, ig, "
                 "erasure, value-zeroing (none: an empty string).")
@@ -22,13 +22,10 @@ def _progress(stage: str, done: int, total: int) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("generate")
-    @handle_errors
+    @command(app, "generate", model=True)
     def generate_cmd(
         prompt: str = typer.Argument(..., help="The prompt (with --chat: the user's message)."),
-        model: str = MODEL_OPTION,
-        dtype: str = DTYPE_OPTION,
-        device_map: str = DEVICE_MAP_OPTION,
+        model: ModelChoice = MODEL_OPTION,
         max_new_tokens: int = typer.Option(16, "--max-new-tokens", "-n", help="Tokens to generate (at most)."),
         explain: str = typer.Option(None, "--explain", help=METHODS_HELP + " Default alti-logit; none with --steer."),
         foil: str = typer.Option("runner-up", "--foil", help="runner-up (default), a token (text or #ID), or none."),
@@ -72,7 +69,7 @@ def register(app: typer.Typer) -> None:
                 fail(f"unknown method {m!r} in --explain; choose from {', '.join(METHODS)}")
         if steps is not None and "ig" not in methods:
             fail("--steps applies to the ig method only")
-        lm = load_model(model, dtype=dtype, device_map=device_map)
+        lm = model.load()
         from ..generation import generate
 
         edits, steering = _steering(lm, specs, steer_where)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import typer
 
-from .common import at_least_one, emit, fail, handle_errors, load_model, print_json
-from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION
+from .common import ModelChoice, at_least_one, command, emit, fail, one_of, print_json
+from .options import JSON_OPTION, MODEL_OPTION, SAVE_OPTION
 from .sweeps import ray_address_option, ray_option, ray_target, workers_option
 
 # what ``patch`` and ``path-patch`` share: the two prompts, the foil, the metric and the direction
@@ -18,14 +18,11 @@ NOISING_OPTION = typer.Option(False, "--noising", help="Patch corrupted -> clean
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("patch")
-    @handle_errors
+    @command(app, "patch", model=True)
     def patch_cmd(
         clean: str = CLEAN_ARGUMENT,
         corrupted: str = CORRUPTED_ARGUMENT,
-        model: str = MODEL_OPTION,
-        dtype: str = DTYPE_OPTION,
-        device_map: str = DEVICE_MAP_OPTION,
+        model: ModelChoice = MODEL_OPTION,
         target: str = typer.Option(..., "--target", "-t", help="Target token: its text (e.g. ' Mary') or #ID."),
         foil: str = FOIL_OPTION,
         what: str = typer.Option("resid", "--what", help="resid | attn | mlp | heads"),
@@ -42,28 +39,19 @@ def register(app: typer.Typer) -> None:
         """Patch every (layer, position) — or (layer, head) — from one prompt's run into the other's."""
         from ..interventions.patching import METRICS, WHATS, activation_patching
 
-        if what not in WHATS:
-            fail(f"unknown --what {what!r}; choose one of {', '.join(WHATS)}")
-        if metric not in METRICS:
-            fail(f"unknown --metric {metric!r}; choose one of {', '.join(METRICS)}")
-        at_least_one(batch_size=batch_size)
-        lm = load_model(model, dtype=dtype, device_map=device_map)
-        res = activation_patching(lm, clean, corrupted, target, foil, what=what, metric=metric, noising=noising,
-                                  position=position, head_position=head_position, batch_size=batch_size)
-        if emit(res, png=png, save=save, as_json=as_json):
-            return
-        _table_patch(lm, res, png)
+        one_of("--what", what, WHATS)
+        one_of("--metric", metric, METRICS)
+        _run_patching(model, batch_size, png, save, as_json, lambda lm: activation_patching(
+            lm, clean, corrupted, target, foil, what=what, metric=metric, noising=noising, position=position,
+            head_position=head_position, batch_size=batch_size))
 
-    @app.command("causal-trace")
-    @handle_errors
+    @command(app, "causal-trace", model=True)
     def causal_trace_cmd(
         prompt: str = typer.Argument(..., help="The prompt, e.g. 'The Eiffel Tower is located in the city of'."),
         subject: str = typer.Option(..., "--subject", "-s", help="The subject (a substring of the prompt) to corrupt."),
         target: str = typer.Option(
             None, "--target", "-t", help="Target token (text or #ID; default: the model's top prediction)."),
-        model: str = MODEL_OPTION,
-        dtype: str = DTYPE_OPTION,
-        device_map: str = DEVICE_MAP_OPTION,
+        model: ModelChoice = MODEL_OPTION,
         samples: int = typer.Option(10, "--samples", help="Noise samples (each restoration is averaged over them)."),
         window: int = typer.Option(10, "--window", help="Layers restored together for the MLP and attention traces."),
         noise: float = typer.Option(
@@ -80,21 +68,18 @@ def register(app: typer.Typer) -> None:
         from ..interventions.tracing import causal_trace
 
         at_least_one(samples=samples, window=window, batch_size=batch_size)
-        lm = load_model(model, dtype=dtype, device_map=device_map)
+        lm = model.load()
         res = causal_trace(lm, prompt, subject, target, samples=samples, window=window, noise=noise, corpus=corpus,
                            seed=seed, batch_size=batch_size)
         if emit(res, png=png, save=save, as_json=as_json):
             return
         _table_trace(lm, res, png)
 
-    @app.command("causal-trace-sweep")
-    @handle_errors
+    @command(app, "causal-trace-sweep", model=True)
     def causal_trace_sweep_cmd(
         data: str = typer.Option("facts", "--data", help="facts (the shared fact set) or a JSON-lines file of "
                                  "{prompt, subject, target[, relation]}."),
-        model: str = MODEL_OPTION,
-        dtype: str = DTYPE_OPTION,
-        device_map: str = DEVICE_MAP_OPTION,
+        model: ModelChoice = MODEL_OPTION,
         limit: int = typer.Option(None, "--limit", help="The first N facts (taken round-robin over relations).", min=1),
         samples: int = typer.Option(10, "--samples", help="Noise samples per fact.", min=1),
         window: int = typer.Option(10, "--window", help="Layers restored together for MLP and attention.", min=1),
@@ -113,7 +98,7 @@ def register(app: typer.Typer) -> None:
         if resume and out is None:
             fail("--resume needs the --out folder of the interrupted sweep")
         facts = load_facts(data, limit)
-        lm = load_model(model, dtype=dtype, device_map=device_map)
+        lm = model.load()
         res = causal_trace_sweep(lm, facts, out, data=data, samples=samples, window=window, seed=seed,
                                  resume=resume, ray=ray_target(ray, ray_address), workers=workers)
         if out:
@@ -138,14 +123,11 @@ def register(app: typer.Typer) -> None:
         if out:
             con.print(f"records, summary and figure in {out}")
 
-    @app.command("path-patch")
-    @handle_errors
+    @command(app, "path-patch", model=True)
     def path_patch_cmd(
         clean: str = CLEAN_ARGUMENT,
         corrupted: str = CORRUPTED_ARGUMENT,
-        model: str = MODEL_OPTION,
-        dtype: str = DTYPE_OPTION,
-        device_map: str = DEVICE_MAP_OPTION,
+        model: ModelChoice = MODEL_OPTION,
         target: str = typer.Option(..., "--target", "-t", help="Target token: its text or #ID."),
         foil: str = FOIL_OPTION,
         senders: str = typer.Option("heads", "--senders", help="heads | attn | mlp"),
@@ -160,31 +142,23 @@ def register(app: typer.Typer) -> None:
         """Path patching: each sender's effect on the logits (or on one head's q/k/v) through the residual stream."""
         from ..interventions.paths import SENDERS, path_patching
 
-        if senders not in SENDERS:
-            fail(f"unknown --senders {senders!r}; choose one of {', '.join(SENDERS)}")
+        one_of("--senders", senders, SENDERS)
         rec = None
         if receiver is not None:
             parts = receiver.split(".")
             if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit() or parts[2] not in ("q", "k", "v"):
                 fail(f"--receiver must look like 9.3.q (layer.head.q|k|v), not {receiver!r}")
             rec = (int(parts[0]), int(parts[1]), parts[2])
-        at_least_one(batch_size=batch_size)
-        lm = load_model(model, dtype=dtype, device_map=device_map)
-        res = path_patching(lm, clean, corrupted, target, foil, senders=senders, receiver=rec, metric=metric,
-                            noising=noising, batch_size=batch_size)
-        if emit(res, png=png, save=save, as_json=as_json):
-            return
-        _table_patch(lm, res, png)
+        _run_patching(model, batch_size, png, save, as_json, lambda lm: path_patching(
+            lm, clean, corrupted, target, foil, senders=senders, receiver=rec, metric=metric, noising=noising,
+            batch_size=batch_size))
 
-    @app.command("neurons")
-    @handle_errors
+    @command(app, "neurons", model=True)
     def neurons_cmd(
         prompt: str = typer.Argument(..., help="The prompt, e.g. 'The capital of France is'."),
         target: str = typer.Option(
             None, "--target", "-t", help="Target token (text or #ID; default: the top prediction)."),
-        model: str = MODEL_OPTION,
-        dtype: str = DTYPE_OPTION,
-        device_map: str = DEVICE_MAP_OPTION,
+        model: ModelChoice = MODEL_OPTION,
         steps: int = typer.Option(20, "--steps", help="Integrated-gradient steps."),
         threshold: float = typer.Option(0.2, "--threshold", help="Keep neurons with attribution >= threshold × max."),
         max_neurons: int = typer.Option(None, "--max-neurons", help="Keep at most this many neurons."),
@@ -200,7 +174,7 @@ def register(app: typer.Typer) -> None:
 
         if steps < 1 or batch_size < 1:
             fail("--steps and --batch-size must be at least 1")
-        lm = load_model(model, dtype=dtype, device_map=device_map)
+        lm = model.load()
         res = knowledge_neurons(lm, prompt, target, steps=steps, threshold=threshold, max_neurons=max_neurons,
                                 seed=seed, batch_size=batch_size)
         if emit(res, png=png, save=save, as_json=as_json):
@@ -215,6 +189,17 @@ def register(app: typer.Typer) -> None:
                   f"amplified: P = {res.p_amplified:.4f} (control {res.p_control_amplified:.4f})")
         if png:
             con.print(f"plot saved to {png}")
+
+
+def _run_patching(model, batch_size: int, png, save, as_json: bool, run) -> None:
+    """What ``patch`` and ``path-patch`` do once their options are checked: load the model, ``run(lm)``, then the
+    outputs (the table of the largest effects unless --json)."""
+    at_least_one(batch_size=batch_size)
+    lm = model.load()
+    res = run(lm)
+    if emit(res, png=png, save=save, as_json=as_json):
+        return
+    _table_patch(lm, res, png)
 
 
 def _table_patch(lm, res, png) -> None:

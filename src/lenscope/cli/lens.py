@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from ..errors import InputError
-from .common import MODEL_HELP, handle_errors, load_model, print_json
+from .common import MODEL_HELP, command, load_model, print_json
 
 lens_app = typer.Typer(
     rich_markup_mode=None, help="Logit, tuned and Patchscope lenses: train, evaluate, show prediction trajectories.",
@@ -35,8 +35,7 @@ def _sequences(lm, data: str, part: str, seq_len: int, tokens: int | None):
     return token_sequences(lm, split_text(read_text(data), part), seq_len, max_tokens=tokens)
 
 
-@lens_app.command("train")
-@handle_errors
+@command(lens_app, "train")
 def train_cmd(
     data: str = typer.Option(..., "--data", help="Plain text file (e.g. ../shared/data/wikitext2/wiki.test.raw)."),
     out: str = typer.Option(
@@ -130,8 +129,7 @@ def train_cmd(
             typer.echo(f"layers that backed off to a smaller step: {backed or 'none'}")
 
 
-@lens_app.command("eval")
-@handle_errors
+@command(lens_app, "eval")
 def eval_cmd(
     data: str = typer.Option(..., "--data", help="Plain text file."),
     model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
@@ -176,8 +174,7 @@ def eval_cmd(
               + (f"; mean KL over mid-layer states {ev.mean_mid_kl:.3f} nats" if mid else ""))
 
 
-@lens_app.command("show")
-@handle_errors
+@command(lens_app, "show")
 def show_cmd(
     text: str = typer.Argument(..., help="Text whose prediction trajectory to show."),
     model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import InputError
-from .common import MODEL_HELP, handle_errors, load_model, print_json
+from .common import MODEL_HELP, command, load_model, print_json
 
 LENS_HELP = "'logit', 'patchscope' or a tuned-lens directory; repeat to compare (the first is the main one in JSON)."
 
@@ -42,8 +42,7 @@ def _cbe_summary(results: list) -> dict:
 def register(lens_app: typer.Typer) -> None:
     """Add ``cbe`` and ``depth`` to the ``lens`` group."""
 
-    @lens_app.command("cbe")
-    @handle_errors
+    @command(lens_app, "cbe")
     def cbe_cmd(
         data: str = typer.Option(..., "--data", help="Plain text file whose tokens the influences average over."),
         layer: list[int] = typer.Option(..., "--layer", "-l", help="State (0 = embeddings); repeat for several."),  # noqa: B008
@@ -109,8 +108,7 @@ def register(lens_app: typer.Typer) -> None:
         if out:
             con.print(f"written: {out}")
 
-    @lens_app.command("depth")
-    @handle_errors
+    @command(lens_app, "depth")
     def depth_cmd(
         text: str | None = typer.Argument(None, help="A text whose tokens' prediction depth to show."),
         data: list[str] | None = typer.Option(None, "--data", help="Plain text or .jsonl file (BLiMP: "  # noqa: B008

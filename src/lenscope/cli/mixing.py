@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import typer
 
-from .common import emit, fail, handle_errors, load_model, print_json
-from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION
+from .common import ModelChoice, command, emit, fail, print_json
+from .options import JSON_OPTION, MODEL_OPTION
 from .sweeps import ray_address_option, ray_option, ray_target, workers_option
 
 SCOPE_HELP = ("Pre-LN decoders: attention, attn_2020, attn, atb, atbln, atblnff, atblnffres, atblnffres_nextln; "
@@ -15,13 +15,10 @@ SCOPE_HELP = ("Pre-LN decoders: attention, attn_2020, attn, atb, atbln, atblnff,
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("mixing")
-    @handle_errors
+    @command(app, "mixing", model=True)
     def mixing_cmd(
         text: str = typer.Argument(..., help="The text to analyse, or `study` to run the analyses over --data."),
-        model: str = MODEL_OPTION,
-        dtype: str = DTYPE_OPTION,
-        device_map: str = DEVICE_MAP_OPTION,
+        model: ModelChoice = MODEL_OPTION,
         scope: str = typer.Option(None, "--scope", "-s", help=SCOPE_HELP),
         layer: int = typer.Option(None, "--layer", "-l", help="One layer only (negative counts from the end)."),
         png: str = typer.Option(None, "--png", help="Draw the maps (one panel per layer) to this PNG file."),
@@ -40,8 +37,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Norm-based context-mixing maps ||F_i(x_j)|| of TEXT per layer and scope (Kobayashi et al.)."""
         if text == "study":
-            return _study(model, data, limit, out, resume, max_tokens, as_json, ray_target(ray, ray_address), workers,
-                          dtype, device_map)
+            return _study(model, data, limit, out, resume, max_tokens, as_json, ray_target(ray, ray_address), workers)
         for opt, v in (("--data", data), ("--limit", limit), ("--out", out), ("--ray", ray or None)):
             if v is not None:
                 fail(f"{opt} belongs to `lenscope mixing study`; for one text use --scope/--layer/--png")
@@ -49,7 +45,7 @@ def register(app: typer.Typer) -> None:
             fail("--numeric-ig must be at least 1")
         from ..mixing.maps import context_mixing
 
-        lm = load_model(model, dtype=dtype, device_map=device_map)
+        lm = model.load()
         if scope is None:
             scope = "atbffresln" if lm.anatomy.placement == "post" else "atblnffres"
         res = context_mixing(lm, text, scope, layers=layer, numeric_steps=numeric_steps)[scope]
@@ -71,7 +67,7 @@ def register(app: typer.Typer) -> None:
             con.print(f"plot saved to {png}")
 
 
-def _study(model, data, limit, out, resume, max_tokens, as_json, ray=None, workers=2, dtype=None, device_map=None):
+def _study(model: ModelChoice, data, limit, out, resume, max_tokens, as_json, ray=None, workers=2):
     from ..sweeps.mixing_study import load_sentences, mixing_study
 
     if data is None:
@@ -81,7 +77,7 @@ def _study(model, data, limit, out, resume, max_tokens, as_json, ray=None, worke
     if max_tokens < 3:
         fail("--max-tokens must be at least 3")
     name, sents = load_sentences(data, limit)
-    lm = load_model(model, dtype=dtype, device_map=device_map)
+    lm = model.load()
     st = mixing_study(lm, sents, out, dataset=name, resume=resume, max_tokens=max_tokens, ray=ray, workers=workers)
     if out:
         st.save(out)

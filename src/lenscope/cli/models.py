@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, handle_errors, load_model, print_json
+from .common import MODEL_OPTION, ModelChoice, command, print_json
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("models")
-    @handle_errors
+    @command(app, "models")
     def models_cmd(
         as_json: bool = typer.Option(False, "--json", help="Print JSON: a list of rows (embedded, tiny, family)."),
     ):
@@ -51,19 +50,16 @@ def register(app: typer.Typer) -> None:
             con.print(f"  {f['family']} ({', '.join(f['model_types'])}): " + "; ".join(parts), highlight=False,
                       soft_wrap=True)
 
-    @app.command("verify")
-    @handle_errors
+    @command(app, "verify", model=True)
     def verify_cmd(
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        model: ModelChoice = MODEL_OPTION,
         text: str = typer.Option(None, "--text", help="Text to run (default: a built-in sentence)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-        dtype: str = DTYPE_OPTION,
-        device_map: str = DEVICE_MAP_OPTION,
     ):
         """Recompute every sub-layer with lenscope's own math and compare with the real model (exit 1 if not ok)."""
         from ..models.verify import DEFAULT_TEXT, PATTERN_KEY, verify
 
-        lm = load_model(model, dtype=dtype, device_map=device_map)
+        lm = model.load()
         rep = verify(lm, text if text is not None else DEFAULT_TEXT)
         if as_json:
             print_json(rep.to_dict())

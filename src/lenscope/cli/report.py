@@ -7,17 +7,16 @@ import time
 import typer
 
 from ..errors import InputError
-from .common import DEVICE_MAP_OPTION, DTYPE_OPTION, MODEL_HELP, handle_errors, load_model, print_json
+from .common import MODEL_OPTION, ModelChoice, handle_errors, model_options, print_json
 
 SAMPLE = "When Mary and John went to the store, John gave a drink to"
 
 
 @handle_errors
+@model_options
 def report_cmd(
     text: str = typer.Argument(SAMPLE, help="The text whose next-token prediction to explain."),
-    model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
-    dtype: str = DTYPE_OPTION,
-    device_map: str = DEVICE_MAP_OPTION,
+    model: ModelChoice = MODEL_OPTION,
     target: str = typer.Option(None, "--target", help="Token to explain (default: the model's top prediction)."),
     foil: str = typer.Option(None, "--foil", help="A contrasting token (explain target rather than foil)."),
     corrupted: str = typer.Option(None, "--corrupted",
@@ -47,9 +46,9 @@ def report_cmd(
         raise InputError(f"--generate must be at least 1 (tokens to generate), not {generate}")
     con = Console(stderr=True, soft_wrap=True)
     t0 = time.perf_counter()
-    con.print(f"lenscope report: loading [bold]{model}[/] "
+    con.print(f"lenscope report: loading [bold]{model.name}[/] "
               "(an embedded model is converted once on first use, about a minute)")
-    lm = load_model(model, dtype=dtype, device_map=device_map)
+    lm = model.load()
     tuned = None
     if lens is not None and lens != "logit":
         from .lens import get_lens

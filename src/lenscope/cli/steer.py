@@ -7,8 +7,8 @@ import sys
 
 import typer
 
-from .common import fail, handle_errors, load_model, print_json
-from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION
+from .common import ModelChoice, command, fail, print_json
+from .options import JSON_OPTION, MODEL_OPTION
 
 steer_app = typer.Typer(
     rich_markup_mode=None, no_args_is_help=True,
@@ -56,8 +56,7 @@ def parse_steer(spec: str) -> tuple[str, float, list[int] | None]:
     return folder, alpha, layers
 
 
-@steer_app.command("build")
-@handle_errors
+@command(steer_app, "build", model=True)
 def build_cmd(
     data: str = typer.Option(..., "--data", help="CSV with the columns positive,negative (two texts that differ in "
                              "the behaviour)."),
@@ -69,9 +68,7 @@ def build_cmd(
                               "stream entering block L (default: the middle block)."),
     position: int = typer.Option(-1, "--position", help="Which token's state is read (default -1: the last; "
                                  "negative counts from the end)."),
-    model: str = MODEL_OPTION,
-    dtype: str = DTYPE_OPTION,
-    device_map: str = DEVICE_MAP_OPTION,
+    model: ModelChoice = MODEL_OPTION,
     as_json: bool = JSON_OPTION,
 ):
     """Build a steering direction from contrast pairs at resid_pre.LAYER."""
@@ -80,7 +77,7 @@ def build_cmd(
     from ..data.steering import read_steering_pairs
 
     pairs = read_steering_pairs(data)
-    lm = load_model(model, dtype=dtype, device_map=device_map)
+    lm = model.load()
     from ..steering import build_direction
 
     d = build_direction(lm, pairs, method, layer, position=position, source=data)
@@ -98,8 +95,7 @@ def build_cmd(
     typer.echo(f"saved to {out}")
 
 
-@steer_app.command("eval")
-@handle_errors
+@command(steer_app, "eval", model=True)
 def eval_cmd(
     vector: str = typer.Option(..., "--vector", help="A direction folder (lenscope steer build --out)."),
     data: str = typer.Option(..., "--data", help="CSV with the columns text,answer_positive,answer_negative."),
@@ -119,9 +115,7 @@ def eval_cmd(
     html: str = typer.Option(None, "--html", help="Write a self-contained page of the evaluation."),
     png: str = typer.Option(None, "--png", help="Write the effect-against-multiplier plot."),
     save: str = typer.Option(None, "--save", help="Save the result (.safetensors)."),
-    model: str = MODEL_OPTION,
-    dtype: str = DTYPE_OPTION,
-    device_map: str = DEVICE_MAP_OPTION,
+    model: ModelChoice = MODEL_OPTION,
     as_json: bool = JSON_OPTION,
 ):
     """Measure a direction on held-out inputs: per-input slopes, anti-steerable share, damage, per layer."""
@@ -141,7 +135,7 @@ def eval_cmd(
 
     inputs = read_steering_inputs(data)
     direction = Direction.load(vector)
-    lm = load_model(model, dtype=dtype, device_map=device_map)
+    lm = model.load()
     from ..steering import evaluate_steering
 
     ev = evaluate_steering(lm, direction, inputs, alphas, blocks,

@@ -19,6 +19,11 @@ from .anatomy import MLP, _mix, _on
 MOE_SITES = ("mlp_pre", "mlp_up", "mlp_hidden", "expert_out")  # what MoE.run passes to its visitor
 
 
+def _of_experts(name: str, doc: str) -> property:
+    """A read-only property: the experts' attribute ``name`` (the block reads as one MLP where it is one)."""
+    return property(lambda self: getattr(self.experts, name), doc=doc)
+
+
 @dataclass(repr=False)
 class MoE:
     """A sparse mixture-of-experts block: a router chooses ``top_k`` experts per token; the block's output is the
@@ -45,29 +50,12 @@ class MoE:
     renormalize: bool = True
 
     n_experts = axis_size("W_router", 1)
-
-    @property
-    def d_mlp(self) -> int:
-        """One expert's hidden width."""
-        return self.experts.W_in.shape[-1]
-
-    @property
-    def gated(self) -> bool:
-        return self.experts.gated
-
-    @property
-    def act(self) -> str:
-        return self.experts.act
-
-    @property
-    def W_in(self) -> Tensor:
-        """The experts' stacked input weights (expert, d_model, d_mlp) (where the block's weights sit)."""
-        return self.experts.W_in
-
-    @property
-    def W_out(self) -> Tensor:
-        """The experts' stacked output weights (expert, d_mlp, d_model)."""
-        return self.experts.W_out
+    d_mlp = axis_size("W_in", -1, "One expert's hidden width.")
+    gated = _of_experts("gated", "Whether the experts are gated MLPs.")
+    act = _of_experts("act", "The experts' activation.")
+    W_in = _of_experts("W_in", "The experts' stacked input weights (expert, d_model, d_mlp) (where the block's "
+                       "weights sit).")
+    W_out = _of_experts("W_out", "The experts' stacked output weights (expert, d_mlp, d_model).")
 
     def expert(self, e: int) -> MLP:
         """Expert ``e`` as an :class:`MLP` (views of the stacked weights)."""

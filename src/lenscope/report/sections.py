@@ -9,6 +9,7 @@ import torch
 
 from ..viz.report import payloads
 from ..viz.report.payloads import rounded as _r
+from ..viz.report.words import WORDS
 from .context import ReportContext
 
 
@@ -20,10 +21,18 @@ def _tol(ctx: ReportContext) -> float:
 
 
 class Section:
+    """A view of the report. A subclass names its ``key``; its ``title`` and ``blurb`` are the view's words
+    (:data:`~lenscope.viz.report.words.WORDS`) unless it sets its own."""
+
     key = ""
     title = ""
     blurb = ""
     needs_corrupted = False  # shown by default only when the report is given a corrupted prompt
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.key in WORDS and "title" not in cls.__dict__:
+            cls.title, cls.blurb = WORDS[cls.key]
 
     def wanted(self, ctx: ReportContext) -> bool:
         """Whether the view is part of the default report for this context."""
@@ -48,9 +57,6 @@ def _need_logits(ctx: ReportContext, what: str) -> str | None:
 
 class Prediction(Section):
     key = "prediction"
-    title = "Prediction"
-    blurb = ("The model's most likely next tokens at the last position, "
-             "and whether lenscope's math reproduces the model.")
 
     def compute(self, ctx: ReportContext) -> dict:
         from ..models.verify import verify
@@ -75,9 +81,6 @@ class Prediction(Section):
 
 class Trajectory(Section):
     key = "trajectory"
-    title = "Prediction trajectory"
-    blurb = ("What each layer's residual stream already predicts, read through the logit lens "
-             "(and a tuned or Patchscope lens when given): top token per layer and position.")
 
     def skip_reason(self, ctx):
         return _need_logits(ctx, "logit lens")
@@ -95,8 +98,6 @@ class Trajectory(Section):
 
 class Components(Section):
     key = "components"
-    title = "Direct logit attribution"
-    blurb = "The logit as an exact sum of what the embedding, each layer's attention (each head) and each MLP wrote."
 
     def skip_reason(self, ctx):
         if not ctx.lm.anatomy.causal:
@@ -125,9 +126,6 @@ class Components(Section):
 
 class Attribution(Section):
     key = "attribution"
-    title = "Context attribution"
-    blurb = ("Which input tokens made the model predict the target (rather than the foil): every method side "
-             "by side, and ALTI-Logit per layer.")
     # the methods and their options here: lenscope.attribution.methods.view_methods() (the method table)
 
     @staticmethod
@@ -167,9 +165,6 @@ class Attribution(Section):
 
 class Mixing(Section):
     key = "mixing"
-    title = "Context-mixing maps"
-    blurb = ("Norm-based maps ||F_i(x_j)||: how much of token i's state after each scope of a layer comes from "
-             "input token j (Kobayashi et al.). Rows: positions; columns: sources.")
 
     def compute(self, ctx: ReportContext) -> dict:
         from ..mixing.maps import context_mixing
@@ -182,9 +177,6 @@ class Mixing(Section):
 
 class Flow(Section):
     key = "flow"
-    title = "Information flow"
-    blurb = ("ALTI contributions across layers: a node per token and layer, an edge where a token's state "
-             "draws on another's above the threshold.")
 
     def compute(self, ctx: ReportContext) -> dict:
         from ..mixing.alti import mixing_matrices
@@ -197,11 +189,6 @@ class Flow(Section):
 
 class Circuit(Section):
     key = "circuit"
-    title = "Circuit"
-    blurb = ("Which components, and which connections between them, carry logit(target) - logit(foil) from the "
-             "corrupted prompt to the clean one (EAP-IG edge attribution): the top-k edges by |score|, and how much "
-             "of the clean run a circuit of k edges keeps with every other edge patched to its corrupted value "
-             "(faithfulness: 0 = corrupted run, 1 = clean run).")
     needs_corrupted = True
     method = "eap-ig"
     level = "edges"

@@ -162,6 +162,13 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
             raise ApiError(400, "the text is missing or empty; give a non-empty \"text\"")
         return text
 
+    async def text_request(request: Request) -> tuple[dict, str, str]:
+        """What every POST view starts with: the token checked, then the JSON body, its model's name (the first
+        served by default) and its non-empty text."""
+        authorize(request)
+        d = await body_json(request)
+        return d, model_name(d.get("model")), text_of(d)
+
     def token_spec(d, key: str):
         v = d.get(key)
         if v is None or v == "":
@@ -251,10 +258,7 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
 
     @endpoint
     async def api_analyze(request: Request):
-        authorize(request)
-        d = await body_json(request)
-        name = model_name(d.get("model"))
-        text = text_of(d)
+        d, name, text = await text_request(request)
         target, foil, corrupted = token_spec(d, "target"), token_spec(d, "foil"), opt_text(d, "corrupted")
         sections = d.get("sections")
         if sections is not None:
@@ -270,20 +274,14 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
 
     @endpoint
     async def api_head(request: Request):
-        authorize(request)
-        d = await body_json(request)
-        name = model_name(d.get("model"))
-        text = text_of(d)
+        d, name, text = await text_request(request)
         layer, head = integer(d, "layer"), integer(d, "head")
         args = (name, text, layer, head, token_spec(d, "target"), token_spec(d, "foil"), opt_text(d, "corrupted"))
         return JSONResponse(await run(request, name, lambda: svc.head(*args)))
 
     @endpoint
     async def api_token(request: Request):
-        authorize(request)
-        d = await body_json(request)
-        name = model_name(d.get("model"))
-        text = text_of(d)
+        d, name, text = await text_request(request)
         args = (name, text, integer(d, "position"), token_spec(d, "target"), token_spec(d, "foil"))
         return JSONResponse(await run(request, name, lambda: svc.token(*args)))
 

@@ -23,6 +23,7 @@ from ..errors import InputError
 from ..version import __version__
 from .report import payloads
 from .report.page import render
+from .report.words import WORDS
 
 # shown when a page hides its run card (notebooks, show, to_html of a view without checks): the section's card only
 HIDE_RUN_CARD = ("<style>header.top, nav.toc, #sec-run, footer { display: none !important; }\n"
@@ -144,7 +145,7 @@ def components_view(obj) -> Shown:
     first = next(iter(obj.values())) if isinstance(obj, dict) else obj
     what = repr(first.target) + (f" - {first.foil!r}" if first.foil is not None else "")
     return Shown("components", payloads.components_payload(obj), _meta_of(first),
-                 f"Direct logit attribution · {what}")
+                 f"{WORDS['components'].title} · {what}")
 
 
 @register("trajectory")
@@ -152,7 +153,7 @@ def trajectory_view(obj) -> Shown:
     trajs = list(obj.values()) if isinstance(obj, dict) else list(obj) if isinstance(obj, (list, tuple)) else [obj]
     lenses = " vs ".join(dict.fromkeys(t.lens for t in trajs))
     return Shown("trajectory", payloads.trajectory_payload(trajs), _meta_of(trajs[0]),
-                 f"Prediction trajectory · {lenses} lens · {trajs[0].model}")
+                 f"{WORDS['trajectory'].title} · {lenses} lens · {trajs[0].model}")
 
 
 @register("attribution")
@@ -160,7 +161,7 @@ def attribution_view(obj) -> Shown:
     exs = _keyed(obj, "method")
     first = next(iter(exs.values()))
     named = [e for e in exs.values() if e.target is not None]
-    title = "Context attribution · " + ", ".join(exs) + (f" · {named[0].what()}" if named else "")
+    title = f"{WORDS['attribution'].title} · " + ", ".join(exs) + (f" · {named[0].what()}" if named else "")
     return Shown("attribution", payloads.attribution_payload(exs), _meta_of(named[0] if named else first), title)
 
 
@@ -168,7 +169,8 @@ def attribution_view(obj) -> Shown:
 def mixing_view(obj) -> Shown:
     maps = _keyed(obj, "scope")
     first = next(iter(maps.values()))
-    return Shown("mixing", payloads.mixing_payload(maps), _meta_of(first), "Context-mixing maps · " + ", ".join(maps))
+    return Shown("mixing", payloads.mixing_payload(maps), _meta_of(first),
+                 f"{WORDS['mixing'].title} · " + ", ".join(maps))
 
 
 @register("flow")
@@ -178,7 +180,7 @@ def flow_view(mm) -> Shown | None:
     if mm.rollout is None:  # without its rollout (rollout=False) the view does not apply
         return None
     causal = bool((mm.contributions.triu(1) == 0).all())  # whether a position ever draws on a later one
-    return Shown("flow", payloads.flow_payload(mm), _meta_of(mm, causal=causal), f"Information flow · {mm.method}")
+    return Shown("flow", payloads.flow_payload(mm), _meta_of(mm, causal=causal), f"{WORDS['flow'].title} · {mm.method}")
 
 
 @register("generation")

@@ -8,20 +8,8 @@ layout, shared with Gemma 2 (``gemma2.py``)."""
 
 from __future__ import annotations
 
+from .. import families as fam
 from ..anatomy import Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import (
-    GATED_SITES,
-    Family,
-    ModelHooks,
-    gated_mlp,
-    linear_in_out,
-    require,
-    rms_norm,
-    rope_context,
-    rotary,
-    separate_qkv,
-    tiny_tokens,
-)
 
 GEMMA_NORMS = {"ln_attn": "input_layernorm", "ln_mlp": "pre_feedforward_layernorm",
                "ln_attn_out": "post_attention_layernorm", "ln_mlp_out": "post_feedforward_layernorm"}
@@ -42,7 +30,7 @@ def read_gemma(model, *, family: str, attn_softcap: bool) -> Anatomy:
     cfg, base = text_parts(model)
     multimodal = base is not getattr(model, "model", model)  # the text model inside a multimodal wrapper
     bidirectional = bool(getattr(cfg, "use_bidirectional_attention", False))
-    require(not (bidirectional and (multimodal or family == "gemma2")),
+    fam.require(not (bidirectional and (multimodal or family == "gemma2")),
             f"{model.config.model_type} with use_bidirectional_attention is not supported (its causal mask is built "
             "outside the text model); load a causal checkpoint")
     d, H, KV = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
@@ -53,39 +41,40 @@ def read_gemma(model, *, family: str, attn_softcap: bool) -> Anatomy:
         a = blk.self_attn
         kind = cfg.layer_types[i]
         attn = Attention(
-            **separate_qkv(a.q_proj, a.k_proj, a.v_proj, a.o_proj, H, KV), scale=cfg.query_pre_attn_scalar**-0.5,
-            rotary=rotary(rot_mod, prefix=f"{kind}_" if per_type else ""),
-            q_norm=rms_norm(a.q_norm, offset=1.0) if hasattr(a, "q_norm") else None,
-            k_norm=rms_norm(a.k_norm, offset=1.0) if hasattr(a, "k_norm") else None,
+            **fam.separate_qkv(a.q_proj, a.k_proj, a.v_proj, a.o_proj, H, KV),
+            scale=cfg.query_pre_attn_scalar**-0.5,
+            rotary=fam.rotary(rot_mod, prefix=f"{kind}_" if per_type else ""),
+            q_norm=fam.rms_norm(a.q_norm, offset=1.0) if hasattr(a, "q_norm") else None,
+            k_norm=fam.rms_norm(a.k_norm, offset=1.0) if hasattr(a, "k_norm") else None,
             # transformers' Gemma 3 attention does not pass attn_logit_softcapping to its kernels, so the
             # model that runs has no attention soft-capping whatever the config says (verify checks this)
             softcap=cfg.attn_logit_softcapping if attn_softcap else None,
             window=cfg.sliding_window if kind == "sliding_attention" else None,
             causal=not bidirectional,
         )
-        mlp = gated_mlp(blk.mlp, activation_name(cfg.hidden_activation))
+        mlp = fam.gated_mlp(blk.mlp, activation_name(cfg.hidden_activation))
         layers.append(Layer(
             "sandwich", attn, mlp,
-            ln_attn=rms_norm(blk.input_layernorm, offset=1.0),
-            ln_mlp=rms_norm(blk.pre_feedforward_layernorm, offset=1.0),
-            ln_attn_out=rms_norm(blk.post_attention_layernorm, offset=1.0),
-            ln_mlp_out=rms_norm(blk.post_feedforward_layernorm, offset=1.0),
+            ln_attn=fam.rms_norm(blk.input_layernorm, offset=1.0),
+            ln_mlp=fam.rms_norm(blk.pre_feedforward_layernorm, offset=1.0),
+            ln_attn_out=fam.rms_norm(blk.post_attention_layernorm, offset=1.0),
+            ln_mlp_out=fam.rms_norm(blk.post_feedforward_layernorm, offset=1.0),
         ))
     emb = base.embed_tokens
     return Anatomy(
-        family=family, model_type=model.config.model_type, d_model=d, n_ctx=rope_context(cfg, rot_mod),
+        family=family, model_type=model.config.model_type, d_model=d, n_ctx=fam.rope_context(cfg, rot_mod),
         vocab_size=cfg.vocab_size,
         embed=Embedding(W_E=emb.weight.detach(), scale=float(emb.embed_scale.to(emb.weight.dtype))),
-        layers=layers, final_norm=rms_norm(base.norm, offset=1.0),
-        unembed=Unembed(W_U=linear_in_out(model.lm_head),
+        layers=layers, final_norm=fam.rms_norm(base.norm, offset=1.0),
+        unembed=Unembed(W_U=fam.linear_in_out(model.lm_head),
                         softcap=None if multimodal else cfg.final_logit_softcapping),
         causal=not bidirectional,
     )
 
 
-def hooks_gemma(model) -> ModelHooks:
+def hooks_gemma(model) -> fam.ModelHooks:
     _, base = text_parts(model)
-    return ModelHooks.of(base.layers, base.norm, **GATED_SITES, norms=GEMMA_NORMS)
+    return fam.ModelHooks.of(base.layers, base.norm, **fam.GATED_SITES, norms=GEMMA_NORMS)
 
 
 def read(model) -> Anatomy:
@@ -97,7 +86,7 @@ def _tiny_kwargs(tok: dict) -> dict:
     return dict(num_hidden_layers=3, hidden_size=64, num_attention_heads=4, num_key_value_heads=1,
                 head_dim=32, intermediate_size=128, max_position_embeddings=128, sliding_window=4,
                 layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                query_pre_attn_scalar=32, final_logit_softcapping=None, **tiny_tokens(tok))
+                query_pre_attn_scalar=32, final_logit_softcapping=None, **fam.tiny_tokens(tok))
 
 
 def _tiny(tok: dict):
@@ -123,5 +112,5 @@ def _tiny_multimodal(tok: dict):
                         eoi_token_id=tok["vocab_size"] + 3, tie_word_embeddings=True)
 
 
-FAMILY = Family(name="gemma3", model_types=("gemma3_text", "gemma3"), read=read, hooks=hooks_gemma,
+FAMILY = fam.Family(name="gemma3", model_types=("gemma3_text", "gemma3"), read=read, hooks=hooks_gemma,
                 tiny={"gemma3": _tiny, "gemma3-multimodal": _tiny_multimodal})

@@ -7,12 +7,14 @@ This module's reader is the one for every decoder of the Llama layout (a block w
 sub-layers' outputs instead of their inputs, constant multipliers); the rest is read from the modules and the
 config where the model keeps it — biases, q/k norms (per head, or over the whole projection), fused ``qkv_proj`` /
 ``gate_up_proj`` (Phi-3), layers without rotary (SmolLM3's ``use_rope``), partial rotary (the rotary module's
-frequencies), sliding windows, parallel residual (``use_parallel_residual``). Other families' modules declare a
-:class:`Layout` and their model types.
+frequencies), sliding windows, attention sinks (GPT-OSS), parallel residual (``use_parallel_residual``, or a block
+without ``post_attention_layernorm``: Cohere), a plain MLP ``c_fc -> act -> c_proj`` (StarCoder2), a head bias.
+Other families' modules declare a :class:`Layout` and their model types.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +22,7 @@ import torch
 from torch import nn
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Norm, Unembed, activation_name
+from ..moe import MoE
 from . import (
     SEPARATE_QKV,
     Family,
@@ -71,13 +74,21 @@ class Layout:
     - ``norms_after``: the block's norms act on the sub-layers' outputs and the sub-layers read the residual stream
       itself (OLMo 2: ``post_attention_layernorm`` and ``post_feedforward_layernorm``; the pre-norm slots are the
       identity);
-    - ``scales``: the config's constant multipliers (:class:`Scales`), when it has any (Granite).
+    - ``scales``: the config's constant multipliers (:class:`Scales`), when it has any (Granite, Cohere);
+    - ``rotate_pairs``: the rotary embedding rotates adjacent pairs (rotate-every-two: Cohere);
+    - ``moe``: the mixture-of-experts block of a decoder layer, ``moe(cfg, block)``, in place of a dense MLP
+      (Mixtral, OLMoE, GPT-OSS); its hooks are the block ``mlp``, its ``experts`` and its router (``mlp.router``
+      where the block has one, else ``mlp.gate``);
+    - ``check``: refuses, with a one-line :func:`require`, the config switches lenscope does not model.
     """
 
     family: str = "llama"
     norm: str = "rmsnorm"
     norms_after: bool = False
     scales: Callable[[object], Scales] | None = None
+    rotate_pairs: bool = False
+    moe: Callable[[object, nn.Module], MoE] | None = None
+    check: Callable[[object], None] | None = None
 
     # -------------------------------------------------------------------------------------- reading
 
@@ -101,6 +112,8 @@ class Layout:
             b = None if norms[0].bias is None else torch.stack([n.bias for n in norms])[:, None, :]
             return Norm(norms[0].kind, w, b, norms[0].eps), False
         norm = self._norm(mod)
+        if norm.weight is not None and norm.weight.dim() == 2:  # one weight per head (head, d_head): Cohere
+            return dataclasses.replace(norm, weight=norm.weight.unsqueeze(-2)), False
         d = norm.weight.shape[-1] if norm.weight is not None else d_head
         if d == d_head:
             return norm, None if n_heads == 1 else False
@@ -129,11 +142,17 @@ class Layout:
         return Attention(
             **proj, scale=scale, rotary=rot if getattr(a, "use_rope", True) else None,
             q_norm=q_norm, k_norm=k_norm, qk_norm_across_heads=bool(scopes) and scopes.pop(),
-            window=layer_window(cfg, i),
+            window=layer_window(cfg, i), sinks=t(getattr(a, "sinks", None)),
         )
 
-    def _mlp(self, cfg, m: nn.Module) -> MLP:
+    def _mlp(self, cfg, blk: nn.Module) -> MLP | MoE:
+        if self.moe is not None:
+            return self.moe(cfg, blk)
+        m = blk.mlp
         act = activation_name(cfg.hidden_act)
+        if hasattr(m, "c_fc"):  # plain c_fc -> act -> c_proj (StarCoder2)
+            return MLP(W_in=linear_in_out(m.c_fc), b_in=t(m.c_fc.bias), W_out=linear_in_out(m.c_proj),
+                       b_out=t(m.c_proj.bias), act=act)
         if hasattr(m, "gate_up_proj"):  # fused [gate | up] (Phi-3)
             W = linear_in_out(m.gate_up_proj)
             b = t(m.gate_up_proj.bias)
@@ -151,7 +170,7 @@ class Layout:
                          ln_attn_out=self._norm(blk.post_attention_layernorm),
                          ln_mlp_out=self._norm(blk.post_feedforward_layernorm), residual_scale=residual)
         ln_attn = self._norm(blk.input_layernorm)
-        if getattr(blk, "use_parallel_residual", False):  # both sub-layers read input_layernorm's output
+        if _parallel(blk):  # both sub-layers read input_layernorm's output
             return Layer("parallel", attn, mlp, ln_attn=ln_attn, ln_mlp=ln_attn, residual_scale=residual)
         return Layer("pre", attn, mlp, ln_attn=ln_attn, ln_mlp=self._norm(blk.post_attention_layernorm),
                      residual_scale=residual)
@@ -159,6 +178,8 @@ class Layout:
     def read(self, model) -> Anatomy:
         cfg = model.config
         base = model.model
+        if self.check is not None:
+            self.check(cfg)
         d, H, KV = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
         dh = getattr(cfg, "head_dim", None) or d // H
         sc = self.scales(cfg) if self.scales is not None else Scales()
@@ -168,14 +189,16 @@ class Layout:
             rot = [rots[kind] for kind in cfg.layer_types]
         else:
             rot = [rotary(rot_mod)] * len(base.layers)
+        if self.rotate_pairs:
+            rot = [dataclasses.replace(r, interleaved=True) for r in rot]
         scale = dh**-0.5 if sc.attention is None else float(sc.attention)
         layers = [self._layer(cfg, blk, self._attention(cfg, blk.self_attn, i, rot[i], H, KV, dh, scale),
-                              self._mlp(cfg, blk.mlp), float(sc.residual)) for i, blk in enumerate(base.layers)]
+                              self._mlp(cfg, blk), float(sc.residual)) for i, blk in enumerate(base.layers)]
         return Anatomy(
             family=self.family, model_type=cfg.model_type, d_model=d, n_ctx=rope_context(cfg, base.rotary_emb),
             vocab_size=cfg.vocab_size, embed=Embedding(W_E=base.embed_tokens.weight.detach(), scale=float(sc.embed)),
             layers=layers, final_norm=self._norm(base.norm),
-            unembed=Unembed(W_U=linear_in_out(model.lm_head), logit_scale=float(sc.logits)),
+            unembed=Unembed(W_U=linear_in_out(model.lm_head), b_U=t(model.lm_head.bias), logit_scale=float(sc.logits)),
         )
 
     # ---------------------------------------------------------------------------------------- hooks
@@ -183,21 +206,34 @@ class Layout:
     def hooks(self, model) -> ModelHooks:
         base = model.model
         blk, a, m = base.layers[0], base.layers[0].self_attn, base.layers[0].mlp
-        paths: dict = {"attn": "self_attn", "attn_out": "self_attn.o_proj", "mlp_out": "mlp.down_proj"}
+        paths: dict = {"attn": "self_attn", "attn_out": "self_attn.o_proj"}
         paths.update({"qkv": "self_attn.qkv_proj"} if hasattr(a, "qkv_proj") else SEPARATE_QKV)
-        paths["act"] = "mlp.activation_fn" if hasattr(m, "activation_fn") else "mlp.act_fn"
-        if hasattr(m, "gate_up_proj"):
-            paths.update(up="mlp.gate_up_proj", up_fused=True)
+        if self.moe is not None:
+            paths.update(mlp_out="mlp", act="mlp.experts", experts="mlp.experts",
+                         router="mlp.router" if hasattr(m, "router") else "mlp.gate")
+        elif hasattr(m, "c_fc"):
+            paths.update(mlp_out="mlp.c_proj", act="mlp.act")
         else:
-            paths["up"] = "mlp.up_proj"
+            paths.update(mlp_out="mlp.down_proj",
+                         act="mlp.activation_fn" if hasattr(m, "activation_fn") else "mlp.act_fn")
+            if hasattr(m, "gate_up_proj"):
+                paths.update(up="mlp.gate_up_proj", up_fused=True)
+            else:
+                paths["up"] = "mlp.up_proj"
         if self.norms_after:
             paths.update(norms={"ln_attn_out": "post_attention_layernorm", "ln_mlp_out": "post_feedforward_layernorm"},
                          readers={"ln_attn": "self_attn", "ln_mlp": "mlp"})
-        elif getattr(blk, "use_parallel_residual", False):  # one norm, read by both sub-layers (the MLP: a copy)
+        elif _parallel(blk):  # one norm, read by both sub-layers (the MLP: a copy)
             paths.update(norms={"ln_attn": "input_layernorm", "ln_mlp": "input_layernorm"}, readers={"ln_mlp": "mlp"})
         else:
             paths["norms"] = {"ln_attn": "input_layernorm", "ln_mlp": "post_attention_layernorm"}
         return ModelHooks.of(base.layers, base.norm, **paths)
+
+
+def _parallel(blk: nn.Module) -> bool:
+    """Whether attention and the MLP both read ``input_layernorm``'s output (GPT-NeoX-style ``use_parallel_residual``;
+    Cohere's blocks, which have no second norm)."""
+    return getattr(blk, "use_parallel_residual", False) or not hasattr(blk, "post_attention_layernorm")
 
 
 LLAMA = Layout()

@@ -5,29 +5,13 @@ Mixtral, when ``norm_topk_prob`` for Qwen3-MoE), SwiGLU experts without biases."
 
 from __future__ import annotations
 
-from ..anatomy import Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import (
-    PRE_NORMS,
-    SEPARATE_QKV,
-    Family,
-    ModelHooks,
-    linear_in_out,
-    moe_block,
-    require,
-    rms_norm,
-    rope_context,
-    rotary,
-    separate_qkv,
-    stacked_experts,
-    tiny_tokens,
-)
-
-# where the MoE block's parts sit in Mixtral / Qwen3-MoE / OLMoE blocks (ModelHooks.of paths)
-MOE_SITES = {"attn": "self_attn", "attn_out": "self_attn.o_proj", "mlp_out": "mlp", "act": "mlp.experts",
-             "router": "mlp.gate", "experts": "mlp.experts", **SEPARATE_QKV}
+from ..anatomy import activation_name
+from ..moe import MoE
+from . import Family, moe_block, require, stacked_experts, tiny_tokens
+from .llama import Layout
 
 
-def moe_of(cfg, blk):
+def moe_of(cfg, blk) -> MoE:
     """The MoE block of a Mixtral / Qwen3-MoE / OLMoE decoder layer (refused where a layer has a dense MLP)."""
     mlp = blk.mlp
     require(hasattr(mlp, "experts") and hasattr(mlp, "gate"),
@@ -40,33 +24,9 @@ def moe_of(cfg, blk):
     return moe_block(mlp.gate, ex, mlp.gate.top_k, softmax_first=True, renormalize=renorm)
 
 
-def read(model) -> Anatomy:
-    cfg = model.config
-    base = model.model
-    d, H, KV = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads
-    rot = rotary(base.rotary_emb)
-    layers = []
-    for blk in base.layers:
-        a = blk.self_attn
-        attn = Attention(
-            **separate_qkv(a.q_proj, a.k_proj, a.v_proj, a.o_proj, H, KV), scale=a.scaling, rotary=rot,
-            q_norm=rms_norm(a.q_norm) if hasattr(a, "q_norm") else None,
-            k_norm=rms_norm(a.k_norm) if hasattr(a, "k_norm") else None,
-            # the model's mask is a sliding window on every layer when config.sliding_window is set
-            window=getattr(cfg, "sliding_window", None),
-        )
-        layers.append(Layer("pre", attn, moe_of(cfg, blk), ln_attn=rms_norm(blk.input_layernorm),
-                            ln_mlp=rms_norm(blk.post_attention_layernorm)))
-    return Anatomy(
-        family="mixtral", model_type=cfg.model_type, d_model=d, n_ctx=rope_context(cfg, base.rotary_emb),
-        vocab_size=cfg.vocab_size, embed=Embedding(W_E=base.embed_tokens.weight.detach()), layers=layers,
-        final_norm=rms_norm(base.norm), unembed=Unembed(W_U=linear_in_out(model.lm_head)),
-    )
-
-
-def hooks(model) -> ModelHooks:
-    base = model.model
-    return ModelHooks.of(base.layers, base.norm, **MOE_SITES, norms=PRE_NORMS)
+# the Llama layout with the MoE block in place of the MLP; the model's mask is a sliding window on every layer when
+# config.sliding_window is set (Qwen3-MoE: with use_sliding_window), the Llama layout's reading of it
+LAYOUT = Layout(family="mixtral", moe=moe_of)
 
 
 def _tiny_mixtral(tok: dict):
@@ -89,6 +49,6 @@ def _tiny_qwen3_moe(tok: dict):
 
 
 FAMILY = Family(
-    name="mixtral", model_types=("mixtral", "qwen3_moe"), read=read, hooks=hooks,
+    name="mixtral", model_types=("mixtral", "qwen3_moe"), read=LAYOUT.read, hooks=LAYOUT.hooks,
     tiny={"mixtral": _tiny_mixtral, "qwen3-moe": _tiny_qwen3_moe},
 )

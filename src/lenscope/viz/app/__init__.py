@@ -13,19 +13,13 @@ from __future__ import annotations
 import html
 from importlib import resources
 
+from ..report.words import WORDS
+
 __all__ = ["app_html", "asset_names", "DEFAULT_VIEWS", "GROUPS"]
 
 # The views the page asks for, in the order of its cards, with their titles. A server can pass the report's
 # own titles and blurbs instead (``views=`` of app_html: ``[{"key", "title", "blurb"}]`` from its sections).
-DEFAULT_VIEWS = (
-    {"key": "prediction", "title": "Prediction"},
-    {"key": "trajectory", "title": "Prediction trajectory"},
-    {"key": "components", "title": "Direct logit attribution"},
-    {"key": "attribution", "title": "Context attribution"},
-    {"key": "mixing", "title": "Context-mixing maps"},
-    {"key": "flow", "title": "Information flow"},
-    {"key": "circuit", "title": "Circuit"},
-)
+DEFAULT_VIEWS = tuple({"key": key, "title": words.title} for key, words in WORDS.items())
 # the requests the page makes for one input, in this order, each drawn as it arrives: the views that share the
 # one trace first, then each slower view on its own (the circuit only with a corrupted prompt)
 GROUPS = (("prediction", "trajectory", "components"), ("attribution",), ("mixing",), ("flow",), ("circuit",))
