@@ -16,9 +16,11 @@ them all). Per kind (``x``: the input, ``y``: the target, both normalised; ``ŷ`
 - **JumpReLU** (Rajamanoharan et al. 2024): ``z = pre · H(pre - θ)``, ``θ = exp(log θ)`` learnt (each latent's
   starting θ fires it on a fraction ``k / width`` of the first block's tokens, at least 0.001),
   gradients to ``θ`` by the straight-through estimator with the rectangle kernel of bandwidth 0.001; loss
-  ``|y - ŷ|² + λ L0``. ``k`` is the *target* L0: after every step ``λ ← λ · exp(0.05 · clip((L0 - k) / k, -1,
-  1))`` (``L0`` the batch's mean active latents), so λ rises while the dictionary is denser than ``k`` and falls
-  while sparser.
+  ``|y - ŷ|² + λ L0``. ``k`` is the *target* L0, λ the multiplier of the constraint ``L0 = k`` by dual ascent:
+  from 0, after every step ``λ ← λ + 0.05 · clip((L0 - k) / k, -1, 1)`` (``L0`` the batch's mean active
+  latents), so λ rises while the dictionary is denser than ``k`` and falls (below 0 if need be, pulling the
+  thresholds down) while sparser. Short runs of JumpReLU *transcoders* tend to switch latents off before their
+  decoders learn (no auxiliary loss revives them): prefer TopK for transcoders on CPU budgets.
 
 All kinds: decoder rows unit-norm (the gradient's component along each row removed before the step, rows
 renormalised after it); ``b_dec`` starts at the mean of the first block's targets. Normalisation as SAELens's
@@ -137,7 +139,7 @@ class Trainable(nn.Module):
         self.log_threshold = nn.Parameter(torch.full((D.width,), math.log(JUMPRELU_THETA0))) \
             if D.kind == "jumprelu" else None
         self.register_buffer("threshold", torch.zeros(()))  # BatchTopK's running threshold
-        self.register_buffer("l0_coef", torch.ones(()))  # JumpReLU's sparsity coefficient λ
+        self.register_buffer("l0_coef", torch.zeros(()))  # JumpReLU's sparsity coefficient λ
         self.register_buffer("since_fired", torch.zeros(D.width, dtype=torch.long))
         self.k_aux = s.k_aux or min(D.width // 2, 512)
         self.mm_dtype = torch.float32
@@ -226,16 +228,16 @@ class Trainable(nn.Module):
         return loss, stats
 
     def _aux(self, xc: Tensor, pre0: Tensor, dead: Tensor, e: Tensor) -> Tensor:
-        """AuxK: the top ``k_aux`` dead latents of each token reconstruct the error ``e``."""
+        """AuxK: the top ``k_aux`` pre-activations of dead latents of each token reconstruct the error ``e``."""
         n_dead = int(dead.sum())
         ka = min(self.k_aux, n_dead)
         with torch.no_grad():
             masked = pre0.masked_fill(~dead, float("-inf"))
-            vals, cols = masked.topk(ka, dim=-1)
+            cols = masked.topk(ka, dim=-1).indices.reshape(-1)
             rows = torch.arange(len(xc)).repeat_interleave(ka)
-            cols, keep = cols.reshape(-1), vals.reshape(-1) > 0
-            rows, cols = rows[keep], cols[keep]
-        ehat = self._decode(rows, cols, self._selected(xc, rows, cols).relu(), len(xc))
+        # the pre-activations themselves, negative ones included (as SAELens): a dead latent gets a gradient even
+        # while its pre-activation is below 0
+        ehat = self._decode(rows, cols, self._selected(xc, rows, cols), len(xc))
         return min(1.0, n_dead / self.k_aux) * (e - ehat).pow(2).sum(-1).mean()
 
     def after_backward(self) -> None:
@@ -248,7 +250,7 @@ class Trainable(nn.Module):
     def after_step(self, l0: float) -> None:
         self.W_dec.div_(self.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-12))
         if self.kind == "jumprelu":
-            self.l0_coef.mul_(math.exp(L0_RATE * max(-1.0, min(1.0, (l0 - self.k) / self.k))))
+            self.l0_coef.add_(L0_RATE * max(-1.0, min(1.0, (l0 - self.k) / self.k)))
 
     def dictionary(self, like: Dictionary) -> Dictionary:
         """The trained weights as a :class:`Dictionary` (normalised: fold the scales afterwards)."""
@@ -373,7 +375,8 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress and dist.main else (lambda msg: None)
     log(f"dict train: {len(targets)} {s.kind} dictionar{'y' if len(targets) == 1 else 'ies'} of width {s.width}, "
         f"k {s.k}; shuffle buffer {s.buffer} rows x {S} sites x {source.d} = "
-        f"{s.buffer * S * source.d * 4 / 2**20:.1f} MiB; selection matmuls in {prec['matmul_dtype']} "
+        f"{s.buffer * S * source.d * 4} bytes ({s.buffer * S * source.d * 4 / 2**20:.1f} MiB); selection matmuls in "
+        f"{prec['matmul_dtype']} "
         f"({prec['reason']}); lr {s.base_lr():.3g}; {s.batch_size} tokens per step")
     step_times: list[float] = []
     rows = perm = block_gen = None
