@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from .common import MODEL_HELP, handle_errors, load_model, print_json
+from .options import DTYPE_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -46,6 +47,7 @@ def register(app: typer.Typer) -> None:
                                                                   "CPU runs it natively), bf16 or fp32."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its checkpoint in "
                                                                    "--out."),
+        dtype: str = DTYPE_OPTION,
         seed: int = typer.Option(0, "--seed"),
         as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
     ):
@@ -64,7 +66,7 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"--precision is auto, bf16 or fp32, not {precision!r}")
         role = "skip" if skip else "transcoder" if transcoder else "sae"
         n_sites = max(1, len(site.split(","))) if site else 1
-        lm = load_model(model) if model is not None else None
+        lm = load_model(model, dtype=dtype) if model is not None else None
         if lm is not None and site and "*" in site:
             n_sites = len(site.split(",")) - site.count("*") + site.count("*") * lm.anatomy.n_layers
         d = lm.anatomy.d_model if lm is not None else 1024

@@ -30,9 +30,9 @@ Adam (betas 0.9, 0.999), learning rate ``2e-4 · sqrt(16384 / width)`` (Gao's sc
 warm-up over 5% of the run and a linear decay to 0 (the tuned-lens :class:`~lenscope.lenses.training.plan.Planner`,
 which also fits a time budget to the measured speed).
 
-Selection (TopK, BatchTopK) runs in the matmul precision :func:`choose_precision` gives (bfloat16 only where the
-CPU runs it natively); the selected pre-activations are recomputed in float32, and decoding reads only the active
-rows (``embedding_bag``), so a step costs one dense encoder matmul. Resumable to the same result (a checkpoint
+The encoder and decoder matmuls run in the precision :func:`precision` gives (bfloat16 only where the CPU runs it
+natively, as ``lens train`` decides; the rest in float32); one encoder matmul serves the selection and the
+auxiliary loss. Resumable to the same result (a checkpoint
 holds every parameter, the optimizer, the plan, the random generator and where the current shuffle block
 started); data-parallel under ``torchrun`` (:mod:`lenscope.distributed.ddp`: the forward passes and each batch
 sharded over ranks, gradients averaged).
@@ -48,7 +48,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..distributed import ddp
@@ -151,16 +150,15 @@ class Trainable(nn.Module):
     def _x(self, x: Tensor) -> Tensor:
         return x - self.b_dec if self.role == "sae" else x
 
-    def _selected(self, xc: Tensor, rows: Tensor, cols: Tensor, chunk: int = 1 << 16) -> Tensor:
-        """``pre[rows, cols]`` with gradients, from the selected encoder columns only."""
-        WT = self.W_enc.T
-        out = [(xc[rows[i:i + chunk]] * WT[cols[i:i + chunk]]).sum(-1) for i in range(0, len(rows), chunk)]
-        return torch.cat(out) + self.b_enc[cols] if out else xc.new_zeros(0)
+    def _mm(self, a: Tensor, W: Tensor) -> Tensor:
+        """``a @ W`` in the training's matmul precision (bfloat16 only where native), returned in float32."""
+        if self.mm_dtype == torch.float32:
+            return a @ W
+        return (a.to(self.mm_dtype) @ W.to(self.mm_dtype)).float()
 
-    def _decode(self, rows: Tensor, cols: Tensor, vals: Tensor, n: int) -> Tensor:
-        """``z @ W_dec`` of the sparse latents ``z[rows, cols] = vals`` (``rows`` sorted), no bias."""
-        offsets = torch.searchsorted(rows, torch.arange(n, device=rows.device))
-        return F.embedding_bag(cols, self.W_dec, offsets, mode="sum", per_sample_weights=vals)
+    def _dense(self, rows: Tensor, cols: Tensor, vals: Tensor, n: int) -> Tensor:
+        """The latents ``(n, width)``: ``vals`` at ``(rows, cols)``, 0 elsewhere (differentiable in ``vals``)."""
+        return torch.zeros(n, self.width, dtype=vals.dtype).index_put((rows, cols), vals)
 
     def forward(self, x: Tensor, y: Tensor, n_global: int | None = None,
                 dist: ddp.Dist = ddp.SINGLE) -> tuple[Tensor, dict]:
@@ -171,31 +169,27 @@ class Trainable(nn.Module):
         n_global = n if n_global is None else n_global
         xc = self._x(x)
         stats: dict = {}
+        pre = self._mm(xc, self.W_enc) + self.b_enc
         if self.kind == "jumprelu":
-            pre = xc @ self.W_enc + self.b_enc
             theta = self.log_threshold.exp()
             z = _JumpReLU.apply(pre, theta)
-            yhat = z @ self.W_dec + self.b_dec
+            yhat = self._mm(z, self.W_dec) + self.b_dec
             active = _Step.apply(pre, theta)
             l0 = active.sum(-1).mean()
             fired = (pre.detach() > theta.detach()).any(0)
             stats["l0"] = float(l0.detach())
         else:
             with torch.no_grad():
-                pre0 = xc.to(self.mm_dtype) @ self.W_enc.to(self.mm_dtype) + self.b_enc.to(self.mm_dtype)
                 if self.kind == "topk":
-                    vals, cols = pre0.topk(self.k, dim=-1)
+                    vals, cols = pre.detach().topk(self.k, dim=-1)
                     rows = torch.arange(n).repeat_interleave(self.k)
                     cols, keep = cols.reshape(-1), vals.reshape(-1) > 0
                 else:
-                    flat = pre0.reshape(-1)
-                    vals, idx = flat.topk(self.k * n)
-                    order = torch.sort(idx).indices  # row-major: rows sorted
-                    idx, vals = idx[order], vals[order]
+                    vals, idx = pre.detach().reshape(-1).topk(self.k * n)
                     rows, cols, keep = idx // self.width, idx % self.width, vals > 0
                 rows, cols = rows[keep], cols[keep]
-            v = self._selected(xc, rows, cols).relu()
-            yhat = self._decode(rows, cols, v, n) + self.b_dec
+            v = pre[rows, cols].relu()
+            yhat = self._mm(self._dense(rows, cols, v, n), self.W_dec) + self.b_dec
             fired = torch.zeros(self.width, dtype=torch.bool)
             fired[cols] = True
             stats["l0"] = len(rows) / n
@@ -220,24 +214,24 @@ class Trainable(nn.Module):
         if self.kind == "jumprelu":
             loss = loss + self.l0_coef * l0
         elif dead.any():
-            loss = loss + AUX_COEF * self._aux(xc, pre0, dead, err.detach())
+            loss = loss + AUX_COEF * self._aux(pre, dead, err.detach())
         with torch.no_grad():
             var = (y - y.mean(0)).pow(2).sum()
             stats.update(mse=float(mse.detach()) / y.shape[1], explained_variance=float(1 - err.pow(2).sum() / var),
                          dead_fraction=float(dead.float().mean()), loss=float(loss.detach()))
         return loss, stats
 
-    def _aux(self, xc: Tensor, pre0: Tensor, dead: Tensor, e: Tensor) -> Tensor:
+    def _aux(self, pre: Tensor, dead: Tensor, e: Tensor) -> Tensor:
         """AuxK: the top ``k_aux`` pre-activations of dead latents of each token reconstruct the error ``e``."""
         n_dead = int(dead.sum())
         ka = min(self.k_aux, n_dead)
+        n = len(pre)
         with torch.no_grad():
-            masked = pre0.masked_fill(~dead, float("-inf"))
-            cols = masked.topk(ka, dim=-1).indices.reshape(-1)
-            rows = torch.arange(len(xc)).repeat_interleave(ka)
+            cols = pre.detach().masked_fill(~dead, float("-inf")).topk(ka, dim=-1).indices.reshape(-1)
+            rows = torch.arange(n).repeat_interleave(ka)
         # the pre-activations themselves, negative ones included (as SAELens): a dead latent gets a gradient even
         # while its pre-activation is below 0
-        ehat = self._decode(rows, cols, self._selected(xc, rows, cols), len(xc))
+        ehat = self._mm(self._dense(rows, cols, pre[rows, cols], n), self.W_dec)
         return min(1.0, n_dead / self.k_aux) * (e - ehat).pow(2).sum(-1).mean()
 
     def after_backward(self) -> None:
@@ -321,7 +315,6 @@ class RunState:
     block_start: int = 0  # the source unit the current block starts at
     block_next: int = 0  # the unit after it
     block_batch: int = 0  # batches of the current block already trained on
-    epoch_units: int = 0
     scales: list = field(default_factory=list)  # [scale_in, scale_out] per dictionary
     history: list = field(default_factory=list)  # [step, tokens, seconds, mean explained variance, mean L0]
 
@@ -380,6 +373,7 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
         f"({prec['reason']}); lr {s.base_lr():.3g}; {s.batch_size} tokens per step")
     step_times: list[float] = []
     rows = perm = block_gen = None
+    read_share = 0.0
     stats_all: list[dict] = []
     while tstate.step < tstate.n_steps:
         t0 = clock()
@@ -394,6 +388,10 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
             if not st.scales:
                 _normalisation(st, trainables, targets, rows)
             perm = torch.randperm(len(rows), generator=gen)
+            # the planner sees each step's share of the block's reading (the forward passes), not its lumps
+            read_share = (clock() - t0) / max(1, len(rows) // s.batch_size)
+            t0 = clock()
+        t0 -= read_share
         sel = perm[st.block_batch * s.batch_size:(st.block_batch + 1) * s.batch_size]
         batch = rows[sel[ddp.shard(len(sel), dist)]]
         lr = _lr(tstate.step, tstate.n_steps, tstate.warm, s.base_lr())
