@@ -26,7 +26,7 @@ from machine import record
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def forward_costs(lm, site: str, seq_len: int, batch: int, repeats: int = 3) -> dict:
+def forward_costs(lm, site: str, seq_len: int, batch: int, repeats: int = 2) -> dict:
     """Seconds of one forward pass over ``batch`` sequences: stopped after ``site`` (what training runs) and whole."""
     import torch
 

@@ -43,8 +43,9 @@ def register(app: typer.Typer) -> None:
         dead_after: int = typer.Option(200_000, "--dead-after", help="Tokens without firing after which a latent is "
                                                                      "dead (revived by the auxiliary loss)."),
         checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Save a checkpoint every N steps."),
-        precision: str = typer.Option("auto", "--precision", help="Selection matmuls: auto (bfloat16 only where the "
-                                                                  "CPU runs it natively), bf16 or fp32."),
+        precision: str = typer.Option("auto", "--precision", help="Encoder and decoder matmuls: auto "
+                                                                  "(bfloat16 only where the CPU runs it natively), "
+                                                                  "bf16 or fp32."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its checkpoint in "
                                                                    "--out."),
         dtype: str = DTYPE_OPTION,

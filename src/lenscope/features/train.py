@@ -108,7 +108,7 @@ class DictSettings:
 
 
 def precision(bf16: bool | None = None) -> dict:
-    """The dtype of the selection matmul: bfloat16 where the CPU (or GPU) runs it natively, else float32
+    """The dtype of the encoder and decoder matmuls: bfloat16 where the CPU (or GPU) runs it natively, else float32
     (:mod:`lenscope.lenses.training.precision`'s detection; ``$LENSCOPE_NATIVE_BF16`` decides in its place)."""
     from ..lenses.training.precision import cpu_features, forced_native_bf16
 
@@ -315,6 +315,7 @@ class RunState:
     block_start: int = 0  # the source unit the current block starts at
     block_next: int = 0  # the unit after it
     block_batch: int = 0  # batches of the current block already trained on
+    block_rows: int = 0  # the rows it was read with
     scales: list = field(default_factory=list)  # [scale_in, scale_out] per dictionary
     history: list = field(default_factory=list)  # [step, tokens, seconds, mean explained variance, mean L0]
 
@@ -368,7 +369,7 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress and dist.main else (lambda msg: None)
     log(f"dict train: {len(targets)} {s.kind} dictionar{'y' if len(targets) == 1 else 'ies'} of width {s.width}, "
         f"k {s.k}; shuffle buffer {s.buffer} rows x {S} sites x {source.d} = "
-        f"{s.buffer * S * source.d * 4} bytes ({s.buffer * S * source.d * 4 / 2**20:.1f} MiB); selection matmuls in "
+        f"{s.buffer * S * source.d * 4} bytes ({s.buffer * S * source.d * 4 / 2**20:.1f} MiB); matmuls in "
         f"{prec['matmul_dtype']} "
         f"({prec['reason']}); lr {s.base_lr():.3g}; {s.batch_size} tokens per step")
     step_times: list[float] = []
@@ -381,7 +382,10 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
             if rows is not None:  # the next block
                 st.block_start, st.block_batch = st.block_next, 0
             block_gen = gen.get_state()
-            rows, st.block_next = source.read(st.block_start, s.buffer)
+            if not (resume and st.block_rows and rows is None):  # (a resumed run re-reads its block as it was)
+                # the last block holds only the rows the plan still needs
+                st.block_rows = min(s.buffer, max(1, tstate.n_steps - tstate.step) * s.batch_size)
+            rows, st.block_next = source.read(st.block_start, st.block_rows)
             if rows is None or len(rows) < s.batch_size:
                 log("dict train: the text is used up")
                 break
