@@ -195,7 +195,8 @@ def test_streamed_rows_drop_the_special_positions(tmp_path, monkeypatch):
 
     lm = get_model("tiny:llama")
     bos = 1
-    monkeypatch.setattr(text_mod, "_special_affixes", lambda tok: ([bos], []))
+    for name in ("_special_affixes", "special_affixes"):
+        monkeypatch.setattr(text_mod, name, lambda tok: ([bos], []))
     src = StreamSource(lm, ["resid_post.0"], _text(tmp_path / "t.txt"), seq_len=16, forward_batch=4)
     assert src.rows_per_unit == 15
     rows, nxt = src.read(0, 60)  # 4 sequences of 15 kept positions

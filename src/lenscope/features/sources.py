@@ -51,11 +51,11 @@ class StreamSource:
 
     def __init__(self, lm, sites: list[str], data: str | Path, *, seq_len: int = 256, forward_batch: int = 8,
                  part: str = "train", dist: ddp.Dist = ddp.SINGLE, dtype: torch.dtype = torch.float32):
-        from ..data.text import _special_affixes
+        from ..data.text import special_affixes
 
         self.lm, self.sites, self.data, self.part = lm, list(sites), str(data), part
         self.seq_len, self.forward_batch, self.dist, self.dtype = int(seq_len), int(forward_batch), dist, dtype
-        pre, post = _special_affixes(lm.tokenizer)
+        pre, post = special_affixes(lm.tokenizer)
         self.keep = slice(len(pre), self.seq_len - len(post))
         self.rows_per_unit = self.seq_len - len(pre) - len(post)
         self.stop_after = last_site(self.sites)

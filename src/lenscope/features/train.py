@@ -481,13 +481,13 @@ def _save(path: Path, ms: list[Trainable], opts, s: DictSettings, st: RunState, 
     began (the block is re-read and re-shuffled on resume), the counters."""
     from safetensors.torch import save_file
 
-    from ..lenses.training.checkpoint import _flatten_optimizer
+    from ..lenses.training.checkpoint import flatten_optimizer
 
     path.mkdir(parents=True, exist_ok=True)
     tensors, metas = {"generator": gen_state.clone()}, []
     for i, (m, opt) in enumerate(zip(ms, opts)):
         tensors.update({f"d{i}.{n}": v.detach().clone() for n, v in m.state_dict().items()})
-        ot, meta = _flatten_optimizer(opt)
+        ot, meta = flatten_optimizer(opt)
         tensors.update({f"d{i}.{k}": v for k, v in ot.items()})
         metas.append(meta)
     for name in ("step", "n_steps", "every", "warm", "fits", "timing"):
@@ -502,7 +502,7 @@ def _save(path: Path, ms: list[Trainable], opts, s: DictSettings, st: RunState, 
 def _load(path: Path, ms: list[Trainable], opts, s: DictSettings) -> tuple[RunState, Tensor]:
     from safetensors.torch import load_file
 
-    from ..lenses.training.checkpoint import _unflatten_optimizer
+    from ..lenses.training.checkpoint import unflatten_optimizer
 
     try:
         info = json.loads((path / "state.json").read_text())
@@ -518,7 +518,7 @@ def _load(path: Path, ms: list[Trainable], opts, s: DictSettings) -> tuple[RunSt
         raise InputError(f"cannot resume: the checkpoint trains {len(info['optimizers'])} dictionaries, not {len(ms)}")
     for i, (m, opt) in enumerate(zip(ms, opts)):
         m.load_state_dict({n: tensors[f"d{i}.{n}"] for n in m.state_dict()})
-        _unflatten_optimizer(opt, {k.removeprefix(f"d{i}."): v for k, v in tensors.items()
+        unflatten_optimizer(opt, {k.removeprefix(f"d{i}."): v for k, v in tensors.items()
                                    if k.startswith(f"d{i}.opt.")}, info["optimizers"][i])
     return RunState(**info["state"]), tensors["generator"]
 
