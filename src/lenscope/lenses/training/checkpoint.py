@@ -102,4 +102,7 @@ def read_checkpoint_info(path: Path) -> dict:
         return {}
 
 
-__all__ = ["load_checkpoint", "read_checkpoint_info", "save_checkpoint"]
+# public names (dictionary training's checkpoints store their optimizers the same way)
+flatten_optimizer, unflatten_optimizer = _flatten_optimizer, _unflatten_optimizer
+
+__all__ = ["flatten_optimizer", "load_checkpoint", "read_checkpoint_info", "save_checkpoint", "unflatten_optimizer"]
