@@ -465,6 +465,12 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
         if d.site in seen:
             raise InputError(f"two dictionaries for the site {d.site}; evaluate them one at a time")
         seen.add(d.site)
+    from ..data.corpus import HOLDOUT_EVERY, PSEUDO_DOC_CHARS, documents
+
+    if next(documents(data, "heldout"), None) is None:
+        raise InputError(f"{data} has no held-out text: one document in {HOLDOUT_EVERY} is held out (documents "
+                         f"are separated by <|endoftext|> lines, or cut every ~{PSEUDO_DOC_CHARS} characters); give "
+                         f"at least {HOLDOUT_EVERY} documents")
     sites = _sites(D)
     say = _progress(progress)
 
