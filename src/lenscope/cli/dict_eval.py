@@ -19,9 +19,10 @@ def eval_cmd(
     tokens: int = typer.Option(100_000, "--tokens", help="Held-out tokens to evaluate (dead latents need at least "
                                                          "100,000; with fewer the result says so)."),
     splice_tokens: int = typer.Option(None, "--splice-tokens", help="Of those, the tokens the splices (delta loss, "
-                                                                    "loss recovered, KL) run on (default: all)."),
+                                                                    "loss recovered, KL) run on (default: 16,384; "
+                                                                    "a full forward pass per variant)."),
     fit_tokens: int = typer.Option(None, "--fit-tokens", help="Train-part tokens the baselines are fitted on "
-                                                              "(default: --tokens)."),
+                                                              "(default: 32,768)."),
     seq_len: int = typer.Option(256, "--seq-len", help="Tokens per sequence."),
     batch_size: int = typer.Option(4, "--batch-size", help="Sequences per forward pass."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="PCA (SAEs) / linear (transcoders) "

@@ -45,6 +45,9 @@ def _special_affixes(tok) -> tuple[list[int], list[int]]:
     return [], []
 
 
+special_affixes = _special_affixes  # the public name, for other packages (features: the positions to leave out)
+
+
 def token_sequences(lm: LoadedModel, text: str, seq_len: int, max_tokens: int | None = None) -> torch.Tensor:
     """Tokenise ``text`` and cut it into sequences ``(n_seq, seq_len)``, each wrapped in the tokenizer's
     special tokens (e.g. BOS, which Gemma needs) like a single text would be."""

@@ -48,8 +48,11 @@ from ..models.dictionary import Dictionary, load_dictionaries
 from ..models.engine import Edit, run
 from ..models.load import LoadedModel
 from ..models.sites import site_key
+from .baselines import PCA, Linear, Moments, fit_linear, fit_pca  # noqa: F401 (fit_*: re-exported)
 
 DEAD_TOKENS = 100_000
+FIT_TOKENS = 32_768  # default train tokens the baselines are fitted on (a d x d covariance / normal equations)
+SPLICE_TOKENS = 16_384  # default held-out tokens of the splices (a full forward pass per variant and batch)
 METRICS = ("explained_variance", "l0", "dead_fraction", "delta_loss", "loss_recovered", "kl", "top1_agreement")
 SPLICE = ("delta_loss", "loss_recovered", "kl", "top1_agreement", "ce_clean", "ce_spliced", "ce_zero")
 DENSITY_STEP = 0.25  # width of a density bin, in log10 of the firing frequency
@@ -228,77 +231,6 @@ class DictionaryEvaluation:
         return f"DictionaryEvaluation({self.model!r}, [{sites}], tokens={self.tokens})"
 
 
-# -------------------------------------------------------------------------------------------- baselines
-
-
-@dataclass
-class PCA:
-    """The site's mean ``(d,)`` and principal directions ``(d, d)`` (columns, variance descending)."""
-
-    mean: Tensor
-    components: Tensor
-    variances: Tensor
-
-    def reconstruct(self, y: Tensor, k: int) -> Tensor:
-        U = self.components[:, :k].to(y.dtype)
-        m = self.mean.to(y.dtype)
-        return m + ((y - m) @ U) @ U.T
-
-
-@dataclass
-class Linear:
-    """``y ≈ x @ W + b`` (``W (d_in, d_out)``), the least-squares fit."""
-
-    W: Tensor
-    b: Tensor
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return x @ self.W.to(x.dtype) + self.b.to(x.dtype)
-
-
-class _Moments:
-    """Running float64 sums of ``[x, 1]ᵀ[x, 1]`` and ``[x, 1]ᵀ y``."""
-
-    def __init__(self, d_in: int, d_out: int | None):
-        self.G = torch.zeros(d_in + 1, d_in + 1, dtype=torch.float64)
-        self.C = None if d_out is None else torch.zeros(d_in + 1, d_out, dtype=torch.float64)
-
-    def add(self, x: Tensor, y: Tensor | None = None) -> None:
-        X = torch.cat([x.double(), x.new_ones(x.shape[0], 1, dtype=torch.float64)], 1)
-        self.G += X.T @ X
-        if self.C is not None:
-            self.C += X.T @ y.double()
-
-    def pca(self) -> PCA:
-        n = self.G[-1, -1]
-        s = self.G[:-1, -1]
-        mean = s / n
-        cov = (self.G[:-1, :-1] - torch.outer(s, mean)) / n
-        evals, evecs = torch.linalg.eigh(cov)
-        order = evals.argsort(descending=True)
-        return PCA(mean=mean, components=evecs[:, order], variances=evals[order])
-
-    def linear(self) -> Linear:
-        # the minimum-norm least-squares solution (the Gram matrix may be singular: a LayerNorm's output lies in a
-        # hyperplane, so [x, 1] has rank d); the fitted map is unique on the data either way
-        B = torch.linalg.lstsq(self.G, self.C, rcond=1e-12, driver="gelsd").solution
-        return Linear(W=B[:-1], b=B[-1])
-
-
-def fit_pca(x: Tensor) -> PCA:
-    """The PCA of the rows of ``x (n, d)`` (float64), as the streamed fit computes it."""
-    m = _Moments(x.shape[1], None)
-    m.add(x)
-    return m.pca()
-
-
-def fit_linear(x: Tensor, y: Tensor) -> Linear:
-    """The least-squares affine map ``x (n, d_in) -> y (n, d_out)`` (float64), as the streamed fit computes it."""
-    m = _Moments(x.shape[1], y.shape[1])
-    m.add(x, y)
-    return m.linear()
-
-
 # -------------------------------------------------------------------------------------------- streams
 
 
@@ -315,9 +247,9 @@ def _sites(dicts: list[Dictionary]) -> list[tuple]:
 def _batches(lm: LoadedModel, data, part: str, tokens: int, seq_len: int, batch_size: int):
     """Token batches of ``part`` covering about ``tokens`` body tokens; the body positions ``[a, b)``."""
     from ..data.corpus import token_batches
-    from ..data.text import _special_affixes
+    from ..data.text import special_affixes
 
-    pre, post = _special_affixes(lm.tokenizer)
+    pre, post = special_affixes(lm.tokenizer)
     body = seq_len - len(pre) - len(post)
     n_seq = max(1, -(-int(tokens) // max(1, body)))
     it = token_batches(lm.tokenizer, data, seq_len=seq_len, batch_size=batch_size, part=part, max_sequences=n_seq)
@@ -448,8 +380,10 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
                           splice_tokens: int | None = None, progress: bool = False) -> DictionaryEvaluation:
     """Evaluate ``dicts`` (a :class:`~lenscope.models.dictionary.Dictionary`, a list, or a dictionary folder) on
     about ``tokens`` held-out tokens of ``data`` (a text file or folder, :mod:`lenscope.data.corpus`), beside
-    their baselines (``baselines=True``: fitted on ``fit_tokens`` train tokens, default ``tokens``). The splice
-    metrics use the first ``splice_tokens`` of those tokens (default: all). See the module's docstring."""
+    their baselines (``baselines=True``: fitted on ``fit_tokens`` train tokens, default
+    ``min(tokens, FIT_TOKENS)``). The splice metrics use the first ``splice_tokens`` of those tokens (default
+    ``min(tokens, SPLICE_TOKENS)``: each variant is a full forward pass, where the statistics stop at the last
+    site). See the module's docstring."""
     D = _as_list(dicts)
     if not D:
         raise InputError("no dictionary to evaluate")
@@ -478,8 +412,8 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
     pcas: dict[str, PCA] = {}
     lins: dict[str, Linear] = {}
     if baselines:
-        moms = {d.site: _Moments(d.d_in, d.d_out if d.transcoder else None) for d in D}
-        it, a, b = _batches(lm, data, "train", fit_tokens or tokens, seq_len, batch_size)
+        moms = {d.site: Moments(d.d_in, d.d_out if d.transcoder else None) for d in D}
+        it, a, b = _batches(lm, data, "train", fit_tokens or min(tokens, FIT_TOKENS), seq_len, batch_size)
         for ids in it:
             cap = run(lm, ids, capture=sites, stop_after=sites[-1], logits=False).captured
             for d in D:
@@ -508,7 +442,7 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
     losses = {d.site: {"dict": _Loss(), "zero": _Loss(), "base": _Loss()} for d in D}
     transcoders = [d for d in D if d.transcoder]
     repl = _Loss() if len(transcoders) >= 2 else None
-    budget = n_tok if splice_tokens is None else max(1, int(splice_tokens))
+    budget = min(n_tok, SPLICE_TOKENS) if splice_tokens is None else max(1, int(splice_tokens))
     it, a, b = _batches(lm, data, "heldout", min(budget, n_tok), seq_len, batch_size)
     need = sorted({site_key(d.site if not d.transcoder else d.input_site) for d in D})
     n_spl = 0
@@ -578,5 +512,5 @@ def _progress(on: bool):
     return say
 
 
-__all__ = ["DEAD_TOKENS", "DictionaryEvaluation", "DictionaryScore", "Linear", "PCA", "density",
-           "evaluate_dictionaries", "fit_linear", "fit_pca"]
+__all__ = ["DEAD_TOKENS", "FIT_TOKENS", "SPLICE_TOKENS", "DictionaryEvaluation", "DictionaryScore", "Linear", "PCA",
+           "density", "evaluate_dictionaries", "fit_linear", "fit_pca"]
