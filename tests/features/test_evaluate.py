@@ -70,14 +70,24 @@ def identity_sae(d, site):
                       b_dec=torch.zeros(d), kind="jumprelu", threshold=torch.zeros(2 * d), site=site)
 
 
-def mlp_transcoder(lm, layer):
-    """A transcoder that is block ``layer``'s ReLU MLP itself (OPT): ``relu(x W_in + b_in) W_out + b_out``."""
+def mlp_transcoder(lm, layer, role="transcoder"):
+    """A transcoder that is block ``layer``'s ReLU MLP itself (OPT): ``relu(x W_in + b_in) W_out + b_out``. A skip
+    transcoder: a random skip path ``x W_skip^T``, cancelled by ``2 d`` more latents ``relu(x), relu(-x)`` whose
+    decoder rows are ``-W_skip^T, W_skip^T`` (``relu(x) - relu(-x) = x``), so the sum is still the MLP."""
     m = lm.anatomy.layers[layer].mlp
     assert m.act == "relu" and not m.gated
-    width = m.W_in.shape[1]
-    return Dictionary(W_enc=m.W_in.float().clone(), b_enc=m.b_in.float().clone(), W_dec=m.W_out.float().clone(),
-                      b_dec=m.b_out.float().clone(), kind="jumprelu", role="transcoder",
-                      threshold=torch.zeros(width), site=f"mlp_out.{layer}")
+    d, width = m.W_in.shape
+    W_enc, b_enc, W_dec = m.W_in.float().clone(), m.b_in.float().clone(), m.W_out.float().clone()
+    W_skip = None
+    if role == "skip":
+        eye = torch.eye(d)
+        W_skip = torch.randn(d, d, generator=torch.Generator().manual_seed(layer)) * 0.3
+        W_enc = torch.cat([W_enc, eye, -eye], 1)
+        b_enc = torch.cat([b_enc, torch.zeros(2 * d)])
+        W_dec = torch.cat([W_dec, -W_skip.T, W_skip.T], 0)
+        width += 2 * d
+    return Dictionary(W_enc=W_enc, b_enc=b_enc, W_dec=W_dec, b_dec=m.b_out.float().clone(), kind="jumprelu",
+                      role=role, threshold=torch.zeros(width), W_skip=W_skip, site=f"mlp_out.{layer}")
 
 
 def ce_kl_top1(logits, clean, ids):
@@ -174,12 +184,25 @@ def test_perfect_dictionary_scores_perfectly(corpus):
     assert s.baselines["pca"]["components"] == round(s.l0)
 
 
-def test_perfect_transcoders_replacement_model_is_the_model(corpus):
+@pytest.mark.parametrize("family", ["gpt2", "gemma2", "falcon", "olmo2", "mixtral"])
+def test_perfect_sae_on_families(corpus, family):
+    """Pre-norm, sandwich, parallel, MoE: the identity SAE spliced anywhere leaves the model as it is."""
+    lm = get_model(f"tiny:{family}")
+    site = f"resid_post.{lm.anatomy.n_layers - 2}"
+    s = evaluate_dictionaries(lm, identity_sae(lm.anatomy.d_model, site), corpus, tokens=60, seq_len=SEQ,
+                              batch_size=BATCH).dictionaries[0]
+    assert s.explained_variance == pytest.approx(1.0, abs=1e-6)
+    assert abs(s.delta_loss) <= 1e-5 * s.ce_clean and s.kl == pytest.approx(0.0, abs=1e-7)
+    assert s.top1_agreement == 1.0 and s.loss_recovered == pytest.approx(1.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("role", ["transcoder", "skip"])
+def test_perfect_transcoders_replacement_model_is_the_model(corpus, role):
     lm = get_model("tiny:opt")
-    T = [mlp_transcoder(lm, layer) for layer in range(lm.anatomy.n_layers)]
+    T = [mlp_transcoder(lm, layer, role) for layer in range(lm.anatomy.n_layers)]
     ev = evaluate_dictionaries(lm, T, corpus, tokens=TOKENS, seq_len=SEQ, batch_size=BATCH)
     for s in ev.dictionaries:
-        assert s.role == "transcoder" and "linear" in s.baselines and "pca" not in s.baselines
+        assert s.role == role and "linear" in s.baselines and "pca" not in s.baselines
         assert s.explained_variance == pytest.approx(1.0, abs=1e-5)
         assert abs(s.delta_loss) <= 1e-5 * s.ce_clean and s.kl == pytest.approx(0.0, abs=1e-7)
         assert s.top1_agreement == 1.0
