@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
+from ..models.devices import main_device
 from ..models.dictionary import Dictionary, load_dictionaries
 from ..models.engine import Edit, run
 from ..models.load import LoadedModel
@@ -415,7 +416,7 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
         moms = {d.site: Moments(d.d_in, d.d_out if d.transcoder else None) for d in D}
         it, a, b = _batches(lm, data, "train", fit_tokens or min(tokens, FIT_TOKENS), seq_len, batch_size)
         for ids in it:
-            cap = run(lm, ids, capture=sites, stop_after=sites[-1], logits=False).captured
+            cap = run(lm, ids, capture=sites, stop_after=sites[-1], logits=False, device="cpu").captured
             for d in D:
                 x = _flat(cap[site_key(d.input_site)], a, b)
                 moms[d.site].add(x, _flat(cap[site_key(d.site)], a, b) if d.transcoder else None)
@@ -431,7 +432,7 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
     it, a, b = _batches(lm, data, "heldout", tokens, seq_len, batch_size)
     n_tok = 0
     for ids in it:
-        cap = run(lm, ids, capture=sites, stop_after=sites[-1], logits=False).captured
+        cap = run(lm, ids, capture=sites, stop_after=sites[-1], logits=False, device="cpu").captured
         for d in D:
             rec[d.site].add(_flat(cap[site_key(d.input_site)], a, b), _flat(cap[site_key(d.site)], a, b))
         n_tok += ids.shape[0] * (b - a)
@@ -445,19 +446,22 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
     budget = min(n_tok, SPLICE_TOKENS) if splice_tokens is None else max(1, int(splice_tokens))
     it, a, b = _batches(lm, data, "heldout", min(budget, n_tok), seq_len, batch_size)
     need = sorted({site_key(d.site if not d.transcoder else d.input_site) for d in D})
+    dev = main_device(lm.model)
+    on = {d.site: d.to(dev) for d in D}  # the engine's copies, on the model's device (statistics: on the CPU)
     n_spl = 0
     with torch.no_grad():
         for ids in it:
             if n_spl >= budget:
                 break
-            out = run(lm, ids, capture=need if baselines else ())
-            targets = ids[:, a + 1:b].reshape(-1)
+            out = run(lm, ids, capture=need if baselines else (), device="cpu")
+            targets = ids[:, a + 1:b].reshape(-1).to(out.logits.device)
             lp0 = _log_probs(out.logits, a, b)
             clean.add(lp0, targets, None)
             for d in D:
                 name, layer = site_key(d.site)
                 L = losses[d.site]
-                L["dict"].add(_log_probs(run(lm, ids, dictionaries=[d], splice=True).logits, a, b), targets, lp0)
+                spliced = run(lm, ids, dictionaries=[on[d.site]], splice=True).logits
+                L["dict"].add(_log_probs(spliced, a, b), targets, lp0)
                 zero = torch.zeros(ids.shape[0], ids.shape[1], d.d_out)
                 L["zero"].add(_log_probs(run(lm, ids, [_whole(name, layer, zero)]).logits, a, b), targets, lp0)
                 if baselines:
@@ -469,7 +473,8 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
                     L["base"].add(_log_probs(run(lm, ids, [_whole(name, layer, yb.float())]).logits, a, b),
                                   targets, lp0)
             if repl is not None:
-                repl.add(_log_probs(run(lm, ids, dictionaries=transcoders, splice=True).logits, a, b), targets, lp0)
+                spliced = run(lm, ids, dictionaries=[on[d.site] for d in transcoders], splice=True).logits
+                repl.add(_log_probs(spliced, a, b), targets, lp0)
             n_spl += targets.shape[0]
             say(f"splices: {n_spl} predictions")
 
