@@ -45,7 +45,7 @@ def _special_affixes(tok) -> tuple[list[int], list[int]]:
     return [], []
 
 
-special_affixes = _special_affixes  # the public name (features' training drops these positions)
+special_affixes = _special_affixes  # the public name, for other packages (features: the positions to leave out)
 
 
 def token_sequences(lm: LoadedModel, text: str, seq_len: int, max_tokens: int | None = None) -> torch.Tensor:

@@ -9,6 +9,7 @@ text stream is :mod:`lenscope.data.corpus`. Here:
   file, time-budgeted and resumable;
 - :mod:`~lenscope.features.evaluate`: explained variance, L0, dead latents, density, the splice into the model
   (ΔLM loss, loss recovered, KL), the replacement model, beside the PCA / linear baselines;
+- :mod:`~lenscope.features.baselines`: the PCA and least-squares baselines the evaluation fits;
 - :mod:`~lenscope.features.synthetic`: the synthetic benchmark with known features;
 - :mod:`~lenscope.features.attribution`: direct logit attribution over features, and the features of a prompt.
 """
