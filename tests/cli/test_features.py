@@ -105,3 +105,17 @@ def test_features_html(dict_dir, tmp_path):
         assert r.exit_code == 0 and path.read_text().startswith("<!DOCTYPE html>"), r.output
     else:
         assert r.exit_code == 2 and "leave --html out" in r.stderr and not path.exists()
+
+
+def test_features_refuses_two_residual_dictionaries_in_one_attribution(tmp_path):
+    lm = get_model("tiny:llama")
+    d = lm.anatomy.d_model
+    folder = save_dictionaries([_random(d, 32, site="resid_post.0", seed=1), _random(d, 32, site="resid_post.1",
+                                                                                      seed=2)], tmp_path / "two")
+    r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--json")
+    assert r.exit_code == 0, r.output  # the active features of both
+    r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--target", " the")
+    assert r.exit_code == 2 and "alternatives" in r.stderr and "--site" in r.stderr
+    r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--target", " the", "--site",
+            "resid_post.1", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["dla"]["dictionaries"] == ["resid_post.1"]

@@ -230,3 +230,28 @@ def test_atp_against_exact_on_a_nonlinear_case_reports_the_gap(tmp_path):
     assert back.node_names == res.node_names and torch.equal(back.atp, res.atp)
     assert {"nodes", "agreement", "metric_clean", "sites"} <= set(res.to_dict())
     assert list(res.to_frame().columns) == ["name", "site", "position", "feature", "atp", "exact", "error"]
+
+
+def test_feature_dla_by_head_keeps_the_other_heads():
+    """With the attention writes split into heads, an attn_out dictionary replaces its block's heads and output
+    bias only; the other block's heads stay, and the sum still holds (a sandwich model: gemma3)."""
+    lm = get_model("tiny:gemma3")
+    D = _random(lm.anatomy.d_model, 40, kind="jumprelu", site="attn_out.1", seed=3)
+    res = feature_dla(lm, TEXT, [D], " the", " cat", by_head=True)
+    assert res.completeness_error <= _limit(res)
+    assert "L0.H0" in res.names and "L0.attn_bias" in res.names and "L2.H1" in res.names
+    assert not any(n.startswith("L1.H") or n == "L1.attn_bias" for n in res.names)
+    assert res.top(3)[0]["kind"] == "feature" and len(res.top(3)) == 3
+
+
+def test_feature_atp_over_two_prompts_is_their_mean():
+    lm = get_model("tiny:llama")
+    D = _random(lm.anatomy.d_model, 32, kind="topk", site="resid_post.0", seed=9, k=6)
+    other = ("The dog sat on the mat", "The cat ran on the mat")
+    both = feature_atp(lm, [CLEAN, other[0]], [CORRUPTED, other[1]], " the", " cat", dictionaries=[D], top=3)
+    one = feature_atp(lm, CLEAN, CORRUPTED, " the", " cat", dictionaries=[D], top=0)
+    two = feature_atp(lm, other[0], other[1], " the", " cat", dictionaries=[D], top=0)
+    assert both.n == 2 and len(one.node_names) == 0 and one.agreement == {"nodes": 0}
+    assert torch.allclose(both.atp, (one.atp + two.atp) / 2, atol=1e-6)
+    assert both.metric_clean == pytest.approx((one.metric_clean + two.metric_clean) / 2, abs=1e-6)
+    assert len(both.node_names) == 3 and both.node_names[0].startswith("resid_post.0/F")
