@@ -247,10 +247,12 @@ def node_list(lm: LoadedModel, kinds, P: int) -> dict[str, tuple[list[tuple], tu
 
 
 @torch.no_grad()
-def exact_effects(lm: LoadedModel, ps: list[tuple], nodes: list[tuple], metric: str, batch_size: int = 32):
+def exact_effects(lm: LoadedModel, ps: list[tuple], nodes: list[tuple], metric: str, batch_size: int = 32,
+                  dictionaries=()):
     """The mean over prompts of (metric with the node patched from the corrupted run) - (clean metric), for each
     node ``(site, layer, pos or None, head or None)``: ``(effects (node,), mean clean metric, mean corrupted
-    metric)``. Rows are (node, prompt) pairs, ``batch_size`` rows per forward pass."""
+    metric)``. Rows are (node, prompt) pairs, ``batch_size`` rows per forward pass. ``dictionaries``: those whose
+    latents are nodes (``("resid_post.latents", 5, pos, latent)``: the features' attribution patching)."""
     if batch_size < 1:
         raise InputError("batch_size must be at least 1")
     sites = sorted({(s, layer) for s, layer, _, _ in nodes})
@@ -260,13 +262,13 @@ def exact_effects(lm: LoadedModel, ps: list[tuple], nodes: list[tuple], metric: 
         c, x, t, f = g.clean, g.corrupted, g.target, g.foil
         b, P = c.shape
         last_only, at = read_at(g.position, P)
-        lg_x, corr = run(lm, x, capture=sites, last_only=last_only)
+        lg_x, corr = run(lm, x, capture=sites, last_only=last_only, dictionaries=dictionaries)
         lg_c, _ = run(lm, c, last_only=last_only)
         m0 = metric_of(lg_c, metric, t, f, at=at).double().cpu()
         m_clean += float(m0.sum())
         m_corr += float(metric_of(lg_x, metric, t, f, at=at).sum())
         patched = patch_nodes(lm, c, corr, nodes, metric, t, f, position=at, batch_size=batch_size,
-                              last_only=last_only).double()  # (node, b)
+                              last_only=last_only, dictionaries=dictionaries).double()  # (node, b)
         out += (patched - m0[None]).sum(1)
     n = len(ps)
     return out / n, m_clean / n, m_corr / n

@@ -145,7 +145,8 @@ Node = tuple  # (site, layer, position or None: every position, head or None: th
 def patch_edits(rows: list[tuple[int, Node, Tensor]], P: int) -> list[Edit]:
     """The one builder of patch edits: one engine :class:`Edit` per (site, layer, per-head or not) from ``(batch
     row, node, source value (pos, ...))``, a node ``(site, layer, pos or None, head or None)`` (``pos`` None: every
-    position of the ``P``)."""
+    position of the ``P``). A dictionary's latent is a node of its latent site with the latent's index as ``head``
+    (``("resid_post.latents", 5, pos, latent)``: that latent alone set; the run needs the dictionary)."""
     merged: dict[tuple, list] = {}
     for row, (site, layer, p, h), value in rows:
         pos = torch.arange(P) if p is None else torch.tensor([p])
@@ -163,12 +164,14 @@ def patch_edits(rows: list[tuple[int, Node, Tensor]], P: int) -> list[Edit]:
 
 @torch.no_grad()
 def patch_nodes(lm: LoadedModel, base: Tensor, source: dict, nodes: list[Node], metric: str, target, foil, *,
-                position: int, batch_size: int = 32, last_only: bool = False) -> Tensor:
+                position: int, batch_size: int = 32, last_only: bool = False, dictionaries=()) -> Tensor:
     """The one node-patching loop: the metric of the run of ``base (b, pos)`` with one node set to its value in
     ``source`` (``{(site, layer): (b, pos, ...)}``, each prompt's own), for every (node, prompt) pair, one pair per
     batch row, ``batch_size`` rows per forward pass: ``(node, b)``. ``target``/``foil``: one id, or ``(b,)`` ids;
     the metric is read at ``position`` (``last_only``: the last position's logits only, ``position`` the last).
-    Activation patching's sweeps and the circuits' exact node scores are its uses."""
+    ``dictionaries``: the sparse dictionaries whose latent nodes are patched (the engine's ``dictionaries=``).
+    Activation patching's sweeps, the circuits' exact node scores and the features' exact latent patching are its
+    uses."""
     if batch_size < 1:
         raise InputError("batch_size must be at least 1")
     b, P = base.shape
@@ -178,7 +181,7 @@ def patch_nodes(lm: LoadedModel, base: Tensor, source: dict, nodes: list[Node], 
         node_i, prompt_j = rows // b, rows % b
         edits = patch_edits([(r, nodes[i], source[nodes[i][:2]][j]) for r, (i, j) in
                              enumerate(zip(node_i.tolist(), prompt_j.tolist()))], P)
-        lg, _ = run(lm, base[prompt_j], edits, last_only=last_only)
+        lg, _ = run(lm, base[prompt_j], edits, last_only=last_only, dictionaries=dictionaries)
         t = target[prompt_j] if isinstance(target, Tensor) else target
         f = foil[prompt_j] if isinstance(foil, Tensor) else foil
         out.append(metric_of(lg, metric, t, f, at=-1 if last_only else position).cpu())

@@ -109,6 +109,10 @@ DISPLAY = {
     # direct logit attribution's rows, older than the circuits' names and kept (saved results use them)
     "dla.head": "L{layer}.H{head}", "dla.attn_bias": "L{layer}.attn_bias",
 }
+# a sparse dictionary's parts (its engine site "<site>.latents"): latent ``unit`` ("resid_post.5/F123"), and the parts
+# no latent writes: its decoder bias, a skip transcoder's skip path, the reconstruction error ("mlp_out.3/error")
+DISPLAY |= {f"{s}.latents": f"{s}.{{layer}}/F{{unit}}" for s in DICT_SITES}
+DISPLAY |= {f"{s}.latents.{part}": f"{s}.{{layer}}/{part}" for s in DICT_SITES for part in ("bias", "skip", "error")}
 # the engine's sites that name a part: their display kind
 SITE_DISPLAY = {"resid_pre": "resid", "attn_out": "attn", "mlp_out": "mlp", "expert_out": "expert"}
 
@@ -117,7 +121,9 @@ def display_name(kind: str, layer: int | None = None, head: int | None = None, p
                  expert: int | None = None, unit: int | None = None) -> str:
     """The display name of a part (:data:`DISPLAY`): ``("head", 3, 2)`` -> ``"L3H2"``, ``("mlp", 3)`` ->
     ``"L3.mlp"`` (with ``expert=1``: ``"L3.E1.mlp"``), ``("q", 3, 2)`` -> ``"L3H2.q"``, ``"embed"``, ``"logits"``;
-    ``pos`` appends ``"@pos"`` (``"L1H2@3"``). ``kind`` may be an engine site (``"attn_out"`` -> ``"L3.attn"``)."""
+    ``pos`` appends ``"@pos"`` (``"L1H2@3"``). ``kind`` may be an engine site (``"attn_out"`` -> ``"L3.attn"``); a
+    dictionary's latent: ``("resid_post.latents", 5, unit=123)`` -> ``"resid_post.5/F123"``, its other parts
+    ``("mlp_out.latents.error", 3)`` -> ``"mlp_out.3/error"`` (``.bias``, ``.skip``)."""
     kind = SITE_DISPLAY.get(kind, kind)
     if kind == "mlp" and expert is not None:
         kind = "expert"

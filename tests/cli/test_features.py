@@ -1,0 +1,121 @@
+"""``lenscope features``: the active features per token and, with a target, the feature attribution and its
+completeness error as JSON; one-line errors (exit 2) for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from lenscope.cli import app
+from lenscope.features.attribution import feature_dla
+from lenscope.features.result import active_features
+from lenscope.models.dictionary import save_dictionaries
+from lenscope.models.summary import fingerprint
+from tests.conftest import get_model
+from tests.models.test_dictionary import _random
+
+runner = CliRunner()
+TEXT = "The cat sat on the mat"
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture(scope="module")
+def dict_dir(tmp_path_factory):
+    lm = get_model("tiny:llama")
+    d = lm.anatomy.d_model
+    ds = [_random(d, 32, site="resid_post.0", seed=1, k=5),
+          _random(d, 40, kind="jumprelu", role="transcoder", site="mlp_out.1", seed=2)]
+    for D in ds:
+        D.model, D.fingerprint = lm.name, fingerprint(lm.anatomy)
+    return save_dictionaries(ds, tmp_path_factory.mktemp("dicts") / "d"), ds
+
+
+def test_features_json_active_and_dla(dict_dir):
+    folder, ds = dict_dir
+    r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--json", "--top", "4")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert {"model", "tokens", "sites", "active", "l0"} <= set(out) and "dla" not in out
+    lm = get_model("tiny:llama")
+    fa = active_features(lm, TEXT, ds, top=4)
+    assert out["tokens"] == fa.tokens and out["sites"] == ["resid_post.0", "mlp_out.1"]
+    assert out["active"] == fa.to_records() and out["l0"] == fa.l0.tolist()
+    assert {"site", "position", "token", "feature", "activation"} == set(out["active"][0])
+
+    r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--json", "--target", " the",
+            "--foil", " cat", "--position", "3")
+    assert r.exit_code == 0, r.output
+    dla = json.loads(r.stdout)["dla"]
+    want = feature_dla(lm, TEXT, ds, " the", " cat", position=3)
+    assert dla["position"] == 3 and dla["target"] == " the" and dla["foil"] == " cat"
+    assert {"rows", "logit", "sum", "completeness_error"} <= set(dla)
+    assert [r_["name"] for r_ in dla["rows"]] == want.names
+    assert torch.allclose(torch.tensor([r_["value"] for r_ in dla["rows"]]), want.values)
+    assert {"name", "site", "feature", "value"} <= set(dla["rows"][0])
+    assert abs(dla["sum"] - dla["logit"]) == pytest.approx(dla["completeness_error"])
+    assert dla["completeness_error"] < 1e-4 * max(1.0, sum(abs(r_["value"]) for r_ in dla["rows"]))
+
+
+def test_features_table_and_site_choice(dict_dir):
+    folder, _ = dict_dir
+    r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--target", " the",
+            "--site", "mlp_out.1")
+    assert r.exit_code == 0, r.output
+    assert "mlp_out.1" in r.stdout and "resid_post.0 (L0)" not in r.stdout and "completeness error" in r.stdout
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--position", "40"], "outside the text"),
+    (["--target", " notatoken"], ""),
+    (["--foil", " cat"], "foil needs a target"),
+    (["--site", "attn_out.0"], "has dictionaries at"),
+    (["--top", "0"], "at least 1"),
+])
+def test_features_bad_input_one_line(dict_dir, extra, msg):
+    folder, _ = dict_dir
+    r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder), *extra)
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err and msg in err
+
+
+def test_features_refuses_another_models_dictionary(dict_dir):
+    folder, _ = dict_dir
+    r = run("features", TEXT, "--model", "tiny:qwen2", "--dict", str(folder))
+    assert r.exit_code == 2 and r.stderr.startswith("error: ") and "trained on" in r.stderr, r.output
+    r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder / "nothing"))
+    assert r.exit_code == 2 and "does not exist" in r.stderr
+
+
+def test_features_html(dict_dir, tmp_path):
+    """The page is the features view's (drawn by the views' own script); until that view exists, a one-line
+    error that says to leave --html out."""
+    from lenscope.viz.views import VIEWS
+
+    folder, _ = dict_dir
+    path = tmp_path / "f.html"
+    r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--html", str(path))
+    if "features" in VIEWS:
+        assert r.exit_code == 0 and path.read_text().startswith("<!DOCTYPE html>"), r.output
+    else:
+        assert r.exit_code == 2 and "leave --html out" in r.stderr and not path.exists()
+
+
+def test_features_refuses_two_residual_dictionaries_in_one_attribution(tmp_path):
+    lm = get_model("tiny:llama")
+    d = lm.anatomy.d_model
+    folder = save_dictionaries([_random(d, 32, site="resid_post.0", seed=1), _random(d, 32, site="resid_post.1",
+                                                                                      seed=2)], tmp_path / "two")
+    r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--json")
+    assert r.exit_code == 0, r.output  # the active features of both
+    r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--target", " the")
+    assert r.exit_code == 2 and "alternatives" in r.stderr and "--site" in r.stderr
+    r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--target", " the", "--site",
+            "resid_post.1", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["dla"]["dictionaries"] == ["resid_post.1"]
