@@ -59,7 +59,7 @@
       lead.style.minWidth = "52px";
       c.tokens.forEach(function (t, i) {
         if (t === null) return;
-        var v = c.values[i], col = v > 0 ? LS.colour("magma", 1 - 0.8 * Math.min(1, v / top)) : "#ffffff";
+        var v = c.values[i], col = v > 0 ? LS.colour("magma", 1 - 0.8 * Math.min(1, v / top)) : "rgb(255,255,255)";
         var s = LS.el("span", "tok", LS.show(t), row);
         s.style.background = col; s.style.color = LS.ink(col);
         if (i === c.center) s.classList.add("pred");

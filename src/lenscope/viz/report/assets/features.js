@@ -32,7 +32,7 @@
     function colour() {
       var m = 0; for (var i = 0; i < n; i++) m = Math.max(m, strongest(cur, i));
       spans.forEach(function (s, i) {
-        var v = strongest(cur, i), c = v > 0 ? LS.colour("magma", 1 - 0.8 * (m > 0 ? v / m : 0)) : "#ffffff";
+        var v = strongest(cur, i), c = v > 0 ? LS.colour("magma", 1 - 0.8 * (m > 0 ? v / m : 0)) : "rgb(255,255,255)";
         s.style.background = c; s.style.color = LS.ink(c);
       });
     }
