@@ -67,3 +67,20 @@ def test_dict_show_errors(tmp_path):
     r = run(*base, "--dict", tmp_path / "two", "--feature", 1, "--site", "resid_post.0", "--tokens", 300)
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["site"] == "resid_post.0"
+
+
+def test_report_with_dict(tmp_path):
+    lm = get_model("tiny:llama")
+    D = random_dict(lm.anatomy.d_model, 40, site="resid_post.1", seed=2)
+    D.save(tmp_path / "sae")
+    data = corpus(tmp_path)
+    out = tmp_path / "r.html"
+    r = run("report", "the cat sat on the mat", "--model", "tiny:llama", "--sections", "prediction", "--dict",
+            tmp_path / "sae", "--dict-data", data, "--out", out, "--json")
+    assert r.exit_code == 0, r.output
+    assert [s["key"] for s in json.loads(r.stdout)["sections"]] == ["prediction", "features"]
+    assert 'data-section="features"' in out.read_text()
+    r = run("report", "a b", "--model", "tiny:llama", "--dict-data", data, "--out", out)
+    assert r.exit_code == 2 and "give --dict DIR as well" in r.stderr
+    r = run("report", "a b", "--model", "tiny:llama", "--dict", tmp_path / "none", "--out", out)
+    assert r.exit_code == 2 and "does not exist" in r.stderr

@@ -140,3 +140,23 @@ def test_card_refuses_bad_input(tmp_path):
     other = random_dict(lm.anatomy.d_model + 1, 40, site="resid_post.0")
     with pytest.raises(InputError, match="d_model"):
         feature_card(lm, other, 1, data)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "granite", "cohere"])
+@pytest.mark.parametrize("role,site", [("sae", "resid_post.1"), ("transcoder", "mlp_out.1")])
+def test_decoder_logits_written_out(family, role, site):
+    """The direct path by hand in float64: LayerNorm's centring (GPT-2), the residual multiplier and the logit
+    scale (Granite, Cohere), the final norm's weight, the unembedding."""
+    lm = get_model(f"tiny:{family}")
+    A = lm.anatomy
+    D = random_dict(A.d_model, 20, role=role, site=site, seed=9)
+    feats = [0, 7, 19]
+    v = D.W_dec[feats].double()
+    if role != "sae":
+        assert A.layers[1].ln_mlp_out is None
+        v = v * A.layers[1].residual_scale
+    if A.final_norm.kind == "layernorm":
+        v = v - v.mean(-1, keepdim=True)
+    want = (v * A.final_norm.weight.double()) @ (A.unembed.W_U.double() * A.unembed.logit_scale)
+    got = decoder_logits(lm, D, feats).double()
+    assert torch.allclose(got, want, atol=1e-5 * float(want.abs().max()))
