@@ -125,6 +125,8 @@ def test_one_card_save_load_and_frame(tmp_path):
     d = c.to_dict()
     assert {"contexts", "histogram", "density", "promoted", "suppressed", "tokens"} <= set(d)
     assert "FeatureCard(resid_post.0 #7" in repr(c)
+    fig = c.plot()
+    assert len(fig.axes) == 2 and len(fig.axes[1].patches) == 20  # 10 promoted, 10 suppressed
 
 
 def test_card_refuses_bad_input(tmp_path):

@@ -108,6 +108,12 @@ class FeatureCard(ReportView, Result):
                  "position": c["position"]} for r, c in enumerate(self.contexts())]
         return pd.DataFrame(rows, columns=["rank", "activation", "token", "context", "sequence", "position"])
 
+    def plot(self, *, title: str | None = None):
+        """The histogram and the promoted / suppressed tokens (:func:`lenscope.viz.feature_plots.plot_feature_card`)."""
+        from ..viz.feature_plots import plot_feature_card
+
+        return plot_feature_card(self, title=title)
+
     def to_html(self, path=None) -> str:
         """The self-contained page of this card (written to ``path`` when given)."""
         from ..viz.html import write_page
