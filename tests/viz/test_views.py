@@ -13,6 +13,8 @@ import pytest
 
 import lenscope
 from lenscope.attribution import ComponentAttribution, Explanation
+from lenscope.features.cards import FeatureCard
+from lenscope.features.result import FeatureActivations
 from lenscope.generation import Generation
 from lenscope.lenses.trajectory import PredictionTrajectory, prediction_trajectory
 from lenscope.mixing.alti import MixingMatrices
@@ -30,7 +32,8 @@ from ..report.test_report_browser import CHROMIUM, sync_playwright
 TEXT = "The capital of France is"
 TARGET, FOIL = " capital", " of"
 RESULTS = {ComponentAttribution: "components", Explanation: "attribution", PredictionTrajectory: "trajectory",
-           MixingMaps: "mixing", MixingMatrices: "flow", Generation: "generation", SteeringEvaluation: "steering"}
+           MixingMaps: "mixing", MixingMatrices: "flow", Generation: "generation", SteeringEvaluation: "steering",
+           FeatureActivations: "features", FeatureCard: "feature"}
 
 
 @pytest.fixture(scope="module")

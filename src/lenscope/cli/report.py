@@ -28,11 +28,16 @@ def report_cmd(
                                       "ALTI over every earlier token), a clickable strip and a matrix."),
     lens: str = typer.Option(None, "--lens", help="'patchscope' or a tuned-lens directory, shown beside the logit "
                                                   "lens."),
+    dict_dir: str = typer.Option(None, "--dict", help="Sparse dictionaries (a dictionary folder or a folder of them): "
+                                                      "adds the features view (active features per token)."),
+    dict_data: str = typer.Option(None, "--dict-data",
+                                  help="Text (a file or the corpus folder) whose held-out part the features view's "
+                                       "cards are measured on (the strongest features at the last position)."),
     out: str = typer.Option("report.html", "--out", "-o", help="Where to write the page."),
     sections: str = typer.Option(None, "--sections",
                                  help="Comma-separated views (default all): prediction, trajectory, components, "
                                       "attribution, mixing, flow, circuit with --corrupted, generation with "
-                                      "--generate."),
+                                      "--generate, features with --dict."),
     open_page: bool = typer.Option(False, "--open", help="Open the page in a web browser when written."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary (checks, timings, sections)."),
 ):
@@ -44,6 +49,13 @@ def report_cmd(
                          "logit(foil))")
     if generate is not None and generate < 1:
         raise InputError(f"--generate must be at least 1 (tokens to generate), not {generate}")
+    if dict_data is not None and dict_dir is None:
+        raise InputError("--dict-data measures the features view's cards: give --dict DIR as well")
+    dictionaries = None
+    if dict_dir is not None:
+        from ..models.dictionary import load_dictionaries
+
+        dictionaries = load_dictionaries(dict_dir)
     con = Console(stderr=True, soft_wrap=True)
     t0 = time.perf_counter()
     con.print(f"lenscope report: loading [bold]{model.name}[/] "
@@ -61,6 +73,8 @@ def report_cmd(
             raise InputError("--sections is empty")
         if generate is not None and "generation" not in keys:
             keys.append("generation")  # --generate asks for its view
+        if dictionaries is not None and "features" not in keys:
+            keys.append("features")  # --dict asks for its view
     from ..report import build_report
 
     with con.status("computing") as status:
@@ -68,7 +82,7 @@ def report_cmd(
             status.update(f"computing: {title}")
 
         rep = build_report(lm, text, target, foil, corrupted=corrupted, lens=tuned, sections=keys,
-                           progress=progress, generate=generate)
+                           progress=progress, generate=generate, dictionaries=dictionaries, dict_data=dict_data)
     path = rep.write(out)
     size = path.stat().st_size
     if as_json:

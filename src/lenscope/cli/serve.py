@@ -19,6 +19,10 @@ def serve_cmd(
                               help="Require 'Authorization: Bearer TOKEN' on every API request (the page reads it "
                                    "from its address, ?token=TOKEN)."),
     lens: str = typer.Option(None, "--lens", help="A tuned-lens directory, shown beside the logit lens."),
+    dict_dir: str = typer.Option(None, "--dict", help="Sparse dictionaries (a folder, or a folder of them): the "
+                                                      "features view; click a token for its active features."),
+    dict_data: str = typer.Option(None, "--dict-data", help="Text (a file or the corpus folder) whose held-out part "
+                                                            "a feature's card is measured on (click a feature)."),
     max_tokens: int = typer.Option(512, "--max-tokens", help="Most tokens in one request (413 above)."),
     max_resident: int = typer.Option(2, "--max-resident", help="Most models kept loaded at once."),
     max_queue: int = typer.Option(16, "--max-queue", help="Most jobs waiting in all (503 above)."),
@@ -29,7 +33,7 @@ def serve_cmd(
     from ..serve import serve
 
     serve(host, port, models=list(model) if model else None, token=token, max_tokens=max_tokens,
-          max_queue=max_queue, max_resident=max_resident, lens=lens)
+          max_queue=max_queue, max_resident=max_resident, lens=lens, dicts=dict_dir, dict_data=dict_data)
 
 
 def register(app: typer.Typer) -> None:

@@ -11,5 +11,7 @@ text stream is :mod:`lenscope.data.corpus`. Here:
   (ΔLM loss, loss recovered, KL), the replacement model, beside the PCA / linear baselines;
 - :mod:`~lenscope.features.baselines`: the PCA and least-squares baselines the evaluation fits;
 - :mod:`~lenscope.features.synthetic`: the synthetic benchmark with known features;
-- :mod:`~lenscope.features.attribution`: direct logit attribution over features, and the features of a prompt.
+- :mod:`~lenscope.features.attribution`: direct logit attribution over features, and the features of a prompt;
+- :mod:`~lenscope.features.cards`: one feature seen whole on held-out text (top contexts, histogram, density, the
+  tokens its decoder direction promotes and suppresses), many features in one pass.
 """

@@ -83,7 +83,7 @@ def _versions() -> dict:
 
 def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None = None, lens=None, sections=None,
                  top_k: int = 10, progress=None, circuit: dict | None = None, generate: int | None = None,
-                 explain=None) -> Report:
+                 explain=None, dictionaries=None, dict_data=None, dict_tokens: int = 16_384) -> Report:
     """Compute every view of the prediction at the last position of ``text``.
 
     ``target``/``foil``: the token to explain (text, ``"#ID"`` or id) and an optional contrast; without a
@@ -97,6 +97,9 @@ def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None
     ``generate``: a number of tokens to generate after ``text`` and explain token by token (adds the generation
     view, :class:`~.sections.Generation`); ``explain``: that view's methods (default
     :attr:`~.sections.Generation.methods`).
+    ``dictionaries``: sparse dictionaries (:func:`~lenscope.models.dictionary.load_dictionaries`): adds the features
+    view (:class:`~.sections.Features`), with the cards of the strongest features at the last position measured on
+    ``dict_tokens`` held-out tokens of ``dict_data`` (a text file or corpus folder) when given.
     """
     if sections is not None:
         unknown = [k for k in sections if k not in SECTION_KEYS]
@@ -104,7 +107,8 @@ def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None
             raise InputError(f"unknown report section(s) {unknown}; choose from {', '.join(SECTION_KEYS)}")
     t0 = time.perf_counter()
     ctx = ReportContext(lm, text, target, foil, lens=lens, top_k=top_k, corrupted=corrupted, circuit=circuit,
-                        generate=generate, explain=explain)
+                        generate=generate, explain=explain, dictionaries=dictionaries, dict_data=dict_data,
+                        dict_tokens=dict_tokens)
     if sections is None:
         chosen = [sec for sec in (cls() for cls in SECTIONS) if sec.wanted(ctx)]
     else:

@@ -53,6 +53,9 @@ class ReportContext:
     circuit: dict | None = None  # a circuit_json result computed elsewhere (lenscope circuit --html) to show as is
     generate: int | None = None  # tokens to generate after the text and explain (the generation view)
     explain: tuple[str, ...] | None = None  # the generation view's methods (default: sections.Generation.methods)
+    dictionaries: list | None = None  # sparse dictionaries (lenscope.models.dictionary.Dictionary): the features view
+    dict_data: str | None = None  # text whose held-out part the features view's cards are measured on
+    dict_tokens: int = 16_384  # held-out tokens read for those cards
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -68,6 +71,15 @@ class ReportContext:
             self._check_contrast()
         if self.generate is not None or self.explain is not None:
             self._check_generate()
+        if self.dictionaries is not None:
+            if not self.dictionaries:
+                raise InputError("no dictionary given for the features view")
+            for d in self.dictionaries:
+                d.check(self.lm)  # a dictionary for another model or site is refused before any view is computed
+        if self.dict_data is not None:
+            from ..data.corpus import corpus_files
+
+            corpus_files(self.dict_data)  # a missing file is refused before any view is computed
 
     def _check_generate(self) -> None:
         """``generate`` and ``explain`` are refused before any view is computed: a whole number of tokens, at least

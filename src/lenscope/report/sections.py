@@ -280,5 +280,39 @@ class Generation(Section):
         return _gen_view.generation_payload(d)
 
 
-SECTIONS: list[type[Section]] = [Prediction, Trajectory, Components, Attribution, Mixing, Flow, Circuit, Generation]
+class Features(Section):
+    """The features of the prompt, per dictionary and token (``FeatureActivations``), with the cards of the
+    strongest :attr:`cards` features at the prediction's position per dictionary (measured on the held-out part of
+    ``ctx.dict_data``, when given). Shown when the report is given dictionaries (``lenscope report TEXT --dict
+    DIR``)."""
+
+    key = "features"
+    cards = 3
+
+    def wanted(self, ctx: ReportContext) -> bool:
+        return ctx.dictionaries is not None
+
+    def skip_reason(self, ctx):
+        if ctx.dictionaries is None:
+            return "The features view needs sparse dictionaries: give --dict DIR (build_report(..., dictionaries=))."
+        return None
+
+    def compute(self, ctx: ReportContext) -> dict:
+        from ..features.cards import feature_cards
+        from ..features.result import active_features
+
+        fa = active_features(ctx.lm, ctx.ids, ctx.dictionaries)
+        cards = []
+        if ctx.dict_data is not None:
+            for j, d in enumerate(ctx.dictionaries):
+                top = [int(i) for i in fa.ids[j, -1, : self.cards].tolist() if i >= 0]
+                if top:
+                    cards += feature_cards(ctx.lm, d, top, ctx.dict_data, tokens=ctx.dict_tokens)
+        for j, s in enumerate(fa.sites):
+            ctx.check(self.key, f"{s}: mean active features per token (L0, reported)", float(fa.l0[j].float().mean()))
+        return payloads.features_payload(fa, cards)
+
+
+SECTIONS: list[type[Section]] = [Prediction, Trajectory, Components, Attribution, Mixing, Flow, Circuit, Generation,
+                                 Features]
 SECTION_KEYS = tuple(s.key for s in SECTIONS)

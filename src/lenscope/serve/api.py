@@ -82,8 +82,12 @@ class Service:
 
     def __init__(self, models: list[str], *, max_tokens: int = 512, max_queue: int = 16, max_resident: int = 2,
                  lens: str | None = None, contexts: int = 8, context_mb: float = 2048, results: int = 512,
-                 results_mb: float = 512, loader=None):
+                 results_mb: float = 512, loader=None, dicts: str | None = None, dict_data: str | None = None,
+                 dict_tokens: int = 16_384):
         self.models = list(models)
+        self.dict_dir, self.dict_data, self.dict_tokens = dicts, dict_data, int(dict_tokens)
+        self._dicts: dict[str, list] = {}  # model name -> the dictionaries of --dict that fit it
+        self._dict_lock = threading.Lock()
         self.max_tokens = int(max_tokens)
         self.contexts = LRU(contexts, max_bytes=int(context_mb * 2**20), sizeof=_context_bytes)
         self.cards = LRU(results)
@@ -97,6 +101,34 @@ class Service:
         """Drop what was cached for a model that is let go (its traces hold most of the memory)."""
         for c in (self.contexts, self.cards, self.results, self.extras):
             c.drop(lambda k: k[0] == name)
+        with self._dict_lock:
+            self._dicts.pop(name, None)
+
+    # ------------------------------------------------------------------------------------ dictionaries
+
+    def dictionaries(self, name: str, lm) -> list | None:
+        """The dictionaries of ``--dict`` that fit model ``name`` (read once per loaded model; one that is for
+        another model or site is left out with a warning); None without ``--dict``."""
+        if self.dict_dir is None:
+            return None
+        with self._dict_lock:
+            got = self._dicts.get(name)
+            if got is None:
+                import logging
+
+                from ..errors import LenscopeError
+                from ..models.dictionary import load_dictionaries
+
+                got = []
+                for d in load_dictionaries(self.dict_dir):
+                    try:
+                        d.check(lm)
+                        got.append(d)
+                    except LenscopeError as e:
+                        logging.getLogger("lenscope.serve").warning("dictionary %s not used for %s: %s", d.site,
+                                                                    name, _line(e))
+                self._dicts[name] = got
+            return got or None
 
     # ------------------------------------------------------------------------------------------ models
 
@@ -125,6 +157,7 @@ class Service:
         from ..models.load import token_ids
 
         lm, lens = self.pool.get(name)
+        dicts = self.dictionaries(name, lm)
         n = token_ids(lm, text).numel()
         if n > self.max_tokens:
             raise ApiError(413, f"the text is {n} tokens long, more than this server's limit of {self.max_tokens} "
@@ -138,7 +171,7 @@ class Service:
             target = f"#{top[0]}"
             if foil is None:
                 foil = f"#{top[1]}"
-        ctx = ReportContext(lm, text, target, foil, lens=lens, corrupted=corrupted)
+        ctx = ReportContext(lm, text, target, foil, lens=lens, corrupted=corrupted, dictionaries=dicts)
         if base is not None:
             ctx.__dict__["trace"] = base.trace  # the one forward pass (cached_property's slot)
         ctx.target_id, ctx.foil_id  # noqa: B018 - a target/foil that is not one token is refused here (400)
@@ -339,6 +372,62 @@ class Service:
                     out["methods"][m] = explanation_record(e)
         self.extras.put(tkey, out)
         return out
+
+    # ---------------------------------------------------------------------------------------- features
+
+    def _need_dicts(self, name: str):
+        if self.dict_dir is None:
+            raise InputError("this server has no sparse dictionaries: start it with --dict DIR")
+        lm, _ = self.pool.get(name)
+        dicts = self.dictionaries(name, lm)
+        if dicts is None:
+            raise InputError(f"no dictionary of {self.dict_dir} fits {name}")
+        return lm, dicts
+
+    def features(self, name: str, text: str, position: int) -> dict:
+        """``POST /api/features``: the active features of every dictionary at one token of ``text``."""
+        from ..features.result import active_features
+
+        lm, dicts = self._need_dicts(name)
+        entry = self.context(name, text)
+        P = len(entry.ctx.ids)
+        if not -P <= position < P:
+            raise InputError(f"position {position} is outside the text's {P} tokens (0..{P - 1})")
+        p = position % P
+        fkey = (name, text, None, None, None, "features")
+        fa = self.extras.get(fkey)
+        if fa is None:
+            with entry.lock:
+                fa = active_features(lm, entry.ctx.ids, dicts)
+            fa = {"sites": fa.sites, "widths": fa.widths, "l0": fa.l0.tolist(),
+                  "active": [[[[i, _r(v)] for i, v in zip(ids, vals) if i >= 0]
+                              for ids, vals in zip(fa.ids[j].tolist(), fa.values[j].tolist())]
+                             for j in range(len(fa.sites))]}
+            self.extras.put(fkey, fa)
+        return {"position": p, "token": entry.card.tokens[p], "sites": fa["sites"], "widths": fa["widths"],
+                "l0": {s: fa["l0"][j][p] for j, s in enumerate(fa["sites"])},
+                "features": {s: [{"feature": i, "activation": v} for i, v in fa["active"][j][p]]
+                             for j, s in enumerate(fa["sites"])}}
+
+    def feature(self, name: str, site: str, feature: int) -> dict:
+        """``POST /api/feature``: one feature's card (the ``feature`` view's data), measured on the held-out part of
+        ``--dict-data``."""
+        from ..features.cards import feature_card
+        from ..viz.report.payloads import feature_payload
+
+        lm, dicts = self._need_dicts(name)
+        by_site = {d.site: d for d in dicts}
+        if site not in by_site:
+            raise InputError(f"no dictionary for site {site!r}; this server has {', '.join(by_site)}")
+        if self.dict_data is None:
+            raise InputError("a feature's card is measured on held-out text: start the server with --dict-data FILE")
+        key = (name, "feature", site, int(feature))
+        hit = self.extras.get(key)
+        if hit is None:
+            hit = feature_payload(feature_card(lm, by_site[site], int(feature), self.dict_data,
+                                               tokens=self.dict_tokens))
+            self.extras.put(key, hit)
+        return hit
 
     def close(self) -> None:
         self.jobs.close()

@@ -96,12 +96,15 @@ def _localhost(host: str) -> bool:
 
 
 def create_app(models: list[str] | None = None, *, token: str | None = None, max_tokens: int = 512,
-               max_queue: int = 16, max_resident: int = 2, lens: str | None = None, loader=None) -> Starlette:
+               max_queue: int = 16, max_resident: int = 2, lens: str | None = None, loader=None,
+               dicts: str | None = None, dict_data: str | None = None) -> Starlette:
     """The ``lenscope serve`` application (ASGI, Starlette). ``models``: the registered names a client may ask for
     (default :func:`lenscope.models.load.available_names`; the first is the page's default); ``token``: require
     ``Authorization: Bearer <token>`` on every API request; ``max_tokens``: tokens per request (413 above);
     ``max_queue``: jobs waiting in all (503 above); ``max_resident``: models kept loaded; ``lens``: a tuned-lens
-    directory shown beside the logit lens for the model it fits. ``loader(name) -> LoadedModel`` replaces
+    directory shown beside the logit lens for the model it fits; ``dicts``: sparse dictionaries (a folder, or a
+    folder of them) for the features view and ``/api/features``, those that fit each model; ``dict_data``: text whose
+    held-out part ``/api/feature``'s cards are measured on. ``loader(name) -> LoadedModel`` replaces
     :func:`lenscope.load` (tests)."""
     from ..models.load import available_names
 
@@ -118,8 +121,18 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
             raise InputError(f"{what} must be at least 1")
     if int(max_queue) < 0:
         raise InputError("--max-queue must be at least 0")
+    if dicts is not None:
+        from ..models.dictionary import load_dictionaries
+
+        load_dictionaries(dicts)  # an unreadable folder is refused at start
+    if dict_data is not None:
+        if dicts is None:
+            raise InputError("--dict-data measures the feature cards of --dict: give --dict DIR as well")
+        from ..data.corpus import corpus_files
+
+        corpus_files(dict_data)
     svc = Service(models, max_tokens=max_tokens, max_queue=max_queue, max_resident=max_resident, lens=lens,
-                  loader=loader)
+                  loader=loader, dicts=dicts, dict_data=dict_data)
 
     def authorize(request: Request, query_ok: bool = False) -> None:
         if token is None:
@@ -237,6 +250,8 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
         kw = {}
         if "views" in inspect.signature(app_html).parameters:  # the cards' titles: the report's own
             kw["views"] = [{"key": c.key, "title": c.title, "blurb": c.blurb} for c in SECTIONS]
+        if "features" in inspect.signature(app_html).parameters:
+            kw["features"] = dicts is not None
         return HTMLResponse(app_html(models=models, default=models[0], token_required=token is not None,
                                      max_tokens=svc.max_tokens, **kw))
 
@@ -286,6 +301,26 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
         return JSONResponse(await run(request, name, lambda: svc.token(*args)))
 
     @endpoint
+    async def api_features(request: Request):
+        authorize(request)
+        d = await body_json(request)
+        name = model_name(d.get("model"))
+        text = text_of(d)
+        position = integer(d, "position")
+        return JSONResponse(await run(request, name, lambda: svc.features(name, text, position)))
+
+    @endpoint
+    async def api_feature(request: Request):
+        authorize(request)
+        d = await body_json(request)
+        name = model_name(d.get("model"))
+        site = d.get("site")
+        if not isinstance(site, str) or not site:
+            raise ApiError(400, "\"site\" must name a dictionary's site, e.g. \"resid_post.5\"")
+        feature = integer(d, "feature")
+        return JSONResponse(await run(request, name, lambda: svc.feature(name, site, feature)))
+
+    @endpoint
     async def api_report(request: Request):
         authorize(request, query_ok=True)
         q = dict(request.query_params)
@@ -298,7 +333,7 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
     async def http_error(request: Request, exc: HTTPException):
         if exc.status_code == 404:
             return error(404, f"no such route {request.url.path!r}; the API is /api/models, /api/analyze, "
-                              "/api/head, /api/token, /api/report")
+                              "/api/head, /api/token, /api/features, /api/feature, /api/report")
         if exc.status_code == 405:
             return error(405, f"{request.method} is not allowed on {request.url.path}", dict(exc.headers or {}))
         return error(exc.status_code, str(exc.detail))
@@ -315,6 +350,8 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
         Route("/api/analyze", api_analyze, methods=["POST"]),
         Route("/api/head", api_head, methods=["POST"]),
         Route("/api/token", api_token, methods=["POST"]),
+        Route("/api/features", api_features, methods=["POST"]),
+        Route("/api/feature", api_feature, methods=["POST"]),
         Route("/api/report", api_report, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
@@ -331,8 +368,8 @@ def url(host: str, port: int, token: str | None = None) -> str:
 
 def serve(host: str = "127.0.0.1", port: int = 8000, *, log_level: str = "info", **kwargs) -> None:
     """Run :func:`create_app` (``kwargs``: ``models``, ``token``, ``max_tokens``, ``max_queue``, ``max_resident``,
-    ``lens``) with uvicorn on ``host:port``; prints the address to open. A host other than localhost needs a
-    ``token`` (:class:`~lenscope.errors.InputError` otherwise)."""
+    ``lens``, ``dicts``, ``dict_data``) with uvicorn on ``host:port``; prints the address to open. A host other than
+    localhost needs a ``token`` (:class:`~lenscope.errors.InputError` otherwise)."""
     import uvicorn
 
     if not _localhost(host) and not kwargs.get("token"):

@@ -38,7 +38,8 @@ __all__ = ["View", "view", "show", "view_html", "view_page", "view_meta", "repor
 
 # the default first height of each view's frame, in pixels (the frame then fits its page where scripts run)
 HEIGHTS = {"prediction": 360, "trajectory": 560, "components": 470, "attribution": 520, "mixing": 720,
-           "flow": 620, "circuit": 700, "generation": 620, "steering": 700, "report": 900}
+           "flow": 620, "circuit": 700, "generation": 620, "steering": 700, "features": 560, "feature": 620,
+           "report": 900}
 MAX_HEIGHT = 4000
 
 # inside the frame: report the height of the page's content (the body's, which does not depend on the frame's own

@@ -102,3 +102,24 @@ class FaithfulnessLike(Protocol):
     method: str
 
     def points(self) -> list: ...
+
+
+class FeatureActivationsLike(Protocol):
+    """The features of a prompt (:class:`lenscope.features.result.FeatureActivations`)."""
+
+    tokens: list[str]
+    sites: list[str]
+    widths: list[int]
+    ids: Tensor
+    values: Tensor
+    l0: Tensor
+
+
+class FeatureCardLike(Protocol):
+    """One feature's card (:class:`lenscope.features.cards.FeatureCard`)."""
+
+    model: str
+    site: str
+    feature: int
+
+    def to_dict(self) -> dict: ...

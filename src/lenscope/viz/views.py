@@ -223,3 +223,21 @@ def steering_view(obj) -> Shown:
     seconds = d.get("seconds") or {}
     return Shown(s.KEY, s.steering_payload(d), s.run_meta(d), s.TITLE, s.BLURB, checks,
                  {k: float(v) for k, v in seconds.items() if k != "total"})
+
+
+@register("features")
+def features_view(obj, cards=()) -> Shown:
+    """The features of a prompt (``FeatureActivations``), with the ``cards`` of some of its features."""
+    if isinstance(obj, list):
+        raise InputError("no view shows a list of feature activations; show them one at a time")
+    return Shown("features", payloads.features_payload(obj, cards), _meta_of(obj),
+                 "Features · " + ", ".join(obj.sites))
+
+
+@register("feature")
+def feature_view(obj) -> Shown:
+    """One feature's card (``FeatureCard``); a list of cards is refused (show them through the features view)."""
+    if isinstance(obj, list):
+        raise InputError("no view shows a list of feature cards; show them one at a time")
+    d = payloads.feature_payload(obj)
+    return Shown("feature", d, view_meta(d["model"], ()), f"Feature {d['site']} #{d['feature']}")

@@ -23,7 +23,8 @@ DEFAULT_VIEWS = tuple({"key": key, "title": words.title} for key, words in WORDS
 # the requests the page makes for one input, in this order, each drawn as it arrives: the views that share the
 # one trace first, then each slower view on its own (the circuit only with a corrupted prompt)
 GROUPS = (("prediction", "trajectory", "components"), ("attribution",), ("mixing",), ("flow",), ("circuit",))
-_ASKED = {k for g in GROUPS for k in g}
+FEATURES = ("features",)  # asked for too when the server has sparse dictionaries (lenscope serve --dict)
+_ASKED = {k for g in GROUPS for k in g} | set(FEATURES)
 
 
 def _report_assets():
@@ -51,19 +52,23 @@ def _card(view: dict) -> str:
 
 
 def app_html(*, models: list[str], default: str, token_required: bool, max_tokens: int,
-             views: list[dict] | None = None) -> str:
+             views: list[dict] | None = None, features: bool = False) -> str:
     """The app's page: a prompt box, target, foil and corrupted-prompt inputs, a model picker over ``models``
     (``default`` selected unless the URL names another), one card per view, and the head / token panel.
 
     ``token_required``: the server wants ``Authorization: Bearer``; the page takes the token from its URL
     (``?token=T``) and says so when it is missing. ``max_tokens``: the server's limit, shown in the prompt box.
     ``views``: ``[{"key", "title", "blurb"?}]`` (the report's sections) for the cards' titles; only the views the
-    page requests (:data:`GROUPS`) get a card, in this order."""
+    page requests (:data:`GROUPS`) get a card, in this order. ``features``: the server has sparse dictionaries, so
+    the page asks for the features view too (click a token: its active features; click a feature: its card)."""
     given = {v["key"]: v for v in (views or ())}
     shown = [given.get(v["key"], v) for v in DEFAULT_VIEWS]
     order = [v for v in (views or ()) if v["key"] in _ASKED]
     if order:  # the server's order, then any default view it did not name
         shown = order + [v for v in shown if v["key"] not in {o["key"] for o in order}]
+    if not features:
+        shown = [v for v in shown if v["key"] not in FEATURES]
+    groups = GROUPS + ((FEATURES,) if features else ())
     names = asset_names()
     scripts = ["core.js"] + [n for n in names["report"] if n.endswith(".js") and n != "core.js"] + ["app.js"]
     opts = "".join(f'<option value="{html.escape(m)}"{" selected" if m == default else ""}>{html.escape(m)}</option>'
@@ -79,7 +84,7 @@ def app_html(*, models: list[str], default: str, token_required: bool, max_token
         '<link rel="stylesheet" href="static/report.css">\n<link rel="stylesheet" href="static/app.css">\n',
         '</head>\n',
         f'<body class="app" data-default="{e(default)}" data-token-required="{"1" if token_required else "0"}" '
-        f'data-max-tokens="{int(max_tokens)}" data-groups="{";".join(",".join(g) for g in GROUPS)}">\n',
+        f'data-max-tokens="{int(max_tokens)}" data-groups="{";".join(",".join(g) for g in groups)}">\n',
         '<header class="top app-top">\n<h1>lenscope <span class="sub">explore a prediction</span></h1>\n',
         '<form id="ask" autocomplete="off" spellcheck="false">\n',
         f'<div class="askrow"><label class="field">model <select id="model" name="model">{opts}</select></label>',

@@ -10,6 +10,9 @@ from importlib import resources
 
 from ..html import script_json
 
+# views whose script draws with another view's script (the features view opens feature cards)
+USES = {"features": ("feature",)}
+
 
 def _assets():
     return resources.files(__package__).joinpath("assets")
@@ -99,8 +102,9 @@ def render(report: dict, title: str | None = None) -> str:
     toc.append("</nav>")
     payload = {"meta": meta, "sections": [{k: v for k, v in s.items() if k in ("key", "data", "note")}
                                           for s in report["sections"]]}
-    scripts = [asset("core.js")] + [asset(f"{s['key']}.js") for s in report["sections"]
-                                    if "note" not in s and _assets().joinpath(f"{s['key']}.js").is_file()]
+    keys = [k for s in report["sections"] if "note" not in s for k in (s["key"], *USES.get(s["key"], ()))]
+    scripts = [asset("core.js")] + [asset(f"{k}.js") for k in dict.fromkeys(keys)
+                                    if _assets().joinpath(f"{k}.js").is_file()]
     return "".join([
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n',

@@ -18,7 +18,15 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..protocols import ComponentsLike, ExplanationLike, MixingMapsLike, MixingMatricesLike, TrajectoryLike
+from ..protocols import (
+    ComponentsLike,
+    ExplanationLike,
+    FeatureActivationsLike,
+    FeatureCardLike,
+    MixingMapsLike,
+    MixingMatricesLike,
+    TrajectoryLike,
+)
 
 TRAJECTORY_FIELDS = ("lens", "tokens", "state_labels", "top_tokens", "topk_tokens", "top_prob", "entropy", "kl",
                      "topk_prob", "causal")
@@ -161,3 +169,44 @@ def flow_payload(mm: MixingMatricesLike) -> dict:
     """The ``flow`` view: ALTI (or value zeroing) contributions per layer and the last layer's rollout."""
     return {"tokens": list(mm.tokens), "contributions": packed(mm.contributions), "rollout": packed(mm.rollout[-1]),
             "degenerate_rows": mm.degenerate_rows}
+
+
+# ---------------------------------------------------------------------------------------------- features
+
+
+def rounded_tree(x, digits: int = 5):
+    """Dicts and lists with every float :func:`rounded` (tensors as lists)."""
+    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
+        return x
+    if isinstance(x, float):
+        return rounded(x, digits)
+    if isinstance(x, dict):
+        return {k: rounded_tree(v, digits) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [rounded_tree(v, digits) for v in x]
+    if hasattr(x, "tolist"):
+        return rounded_tree(x.tolist(), digits)
+    return x
+
+
+def feature_payload(card: FeatureCardLike | dict) -> dict:
+    """The ``feature`` view: one feature's card (its ``to_dict()``), floats to 5 significant digits."""
+    return rounded_tree(card.to_dict() if hasattr(card, "to_dict") else dict(card))
+
+
+def features_payload(fa: FeatureActivationsLike, cards=()) -> dict:
+    """The ``features`` view: the prompt's tokens and, per dictionary (``sites``) and position, its active latents
+    strongest first as ``[feature, activation]`` pairs, the L0 per position, and the ``cards`` of some features
+    (:func:`feature_payload`, keyed ``"site#feature"``) that a click opens."""
+    active = []
+    for j in range(len(fa.sites)):
+        per = []
+        for ids, vals in zip(fa.ids[j].tolist(), fa.values[j].tolist()):
+            per.append([[i, rounded(v)] for i, v in zip(ids, vals) if i >= 0])
+        active.append(per)
+    out_cards = {}
+    for c in cards:
+        d = feature_payload(c)
+        out_cards[f"{d['site']}#{d['feature']}"] = d
+    return {"tokens": list(fa.tokens), "sites": list(fa.sites), "widths": [int(w) for w in fa.widths],
+            "l0": [[int(v) for v in row] for row in fa.l0.tolist()], "active": active, "cards": out_cards}

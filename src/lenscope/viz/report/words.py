@@ -38,4 +38,8 @@ WORDS: dict[str, Words] = {
         "corrupted prompt to the clean one (EAP-IG edge attribution): the top-k edges by |score|, and how much "
         "of the clean run a circuit of k edges keeps with every other edge patched to its corrupted value "
         "(faithfulness: 0 = corrupted run, 1 = clean run).")),
+    "features": Words("Features", (
+        "Which features of the sparse dictionaries fire at each token (darker: stronger). Click a token for its "
+        "active features; a feature in bold opens its card: its top-activating contexts on held-out text, its "
+        "activation histogram and density, the tokens its decoder direction promotes and suppresses.")),
 }

@@ -409,6 +409,19 @@
     }).catch(function (e) { if (!aborted(e) && ctl === panelCtl) { panelDone(false, e.message); say(e.message); } });
   }
 
+  // a feature's card (the features view emits "feature" for a feature whose card is not in its data)
+  function openFeature(d) {
+    if (!shown || !resolved) return;
+    var s = shown, my = runId;
+    var ctl = openPanel("Feature " + d.site + " #" + d.feature, "feature");
+    $("panel").setAttribute("data-feature", d.site + "#" + d.feature);
+    api("api/feature", { model: s.model, site: d.site, feature: d.feature }, ctl.signal).then(function (c) {
+      if (my !== runId || ctl !== panelCtl) return;
+      LS.featureCard($("panel-body"), c);
+      panelDone(true, "");
+    }).catch(function (e) { if (!aborted(e) && ctl === panelCtl) { panelDone(false, e.message); say(e.message); } });
+  }
+
   // ---------------------------------------------------------------- save as report
   function save() {
     if (!shown) return;
@@ -468,6 +481,7 @@
   window.addEventListener("popstate", function () { if (fromURL()) run(false); });
   LS.on("head", openHead);
   LS.on("token", openToken);
+  LS.on("feature", openFeature);
   LS.on("target", function (d) { setAuto("target", false, d.token); if (auto.foil) setAuto("foil", false, ""); run(true); });
 
   if (body.getAttribute("data-token-required") === "1" && !TOKEN)
