@@ -13,6 +13,7 @@ from ..models.dictionary import Dictionary
 from ..models.engine import run
 from ..models.load import LoadedModel, token_str
 from ..results import Result
+from ..viz.notebook import ReportView
 
 
 def latent_site(d: Dictionary) -> str:
@@ -22,7 +23,7 @@ def latent_site(d: Dictionary) -> str:
 
 
 @dataclass(repr=False)
-class FeatureActivations(Result):
+class FeatureActivations(ReportView, Result):
     """The active latents of each dictionary at each position. ``ids (dict, pos, top)`` latent indices, strongest
     first (-1 where fewer are active), ``values (dict, pos, top)`` their activations (0 there), ``l0 (dict, pos)``
     how many latents are active in all (more than ``top`` may be)."""

@@ -28,6 +28,7 @@ from .moe import MOE_SITES
 from .sites import (  # noqa: F401 (the site table lives in sites.py; re-exported here)
     _ALL,
     HEAD_SITES,
+    LATENT_SITES,
     LAYER_SITES,
     MODEL_SITES,
     NORM_SITES,
@@ -180,7 +181,7 @@ class _Session:
         if self.upcast:
             value = value.to(compute_dtype(value.dtype))
         name, layer = key
-        if layer is None or self.grad:
+        if layer is None or self.grad or name in LATENT_SITES:  # latents: each dictionary its own width
             self.out[key] = value
             return
         layers = self.layers_of[name]
