@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
         logit of TARGET (minus FOIL) as an exact sum over those features, the dictionaries' biases and errors and the
         other components."""
         from ..features.attribution import feature_dla
-        from ..features.result import FeatureActivations, active_features
+        from ..features.result import active_features
         from ..models.dictionary import load_dictionaries
         from ..models.load import token_ids
         from ..models.request import position_in
@@ -42,11 +42,6 @@ def register(app: typer.Typer) -> None:
             fail("--top must be at least 1")
         if foil is not None and target is None:
             fail("a foil needs a target; give --target too")
-        if html:
-            from ..viz.views import VIEWS
-
-            if FeatureActivations.VIEW not in VIEWS:
-                fail("--html: this lenscope has no page for a prompt's features yet; leave --html out (use --json)")
         dicts = load_dictionaries(dict_dir)
         if site:
             want = [s.strip() for s in site.split(",") if s.strip()]
