@@ -306,20 +306,6 @@
     return req;
   }
 
-  function bars(parent, items, cls, colour) { // horizontal bars of {token, value}
-    var rowH = 19, left = 120, w = 150, W = left + w + 70, H = items.length * rowH + 4;
-    var svg = LS.svg("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, "class": cls }, parent);
-    var m = LS.maxAbs(items.map(function (x) { return x.value; })) || 1;
-    items.forEach(function (it, i) {
-      var y = 2 + i * rowH, bw = Math.max(1.5, w * Math.abs(it.value) / m);
-      LS.text(svg, left - 6, y + 13, LS.show(it.token, 16), { "text-anchor": "end", "font-size": 12, "class": "mono" });
-      var r = LS.svg("rect", { x: left, y: y + 2, width: bw, height: rowH - 5, rx: 2, fill: colour }, svg);
-      LS.text(svg, left + bw + 5, y + 13, LS.fmt(it.value, 3), { "font-size": 11, fill: "#374151" });
-      LS.hover(r, function (tp) { LS.line(tp, [["token ", 0], [JSON.stringify(it.token), 1], ["  #" + it.id, 0]]);
-        LS.line(tp, [["logit change ", 0], [LS.fmt(it.value, 4), 1]]); });
-    });
-    return svg;
-  }
 
   function openHead(d) {
     if (!shown || !resolved) return;
@@ -352,9 +338,9 @@
       var cols = LS.el("div", "cols", null, pb);
       var a = LS.el("div", null, null, cols), b = LS.el("div", null, null, cols);
       LS.el("h3", null, "Its write promotes", a);
-      bars(a, h.promoted, "head-promoted", "#2f9e44");
+      LS.tokenBars(a, h.promoted, "head-promoted", "#2f9e44", "logit change");
       LS.el("h3", null, "and suppresses", b);
-      bars(b, h.suppressed, "head-suppressed", "#e03131");
+      LS.tokenBars(b, h.suppressed, "head-suppressed", "#e03131", "logit change");
       LS.el("p", "meta", "at position " + h.position + ", through the final norm's traced scale and the unembedding", pb);
 
       LS.el("h3", null, "Patched from the corrupted prompt", pb);

@@ -106,6 +106,22 @@
     var l = m.map(function (v) { v /= 255; return v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4); });
     return 0.2126 * l[0] + 0.7152 * l[1] + 0.0722 * l[2] > 0.36 ? "#111827" : "#ffffff";
   };
+  // horizontal bars of tokens {token, id, value} (a head's or a feature's promoted / suppressed tokens); the
+  // tooltip names the value as `label`
+  LS.tokenBars = function (parent, items, cls, colour, label) {
+    var rowH = 19, left = 120, w = 150, W = left + w + 70, H = items.length * rowH + 4;
+    var svg = LS.svg("svg", { width: W, height: H, viewBox: "0 0 " + W + " " + H, "class": cls }, parent);
+    var m = LS.maxAbs(items.map(function (x) { return x.value; })) || 1;
+    items.forEach(function (it, i) {
+      var y = 2 + i * rowH, bw = Math.max(1.5, w * Math.abs(it.value) / m);
+      LS.text(svg, left - 6, y + 13, LS.show(it.token, 16), { "text-anchor": "end", "font-size": 12, "class": "mono" });
+      var r = LS.svg("rect", { x: left, y: y + 2, width: bw, height: rowH - 5, rx: 2, fill: colour }, svg);
+      LS.text(svg, left + bw + 5, y + 13, LS.fmt(it.value, 3), { "font-size": 11, fill: "#374151" });
+      LS.hover(r, function (tp) { LS.line(tp, [["token ", 0], [JSON.stringify(it.token), 1], ["  #" + it.id, 0]]);
+        LS.line(tp, [[label + " ", 0], [LS.fmt(it.value, 4), 1]]); });
+    });
+    return svg;
+  };
   LS.maxAbs = function (xs) { var m = 0; xs.forEach(function (x) { if (Math.abs(x) > m) m = Math.abs(x); }); return m; };
 
   // the tooltip

@@ -6,20 +6,6 @@
   "use strict";
   var GREEN = "#2f9e44", RED = "#e03131", ORANGE = "#f08c2e";
 
-  function bars(parent, items, cls, colour) { // horizontal bars of {token, id, value}
-    var rowH = 19, left = 120, w = 140, W = left + w + 70, H = items.length * rowH + 4;
-    var svg = LS.svg("svg", { width: W, height: H, "class": cls }, parent);
-    var m = LS.maxAbs(items.map(function (x) { return x.value; })) || 1;
-    items.forEach(function (it, i) {
-      var y = 2 + i * rowH, bw = Math.max(1.5, w * Math.abs(it.value) / m);
-      LS.text(svg, left - 6, y + 13, LS.show(it.token, 16), { "text-anchor": "end", "font-size": 12, "class": "mono" });
-      var r = LS.svg("rect", { x: left, y: y + 2, width: bw, height: rowH - 5, rx: 2, fill: colour }, svg);
-      LS.text(svg, left + bw + 5, y + 13, LS.fmt(it.value, 3), { "font-size": 11, fill: "#374151" });
-      LS.hover(r, function (tp) { LS.line(tp, [["token ", 0], [JSON.stringify(it.token), 1], ["  #" + it.id, 0]]);
-        LS.line(tp, [["logit change per unit activation ", 0], [LS.fmt(it.value, 4), 1]]); });
-    });
-  }
-
   function histogram(parent, h, density) {
     var counts = h.counts, edges = h.edges, n = counts.length;
     var W = 360, H = 170, left = 46, bottom = 30, top = 8, right = 8, bw = (W - left - right) / n;
@@ -74,10 +60,10 @@
     histogram(a, d.histogram, d.density);
     var b = LS.el("div", "panel", null, rowd);
     LS.el("h3", null, "Its decoder direction promotes", b);
-    bars(b, d.promoted, "feature-promoted", GREEN);
+    LS.tokenBars(b, d.promoted, "feature-promoted", GREEN, "logit change per unit activation");
     var c2 = LS.el("div", "panel", null, rowd);
     LS.el("h3", null, "and suppresses", c2);
-    bars(c2, d.suppressed, "feature-suppressed", RED);
+    LS.tokenBars(c2, d.suppressed, "feature-suppressed", RED, "logit change per unit activation");
     LS.el("p", "meta", "Logit change per unit activation along the direct path (decoder row" +
       (d.role !== "sae" || /^(attn|mlp)_out/.test(d.site) ? " through the sub-layer's write" : "") +
       ", the final norm's weight, the unembedding); text: " + d.data, wrap);
