@@ -10,9 +10,9 @@ import torch
 from lenscope.data.corpus import token_batches
 from lenscope.errors import InputError
 from lenscope.features.cards import FeatureCard, decoder_logits, feature_card, feature_cards
-from lenscope.models.dictionary import Dictionary
 from lenscope.models.engine import capture
 from tests.conftest import get_model
+from tests.models.test_dictionary import _random as random_dict  # noqa: F401 (used here and by the view tests)
 
 WORDS = ("river stone light house garden winter market paper music window forest letter "
          "engine silver morning bridge painter harbour candle").split()
@@ -28,16 +28,6 @@ def corpus(tmp_path, n_docs=60):
     p = tmp_path / "corpus.txt"
     p.write_text("\n<|endoftext|>\n".join(docs) + "\n")
     return p
-
-
-def random_dict(d, width=24, *, kind="topk", role="sae", site=None, seed=0, k=4):
-    D = Dictionary.init(d, width, kind=kind, role=role, k=k if kind == "topk" else None, site=site, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    D.b_enc = torch.randn(width, generator=g) * 0.1
-    D.b_dec = torch.randn(d, generator=g) * 0.1
-    if D.threshold is not None:
-        D.threshold = torch.rand(width, generator=g) * 0.2
-    return D
 
 
 def brute(lm, D, data, feats, seq_len, tokens):
