@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--site", default="resid_post.5")
     ap.add_argument("--kind", default="topk")
+    ap.add_argument("--role", default="sae", help="sae, transcoder or skip (a transcoder is named by its mlp_out site)")
     ap.add_argument("--width", type=int, default=4608)
     ap.add_argument("--k", type=int, default=32)
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "corpus"))
@@ -76,21 +77,25 @@ def main() -> None:
     t0 = time.perf_counter()
     lm = lenscope.load(a.model, **({"dtype": a.dtype} if a.dtype else {}))
     load_s = time.perf_counter() - t0
-    s = DictSettings(kind=a.kind, width=a.width, k=a.k, tokens=a.tokens, max_minutes=a.max_minutes,
+    s = DictSettings(kind=a.kind, role=a.role, width=a.width, k=a.k, tokens=a.tokens, max_minutes=a.max_minutes,
                      batch_size=a.batch_size, buffer=a.buffer)
     dict_out = a.dict_out or tempfile.mkdtemp()
-    (D,) = train(s, lm=lm, sites=a.site, data=a.data, seq_len=a.seq_len, forward_batch=a.forward_batch,
-                 out=dict_out)
+    Ds = train(s, lm=lm, sites=a.site, data=a.data, seq_len=a.seq_len, forward_batch=a.forward_batch,
+               out=dict_out)
+    D = Ds[0]
     tr = D.info["training"]
-    res = {"machine": machine, "model": a.model, "site": a.site, "kind": a.kind, "width": a.width, "k": a.k,
-           "max_minutes": a.max_minutes, "buffer": a.buffer, "data": a.data, "part": "train",
-           "load_s": round(load_s, 2),
+    last = max((d.site for d in Ds), key=lambda n: int(n.rsplit(".", 1)[1]))
+    res = {"machine": machine, "model": a.model, "site": a.site, "kind": a.kind, "role": a.role, "width": a.width,
+           "k": a.k, "dictionaries": len(Ds), "max_minutes": a.max_minutes, "buffer": a.buffer, "data": a.data,
+           "part": "train", "load_s": round(load_s, 2),
            "tokens": tr["tokens"], "seconds": tr["seconds"], "tokens_per_s": tr["tokens_per_s"],
            "threads": torch.get_num_threads(), "model_dtype": str(lm.model.dtype),
            "forward_passes": tr.get("forward_passes"),
            "final": tr["final"], "history": tr["history"], "precision": tr["precision"]["matmul_dtype"],
            "lr": tr["lr"], "scale": tr["scale_in"], "dictionary": str(dict_out),
-           "forward_cost": forward_costs(lm, a.site, a.seq_len, a.forward_batch)}
+           "forward_cost": forward_costs(lm, last, a.seq_len, a.forward_batch)}
+    if len(Ds) > 1:
+        res["final_by_site"] = {d.site: d.info["training"]["final"] for d in Ds}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps({k: res[k] for k in ("tokens", "seconds", "tokens_per_s", "final")}))

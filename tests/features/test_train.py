@@ -135,6 +135,56 @@ def test_the_aux_loss_revives_dead_latents():
     assert float(m.b_enc.grad[:48].abs().sum()) > 0  # gradients reach the dead latents
 
 
+def _dense_loss(m: Trainable, x: torch.Tensor, y: torch.Tensor, dead: torch.Tensor, aux_coef: float) -> torch.Tensor:
+    """The TopK / BatchTopK loss with dense latents, by the papers' equations: ``z = relu(TopK(pre))`` (BatchTopK:
+    the top ``k·n`` of the batch), ``ŷ = z W_dec + b_dec (+ x W_skip)``, squared error summed over the row and
+    averaged; AuxK: the dead latents' top ``k_aux`` pre-activations reconstruct the (detached) error."""
+    xc = x - m.b_dec if m.role == "sae" else x
+    pre = xc @ m.W_enc + m.b_enc
+    if m.kind == "topk":
+        keep = torch.zeros_like(pre, dtype=torch.bool).scatter(1, pre.detach().topk(m.k, dim=1).indices, True)
+    else:
+        keep = torch.zeros(pre.numel(), dtype=torch.bool)
+        keep[pre.detach().reshape(-1).topk(m.k * len(x)).indices] = True
+        keep = keep.reshape(pre.shape)
+    z = torch.where(keep, pre, 0).relu()
+    yhat = z @ m.W_dec + m.b_dec + (x @ m.W_skip.T if m.W_skip is not None else 0)
+    err = y - yhat
+    loss = err.pow(2).sum(-1).mean()
+    if dead.any():
+        ka = min(m.k_aux, int(dead.sum()))
+        top = pre.detach().masked_fill(~dead, float("-inf")).topk(ka, dim=1).indices
+        za = torch.zeros_like(pre).scatter(1, top, pre.gather(1, top))
+        aux = (err.detach() - za @ m.W_dec).pow(2).sum(-1).mean()
+        loss = loss + aux_coef * min(1.0, int(dead.sum()) / m.k_aux) * aux
+    return loss
+
+
+@pytest.mark.parametrize("kind,role,dead", [("topk", "sae", False), ("batchtopk", "sae", False),
+                                            ("topk", "transcoder", False), ("topk", "skip", False),
+                                            ("topk", "sae", True), ("batchtopk", "transcoder", True)])
+def test_the_sparse_gradients_equal_dense_autograd_in_float64(kind, role, dead):
+    from lenscope.features.train import AUX_COEF
+
+    x, _ = _synthetic(256, pairs=role != "sae", seed=3)
+    x, y = (x, x) if role == "sae" else (x[:, 0], x[:, 1])
+    s = _settings(kind, role=role, width=48, k=3, dead_after=1_000)
+    m = Trainable(Dictionary.init(D, 48, kind=kind, role=role, k=3, seed=2), s).double()
+    with torch.no_grad():
+        m.b_enc.copy_(0.05 * torch.randn(48, generator=torch.Generator().manual_seed(4), dtype=torch.float64))
+    m.since_fired[:20] = 1_000 if dead else 0
+    x, y = x.double(), y.double()
+    loss, stats = m(x, y)
+    got = torch.autograd.grad(loss, list(m.parameters()))
+    dead_now = m.since_fired >= s.dead_after  # what the forward counted as dead (after this batch)
+    assert bool(dead_now.any()) == dead and (stats["dead_fraction"] > 0) == dead
+    want = _dense_loss(m, x, y, dead_now, AUX_COEF)
+    ref = torch.autograd.grad(want, list(m.parameters()))
+    assert abs(float(loss.detach()) - float(want.detach())) < 1e-12 * float(want.detach())
+    for (name, _), a, b in zip(m.named_parameters(), got, ref):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12), name
+
+
 def _text(path: Path, n_docs: int = 40) -> Path:
     words = "the cat sat on a mat while John gave Mary some drink and they went to the store in Paris".split()
     g = torch.Generator().manual_seed(0)
