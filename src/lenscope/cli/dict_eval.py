@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import typer
 
-from .common import MODEL_HELP, handle_errors, load_model, print_json
+from .common import handle_errors, load_model, print_json
+from .options import JSON_OPTION, MODEL_OPTION
 
 
 @handle_errors
@@ -15,7 +16,7 @@ def eval_cmd(
     data: str = typer.Option(..., "--data", help="Text: a .txt / .txt.gz file or a folder of them (documents "
                                                  "separated by <|endoftext|> lines; one in 20 is held out and only "
                                                  "those are evaluated)."),
-    model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+    model: str = MODEL_OPTION,
     tokens: int = typer.Option(100_000, "--tokens", help="Held-out tokens to evaluate (dead latents need at least "
                                                          "100,000; with fewer the result says so)."),
     splice_tokens: int = typer.Option(None, "--splice-tokens", help="Of those, the tokens the splices (delta loss, "
@@ -29,7 +30,7 @@ def eval_cmd(
                                                                             "baselines beside each dictionary."),
     save: str = typer.Option(None, "--save", help="Write the evaluation as JSON (every latent's firing count too)."),
     progress: bool = typer.Option(False, "--progress", help="Progress on stderr."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = JSON_OPTION,
 ):
     """Explained variance, L0, dead latents and, spliced into the model, delta loss, loss recovered and KL, on
     held-out text, beside PCA (SAEs) or linear (transcoders) baselines; the replacement model of several

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from .common import MODEL_OPTION, ModelChoice, command, emit, fail, one_of
+from .common import ModelChoice, command, emit, fail, one_of
+from .options import JSON_OPTION, MODEL_OPTION
 
 METHOD_HELP = ("logit | alti-logit | alti | grad-norm | grad-x-input | ig | erasure | value-zeroing "
                "(alti and value-zeroing need no target: they give the rollout row of --position)")
@@ -28,7 +29,7 @@ def register(app: typer.Typer) -> None:
         png: str = typer.Option(
             None, "--png", help="Write a layer × token heat map (bars for methods without layers)."),
         save: str = typer.Option(None, "--save", help="Save the result (.safetensors) to reload later."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        as_json: bool = JSON_OPTION,
     ):
         """Score every input token by how much it made the model predict TARGET (rather than FOIL)."""
         from ..attribution.baselines import IG_BASELINES

@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 
 from ..errors import InputError
-from .common import MODEL_HELP, command, load_model, print_json
+from .common import command, load_model, print_json
+from .options import JSON_OPTION, MODEL_OPTION
 
 lens_app = typer.Typer(
     rich_markup_mode=None, help="Logit, tuned and Patchscope lenses: train, evaluate, show prediction trajectories.",
@@ -40,7 +41,7 @@ def train_cmd(
     data: str = typer.Option(..., "--data", help="Plain text file (e.g. ../shared/data/wikitext2/wiki.test.raw)."),
     out: str = typer.Option(
         ..., "--out", help="Directory for the lens (config.json + params.safetensors) and checkpoints."),
-    model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+    model: str = MODEL_OPTION,
     max_minutes: float = typer.Option(None, "--max-minutes",
                                       help="Time budget in minutes, model loading included (default 15 unless --tokens "
                                            "is given): the number of tokens follows from the speed measured in the "
@@ -132,7 +133,7 @@ def train_cmd(
 @command(lens_app, "eval")
 def eval_cmd(
     data: str = typer.Option(..., "--data", help="Plain text file."),
-    model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+    model: str = MODEL_OPTION,
     lens: str = typer.Option("logit", "--lens", help="'logit', 'patchscope' or a tuned-lens directory."),
     tokens: int = typer.Option(8192, "--tokens", help="Evaluation token budget."),
     seq_len: int = typer.Option(256, "--seq-len"),
@@ -140,7 +141,7 @@ def eval_cmd(
     png: str = typer.Option(None, "--png", help="Save a per-layer KL plot."),
     mid: bool = typer.Option(False, "--mid", help="Also the mid-layer (after-attention) states, through the lens's "
                                                   "mid-layer translators where it has them."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = JSON_OPTION,
 ):
     """Per-layer KL to the final distribution, cross-entropy, entropy and top-1 agreement on held-out text."""
     from ..lenses import evaluate_lens
@@ -177,7 +178,7 @@ def eval_cmd(
 @command(lens_app, "show")
 def show_cmd(
     text: str = typer.Argument(..., help="Text whose prediction trajectory to show."),
-    model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+    model: str = MODEL_OPTION,
     lens: str = typer.Option(None, "--lens", help="'patchscope' or a tuned-lens directory (shown beside the logit "
                                                   "lens)."),
     html: str = typer.Option(None, "--html", help="Write an interactive HTML page."),

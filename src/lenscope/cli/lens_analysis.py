@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 
 from ..errors import InputError
-from .common import MODEL_HELP, command, load_model, print_json
+from .common import command, load_model, print_json
+from .options import JSON_OPTION, MODEL_OPTION
 
 LENS_HELP = "'logit', 'patchscope' or a tuned-lens directory; repeat to compare (the first is the main one in JSON)."
 
@@ -46,7 +47,7 @@ def register(lens_app: typer.Typer) -> None:
     def cbe_cmd(
         data: str = typer.Option(..., "--data", help="Plain text file whose tokens the influences average over."),
         layer: list[int] = typer.Option(..., "--layer", "-l", help="State (0 = embeddings); repeat for several."),  # noqa: B008
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        model: str = MODEL_OPTION,
         lens: list[str] | None = typer.Option(None, "--lens", help=LENS_HELP + " Default: logit."),  # noqa: B008
         k: int = typer.Option(8, "--k", help="Number of basis directions."),
         tokens: int = typer.Option(4096, "--tokens", help="Token budget (sequences of --seq-len)."),
@@ -56,7 +57,7 @@ def register(lens_app: typer.Typer) -> None:
                                          help="Tokens for the model-side ablations (causal fidelity); 0: skip them."),
         max_evals: int = typer.Option(40, "--max-evals", help="L-BFGS evaluations per direction (coarse stage)."),
         out: str = typer.Option(None, "--out", help="Directory for result files, plots and cbe.json."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        as_json: bool = JSON_OPTION,
     ):
         """Causal basis extraction: the k most influential orthonormal directions of a state for a lens, their
         influence on the model itself (causal fidelity), and the principal components for comparison."""
@@ -113,14 +114,14 @@ def register(lens_app: typer.Typer) -> None:
         text: str | None = typer.Argument(None, help="A text whose tokens' prediction depth to show."),
         data: list[str] | None = typer.Option(None, "--data", help="Plain text or .jsonl file (BLiMP: "  # noqa: B008
                                                  "sentence_good; else a 'text' field); repeat for several data sets."),
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        model: str = MODEL_OPTION,
         lens: list[str] | None = typer.Option(None, "--lens", help=LENS_HELP + " Default: logit."),  # noqa: B008
         tokens: int = typer.Option(2048, "--tokens", help="Token budget per plain text file."),
         seq_len: int = typer.Option(256, "--seq-len"),
         part: str = typer.Option("eval", "--part", help="Plain text files: eval (last 20%, default), train or all."),
         limit: int = typer.Option(100, "--limit", help="Texts read from each .jsonl file."),
         png: str = typer.Option(None, "--png", help="Write a plot."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        as_json: bool = JSON_OPTION,
     ):
         """Prediction depth: the first layer from which a lens's top-1 equals the model's final top-1 and stays
         so; for one TEXT per token, or over --data files with its rank correlation to the model's loss."""

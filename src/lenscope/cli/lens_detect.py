@@ -8,12 +8,13 @@ from pathlib import Path
 import typer
 
 from ..errors import InputError
-from .common import MODEL_HELP, handle_errors, load_model, print_json
+from .common import handle_errors, load_model, print_json
+from .options import JSON_OPTION, MODEL_OPTION
 
 
 @handle_errors
 def detect_cmd(
-    model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+    model: str = MODEL_OPTION,
     lens: list[str] | None = typer.Option(
         None, "--lens", help="'logit' or a tuned-lens directory; repeat to compare lenses on one forward pass "
                              "(default: logit)."),
@@ -30,7 +31,7 @@ def detect_cmd(
                                                                        "are fitted on."),
     bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples per split."),
     batch_size: int = typer.Option(16, "--batch-size", help="Prompts per forward pass."),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    as_json: bool = JSON_OPTION,
 ):
     """Detect injected instructions from lens trajectories at the answer position (clean-only detectors)."""
     from ..detect import detect, load_sst2

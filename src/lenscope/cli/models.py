@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import typer
 
-from .common import MODEL_OPTION, ModelChoice, command, print_json
+from .common import ModelChoice, command, print_json
+from .options import JSON_OPTION, MODEL_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -54,7 +55,7 @@ def register(app: typer.Typer) -> None:
     def verify_cmd(
         model: ModelChoice = MODEL_OPTION,
         text: str = typer.Option(None, "--text", help="Text to run (default: a built-in sentence)."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+        as_json: bool = JSON_OPTION,
     ):
         """Recompute every sub-layer with lenscope's own math and compare with the real model (exit 1 if not ok)."""
         from ..models.verify import DEFAULT_TEXT, PATTERN_KEY, verify

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from .common import ModelChoice, command, fail, print_json
-from .options import JSON_OPTION, MODEL_OPTION
+from .options import JSON_OPTION, MODEL_OPTION, SAVE_OPTION
 
 steer_app = typer.Typer(
     rich_markup_mode=None, no_args_is_help=True,
@@ -114,7 +114,7 @@ def eval_cmd(
     max_tokens: int = typer.Option(4096, "--max-tokens", help="Tokens per forward pass (rows x positions)."),
     html: str = typer.Option(None, "--html", help="Write a self-contained page of the evaluation."),
     png: str = typer.Option(None, "--png", help="Write the effect-against-multiplier plot."),
-    save: str = typer.Option(None, "--save", help="Save the result (.safetensors)."),
+    save: str = SAVE_OPTION,
     model: ModelChoice = MODEL_OPTION,
     as_json: bool = JSON_OPTION,
 ):
