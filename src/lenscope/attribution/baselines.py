@@ -51,7 +51,7 @@ from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
 from ..models.algebra import gauss_legendre
-from ..models.load import LoadedModel, require_decoder, token_ids, token_str
+from ..models.load import LoadedModel, require_decoder, target_fields, token_ids, token_str
 from ..models.request import Request, metric_of, position_in
 from .explanation import Explanation
 
@@ -86,8 +86,7 @@ class _Problem:
         return Explanation(
             model=lm.name, method=self.method,
             tokens=lm.tokenizer.batch_decode([[int(i)] for i in self.ids]),
-            position=self.p, target=token_str(lm, self.t_id), target_id=self.t_id,
-            foil=None if self.f_id is None else token_str(lm, self.f_id), foil_id=self.f_id,
+            position=self.p, **target_fields(lm, self.t_id, self.f_id),
             scores=scores.detach().float().cpu(), info=info,
         )
 

@@ -30,7 +30,7 @@ from ..models.algebra import (
     projected_value_writes,
     write_pullback,
 )
-from ..models.load import LoadedModel, require_decoder, token_str
+from ..models.load import LoadedModel, require_decoder, target_fields
 from ..models.readout import Readout
 from ..models.request import Request, position_in
 from ..models.trace import Trace, prefix_trace, trace
@@ -154,8 +154,7 @@ def _explanation(lm, method, tr, p, t_id, f_id, scores, **kw) -> Explanation:
     kw = {k: (v.float().cpu() if isinstance(v, Tensor) else v) for k, v in kw.items()}
     return Explanation(
         model=lm.name, method=method, tokens=list(tr.tokens), position=p,
-        target=None if t_id is None else token_str(lm, t_id), target_id=t_id,
-        foil=None if f_id is None else token_str(lm, f_id), foil_id=f_id, scores=scores.float().cpu(), **kw)
+        **target_fields(lm, t_id, f_id), scores=scores.float().cpu(), **kw)
 
 
 def _info(parts: dict) -> dict:

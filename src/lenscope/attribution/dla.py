@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..errors import NotApplicableError
 from ..models.algebra import f32, head_outputs, head_writes
-from ..models.load import LoadedModel, require_decoder, token_str
+from ..models.load import LoadedModel, require_decoder, target_fields
 from ..models.readout import Readout
 from ..models.request import Request, position_in
 from ..models.sites import display_name
@@ -34,12 +34,10 @@ from ..results import Result
 
 
 @dataclass(repr=False)
-class ComponentAttribution(Result):
-    """Components of one logit. ``values (component,)``; ``names``, ``layers``, ``heads`` per component
-    (``layer``/``head`` are -1 where they do not apply); ``experts``: per component the expert of a mixture of
-    experts (-1 elsewhere), empty unless the experts were split."""
-
-    VIEW = "components"  # its view: drawn by viz/report/assets/components.js (lenscope.viz.views)
+class LogitTarget:
+    """The logit an exact decomposition writes as a sum: the logit of ``target`` (minus ``foil``; None: no foil,
+    ``foil_id`` None too) at ``position`` of ``tokens``, in ``model``. The first fields of
+    :class:`ComponentAttribution` and :class:`lenscope.features.attribution.FeatureAttribution`."""
 
     model: str
     tokens: list[str]
@@ -48,6 +46,26 @@ class ComponentAttribution(Result):
     target_id: int
     foil: str | None
     foil_id: int | None
+
+    def target_dict(self) -> dict:
+        """These fields, first in a decomposition's ``to_dict``."""
+        return {"model": self.model, "tokens": self.tokens, "position": self.position, "target": self.target,
+                "target_id": self.target_id, "foil": self.foil, "foil_id": self.foil_id}
+
+    def target_label(self) -> str:
+        """``'target' - 'foil'`` (or ``'target'``), for a ``repr``."""
+        return repr(self.target) + (f" - {self.foil!r}" if self.foil is not None else "")
+
+
+@dataclass(repr=False)
+class ComponentAttribution(LogitTarget, Result):
+    """Components of one logit. ``values (component,)``; ``names``, ``layers``, ``heads`` per component
+    (``layer``/``head`` are -1 where they do not apply); ``experts``: per component the expert of a mixture of
+    experts (-1 elsewhere), empty unless the experts were split. The first fields say which logit:
+    :class:`LogitTarget`."""
+
+    VIEW = "components"  # its view: drawn by viz/report/assets/components.js (lenscope.viz.views)
+
     names: list[str]
     layers: list[int]
     heads: list[int]
@@ -71,12 +89,8 @@ class ComponentAttribution(Result):
         return recs
 
     def to_dict(self) -> dict:
-        return {
-            "model": self.model, "tokens": self.tokens, "position": self.position, "target": self.target,
-            "target_id": self.target_id, "foil": self.foil, "foil_id": self.foil_id,
-            "components": self.to_records(), "logit": self.logit, "sum": self.total,
-            "completeness_error": self.completeness_error,
-        }
+        return {**self.target_dict(), "components": self.to_records(), "logit": self.logit, "sum": self.total,
+                "completeness_error": self.completeness_error}
 
     def to_frame(self):
         import pandas as pd
@@ -100,9 +114,9 @@ class ComponentAttribution(Result):
         return str(view(self))
 
     def __repr__(self) -> str:
-        what = repr(self.target) + (f" - {self.foil!r}" if self.foil is not None else "")
-        return (f"ComponentAttribution({what} at position {self.position}, {len(self.names)} components, "
-                f"logit={self.logit:.4f}, completeness_error={self.completeness_error:.1e})")
+        return (f"ComponentAttribution({self.target_label()} at position {self.position}, "
+                f"{len(self.names)} components, logit={self.logit:.4f}, "
+                f"completeness_error={self.completeness_error:.1e})")
 
 
 def traced_head_writes(A, tr: Trace, l: int, p: int) -> tuple[Tensor, Tensor]:
@@ -204,8 +218,8 @@ def direct_logit_attribution(
 
     logit = readout.traced_logit(tr.logits[p], t_id, f_id)  # the logit before soft-capping
     return ComponentAttribution(
-        model=lm.name, tokens=tr.tokens, position=p, target=token_str(lm, t_id), target_id=t_id,
-        foil=None if f_id is None else token_str(lm, f_id), foil_id=f_id, names=names, layers=layers, heads=heads,
+        model=lm.name, tokens=tr.tokens, position=p, **target_fields(lm, t_id, f_id), names=names, layers=layers,
+        heads=heads,
         values=values.float().cpu(), logit=logit, completeness_error=abs(float(values.double().sum()) - logit),
         by_head=by_head, experts=experts if any(e >= 0 for e in experts) else [],
     )

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..attribution.dla import direct_logit_attribution
+from ..attribution.dla import LogitTarget, direct_logit_attribution
 from ..circuits.atp import exact_effects, one_length, prompts, read_at
 from ..errors import InputError, InvariantError
 from ..models.algebra import write_pullback
@@ -53,22 +53,16 @@ PARTS = ("component", "feature", "bias", "skip", "error", "readout")
 
 
 @dataclass(repr=False)
-class FeatureAttribution(Result):
+class FeatureAttribution(LogitTarget, Result):
     """One logit (difference) as an exact sum over parts: the components direct logit attribution keeps, and for
     each dictionary its active features, its decoder bias, its skip path and its reconstruction error. Per row
     (``row`` axis): ``names`` (``"resid_post.5/F123"``, ``"L3.mlp"``), ``kinds`` (one of :data:`PARTS`:
     ``component``, ``feature``, ``bias``, ``skip``, ``error``, ``readout`` for the readout's biases), ``sites`` (the
     dictionary's site, None for components), ``features`` (the latent, -1 elsewhere), ``layers`` (-1 where none),
     ``activations (row,)`` (the latent's value, 0 elsewhere), ``values (row,)`` (the direct effect on the logit
-    difference). ``logit``: the model's; ``completeness_error``: ``|sum(values) - logit|``."""
+    difference). ``logit``: the model's; ``completeness_error``: ``|sum(values) - logit|``. The first fields say
+    which logit: :class:`~lenscope.attribution.dla.LogitTarget`."""
 
-    model: str
-    tokens: list[str]
-    position: int
-    target: str
-    target_id: int
-    foil: str | None
-    foil_id: int | None
     dictionaries: list[str]
     names: list[str]
     kinds: list[str]
@@ -92,10 +86,8 @@ class FeatureAttribution(Result):
                                                 self.activations.tolist(), self.values.tolist())]
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "tokens": self.tokens, "position": self.position, "target": self.target,
-                "target_id": self.target_id, "foil": self.foil, "foil_id": self.foil_id,
-                "dictionaries": self.dictionaries, "rows": self.to_records(), "logit": self.logit, "sum": self.total,
-                "completeness_error": self.completeness_error}
+        return {**self.target_dict(), "dictionaries": self.dictionaries, "rows": self.to_records(),
+                "logit": self.logit, "sum": self.total, "completeness_error": self.completeness_error}
 
     def to_frame(self):
         import pandas as pd
@@ -109,10 +101,9 @@ class FeatureAttribution(Result):
         return sorted(recs, key=lambda r: -abs(r["value"]))[:k]
 
     def __repr__(self) -> str:
-        what = repr(self.target) + (f" - {self.foil!r}" if self.foil is not None else "")
         n = sum(k == "feature" for k in self.kinds)
-        return (f"FeatureAttribution({what} at position {self.position}, {n} features of {self.dictionaries}, "
-                f"{len(self.names) - n} other parts, logit={self.logit:.4f}, "
+        return (f"FeatureAttribution({self.target_label()} at position {self.position}, {n} features of "
+                f"{self.dictionaries}, {len(self.names) - n} other parts, logit={self.logit:.4f}, "
                 f"completeness_error={self.completeness_error:.1e})")
 
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, require_decoder, token_str
+from ..models.load import LoadedModel, require_decoder, target_fields
 from ..models.request import METRICS, check_metric, contrast, metric_of, position_in, token_texts
 from ..models.sites import PART_SITES, display_name
 from ..results import Result
@@ -235,7 +235,6 @@ def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *,
     values = share_restored(raw, m_clean, m_corr, metric)
     return PatchingResult(
         values=values, raw=raw, tokens=token_texts(lm, c_ids), corrupted_tokens=token_texts(lm, x_ids), what=what,
-        metric=metric, noising=noising, target=token_str(lm, tid), target_id=tid,
-        foil=None if fid is None else token_str(lm, fid), foil_id=fid, clean_metric=m_clean,
+        metric=metric, noising=noising, **target_fields(lm, tid, fid), clean_metric=m_clean,
         corrupted_metric=m_corr, position=pos, head_position=hp, model=lm.name,
     )

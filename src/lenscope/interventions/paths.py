@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
 from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, require_decoder, token_str
+from ..models.load import LoadedModel, require_decoder, target_fields
 from ..models.request import METRICS, contrast, metric_of, token_texts
 from ..models.sites import PART_SITES
 from .patching import PatchingResult, patch_edits, share_restored
@@ -122,8 +122,7 @@ def path_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, sende
     values = share_restored(raw, m_clean, m_corr, metric)
     return PatchingResult(
         values=values, raw=raw, tokens=token_texts(lm, c_ids), corrupted_tokens=token_texts(lm, x_ids), what=senders,
-        metric=metric, noising=noising, target=token_str(lm, tid), target_id=tid,
-        foil=None if fid is None else token_str(lm, fid), foil_id=fid, clean_metric=m_clean, corrupted_metric=m_corr,
+        metric=metric, noising=noising, **target_fields(lm, tid, fid), clean_metric=m_clean, corrupted_metric=m_corr,
         position=pos, model=lm.name,
         info={"path": True, "receiver": "logits" if receiver is None else list(receiver)},
     )

@@ -486,3 +486,10 @@ def resolve_token(lm: LoadedModel, spec: str | int) -> int:
 
 def token_str(lm: LoadedModel, tid: int) -> str:
     return lm.tokenizer.decode([tid])
+
+
+def target_fields(lm: LoadedModel, target_id: int | None, foil_id: int | None = None) -> dict:
+    """A result's ``target``, ``target_id``, ``foil``, ``foil_id`` fields: the token ids and their texts (None for
+    an id that is None)."""
+    return {"target": None if target_id is None else token_str(lm, target_id), "target_id": target_id,
+            "foil": None if foil_id is None else token_str(lm, foil_id), "foil_id": foil_id}
