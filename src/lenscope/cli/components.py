@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .common import ModelChoice, command, emit
-from .options import JSON_OPTION, MODEL_OPTION
+from .options import FOIL_DECOMPOSE_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -14,13 +14,13 @@ def register(app: typer.Typer) -> None:
         text: str = typer.Argument(..., help="The text; the logit at its last token is decomposed."),
         model: ModelChoice = MODEL_OPTION,
         target: str = typer.Option(..., "--target", "-t", help="Target token: its text (e.g. ' Paris') or #ID."),
-        foil: str = typer.Option(None, "--foil", "-f", help="Foil token: decompose target minus foil."),
+        foil: str = FOIL_DECOMPOSE_OPTION,
         by_head: bool = typer.Option(False, "--by-head", help="Split each attention layer into its heads (and each "
                                      "mixture-of-experts block into its experts)."),
         position: int = typer.Option(-1, "--position", help="Token position to explain (default: last)."),
         top: int = typer.Option(None, "--top", help="Show only the largest components in the table/plot."),
         png: str = typer.Option(None, "--png", help="Save a bar plot to this PNG file."),
-        save: str = typer.Option(None, "--save", help="Save the result (.safetensors) to reload later."),
+        save: str = SAVE_OPTION,
         as_json: bool = JSON_OPTION,
     ):
         """Write the logit of TARGET (minus FOIL) as an exact sum over embeddings, layers and heads."""

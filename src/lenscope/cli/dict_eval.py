@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from .common import handle_errors, load_model, print_json
-from .options import JSON_OPTION, MODEL_OPTION
+from .options import JSON_OPTION, MODEL_OPTION, SEQ_LEN_OPTION
 
 
 @handle_errors
@@ -24,7 +24,7 @@ def eval_cmd(
                                                                     "a full forward pass per variant)."),
     fit_tokens: int = typer.Option(None, "--fit-tokens", help="Train-part tokens the baselines are fitted on "
                                                               "(default: 32,768)."),
-    seq_len: int = typer.Option(256, "--seq-len", help="Tokens per sequence."),
+    seq_len: int = SEQ_LEN_OPTION,
     batch_size: int = typer.Option(4, "--batch-size", help="Sequences per forward pass."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="PCA (SAEs) / linear (transcoders) "
                                                                             "baselines beside each dictionary."),

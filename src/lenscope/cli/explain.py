@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .common import ModelChoice, command, emit, fail, one_of
-from .options import JSON_OPTION, MODEL_OPTION
+from .options import IG_STEPS_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION
 
 METHOD_HELP = ("logit | alti-logit | alti | grad-norm | grad-x-input | ig | erasure | value-zeroing "
                "(alti and value-zeroing need no target: they give the rollout row of --position)")
@@ -22,13 +22,13 @@ def register(app: typer.Typer) -> None:
         method: str = typer.Option("alti-logit", "--method", help=METHOD_HELP),
         position: int = typer.Option(
             -1, "--position", help="Token position whose prediction is explained (default: last)."),
-        steps: int = typer.Option(None, "--steps", help="Integrated gradients: quadrature steps (default 16)."),
+        steps: int = IG_STEPS_OPTION,
         baseline: str = typer.Option(
             None, "--baseline", help="Integrated gradients: the baseline embedding, zero | pad | mean (default zero)."),
         html: str = typer.Option(None, "--html", help="Write a page with the tokens coloured by score."),
         png: str = typer.Option(
             None, "--png", help="Write a layer × token heat map (bars for methods without layers)."),
-        save: str = typer.Option(None, "--save", help="Save the result (.safetensors) to reload later."),
+        save: str = SAVE_OPTION,
         as_json: bool = JSON_OPTION,
     ):
         """Score every input token by how much it made the model predict TARGET (rather than FOIL)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from .common import fail, handle_errors, load_model, print_json
-from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION
+from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, FOIL_DECOMPOSE_OPTION, JSON_OPTION, MODEL_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
                                      "or a folder of them, one per site."),
         target: str = typer.Option(None, "--target", "-t", help="Target token (its text, e.g. ' Paris', or #ID): "
                                    "also decompose its logit over the features (direct logit attribution)."),
-        foil: str = typer.Option(None, "--foil", "-f", help="Foil token: decompose target minus foil."),
+        foil: str = FOIL_DECOMPOSE_OPTION,
         position: int = typer.Option(-1, "--position", help="Token position of the attribution (default: last)."),
         top: int = typer.Option(8, "--top", help="Features kept per token and dictionary (the strongest)."),
         site: str = typer.Option(None, "--site", help="Use only the dictionaries at these sites (comma-separated, "

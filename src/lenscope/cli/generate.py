@@ -7,7 +7,7 @@ import sys
 import typer
 
 from .common import ModelChoice, at_least_one, command, fail, print_json
-from .options import JSON_OPTION, MODEL_OPTION
+from .options import IG_STEPS_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION
 
 METHODS_HELP = ("Comma-separated methods of `lenscope explain`: logit, alti-logit, alti, grad-norm, grad-x-input, ig, "
                 "erasure, value-zeroing (none: an empty string).")
@@ -34,10 +34,10 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(None, "--seed", help="Seed of --sample (reproducible)."),
         temperature: float = typer.Option(1.0, "--temperature", help="Softmax temperature of --sample."),
         lens: str = typer.Option(None, "--lens", help="A tuned lens folder: its prediction depth too."),
-        steps: int = typer.Option(None, "--steps", help="Integrated gradients: quadrature steps (default 16)."),
+        steps: int = IG_STEPS_OPTION,
         html: str = typer.Option(None, "--html", help="Write the page (text strip, matrices, per-token views)."),
         png: str = typer.Option(None, "--png", help="Write the (generated token × source) matrix of the first method."),
-        save: str = typer.Option(None, "--save", help="Save the result (.safetensors) to reload later."),
+        save: str = SAVE_OPTION,
         steer: list[str] = typer.Option(None, "--steer", help="DIR:ALPHA[@LAYER]: add ALPHA times the direction in "
                                         "folder DIR (lenscope steer build) at resid_pre of its block (or LAYER; "
                                         "comma-separated for several) at every decoding step; repeatable."),

@@ -8,7 +8,7 @@ import typer
 
 from ..errors import InputError
 from .common import command, load_model, print_json
-from .options import JSON_OPTION, MODEL_OPTION
+from .options import EVAL_PART_OPTION, JSON_OPTION, MODEL_OPTION, SEQ_LEN_OPTION
 
 lens_app = typer.Typer(
     rich_markup_mode=None, help="Logit, tuned and Patchscope lenses: train, evaluate, show prediction trajectories.",
@@ -47,7 +47,7 @@ def train_cmd(
                                            "is given): the number of tokens follows from the speed measured in the "
                                            "first steps. With --tokens too, --tokens is the most it will use."),
     tokens: int = typer.Option(None, "--tokens", help="Training token budget (alone: a fixed budget, no time limit)."),
-    seq_len: int = typer.Option(256, "--seq-len", help="Tokens per sequence."),
+    seq_len: int = SEQ_LEN_OPTION,
     batch_size: int = typer.Option(4, "--batch-size", help="Sequences per optimizer step."),
     part: str = typer.Option(
         "train", "--part", help="Which part of the file: train (first 80%), eval (last 20%), all."),
@@ -136,8 +136,8 @@ def eval_cmd(
     model: str = MODEL_OPTION,
     lens: str = typer.Option("logit", "--lens", help="'logit', 'patchscope' or a tuned-lens directory."),
     tokens: int = typer.Option(8192, "--tokens", help="Evaluation token budget."),
-    seq_len: int = typer.Option(256, "--seq-len"),
-    part: str = typer.Option("eval", "--part", help="eval (last 20% of the file, default), train or all."),
+    seq_len: int = SEQ_LEN_OPTION,
+    part: str = EVAL_PART_OPTION,
     png: str = typer.Option(None, "--png", help="Save a per-layer KL plot."),
     mid: bool = typer.Option(False, "--mid", help="Also the mid-layer (after-attention) states, through the lens's "
                                                   "mid-layer translators where it has them."),

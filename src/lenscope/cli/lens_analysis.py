@@ -9,7 +9,7 @@ import typer
 
 from ..errors import InputError
 from .common import command, load_model, print_json
-from .options import JSON_OPTION, MODEL_OPTION
+from .options import EVAL_PART_OPTION, JSON_OPTION, MODEL_OPTION, SEQ_LEN_OPTION
 
 LENS_HELP = "'logit', 'patchscope' or a tuned-lens directory; repeat to compare (the first is the main one in JSON)."
 
@@ -51,8 +51,8 @@ def register(lens_app: typer.Typer) -> None:
         lens: list[str] | None = typer.Option(None, "--lens", help=LENS_HELP + " Default: logit."),  # noqa: B008
         k: int = typer.Option(8, "--k", help="Number of basis directions."),
         tokens: int = typer.Option(4096, "--tokens", help="Token budget (sequences of --seq-len)."),
-        seq_len: int = typer.Option(256, "--seq-len"),
-        part: str = typer.Option("eval", "--part", help="eval (last 20% of the file, default), train or all."),
+        seq_len: int = SEQ_LEN_OPTION,
+        part: str = EVAL_PART_OPTION,
         model_tokens: int = typer.Option(1024, "--model-tokens",
                                          help="Tokens for the model-side ablations (causal fidelity); 0: skip them."),
         max_evals: int = typer.Option(40, "--max-evals", help="L-BFGS evaluations per direction (coarse stage)."),
@@ -117,7 +117,7 @@ def register(lens_app: typer.Typer) -> None:
         model: str = MODEL_OPTION,
         lens: list[str] | None = typer.Option(None, "--lens", help=LENS_HELP + " Default: logit."),  # noqa: B008
         tokens: int = typer.Option(2048, "--tokens", help="Token budget per plain text file."),
-        seq_len: int = typer.Option(256, "--seq-len"),
+        seq_len: int = SEQ_LEN_OPTION,
         part: str = typer.Option("eval", "--part", help="Plain text files: eval (last 20%, default), train or all."),
         limit: int = typer.Option(100, "--limit", help="Texts read from each .jsonl file."),
         png: str = typer.Option(None, "--png", help="Write a plot."),
