@@ -30,9 +30,11 @@ Adam (betas 0.9, 0.999), learning rate ``2e-4 · sqrt(16384 / width)`` (Gao's sc
 warm-up over 5% of the run and a linear decay to 0 (the tuned-lens :class:`~lenscope.lenses.training.plan.Planner`,
 which also fits a time budget to the measured speed).
 
-The encoder and decoder matmuls run in the precision :func:`precision` gives (bfloat16 only where the CPU runs it
-natively, as ``lens train`` decides; the rest in float32); one encoder matmul serves the selection and the
-auxiliary loss. Resumable to the same result (a checkpoint
+The encoder matmul (and JumpReLU's decoder matmul) runs in the precision :func:`precision` gives (bfloat16 only
+where the CPU runs it natively, as ``lens train`` decides; the rest in float32); one encoder matmul serves the
+selection and the auxiliary loss. TopK and BatchTopK stay sparse after it: the decoding is a weighted sum of each
+token's picked decoder rows (``embedding_bag``) and the gradients to the encoder and its input pass through the
+picked pre-activations only (:class:`_Picked`), ``n·k·d`` work where dense latents cost ``n·width·d``. Resumable to the same result (a checkpoint
 holds every parameter, the optimizer, the plan, the random generator and where the current shuffle block
 started); data-parallel under ``torchrun`` (:mod:`lenscope.distributed.ddp`: the forward passes and each batch
 sharded over ranks, gradients averaged).
