@@ -20,10 +20,12 @@ only the rows before them.
 **The same batches.** Both sides get the same batches in the same order: lenscope's :class:`FileSource` reads
 blocks of ``--buffer`` rows in order (cycling over the training rows) and the trainer shuffles each block with
 ``torch.randperm`` from a generator seeded with the seed; ``benchmarks/saelens_side.py`` builds the same blocks
-and permutations (same torch version on both sides) and hands SAELens's trainer the batches as its data provider.
+and permutations (same torch version on both sides) and hands SAELens's trainer the batches as its data provider
+(checked bit for bit against the batches ``train_dictionaries`` steps on, partial blocks included).
 
-**The same normalisation.** lenscope's fixed factor (SAELens's ``expected_average_only_in``: the mean squared
-norm of the first block's rows becomes ``d``) is computed here once and given to SAELens's own
+**The same normalisation.** lenscope's fixed factor (its form of SAELens's ``expected_average_only_in``: the mean
+squared norm of the first block's rows becomes ``d``; SAELens's own estimate is ``sqrt(d)`` over the mean norm) is
+computed here once and given to SAELens's own
 ``ActivationScaler`` (``scaling_factor``), which scales each batch in ``SAETrainer.step`` and folds the factor into
 the weights at the end of ``fit`` (``fold_activation_norm_scaling_factor``), as lenscope folds it
 (``Dictionary.folded``).
