@@ -23,21 +23,21 @@ them all). Per kind (``x``: the input, ``y``: the target, both normalised; ``ŷ`
   decoders learn (no auxiliary loss revives them): prefer TopK for transcoders on CPU budgets.
 
 All kinds: decoder rows unit-norm (the gradient's component along each row removed before the step, rows
-renormalised after it); ``b_dec`` starts at the mean of the first block's targets. Normalisation as SAELens's
-``expected_average_only_in``: a fixed factor per input (and output, transcoders) from the first block so the mean
-squared norm is ``d``, folded into the weights at the end (:meth:`~lenscope.models.dictionary.Dictionary.folded`).
-Adam (betas 0.9, 0.999), learning rate ``2e-4 · sqrt(16384 / width)`` (Gao's scaling) unless given, a linear
-warm-up over 5% of the run and a linear decay to 0 (the tuned-lens :class:`~lenscope.lenses.training.plan.Planner`,
-which also fits a time budget to the measured speed).
+renormalised after it); ``b_dec`` starts at the mean of the first block's targets. Normalisation: a fixed factor per
+input (and output, transcoders) from the first block so the mean squared norm is ``d`` (SAELens's
+``expected_average_only_in`` sets the mean norm to ``√d`` instead), folded into the weights at the end
+(:meth:`~lenscope.models.dictionary.Dictionary.folded`). Adam (betas 0.9, 0.999), learning rate ``2e-4 · sqrt(16384
+/ width)`` (Gao's scaling) unless given, a linear warm-up over 5% of the run and a linear decay to 0 (the tuned-lens
+:class:`~lenscope.lenses.training.plan.Planner`, which also fits a time budget to the measured speed).
 
 The encoder matmul (and JumpReLU's decoder matmul) runs in the precision :func:`precision` gives (bfloat16 only
 where the CPU runs it natively, as ``lens train`` decides; the rest in float32); one encoder matmul serves the
 selection and the auxiliary loss. TopK and BatchTopK stay sparse after it: the decoding is a weighted sum of each
 token's picked decoder rows (``embedding_bag``) and the gradients to the encoder and its input pass through the
-picked pre-activations only (:class:`_Picked`), ``n·k·d`` work where dense latents cost ``n·width·d``. Resumable to the same result (a checkpoint
-holds every parameter, the optimizer, the plan, the random generator and where the current shuffle block
-started); data-parallel under ``torchrun`` (:mod:`lenscope.distributed.ddp`: the forward passes and each batch
-sharded over ranks, gradients averaged).
+picked pre-activations only (:class:`_Picked`), ``n·k·d`` work where dense latents cost ``n·width·d``. Resumable to
+the same result (a checkpoint holds every parameter, the optimizer, the plan, the random generator and where the
+current shuffle block started); data-parallel under ``torchrun`` (:mod:`lenscope.distributed.ddp`: the forward
+passes and each batch sharded over ranks, gradients averaged).
 """
 
 from __future__ import annotations
@@ -354,7 +354,8 @@ class RunState:
 
 
 def _scale(v: Tensor) -> float:
-    """SAELens's ``expected_average_only_in``: the factor making the mean squared norm of rows ``v`` equal ``d``."""
+    """The factor making the mean squared norm of rows ``v`` equal ``d`` (SAELens's ``expected_average_only_in``
+    makes the mean norm ``√d``)."""
     return float(math.sqrt(v.shape[-1] / v.double().pow(2).sum(-1).mean().clamp_min(1e-30)))
 
 

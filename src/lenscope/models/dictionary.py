@@ -17,8 +17,9 @@ threshold learned in training, as SAELens stores it), ``jumprelu`` (Rajamanohara
 read from SAELens (``standard``, ``transcoder``, ``skip_transcoder``) is a JumpReLU with threshold 0, the same
 function.
 
-Training normalises activations by a fixed factor (SAELens's ``expected_average_only_in``: the scale that makes
-the mean squared norm ``d``); the factor is folded into the weights (:meth:`Dictionary.folded`), so a dictionary
+Training normalises activations by a fixed factor (the scale that makes the mean squared norm ``d``; SAELens's
+``expected_average_only_in`` makes the mean *norm* ``√d`` instead, a factor differing by the ratio of the root mean
+square norm to the mean norm); the factor is folded into the weights (:meth:`Dictionary.folded`), so a dictionary
 reads and writes the model's own activations, and is recorded (``scale_in``, ``scale_out``).
 
 The engine (:func:`lenscope.models.engine.run` with ``dictionaries=``) exposes a dictionary's latents as the site
