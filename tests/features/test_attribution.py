@@ -165,6 +165,28 @@ def test_default_target_and_bad_input():
         feature_dla(lm, TEXT, [D], " cat", " cat")
 
 
+def test_feature_attribution_plots_its_largest_parts_by_kind(tmp_path):
+    from matplotlib.colors import to_hex
+
+    from lenscope.viz.plots import KIND_COLORS
+
+    lm = get_model("tiny:llama")
+    D = _random(lm.anatomy.d_model, 24, site="resid_post.1", seed=1)
+    res = feature_dla(lm, TEXT, [D], " the", " cat")
+    top = res.top(4, kind=None)
+    fig = res.plot(top=4)
+    bars = fig.axes[0].patches
+    assert len(bars) == 4
+    # the bars are the four largest parts, in the result's order, each coloured by its kind
+    rows = [r for r in res.to_records() if r in top]
+    assert sorted(round(b.get_width(), 9) for b in bars) == sorted(round(r["value"], 9) for r in rows)
+    for b, r in zip(bars, rows):
+        assert b.get_width() == pytest.approx(r["value"])
+        if r["kind"] in ("feature", "error"):
+            assert to_hex(b.get_facecolor()) == KIND_COLORS[r["kind"]]
+    assert len(res.plot(top=None).axes[0].patches) == len(res.names)
+
+
 # -- attribution patching over latents ---------------------------------------------------------------------------
 
 CLEAN, CORRUPTED = "The cat sat on the mat", "The dog ran on the mat"

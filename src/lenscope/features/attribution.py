@@ -100,6 +100,12 @@ class FeatureAttribution(LogitTarget, Result):
         recs = [r for r in self.to_records() if kind is None or r["kind"] == kind]
         return sorted(recs, key=lambda r: -abs(r["value"]))[:k]
 
+    def plot(self, ax=None, top: int | None = 30):
+        """Bars of the parts (the ``top`` largest; None: all), coloured by kind: the components' plot."""
+        from ..viz.plots import plot_components
+
+        return plot_components(self, ax=ax, top=top)
+
     def __repr__(self) -> str:
         n = sum(k == "feature" for k in self.kinds)
         return (f"FeatureAttribution({self.target_label()} at position {self.position}, {n} features of "

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-KIND_COLORS = {"embed": "#7f7f7f", "attn": "#1f77b4", "head": "#1f77b4", "mlp": "#ff7f0e", "bias": "#2ca02c"}
+KIND_COLORS = {"embed": "#7f7f7f", "attn": "#1f77b4", "head": "#1f77b4", "mlp": "#ff7f0e", "bias": "#2ca02c",
+               "feature": "#9467bd", "skip": "#17becf", "error": "#d62728"}
 
 
-def _kind(name: str) -> str:
+def _kind(name: str, kind: str | None = None) -> str:
+    """The colour group of a row: a feature attribution's own ``kind`` (feature, bias, skip, error; a component
+    row by its name), else read from a component's name."""
+    if kind in ("feature", "skip", "error"):
+        return kind
+    if kind == "bias":
+        return "bias"
     if name.endswith(".mlp"):
         return "mlp"
     if ".H" in name or name.endswith(".attn") or name.endswith("attn_bias"):
@@ -29,7 +36,9 @@ def _figure(ax, size):
 
 
 def plot_components(result, ax=None, top: int | None = None):
-    """Horizontal bars of a :class:`ComponentAttribution`, in model order (or the ``top`` largest)."""
+    """Horizontal bars of a :class:`ComponentAttribution` or a
+    :class:`~lenscope.features.attribution.FeatureAttribution` (features, dictionaries' bias, skip and error terms
+    beside the components), in model order (or the ``top`` largest)."""
     recs = result.to_records()
     if top is not None:
         keep = {id(r) for r in sorted(recs, key=lambda r: -abs(r["value"]))[:top]}
@@ -37,7 +46,8 @@ def plot_components(result, ax=None, top: int | None = None):
     fig, ax = _figure(ax, (7, max(3.0, 0.22 * len(recs) + 1.5)))
     names = [r["name"] for r in recs]
     vals = [r["value"] for r in recs]
-    ax.barh(range(len(recs)), vals, color=[KIND_COLORS[_kind(n)] for n in names])
+    groups = [_kind(r["name"], r.get("kind")) for r in recs]
+    ax.barh(range(len(recs)), vals, color=[KIND_COLORS[g] for g in groups])
     ax.set_yticks(range(len(recs)), names, fontsize=7)
     ax.invert_yaxis()
     ax.axvline(0, color="black", lw=0.6)
@@ -47,7 +57,7 @@ def plot_components(result, ax=None, top: int | None = None):
     ax.set_xlabel("contribution to the logit")
     from matplotlib.patches import Patch
 
-    kinds = sorted({_kind(n) for n in names}, key=list(KIND_COLORS).index)
+    kinds = sorted(set(groups), key=list(KIND_COLORS).index)
     ax.legend(handles=[Patch(color=KIND_COLORS[k], label=k) for k in kinds], fontsize=7, loc="best")
     fig.tight_layout()
     return fig
