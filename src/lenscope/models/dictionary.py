@@ -92,6 +92,10 @@ def check_site(site: str, role: str = "sae") -> str:
     return f"{name}.{layer}"
 
 
+# A transcoder's encoder starts at this multiple of a unit-variance random map (see :meth:`Dictionary.init`).
+TRANSCODER_ENC_INIT = 0.1
+
+
 @dataclass(repr=False)
 class Dictionary:
     """One sparse dictionary (see the module's docstring for the equations). Weights: ``W_enc (d_in, width)``,
@@ -141,14 +145,17 @@ class Dictionary:
     def init(cls, d_in: int, width: int, *, kind: str = "topk", role: str = "sae", k: int | None = None,
              d_out: int | None = None, site: str | None = None, seed: int = 0, threshold: float = 0.0,
              dtype: torch.dtype = torch.float32, **kw) -> Dictionary:
-        """A new dictionary as training starts it: decoder rows random unit vectors, the encoder their transpose
-        (Gao et al. 2024), biases 0, thresholds ``threshold``, a skip path 0."""
+        """A new dictionary as training starts it: decoder rows random unit vectors; an SAE's encoder their
+        transpose (Gao et al. 2024); a transcoder's an independent random matrix scaled by
+        :data:`TRANSCODER_ENC_INIT` / sqrt(d_in), so that its first outputs are small instead of a projection of its
+        input onto random directions, which the MLP's output is not (that start costs a CPU run most of its steps:
+        ``benchmarks/bench_dict_transcoder_init.py``); biases 0, thresholds ``threshold``, a skip path 0."""
         d_out = d_in if d_out is None else int(d_out)
         g = torch.Generator().manual_seed(int(seed))
         W_dec = torch.randn(width, d_out, generator=g, dtype=torch.float64)
         W_dec = W_dec / W_dec.norm(dim=1, keepdim=True)
-        W_enc = W_dec.T.clone() if d_out == d_in else \
-            torch.randn(d_in, width, generator=g, dtype=torch.float64) / d_in ** 0.5
+        W_enc = W_dec.T.clone() if role == "sae" and d_out == d_in else \
+            torch.randn(d_in, width, generator=g, dtype=torch.float64) * (TRANSCODER_ENC_INIT / d_in ** 0.5)
         return cls(W_enc=W_enc.to(dtype), b_enc=torch.zeros(width, dtype=dtype), W_dec=W_dec.to(dtype),
                    b_dec=torch.zeros(d_out, dtype=dtype), kind=kind, role=role, k=k,
                    threshold=None if kind == "topk" else torch.full((width,), float(threshold), dtype=dtype),
