@@ -60,13 +60,13 @@ def summary(runs: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--d", type=int, default=64, help="the activations' dimension")
-    ap.add_argument("--features", type=int, default=512, help="true features (superposed in --d dimensions)")
+    ap.add_argument("--d", type=int, default=128, help="the activations' dimension")
+    ap.add_argument("--features", type=int, default=1024, help="true features (superposed in --d dimensions)")
     ap.add_argument("--l0", type=float, default=8.0, help="the true L0 (expected active features per sample)")
     ap.add_argument("--samples", type=int, default=200_000, help="training samples (cycled over)")
-    ap.add_argument("--held-out", type=int, default=50_000)
+    ap.add_argument("--held-out", type=int, default=20_000)
     ap.add_argument("--tokens", type=int, default=3_000_000, help="samples seen in training, per run")
-    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--noise", type=float, default=0.05)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
