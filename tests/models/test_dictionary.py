@@ -14,7 +14,7 @@ from lenscope.errors import InputError
 from lenscope.models.dictionary import Dictionary, load_dictionaries, save_dictionaries, site_of_hook, tl_hook_name
 from lenscope.models.engine import Edit, run
 from lenscope.models.summary import fingerprint
-from tests.conftest import DECODERS, get_model
+from tests.conftest import TINY, get_model
 
 TEXT = "The cat sat on the mat because it was warm"
 
@@ -176,8 +176,8 @@ def _dicts(lm):
     return out
 
 
-@pytest.mark.parametrize("family", DECODERS)
-def test_latent_sites_on_every_decoder_family(family):
+@pytest.mark.parametrize("family", TINY)
+def test_latent_sites_on_every_family(family):
     lm = get_model(f"tiny:{family}")
     A = lm.anatomy
     ids = lm.tokenizer(TEXT, return_tensors="pt").input_ids[:, :8]
