@@ -274,16 +274,14 @@ def run_side(side: str, a, p: dict, cache: str, n_train: int, scale: float, work
 # -- scoring -------------------------------------------------------------------------------------------------------
 
 
-def score(D, x, chunk: int = 8192) -> dict:
-    """Explained variance and L0 of dictionary ``D`` reconstructing the rows ``x`` (float64 sums), and the
-    fraction of its latents that never fire on them."""
-    from lenscope.features.evaluate import _Recon
+def score(D, x) -> dict:
+    """Explained variance and L0 of dictionary ``D`` reconstructing the rows ``x``, and the fraction of its latents
+    that never fire on them (:func:`lenscope.features.evaluate.reconstruction`)."""
+    from lenscope.features.evaluate import reconstruction
 
-    r = _Recon(D, None, None)
-    for i in range(0, len(x), chunk):
-        r.add(x[i:i + chunk], x[i:i + chunk])
-    return {"explained_variance": round(r.ev(r.sse), 5), "l0": round(r.l0(), 3),
-            "never_fired_fraction": round(float((r.fired == 0).float().mean()), 5), "rows": r.n}
+    r = reconstruction(D, x)
+    return {"explained_variance": round(r["explained_variance"], 5), "l0": round(r["l0"], 3),
+            "never_fired_fraction": round(r["dead_fraction"], 5), "rows": r["rows"]}
 
 
 def lr_gap(p: dict, rates: list[float]) -> float:

@@ -32,8 +32,8 @@ from machine import record
 
 
 def run_one(data, held, kind: str, k: int, width: int, tokens: int, seed: int) -> dict:
-    import torch
 
+    from lenscope.features.evaluate import reconstruction
     from lenscope.features.sources import FileSource, Target
     from lenscope.features.synthetic import recovery
     from lenscope.features.train import DictSettings, train_dictionaries
@@ -45,10 +45,7 @@ def run_one(data, held, kind: str, k: int, width: int, tokens: int, seed: int) -
     (D,) = train_dictionaries(FileSource(data.activations[:, None]), [Target(like, 0, 0)], s, progress=False)
     seconds = time.perf_counter() - t0
     r = recovery(D, held)
-    x = held.activations
-    with torch.no_grad():
-        err = x - D(x)
-    ev = float(1 - err.pow(2).sum() / (x - x.mean(0)).pow(2).sum())
+    ev = reconstruction(D, held.activations)["explained_variance"]
     return {"mcc": round(r["mcc"], 4), "mean_max_cosine": round(r["mean_max_cosine"], 4), "l0": round(r["l0"], 3),
             "explained_variance": round(ev, 4), "seconds": round(seconds, 2), "seed": seed}
 

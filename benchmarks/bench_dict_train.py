@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--max-minutes", type=float, default=30.0)
     ap.add_argument("--tokens", type=int, default=0, help="the most tokens to use (0: no limit)")
     ap.add_argument("--batch-size", type=int, default=4096)
+    ap.add_argument("--lr", type=float, default=None, help="the base learning rate (default: the settings' own)")
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--forward-batch", type=int, default=8)
     ap.add_argument("--buffer", type=int, default=65_536, help="rows in the shuffle buffer")
@@ -78,7 +79,7 @@ def main() -> None:
     lm = lenscope.load(a.model, **({"dtype": a.dtype} if a.dtype else {}))
     load_s = time.perf_counter() - t0
     s = DictSettings(kind=a.kind, role=a.role, width=a.width, k=a.k, tokens=a.tokens, max_minutes=a.max_minutes,
-                     batch_size=a.batch_size, buffer=a.buffer)
+                     batch_size=a.batch_size, buffer=a.buffer, lr=a.lr)
     dict_out = a.dict_out or tempfile.mkdtemp()
     Ds = train(s, lm=lm, sites=a.site, data=a.data, seq_len=a.seq_len, forward_batch=a.forward_batch,
                out=dict_out)

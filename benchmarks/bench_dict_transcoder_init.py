@@ -35,9 +35,9 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
-    import torch
 
     import lenscope
+    from lenscope.features.evaluate import reconstruction
     from lenscope.features.sources import FileSource, sources
     from lenscope.features.train import DictSettings, train_dictionaries
     from lenscope.models import dictionary as dm
@@ -68,10 +68,7 @@ def main() -> None:
             dm.Dictionary.init = classmethod(new_init)
         evs = {}
         for D, t in zip(Ds, targets):
-            x, y = held[:, t.i_in].float(), held[:, t.i_out].float()
-            with torch.no_grad():
-                err = y - D(x)
-            evs[t.like.site] = round(float(1 - err.pow(2).sum() / (y - y.mean(0)).pow(2).sum()), 4)
+            evs[t.like.site] = round(reconstruction(D, held[:, t.i_in], held[:, t.i_out])["explained_variance"], 4)
         res["starts"][name] = {"held_out_explained_variance": evs,
                                "mean": round(sum(evs.values()) / len(evs), 4),
                                "history": Ds[0].info["training"]["history"]}

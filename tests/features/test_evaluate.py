@@ -21,6 +21,7 @@ from lenscope.features.evaluate import (
     evaluate_dictionaries,
     fit_linear,
     fit_pca,
+    reconstruction,
 )
 from lenscope.models.dictionary import Dictionary
 from lenscope.models.engine import Edit, capture, run
@@ -129,6 +130,9 @@ def test_statistics_against_brute_force(corpus, kind):
     assert s.dead_reliable is False and s.tokens < DEAD_TOKENS
     assert sum(s.density["counts"]) + s.density["dead"] == 96
     assert s.density["edges"][-1] == 0 and s.density["edges"][0] <= math.log10(1 / s.tokens)
+    r = reconstruction(D, x.float(), chunk=7)  # the same sums on rows in hand, in uneven chunks
+    assert r["rows"] == s.tokens and r["l0"] == s.l0 and r["dead_fraction"] == s.dead_fraction
+    assert math.isclose(r["explained_variance"], s.explained_variance, abs_tol=tol)
 
     # the splice, brute force: the site SET to the reconstruction by an engine edit (not the splice path)
     clean = run(lm, ids).logits

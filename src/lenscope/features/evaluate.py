@@ -261,7 +261,7 @@ def _flat(x: Tensor, a: int, b: int) -> Tensor:
     return x[:, a:b].reshape(-1, x.shape[-1])
 
 
-class _Recon:
+class Reconstruction:
     """Running reconstruction statistics of one dictionary (and its baseline) at its site."""
 
     def __init__(self, D: Dictionary, pca: PCA | None, linear: Linear | None):
@@ -310,6 +310,19 @@ class _Recon:
 
     def components(self) -> int:
         return min(self.D.d_out, max(1, round(self.l0())))
+
+
+def reconstruction(D: Dictionary, x: Tensor, y: Tensor | None = None, *, chunk: int = 8192) -> dict:
+    """``D`` scored on rows already in hand (a tensor file, synthetic data), with the same sums as
+    :func:`evaluate_dictionaries`: ``explained_variance`` of ``y`` (default ``x``: an SAE) by ``D(x)``, ``l0`` and
+    ``dead_fraction`` (latents never active on these rows), over ``rows`` rows."""
+    if y is not None and len(y) != len(x):
+        raise InputError(f"{len(x)} input rows but {len(y)} output rows")
+    r = Reconstruction(D, None, None)
+    for i in range(0, len(x), chunk):
+        r.add(x[i:i + chunk].float(), (x if y is None else y)[i:i + chunk].float())
+    return {"explained_variance": r.ev(r.sse), "l0": r.l0(), "dead_fraction": float((r.fired == 0).double().mean()),
+            "rows": r.n}
 
 
 def density(fired: Tensor, tokens: int) -> dict:
@@ -428,7 +441,7 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
                 pcas[d.site] = moms[d.site].pca()
 
     # 2. reconstruction statistics on the held-out part
-    rec = {d.site: _Recon(d, pcas.get(d.site), lins.get(d.site)) for d in D}
+    rec = {d.site: Reconstruction(d, pcas.get(d.site), lins.get(d.site)) for d in D}
     it, a, b = _batches(lm, data, "heldout", tokens, seq_len, batch_size)
     n_tok = 0
     for ids in it:
