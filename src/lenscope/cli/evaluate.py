@@ -85,3 +85,29 @@ def register(app: typer.Typer) -> None:
             typer.echo("seconds per example: " + ", ".join(f"{k} {v:.3f}" for k, v in t.items()))
         if out:
             typer.echo(f"records, summary.json, table.md and figures in {out}")
+
+    @ev.command("aer")
+    @handle_errors
+    def aer_cmd(
+        gold: str = typer.Option(..., "--gold", help="Gold alignments, JSON lines: {\"id\", \"source\", \"target\", "
+                                 "\"sure\": [[i, j], ...], \"possible\": [...]} (i: source word, j: target word, "
+                                 "0-based; docs/encoder-decoder.md)."),
+        predicted: str = typer.Option(..., "--predicted", help="Predicted alignments, JSON lines: {\"id\", "
+                                      "\"alignment\": [[i, j], ...]}, with the gold file's ids (by default the "
+                                      "line numbers)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+    ):
+        """The alignment error rate (Och & Ney 2003) of predicted word alignments against gold sure / possible
+        links, with precision and recall, counted over the whole corpus."""
+        from ..data.alignments import read_gold_alignments, read_predicted_alignments
+        from ..evaluate.aer import alignment_error_rate
+
+        res = alignment_error_rate(read_gold_alignments(gold), read_predicted_alignments(predicted))
+        if as_json:
+            from ..results import finite_json
+
+            print_json(finite_json(res.to_dict()))
+            return
+        typer.echo(f"AER {res.aer:.4f}  precision {res.precision:.4f}  recall {res.recall:.4f}  "
+                   f"({len(res.ids)} sentences, {res.totals['predicted']} predicted links, "
+                   f"{res.totals['sure']} sure gold links)")

@@ -1,0 +1,176 @@
+"""Alignment error rate (Och & Ney 2003) of predicted word alignments against gold sure / possible links, and word
+alignments read from attribution scores (Ferrando et al. 2022, 2023: each target word linked to the source word
+that contributed most to its prediction).
+
+For predicted links ``A``, sure gold links ``S`` and possible gold links ``P`` (``S`` is a subset of ``P``),
+counted over the whole corpus and then divided once::
+
+    AER = 1 - (|A & S| + |A & P|) / (|A| + |S|)
+    precision = |A & P| / |A|        recall = |A & S| / |S|
+
+A result keeps each sentence's four counts, so per-sentence values and sub-corpora are exact too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..data.alignments import AlignedPair, Link
+from ..errors import InputError
+from ..results import Result
+
+COUNTS = ("predicted", "sure", "predicted_sure", "predicted_possible")  # |A|, |S|, |A & S|, |A & P|
+
+
+def _ratio(num: Tensor, den: Tensor) -> Tensor:
+    """``num / den`` elementwise (float64), NaN where ``den`` is 0."""
+    num, den = num.double(), den.double()
+    return torch.where(den > 0, num / den.clamp_min(1), torch.full_like(num, float("nan")))
+
+
+@dataclass(repr=False)
+class AlignmentErrorRate(Result):
+    """AER of a corpus. ``counts (sentence, 4)`` int64: per sentence ``|A|, |S|, |A & S|, |A & P|``
+    (:data:`COUNTS`); ``ids``: the sentences' ids."""
+
+    ids: list[str]
+    counts: Tensor
+    method: str = ""
+
+    @property
+    def totals(self) -> dict[str, int]:
+        return dict(zip(COUNTS, (int(v) for v in self.counts.sum(0))))
+
+    @property
+    def aer(self) -> float:
+        """The corpus AER (counts summed over sentences, one ratio); NaN when ``|A| + |S| == 0``."""
+        return float(_aer(self.counts.sum(0, keepdim=True))[0])
+
+    @property
+    def precision(self) -> float:
+        c = self.counts.sum(0)
+        return float(_ratio(c[3:4], c[0:1])[0])
+
+    @property
+    def recall(self) -> float:
+        c = self.counts.sum(0)
+        return float(_ratio(c[2:3], c[1:2])[0])
+
+    def per_sentence(self) -> Tensor:
+        """Each sentence's own AER ``(sentence,)`` float64 (NaN for a sentence with ``|A| + |S| == 0``)."""
+        return _aer(self.counts)
+
+    def to_dict(self) -> dict:
+        return {"method": self.method, "sentences": len(self.ids), "aer": self.aer, "precision": self.precision,
+                "recall": self.recall, **self.totals}
+
+    def to_frame(self):
+        import pandas as pd
+
+        df = pd.DataFrame(self.counts.numpy(), columns=list(COUNTS))
+        df.insert(0, "id", self.ids)
+        df["aer"] = self.per_sentence().numpy()
+        return df
+
+    def __repr__(self) -> str:
+        return (f"AlignmentErrorRate({self.method + ', ' if self.method else ''}sentences={len(self.ids)}, "
+                f"aer={self.aer:.4f}, precision={self.precision:.4f}, recall={self.recall:.4f})")
+
+
+def _aer(counts: Tensor) -> Tensor:
+    a, s, a_s, a_p = counts.double().unbind(-1)
+    return 1 - _ratio(a_s + a_p, a + s)
+
+
+def sentence_counts(predicted: Iterable[Link], sure: Iterable[Link], possible: Iterable[Link] = ()) -> list[int]:
+    """``[|A|, |S|, |A & S|, |A & P|]`` of one sentence; ``possible`` is taken together with ``sure``."""
+    A, S = set(predicted), set(sure)
+    P = S | set(possible)
+    return [len(A), len(S), len(A & S), len(A & P)]
+
+
+def alignment_error_rate(gold: Sequence[AlignedPair], predicted: Sequence[AlignedPair] | dict,
+                         method: str = "") -> AlignmentErrorRate:
+    """The AER of predicted links against gold rows (:func:`lenscope.data.alignments.read_gold_alignments`).
+    ``predicted``: rows with the same ids as the gold rows (their links in ``sure``), or a dict ``id -> links``.
+    A gold id without a prediction (or a prediction without gold) is an InputError, as is a corpus with no link
+    at all (``|A| + |S| == 0``: the rate is undefined)."""
+    pred = ({str(k): frozenset(tuple(x) for x in v) for k, v in predicted.items()} if isinstance(predicted, dict)
+            else {p.id: p.sure for p in predicted})
+    gold_ids = [g.id for g in gold]
+    missing = [i for i in gold_ids if i not in pred]
+    extra = sorted(set(pred) - set(gold_ids))
+    if missing or extra:
+        what = (f"gold sentence {missing[0]!r} has no predicted alignment" if missing
+                else f"predicted sentence {extra[0]!r} has no gold alignment")
+        raise InputError(f"{what}; the two files must hold the same ids (by default the line numbers)")
+    by_id = {p.id: p for p in predicted} if not isinstance(predicted, dict) else {}
+    for g in gold:
+        p = by_id.get(g.id)
+        if p is not None:
+            for side, n in (("source", len(g.source)), ("target", len(g.target))):
+                words = getattr(p, side)
+                if words is not None and len(words) != n:
+                    raise InputError(f"sentence {g.id!r}: the prediction's {side} has {len(words)} words, the "
+                                     f"gold's {n}")
+        bad = [(i, j) for i, j in pred[g.id] if i >= len(g.source) or j >= len(g.target)]
+        if bad:
+            raise InputError(f"sentence {g.id!r}: predicted link {list(bad[0])} is outside the sentence "
+                             f"({len(g.source)} source, {len(g.target)} target words)")
+    counts = torch.tensor([sentence_counts(pred[g.id], g.sure, g.possible) for g in gold], dtype=torch.int64)
+    if int(counts[:, 0].sum() + counts[:, 1].sum()) == 0:
+        raise InputError("neither the predictions nor the gold sure links hold any link: the AER is undefined")
+    return AlignmentErrorRate(ids=gold_ids, counts=counts.reshape(len(gold), len(COUNTS)), method=method)
+
+
+def word_scores(scores: Tensor, source_words: Sequence[int | None], target_words: Sequence[int | None],
+                target_token: str = "first") -> Tensor:
+    """Token-level attribution scores ``(tgt_token, src_token)`` -> word level ``(tgt_word, src_word)``.
+
+    ``scores[t, s]``: how much source token ``s`` contributed to the prediction of target token ``t``.
+    ``source_words[s]`` / ``target_words[t]``: the word index of each token (None: a special token, left out).
+    A source word's score is the sum of its tokens' scores; a target word's row is its first token's
+    (``target_token="first"``) or the mean of its tokens' rows (``"mean"``). Word indices must cover ``0..n-1``.
+    """
+    if target_token not in ("first", "mean"):
+        raise InputError(f"unknown target_token {target_token!r}; choose first or mean")
+    scores = torch.as_tensor(scores).double()
+    if scores.dim() != 2 or scores.shape != (len(target_words), len(source_words)):
+        raise InputError(f"scores of shape {tuple(scores.shape)} do not match {len(target_words)} target and "
+                         f"{len(source_words)} source tokens")
+    src = _word_map(source_words, "source")
+    tgt = _word_map(target_words, "target")
+    by_src = scores @ src.T  # (tgt_token, src_word)
+    if target_token == "mean":
+        return (tgt / tgt.sum(1, keepdim=True)) @ by_src
+    first = tgt.double().cumsum(1).eq(1) & tgt.bool()  # each word's first token
+    return first.double() @ by_src
+
+
+def _word_map(words: Sequence[int | None], side: str) -> Tensor:
+    """``(word, token)`` 0/1 matrix of a token -> word map."""
+    known = [w for w in words if w is not None]
+    n = max(known) + 1 if known else 0
+    if not known or sorted(set(known)) != list(range(n)):
+        raise InputError(f"the {side} token-to-word map must name every word 0..n-1 (got {list(words)})")
+    m = torch.zeros(n, len(words), dtype=torch.float64)
+    for t, w in enumerate(words):
+        if w is not None:
+            m[w, t] = 1.0
+    return m
+
+
+def word_alignment(scores: Tensor) -> frozenset[Link]:
+    """Links ``(source word, target word)``: each target word (a row of ``scores (tgt_word, src_word)``, e.g. from
+    :func:`word_scores`) linked to its highest-scoring source word (the first of equal ones)."""
+    scores = torch.as_tensor(scores)
+    if scores.dim() != 2 or scores.shape[1] == 0:
+        raise InputError("word_alignment needs scores (target word, source word) with at least one source word")
+    if not torch.isfinite(scores).all():
+        raise InputError("the attribution scores hold NaN or infinite values")
+    best = scores.argmax(1).tolist()
+    return frozenset((int(i), j) for j, i in enumerate(best))
