@@ -297,6 +297,25 @@ class Attention:
             out = out + self.b_O
         return out, probs
 
+    def cross(self, x: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention (an encoder-decoder model's decoder reading the encoder): queries from ``x (..., pos,
+        d_model)``, keys and values from ``memory (..., src, d_model)``, every source visible. Returns ``(output
+        (..., pos, d_model), probs (..., head, pos, src))``. Needs an attention without positions (no rotary,
+        ALiBi, window, sinks: none of them is defined between two sequences)."""
+        if (self.rotary is not None or self.alibi is not None or self.window is not None or self.sinks is not None
+                or self.causal):
+            raise UnsupportedModelError("cross-attention with positions, a window, sinks or a causal mask is not "
+                                        "modelled")
+        x, memory = _on(x, self.W_Q), _on(memory, self.W_Q)
+        q, k = self.queries_keys(x, torch.arange(x.shape[-2], device=x.device), x_k=memory)
+        probs = self.probs(q, k, torch.arange(x.shape[-2], device=x.device))
+        z = torch.einsum("...hqk,...hke->...qhe", *_mix(probs, self.values(memory)))
+        z, W_O = _mix(z, self.W_O)
+        out = z.reshape(*z.shape[:-2], -1) @ W_O.reshape(-1, W_O.shape[-1])
+        if self.b_O is not None:
+            out = out + self.b_O
+        return out, probs.to(x.dtype)
+
     def __repr__(self) -> str:
         flags = [(self.rotary is not None, repr(self.rotary)), (self.alibi is not None, "alibi"),
                  (self.q_norm is not None, "qk_norm" + ("(across heads)" if self.qk_norm_across_heads else "")),
@@ -405,6 +424,11 @@ class Layer:
 
     ``residual_scale`` multiplies what each sub-layer adds to the residual stream (Granite's
     ``residual_multiplier``): the write is ``residual_scale * ln_*_out(sub-layer output)`` (:meth:`write`).
+
+    An encoder-decoder model's decoder block has a third sub-layer between the two, ``cross`` (attention over the
+    encoder's output, ``memory``) with its norm ``ln_cross`` (docs/encoder-decoder.md): ``pre``: ``cm = mid +
+    cross(ln_cross(mid), memory)``, ``out = cm + mlp(ln_mlp(cm))``; ``post``: ``cm = ln_cross(mid + cross(mid,
+    memory))``, ``out = ln_mlp(cm + mlp(cm))``.
     """
 
     placement: Placement
@@ -415,43 +439,52 @@ class Layer:
     ln_attn_out: Norm | None = None
     ln_mlp_out: Norm | None = None
     residual_scale: float = 1.0
+    cross: Attention | None = None
+    ln_cross: Norm | None = None
 
-    def write(self, which: Literal["attn", "mlp"], out: Tensor) -> Tensor:
+    def write(self, which: Literal["attn", "cross", "mlp"], out: Tensor) -> Tensor:
         """What sub-layer ``which`` adds to the residual stream, from its output ``out (..., d_model)``: through
         its sandwich norm (when there is one), times ``residual_scale``."""
-        norm = self.ln_attn_out if which == "attn" else self.ln_mlp_out
+        norm = {"attn": self.ln_attn_out, "mlp": self.ln_mlp_out}.get(which)
         w = norm(out) if norm is not None else out
         return w * self.residual_scale if self.residual_scale != 1.0 else w
 
     def norms(self) -> dict[str, Norm]:
         """The block's norms by slot name."""
         slots = {"ln_attn": self.ln_attn, "ln_mlp": self.ln_mlp, "ln_attn_out": self.ln_attn_out,
-                 "ln_mlp_out": self.ln_mlp_out}
+                 "ln_mlp_out": self.ln_mlp_out, "ln_cross": self.ln_cross}
         return {k: v for k, v in slots.items() if v is not None}
 
-    def forward(self, h: Tensor, positions: Tensor, routing: Tensor | None = None) -> dict[str, Tensor]:
+    def forward(self, h: Tensor, positions: Tensor, routing: Tensor | None = None, *,
+                memory: Tensor | None = None) -> dict[str, Tensor]:
         """Recompute the block from its input ``h`` (pos, d_model) with lenscope's own math (``routing (pos,
-        expert)``: a mixture of experts' routing weights, by default its router's own).
+        expert)``: a mixture of experts' routing weights, by default its router's own; ``memory (src, d_model)``:
+        the encoder's output, which a block with cross-attention reads).
 
         Returns every intermediate: ``attn_in, attn_out, attn_write, pattern, resid_mid,
-        mlp_in, mlp_out, mlp_write, resid_post``.
+        mlp_in, mlp_out, mlp_write, resid_post``; with cross-attention also ``cross_in, cross_out, cross_pattern,
+        cross_write, resid_cross``.
         """
         h, positions = _on(h, self.attn.W_Q), _on(positions, self.attn.W_Q)
         r: dict[str, Tensor] = {"attn_in": h if self.placement == "post" else self.ln_attn(h)}
         r["attn_out"], r["pattern"] = self.attn(r["attn_in"], positions)
-        r.update(self.after_attention(h, r["attn_out"], routing=routing))
+        r.update(self.after_attention(h, r["attn_out"], routing=routing, memory=memory))
         return r
 
     def after_attention(self, h: Tensor, attn_out: Tensor, mlp_in: Tensor | None = None, *,
-                        routing: Tensor | None = None) -> dict[str, Tensor]:
+                        routing: Tensor | None = None, memory: Tensor | None = None) -> dict[str, Tensor]:
         """The rest of the block once attention has computed ``attn_out`` (..., pos, d_model) from the block
-        input ``h``: ``attn_write, resid_mid, mlp_in, mlp_out, mlp_write, resid_post``.
+        input ``h``: ``attn_write, resid_mid, mlp_in, mlp_out, mlp_write, resid_post`` (and the cross-attention's
+        ``cross_in, cross_out, cross_pattern, cross_write, resid_cross`` from ``memory (..., src, d_model)``).
 
         ``h`` and ``attn_out`` may carry leading batch axes (e.g. one altered attention output per row, as in
         value zeroing). ``mlp_in`` overrides what a parallel block's MLP reads (it reads ``ln_mlp(h)``).
         """
         ref = self.mlp.W_in
         h, attn_out, mlp_in = _on(h, ref), _on(attn_out, ref), _on(mlp_in, ref)
+        if (self.cross is None) != (memory is None):
+            raise UnsupportedModelError("a block with cross-attention needs the encoder's output (memory=), and "
+                                        "only such a block takes one")
         r: dict[str, Tensor] = {}
         r["attn_write"] = self.write("attn", attn_out)
         if self.placement == "post":
@@ -463,12 +496,22 @@ class Layer:
         else:
             r["resid_mid"] = h + r["attn_write"]
             r["mlp_in"] = self.ln_mlp(r["resid_mid"])
+        before_mlp = r["resid_mid"]
+        if self.cross is not None:
+            post = self.placement == "post"
+            r["cross_in"] = before_mlp if post else self.ln_cross(before_mlp)
+            r["cross_out"], r["cross_pattern"] = self.cross.cross(r["cross_in"], memory)
+            r["cross_write"] = self.write("cross", r["cross_out"])
+            r["resid_cross"] = (self.ln_cross(before_mlp + r["cross_write"]) if post
+                                else before_mlp + r["cross_write"])
+            before_mlp = r["resid_cross"]
+            r["mlp_in"] = before_mlp if post else self.ln_mlp(before_mlp)
         r["mlp_out"] = self.mlp(r["mlp_in"]) if routing is None else self.mlp(r["mlp_in"], routing)
         r["mlp_write"] = self.write("mlp", r["mlp_out"])
         if self.placement == "post":
-            r["resid_post"] = self.ln_mlp(r["resid_mid"] + r["mlp_write"])
+            r["resid_post"] = self.ln_mlp(before_mlp + r["mlp_write"])
         else:
-            r["resid_post"] = r["resid_mid"] + r["mlp_write"]
+            r["resid_post"] = before_mlp + r["mlp_write"]
         return r
 
     @property
@@ -553,10 +596,17 @@ class Anatomy:
     unembed: Unembed | None
     causal: bool = True
     extras: dict = field(default_factory=dict)
+    # an encoder-decoder model: this Anatomy is its decoder (with cross-attention in its blocks), ``encoder`` the
+    # encoder stack as an Anatomy of its own (bidirectional, its final norm, no unembedding); docs/encoder-decoder.md
+    encoder: Anatomy | None = None
 
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.encoder is not None
 
     @property
     def is_encoder(self) -> bool:
