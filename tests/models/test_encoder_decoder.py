@@ -1,6 +1,6 @@
-"""Encoder-decoder models (issue 31, draft; docs/encoder-decoder.md): the BART / Marian reader's Anatomy recomputes
-every block of the real model, encoder and decoder (self-attention, cross-attention over the encoder's output, MLP,
-the Post-LN norms), the embeddings and the logits.
+"""Encoder-decoder models (issue 31, draft; docs/encoder-decoder.md): the BART / Marian and T5 readers' Anatomy
+recomputes every block of the real model, encoder and decoder (self-attention, cross-attention over the encoder's
+output, MLP, the norms; T5's relative position bias), the embeddings and the logits.
 
 The models run in float64 and so does lenscope's math, except its attention softmax, which lenscope takes in
 float32 (``Attention.probs``): the two evaluations then differ by the float32 rounding of the probabilities, a few
@@ -13,26 +13,37 @@ most a few u), lies between the two.
 import pytest
 import torch
 
-from lenscope.models.families import bart
+from lenscope.models.families import bart, t5
 from tests.tolerances import U32
 
 TOK = {"vocab_size": 96, "bos": 0, "pad": 1, "eos": 2}
 REL = 16 * U32
 
 
+KINDS = ["bart", "marian", "t5", "t5-gated"]
+
+
+def _reader(kind: str):
+    return t5 if kind.startswith("t5") else bart
+
+
 def _model(kind: str):
-    from transformers import BartForConditionalGeneration, MarianMTModel
+    from transformers import BartForConditionalGeneration, MarianMTModel, T5ForConditionalGeneration
 
     torch.manual_seed(0)
-    cls = {"bart": BartForConditionalGeneration, "marian": MarianMTModel}[kind]
-    model = cls._from_config(bart.TINY[kind](TOK), attn_implementation="eager").double().eval()
+    cls = {"bart": BartForConditionalGeneration, "marian": MarianMTModel}.get(kind, T5ForConditionalGeneration)
+    model = cls._from_config(_reader(kind).TINY[kind](TOK), attn_implementation="eager").double().eval()
     with torch.no_grad():  # every norm, bias and the logits' bias away from their initial 1 / 0
         g = torch.Generator().manual_seed(1)
         for name, p in model.named_parameters():
             if "layer_norm" in name or "layernorm" in name or name.endswith("bias"):
                 base = 1.0 if name.endswith("weight") else 0.0
                 p.copy_(base + 0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-        model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=g, dtype=torch.float64))
+            if "relative_attention_bias" in name:  # T5's bias per bucket and head: large enough to matter
+                p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.copy_(torch.randn(model.final_logits_bias.shape, generator=g,
+                                                      dtype=torch.float64))
     return model
 
 
@@ -42,18 +53,30 @@ def _close(got, want, what):
     assert err <= REL * scale, f"{what}: max error {err:.3g}, scale {scale:.3g}"
 
 
+def _modules(model, side: str):
+    """``(block, self-attention, cross-attention or None)`` of each block of one stack, the index of the attention
+    probabilities in an attention module's output, and the module whose output is the stack's output."""
+    stack = model.get_encoder() if side == "enc" else model.get_decoder()
+    if hasattr(stack, "block"):  # T5
+        return ([(b, b.layer[0].SelfAttention, b.layer[1].EncDecAttention if side == "dec" else None)
+                 for b in stack.block], 2, stack.final_layer_norm)
+    return [(b, b.self_attn, getattr(b, "encoder_attn", None)) for b in stack.layers], 1, stack.layers[-1]
+
+
 class Capture:
-    """Each block's input and output, and each attention module's output and probabilities, by forward hooks."""
+    """Each block's input and output, each attention module's output and probabilities, each stack's output, by
+    forward hooks."""
 
     def __init__(self, model):
-        self.seen, self.handles = {}, []
-        base = model.model
-        for side, stack in (("enc", base.encoder), ("dec", base.decoder)):
-            for i, blk in enumerate(stack.layers):
+        self.seen = {}
+        for side in ("enc", "dec"):
+            blocks, self.probs_at, last = _modules(model, side)
+            self._hook(last, (side, "final"))
+            for i, (blk, attn, cross) in enumerate(blocks):
                 self._hook(blk, (side, "block", i))
-                self._hook(blk.self_attn, (side, "attn", i))
-                if side == "dec":
-                    self._hook(blk.encoder_attn, (side, "cross", i))
+                self._hook(attn, (side, "attn", i))
+                if cross is not None:
+                    self._hook(cross, (side, "cross", i))
 
     def _hook(self, mod, key):
         def pre(m, args, kwargs):
@@ -62,17 +85,18 @@ class Capture:
         def post(m, args, kwargs, out):
             self.seen[key + ("out",)] = out
 
-        self.handles += [mod.register_forward_pre_hook(pre, with_kwargs=True),
-                         mod.register_forward_hook(post, with_kwargs=True)]
+        mod.register_forward_pre_hook(pre, with_kwargs=True)
+        mod.register_forward_hook(post, with_kwargs=True)
 
     def __getitem__(self, key):
-        return self.seen[key]
+        out = self.seen[key]
+        return out[0] if isinstance(out, tuple) and key[1] == "block" and key[-1] == "out" else out
 
 
-@pytest.mark.parametrize("kind", ["bart", "marian"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_anatomy_recomputes_every_block_of_the_real_model(kind):
     model = _model(kind)
-    A = bart.read(model)
+    A = _reader(kind).read(model)
     assert A.is_encoder_decoder and not A.encoder.is_encoder_decoder and A.encoder.is_encoder and A.causal
     assert A.n_layers == 2 and A.encoder.n_layers == 2 and all(L.cross is not None for L in A.layers)
     assert all(L.cross is None for L in A.encoder.layers)
@@ -84,16 +108,20 @@ def test_the_anatomy_recomputes_every_block_of_the_real_model(kind):
     for side, ids, anat in (("enc", src, A.encoder), ("dec", tgt, A)):
         pos = torch.arange(ids.shape[1])
         _close(anat.embed(ids[0], pos), cap[(side, "block", 0, "in")][0], f"{side} embedding")
-    memory = cap[("enc", "block", 1, "out")][0]
+    memory = cap[("enc", "final", "out")][0]
+    if A.encoder.final_norm is not None:
+        _close(A.encoder.final_norm(cap[("enc", "block", 1, "out")][0]), memory, "encoder final norm")
     for side, anat in (("enc", A.encoder), ("dec", A)):
         for i, L in enumerate(anat.layers):
             h = cap[(side, "block", i, "in")][0]
             r = L.forward(h, torch.arange(h.shape[0]), memory=memory if side == "dec" else None)
-            attn_out, attn_probs = cap[(side, "attn", i, "out")]
+            attn = cap[(side, "attn", i, "out")]
+            attn_out, attn_probs = attn[0], attn[cap.probs_at]
             _close(r["pattern"], attn_probs[0], f"{side} {i} pattern")
             _close(r["attn_out"], attn_out[0], f"{side} {i} attn_out")
             if side == "dec":
-                cross_out, cross_probs = cap[(side, "cross", i, "out")]
+                cross = cap[(side, "cross", i, "out")]
+                cross_out, cross_probs = cross[0], cross[cap.probs_at]
                 assert r["cross_pattern"].shape == (4, 5, 6)  # (head, target pos, source pos)
                 _close(r["cross_pattern"], cross_probs[0], f"dec {i} cross_pattern")
                 _close(r["cross_out"], cross_out[0], f"dec {i} cross_out")
@@ -124,3 +152,21 @@ def test_encoder_decoder_types_are_still_refused_by_load(tmp_path):
     with pytest.raises(UnsupportedModelError, match="model type 'bart'.* is not supported"):
         lenscope.load(str(tmp_path))
 
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize(("n_buckets", "max_distance"), [(8, 16), (32, 128), (6, 20)])
+def test_relative_position_buckets_are_t5s(bidirectional, n_buckets, max_distance):
+    """Every distance from -300 to 300 falls in the bucket transformers' T5 puts it in (its own function)."""
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from lenscope.models.anatomy import RelativeBias
+
+    rel = torch.arange(-300, 301)[None, :]
+    want = T5Attention._relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=n_buckets,
+                                                 max_distance=max_distance)
+    got = RelativeBias(torch.zeros(n_buckets, 1), bidirectional, max_distance).buckets(rel)
+    assert torch.equal(got, want)
+    assert int(got.max()) == n_buckets - 1 and int(got.min()) == 0
+    bias = RelativeBias(torch.randn(n_buckets, 3), bidirectional, max_distance)(torch.arange(5))
+    assert bias.shape == (3, 5, 5) and torch.equal(bias[:, 1, 3], bias[:, 2, 4])  # one distance, one bias

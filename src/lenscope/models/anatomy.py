@@ -132,6 +132,47 @@ def alibi_slopes(n_heads: int) -> Tensor:
 
 
 @dataclass(repr=False)
+class RelativeBias:
+    """T5's relative position bias (Raffel et al. 2020): a learned logit per head and bucket of the distance
+    ``key - query``, added to the attention scores. ``weight (bucket, head)``; half the buckets (of each direction,
+    when ``bidirectional``) count distances exactly, the rest grow logarithmically up to ``max_distance``.
+    Every layer of a stack shares it (transformers keeps it in layer 0 and passes the bias down)."""
+
+    weight: Tensor  # (bucket, head)
+    bidirectional: bool
+    max_distance: int
+
+    @property
+    def n_buckets(self) -> int:
+        return int(self.weight.shape[0])
+
+    def buckets(self, rel: Tensor) -> Tensor:
+        """The bucket of each distance ``rel = key - query`` (integers), as T5 forms it (the logarithmic part in
+        float32, so the boundaries are T5's own)."""
+        n, out = self.n_buckets, torch.zeros_like(rel)
+        if self.bidirectional:
+            n //= 2
+            out = out + (rel > 0).long() * n
+            dist = rel.abs()
+        else:
+            dist = (-rel).clamp_min(0)  # a causal query sees keys at or before it
+        exact = n // 2
+        far = exact + (torch.log(dist.clamp_min(1).float() / exact) / math.log(self.max_distance / exact)
+                       * (n - exact)).long()
+        return out + torch.where(dist < exact, dist, far.clamp_max(n - 1))
+
+    def __call__(self, positions: Tensor) -> Tensor:
+        """The bias ``(head, pos, pos)`` between the query and key ``positions``."""
+        positions = _on(positions, self.weight).long()
+        rel = positions[None, :] - positions[:, None]  # key - query
+        return self.weight[self.buckets(rel)].permute(2, 0, 1)
+
+    def __repr__(self) -> str:
+        return f"RelativeBias(buckets={self.n_buckets}, max_distance={self.max_distance}, " + (
+            "bidirectional)" if self.bidirectional else "causal)")
+
+
+@dataclass(repr=False)
 class Attention:
     """Multi-head attention with per-head weights.
 
@@ -158,6 +199,7 @@ class Attention:
     window: int | None = None  # causal: query i sees keys j with i - j < window; bidirectional: |i - j| <= window
     sinks: Tensor | None = None  # (head,) logits in each head's softmax denominator only (GPT-OSS's sinks)
     qk_norm_across_heads: bool = False  # q_norm / k_norm over all heads' features at once (OLMo 2, OLMoE), not per head
+    relative_bias: RelativeBias | None = None  # T5's learned bias per head and relative-distance bucket
 
     n_heads = axis_size("W_Q", 0)
     n_kv_heads = axis_size("W_K", 0)
@@ -260,6 +302,8 @@ class Attention:
             positions = _on(positions, scores)
             rel = (positions[None, :] - positions[:, None]).to(scores.dtype)  # key - query
             scores = scores + self.alibi.to(scores)[:, None, None] * rel
+        if self.relative_bias is not None:
+            scores = scores + _on(self.relative_bias(positions), scores).to(scores.dtype)
         allowed = self.mask(q.shape[-2], k.shape[-2], q.device)
         scores = scores.masked_fill(~allowed, float("-inf"))
         if self.sinks is not None:  # one more logit per head in the denominator, dropped after the softmax
@@ -303,7 +347,7 @@ class Attention:
         (..., pos, d_model), probs (..., head, pos, src))``. Needs an attention without positions (no rotary,
         ALiBi, window, sinks: none of them is defined between two sequences)."""
         if (self.rotary is not None or self.alibi is not None or self.window is not None or self.sinks is not None
-                or self.causal):
+                or self.relative_bias is not None or self.causal):
             raise UnsupportedModelError("cross-attention with positions, a window, sinks or a causal mask is not "
                                         "modelled")
         x, memory = _on(x, self.W_Q), _on(memory, self.W_Q)
@@ -320,7 +364,8 @@ class Attention:
         flags = [(self.rotary is not None, repr(self.rotary)), (self.alibi is not None, "alibi"),
                  (self.q_norm is not None, "qk_norm" + ("(across heads)" if self.qk_norm_across_heads else "")),
                  (self.softcap is not None, f"softcap={self.softcap or 0:g}"),
-                 (self.window is not None, f"window={self.window}"), (self.sinks is not None, "sinks")]
+                 (self.window is not None, f"window={self.window}"), (self.sinks is not None, "sinks"),
+                 (self.relative_bias is not None, repr(self.relative_bias))]
         parts = [f"heads={self.n_heads}", f"kv_heads={self.n_kv_heads}", f"d_head={self.d_head}",
                  "causal" if self.causal else "bidirectional"] + [text for on, text in flags if on]
         return "Attention(" + ", ".join(parts) + ")"
