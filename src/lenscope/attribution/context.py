@@ -70,13 +70,25 @@ def attention_logit_rows(A, tr: Trace, l: int, rows: Tensor, directions: Tensor)
     (:func:`~lenscope.models.algebra.projected_value_writes`), so nothing of size (src, d_model) is built; one
     call serves every generated token of a text (``k`` rows) as well as one prediction (``k = 1``)."""
     layer = A.layers[l]
-    attn = layer.attn
     z, beta = attention_input_parts(layer, tr, l, "sources")
-    d_post, const = write_pullback(layer, "attn", directions.float(), f32(tr.attn_out[l][rows]))
-    proj = projected_value_writes(attn, z, d_post, True)  # (k, head, src)
     alpha = f32(tr.pattern[l][:, rows]).transpose(0, 1)  # (k, head, src)
-    rem = const + d_post @ bias_through_attention(attn, beta, False)
-    return alpha * proj, rem
+    return value_logit_rows(layer, "attn", z, beta, alpha, f32(tr.attn_out[l][rows]), directions.float())
+
+
+def value_logit_rows(layer, which: str, z: Tensor, beta: Tensor | None, alpha: Tensor, out: Tensor,
+                     directions: Tensor) -> tuple[Tensor, Tensor]:
+    """One attention sub-layer's write (``which``: ``"attn"``, or an encoder-decoder block's ``"cross"``) read
+    along ``directions (k, d_model)``, per head and source (``"sources"`` bias convention): ``(k, head, src)``
+    scores and remainders ``(k,)`` adding up to ``write . directions[r]``. ``z (src, d_model)``: what the values
+    read (the self-attention's input, or the encoder's output for cross-attention), ``beta``: a norm bias read
+    from no source, ``alpha (k, head, src)``: the traced weights, ``out (k, d_model)``: the sub-layer's traced
+    output (for a sandwich norm's scale). Computed in ``directions``' dtype."""
+    attn = layer.cross if which == "cross" else layer.attn
+    dt = directions.dtype
+    d_post, const = write_pullback(layer, which, directions, out.to(dt))
+    proj = projected_value_writes(attn, z.to(dt), d_post, True)  # (k, head, src)
+    rem = const + d_post @ bias_through_attention(attn, beta, False, dt)
+    return alpha.to(dt) * proj, rem
 
 
 def logit_parts(lm: LoadedModel, tr: Trace, rows: Tensor, t_ids: Tensor, f_ids: Tensor | None) -> dict:

@@ -317,10 +317,10 @@ def scale_step(dec, c: float):
 
 
 def write_step(dec, layer: Layer, which: str, sub_out: Tensor):
-    """Carry a decomposition of sub-layer ``which``'s output (``"attn"`` or ``"mlp"``) to what it adds to the
-    residual stream (:meth:`~lenscope.models.anatomy.Layer.write`): through its sandwich norm, affine given the
+    """Carry a decomposition of sub-layer ``which``'s output (``"attn"``, ``"cross"`` or ``"mlp"``) to what it adds
+    to the residual stream (:meth:`~lenscope.models.anatomy.Layer.write`): through its sandwich norm, affine given the
     per-token scale of its real output ``sub_out (row, d_model)``, then times the block's ``residual_scale``."""
-    norm = layer.ln_attn_out if which == "attn" else layer.ln_mlp_out
+    norm = layer.write_norm(which)
     if norm is not None:
         dec = norm_step(dec, norm, sub_out)
     return scale_step(dec, layer.residual_scale)
@@ -331,13 +331,44 @@ def write_pullback(layer: Layer, which: str, u: Tensor, sub_out: Tensor) -> tupl
     transpose of :func:`write_step`): ``(w, c)`` with ``write . u == out . w + c`` for the real output ``sub_out
     (row, d_model)`` (``c (row,)``: the sandwich norm's bias read along ``u``)."""
     u = u * layer.residual_scale if layer.residual_scale != 1.0 else u
-    norm = layer.ln_attn_out if which == "attn" else layer.ln_mlp_out
+    norm = layer.write_norm(which)
     c = u.new_zeros(u.shape[0])
     if norm is None:
         return u, c
     if norm.bias is not None:
         c = c + u @ norm.bias.to(u.dtype)
     return norm.pullback(u, norm.scale(sub_out.to(u.dtype))), c
+
+
+def block_pullback(layer: Layer, u: Tensor, r: dict[str, Tensor]) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """A read-out direction ``u (row, d_model)`` on a block's output carried back along its residual path, given the
+    block's traced intermediates ``r`` (``resid_pre``, ``attn_write``, ``resid_mid``, ``mlp_write``; with
+    cross-attention ``cross_write``, ``resid_cross``; each ``(row, d_model)``): ``(directions, u_in, c)`` with
+    ``resid_post . u == resid_pre . u_in + sum_w write_w . directions[w] + c`` (``w`` in ``attn``, ``cross``,
+    ``mlp``; ``c (row,)``: the norms' biases read along their directions).
+
+    Pre-LN, sandwich and parallel blocks add their writes to the stream: every direction is ``u``. A Post-LN
+    block (BART, Marian, BERT) normalises the whole stream after each sub-layer; each norm is affine given its
+    traced scale, so the direction is pulled back through the norms that follow each write (``Norm.pullback``),
+    and a logit stays an exact sum over the writes (each read along its own direction)."""
+    dt = u.dtype
+    c = u.new_zeros(u.shape[0])
+    if layer.placement != "post":
+        dirs = {"attn": u, "mlp": u} | ({"cross": u} if layer.cross is not None else {})
+        return dirs, u, c
+    before_mlp = r["resid_cross"] if layer.cross is not None else r["resid_mid"]
+    steps = [("mlp", layer.ln_mlp, before_mlp)]
+    if layer.cross is not None:
+        steps.append(("cross", layer.ln_cross, r["resid_mid"]))
+    steps.append(("attn", layer.ln_attn, r["resid_pre"]))
+    dirs = {}
+    for which, norm, stream in steps:  # the norm after sub-layer ``which`` reads ``stream + write``
+        norm = norm.to(dt)
+        if norm.bias is not None:
+            c = c + u @ norm.bias
+        u = norm.pullback(u, norm.scale((stream + r[f"{which}_write"]).to(dt)))
+        dirs[which] = u
+    return dirs, u, c
 
 
 def attention_write_parts(A: Anatomy, tr: Trace, l: int, rows: Tensor, convention: Convention = "sources",

@@ -490,9 +490,13 @@ class Layer:
     def write(self, which: Literal["attn", "cross", "mlp"], out: Tensor) -> Tensor:
         """What sub-layer ``which`` adds to the residual stream, from its output ``out (..., d_model)``: through
         its sandwich norm (when there is one), times ``residual_scale``."""
-        norm = {"attn": self.ln_attn_out, "mlp": self.ln_mlp_out}.get(which)
+        norm = self.write_norm(which)
         w = norm(out) if norm is not None else out
         return w * self.residual_scale if self.residual_scale != 1.0 else w
+
+    def write_norm(self, which: Literal["attn", "cross", "mlp"]) -> Norm | None:
+        """The sandwich norm on sub-layer ``which``'s output, or None (cross-attention never has one)."""
+        return {"attn": self.ln_attn_out, "mlp": self.ln_mlp_out}.get(which)
 
     def norms(self) -> dict[str, Norm]:
         """The block's norms by slot name."""
