@@ -170,3 +170,38 @@ def test_relative_position_buckets_are_t5s(bidirectional, n_buckets, max_distanc
     assert int(got.max()) == n_buckets - 1 and int(got.min()) == 0
     bias = RelativeBias(torch.randn(n_buckets, 3), bidirectional, max_distance)(torch.arange(5))
     assert bias.shape == (3, 5, 5) and torch.equal(bias[:, 1, 3], bias[:, 2, 4])  # one distance, one bias
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_hooks_name_the_modules_that_compute_each_site(kind):
+    """The readers' ``hooks`` (for the engine, next step) find every module, and each computes what its site says:
+    the cross-attention module's probabilities and output projection, the norms' outputs, the MLP's activation."""
+    model = _model(kind)
+    H = _reader(kind).hooks(model)
+    A = _reader(kind).read(model)
+    assert len(H.layers) == A.n_layers and len(H.encoder.layers) == A.encoder.n_layers and H.encoder.encoder is None
+    assert all(lh.cross is not None and "ln_cross" in lh.norms for lh in H.layers)
+    assert all(lh.cross is None and "ln_cross" not in lh.norms for lh in H.encoder.layers)
+    assert (H.final_norm is None) == (A.final_norm is None)
+    seen = {}
+
+    def keep(name, index=None):
+        def f(mod, args, out):
+            seen[name] = (out if index is None else out[index])[0]
+        return f
+
+    lh = H.layers[1]
+    lh.cross.register_forward_hook(keep("cross_pattern", -1))
+    lh.cross_out.register_forward_hook(keep("cross_out"))
+    lh.norms["ln_cross"].register_forward_hook(keep("ln_cross"))
+    lh.mlp_out.register_forward_hook(keep("mlp_out"))
+    src, tgt = torch.tensor([[5, 17, 33, 8, 60, 2]]), torch.tensor([[2, 40, 9, 71, 12]])
+    cap = Capture(model)
+    with torch.no_grad():
+        model(input_ids=src, decoder_input_ids=tgt)
+    r = A.layers[1].forward(cap[("dec", "block", 1, "in")][0], torch.arange(5), memory=cap[("enc", "final", "out")][0])
+    _close(seen["cross_pattern"], r["cross_pattern"], "hooked cross pattern")
+    _close(seen["cross_out"], r["cross_out"], "hooked cross out")
+    _close(seen["mlp_out"], r["mlp_out"], "hooked mlp out")
+    ln_cross_out = r["resid_cross"] if A.layers[1].placement == "post" else r["cross_in"]
+    _close(seen["ln_cross"], ln_cross_out, "hooked ln_cross")

@@ -50,6 +50,10 @@ class LayerHooks:
       the chosen experts' weights, their indices)``; ``experts``: input = ``(hidden states, expert indices, expert
       weights)``, output = the weighted sum of the experts' outputs; ``mlp_out`` is then the whole block and
       ``act``, ``up`` are not used (the engine computes the experts' units with the Anatomy's math)
+    - an encoder-decoder model's decoder blocks (docs/encoder-decoder.md; not yet run by the engine): ``cross``: the
+      cross-attention module, its output's second element = probabilities (head, q, src); ``cross_out``: output =
+      what cross-attention computed (input = its per-head outputs); ``cross_q``, ``cross_k``, ``cross_v``: its
+      projections (keys and values over the source positions); its norm is the slot ``ln_cross`` of ``norms``
     """
 
     block: nn.Module
@@ -68,12 +72,18 @@ class LayerHooks:
     readers: dict[str, nn.Module] = field(default_factory=dict)
     router: nn.Module | None = None
     experts: nn.Module | None = None
+    cross: nn.Module | None = None
+    cross_out: nn.Module | None = None
+    cross_q: nn.Module | None = None
+    cross_k: nn.Module | None = None
+    cross_v: nn.Module | None = None
 
 
 @dataclass
 class ModelHooks:
     layers: list[LayerHooks]
     final_norm: nn.Module | None
+    encoder: ModelHooks | None = None  # an encoder-decoder model's encoder stack (``layers``: the decoder's)
 
     @classmethod
     def of(cls, blocks, final_norm: nn.Module | None, *, norms: dict[str, str], qkv_layout: str = "blocks",

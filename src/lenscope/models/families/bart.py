@@ -11,7 +11,7 @@ test. ``load`` therefore still refuses these model types with its one line.
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import layer_norm, linear_in_out, require, separate_qkv, t
+from . import ModelHooks, layer_norm, linear_in_out, require, separate_qkv, t
 
 MODEL_TYPES = ("bart", "marian")
 
@@ -72,6 +72,23 @@ def read(model) -> Anatomy:
     return Anatomy(family="bart", model_type=cfg.model_type, d_model=cfg.d_model, n_ctx=n_ctx,
                    vocab_size=dec.embed_tokens.weight.shape[0], embed=_embedding(dec), layers=dec_layers,
                    final_norm=None, unembed=unembed, causal=True, encoder=encoder)
+
+
+SELF = {"attn": "self_attn", "attn_out": "self_attn.out_proj", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
+        "v": "self_attn.v_proj", "mlp_out": "fc2", "act": "activation_fn"}
+CROSS = {"cross": "encoder_attn", "cross_out": "encoder_attn.out_proj", "cross_q": "encoder_attn.q_proj",
+         "cross_k": "encoder_attn.k_proj", "cross_v": "encoder_attn.v_proj"}
+NORMS = {"ln_attn": "self_attn_layer_norm", "ln_mlp": "final_layer_norm"}
+
+
+def hooks(model) -> ModelHooks:
+    """Where the engine's sites are: both stacks' blocks, the decoder's cross-attention (not yet run by the
+    engine: docs/encoder-decoder.md)."""
+    base = _base(model)
+    dec = ModelHooks.of(base.decoder.layers, None, norms=NORMS | {"ln_cross": "encoder_attn_layer_norm"}, **SELF,
+                        **CROSS)
+    dec.encoder = ModelHooks.of(base.encoder.layers, None, norms=NORMS, **SELF)
+    return dec
 
 
 def _tiny_bart(tok: dict):

@@ -10,7 +10,7 @@ Draft (issue 31, docs/encoder-decoder.md): like ``bart.py``, a reader checked bl
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, RelativeBias, Unembed, activation_name
-from . import linear_in_out, require, rms_norm, separate_qkv, t
+from . import ModelHooks, linear_in_out, require, rms_norm, separate_qkv, t
 
 MODEL_TYPES = ("t5",)
 
@@ -66,6 +66,31 @@ def read(model) -> Anatomy:
     return Anatomy(family="t5", model_type="t5", d_model=cfg.d_model, n_ctx=n_ctx, vocab_size=cfg.vocab_size,
                    embed=embed, layers=_stack(dec, cfg, True), final_norm=rms_norm(dec.final_layer_norm),
                    unembed=unembed, causal=True, encoder=encoder)
+
+
+def hooks(model) -> ModelHooks:
+    """Where the engine's sites are: both stacks' blocks (``layer.0`` self-attention, ``layer.1`` the decoder's
+    cross-attention, ``layer.-1`` the MLP), the final norms (not yet run by the engine: docs/encoder-decoder.md)."""
+    gated = bool(model.config.is_gated_act)
+
+    def stack(blocks, final_norm, cross: bool) -> ModelHooks:
+        ff = f"layer.{2 if cross else 1}"
+        paths = {"attn": "layer.0.SelfAttention", "attn_out": "layer.0.SelfAttention.o",
+                 "q": "layer.0.SelfAttention.q", "k": "layer.0.SelfAttention.k", "v": "layer.0.SelfAttention.v",
+                 "mlp_out": f"{ff}.DenseReluDense.wo", "act": f"{ff}.DenseReluDense.act"}
+        if gated:
+            paths["up"] = f"{ff}.DenseReluDense.wi_1"
+        norms = {"ln_attn": "layer.0.layer_norm", "ln_mlp": f"{ff}.layer_norm"}
+        if cross:
+            paths |= {"cross": "layer.1.EncDecAttention", "cross_out": "layer.1.EncDecAttention.o",
+                      "cross_q": "layer.1.EncDecAttention.q", "cross_k": "layer.1.EncDecAttention.k",
+                      "cross_v": "layer.1.EncDecAttention.v"}
+            norms["ln_cross"] = "layer.1.layer_norm"
+        return ModelHooks.of(blocks, final_norm, norms=norms, **paths)
+
+    dec = stack(model.decoder.block, model.decoder.final_layer_norm, True)
+    dec.encoder = stack(model.encoder.block, model.encoder.final_layer_norm, False)
+    return dec
 
 
 def _tiny_t5(tok: dict, **kw):
