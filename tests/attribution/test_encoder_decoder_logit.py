@@ -105,3 +105,43 @@ def test_every_family_logit_difference_splits_into_source_and_target_prefix_part
         for r in runs:
             flat = flat + ((r["attn_write"] + r["cross_write"] + r["mlp_write"]) * u).sum(-1)
         assert float(((flat - want).abs() / scale).max()) > 1e-3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_direct_logit_attribution_with_cross_attention_heads(kind):
+    """Direct logit attribution's components of an encoder-decoder model: the embedding, every self-attention head,
+    every cross-attention head (``head_writes(..., which="cross")``), every MLP and the biases add up to the
+    logit difference at every target position, each write read along its ``block_pullback`` direction; the
+    cross-attention heads alone equal the source part of the Logit explanation."""
+    from lenscope.models.algebra import block_pullback, head_writes
+
+    A = _reader(kind).read(_model(kind))
+    memory, runs, final = _runs(A)
+    ro = Readout.from_anatomy(A)
+    target, foil = 7, 30
+    u = (ro.W_U[:, target] - ro.W_U[:, foil]).double().expand(len(TGT), -1)
+    d = ro.pullback(u, ro.scale(final)).double() if A.final_norm is not None else u
+    logits = A.logits(final)
+    want = (logits[:, target] - logits[:, foil]).double()
+    total = torch.full((len(TGT),), 0.0 if ro.b_U is None else float(ro.b_U[target] - ro.b_U[foil]),
+                       dtype=torch.float64)
+    scale = want.abs().clone()
+    for L, r in reversed(list(zip(A.layers, runs))):
+        dirs, d, c = block_pullback(L, d, r)
+        total = total + c
+        for which, probs, values_in in (("attn", r["pattern"], r["resid_pre"] if L.placement == "post"
+                                         else r["attn_in"]), ("cross", r["cross_pattern"], memory)):
+            attn = L.cross if which == "cross" else L.attn
+            z = torch.einsum("hqk,hke->qhe", probs, attn.values(values_in))  # each head's output (pos, head, d_head)
+            heads, rest = head_writes(L, z, "rest", which=which)
+            torch.testing.assert_close(heads.sum(-2) + rest, r[f"{which}_write"], rtol=0, atol=1e-12)
+            per_head = (heads * dirs[which][:, None]).sum(-1)  # (pos, head): the DLA components
+            total = total + per_head.sum(-1) + (rest * dirs[which]).sum(-1)
+            scale = scale + per_head.abs().sum(-1)
+            if which == "cross":
+                parts, rem = value_logit_rows(L, "cross", memory, None, probs.transpose(0, 1), r["cross_out"],
+                                              dirs["cross"])
+                torch.testing.assert_close(per_head, parts.sum(-1), rtol=0, atol=1e-12 * float(scale.max()))
+        total = total + (r["mlp_write"] * dirs["mlp"]).sum(-1)
+    total = total + (A.embed(TGT, torch.arange(len(TGT))) * d).sum(-1)
+    assert float(((total - want).abs() / scale).max()) <= REL

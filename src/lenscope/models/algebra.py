@@ -166,7 +166,7 @@ HeadBias = Literal["shared", "rest"]
 
 
 def head_writes(layer: Layer, z: Tensor, bias: HeadBias, norm_input: Tensor | None = None,
-                dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor | None]:
+                dtype: torch.dtype | None = None, which: str = "attn") -> tuple[Tensor, Tensor | None]:
     """What each head adds to the residual stream, ``(..., pos, head, d_model)``, from its outputs ``z (..., pos,
     head, d_head)``, and what no head writes, ``(..., pos, d_model)`` (None with ``"shared"``): the one head-write
     function (direct logit attribution, the circuits' senders, the app's head view).
@@ -176,8 +176,9 @@ def head_writes(layer: Layer, z: Tensor, bias: HeadBias, norm_input: Tensor | No
     ``b_O`` (and the norm's bias) in the remainder (direct logit attribution's ``L{l}.attn_bias``). Under a
     post-attention (sandwich) norm the writes go through the norm, affine given its per-token scale: that of
     ``norm_input`` (the traced attention output) when given, else of what the heads and the bias wrote; then times
-    the block's ``residual_scale``. ``dtype``: compute in it (default: the weights' own)."""
-    attn = layer.attn
+    the block's ``residual_scale``. ``dtype``: compute in it (default: the weights' own). ``which="cross"``: an
+    encoder-decoder block's cross-attention heads (``z``: their outputs; no sandwich norm)."""
+    attn = layer.cross if which == "cross" else layer.attn
     H = attn.n_heads
     W_O = attn.W_O if dtype is None else attn.W_O.to(dtype)
     w = torch.einsum("...phe,hed->...phd", z.to(W_O.dtype), W_O)
@@ -188,7 +189,7 @@ def head_writes(layer: Layer, z: Tensor, bias: HeadBias, norm_input: Tensor | No
             w = w + b_O / H
     else:
         rest = w.new_zeros(w.shape[:-2] + w.shape[-1:]) + (b_O if b_O is not None else 0)
-    norm = layer.ln_attn_out
+    norm = layer.write_norm(which)
     if norm is not None:
         norm = norm if dtype is None else norm.to(dtype)
         total = w.sum(-2) if rest is None else w.sum(-2) + rest
