@@ -86,6 +86,11 @@ def test_result_frame_and_file_round_trip(tmp_path):
     back = AlignmentErrorRate.load(res.save(tmp_path / "aer.safetensors"))
     assert back.ids == res.ids and back.method == "hand" and torch.equal(back.counts, res.counts)
     assert back.aer == res.aer and "aer=0.2727" in repr(back)
+    fig = res.plot()  # one bar per sentence at its own AER, the corpus AER as a line
+    ax = fig.axes[0]
+    assert [b.get_height() for b in ax.patches] == pytest.approx([2 / 7, 1 / 4])
+    assert ax.lines[0].get_ydata()[0] == pytest.approx(3 / 11) and "precision 0.833" in ax.get_title()
+    assert "<svg" in res._repr_html_()
 
 
 def _file(tmp_path, *rows) -> Path:

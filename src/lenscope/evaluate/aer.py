@@ -68,6 +68,12 @@ class AlignmentErrorRate(Result):
         return {"method": self.method, "sentences": len(self.ids), "aer": self.aer, "precision": self.precision,
                 "recall": self.recall, **self.totals}
 
+    def plot(self):
+        """Each sentence's AER and the corpus AER (:func:`lenscope.viz.eval_plots.plot_aer`)."""
+        from ..viz.eval_plots import plot_aer
+
+        return plot_aer(self.ids, self.per_sentence().tolist(), self.aer, self.precision, self.recall, self.method)
+
     def to_frame(self):
         import pandas as pd
 

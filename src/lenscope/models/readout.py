@@ -41,7 +41,7 @@ from ..errors import UnsupportedModelError
 from .anatomy import Norm, Unembed, _mix, _on, _up
 
 if TYPE_CHECKING:
-    from .anatomy import Anatomy
+    from .anatomy import Anatomy, Layer
 
 __all__ = ["Readout"]
 
@@ -275,3 +275,34 @@ class Readout:
     def __repr__(self) -> str:
         return (f"Readout(norm={self.norm!r}, W_U={tuple(self.W_U.shape)}, bias={self.b_U is not None}, "
                 f"softcap={self.softcap}, transform={self.head.transform_W is not None})")
+
+
+def block_pullback(layer: Layer, u: Tensor, r: dict[str, Tensor]) -> tuple[dict[str, Tensor], Tensor, Tensor]:
+    """A read-out direction ``u (row, d_model)`` on a block's output carried back along its residual path, given the
+    block's traced intermediates ``r`` (``resid_pre``, ``attn_write``, ``resid_mid``, ``mlp_write``; with
+    cross-attention ``cross_write``, ``resid_cross``; each ``(row, d_model)``): ``(directions, u_in, c)`` with
+    ``resid_post . u == resid_pre . u_in + sum_w write_w . directions[w] + c`` (``w`` in ``attn``, ``cross``,
+    ``mlp``; ``c (row,)``: the norms' biases read along their directions).
+
+    Pre-LN, sandwich and parallel blocks add their writes to the stream: every direction is ``u``. A Post-LN
+    block (BART, Marian, BERT) normalises the whole stream after each sub-layer; each norm is affine given its
+    traced scale, so the direction is pulled back through the norms that follow each write (``Norm.pullback``),
+    and a logit stays an exact sum over the writes (each read along its own direction)."""
+    dt = u.dtype
+    c = u.new_zeros(u.shape[0])
+    if layer.placement != "post":
+        dirs = {"attn": u, "mlp": u} | ({"cross": u} if layer.cross is not None else {})
+        return dirs, u, c
+    before_mlp = r["resid_cross"] if layer.cross is not None else r["resid_mid"]
+    steps = [("mlp", layer.ln_mlp, before_mlp)]
+    if layer.cross is not None:
+        steps.append(("cross", layer.ln_cross, r["resid_mid"]))
+    steps.append(("attn", layer.ln_attn, r["resid_pre"]))
+    dirs = {}
+    for which, norm, stream in steps:  # the norm after sub-layer ``which`` reads ``stream + write``
+        norm = norm.to(dt)
+        if norm.bias is not None:
+            c = c + u @ norm.bias
+        u = norm.pullback(u, norm.scale((stream + r[f"{which}_write"]).to(dt)))
+        dirs[which] = u
+    return dirs, u, c

@@ -80,3 +80,23 @@ def plot_mrr(summary, correct: bool = False):
     ax.legend(fontsize=7, ncol=min(7, len(methods) + 1), loc="upper center", bbox_to_anchor=(0.5, 1.18))
     fig.tight_layout()
     return fig
+
+
+def plot_aer(ids, per_sentence, aer: float, precision: float, recall: float, method: str = ""):
+    """``lenscope eval aer``: each sentence's alignment error rate (bars; a sentence with no link at all has none)
+    and the corpus AER (line), with precision and recall in the title."""
+    plt = _plt()
+    vals = [float(v) for v in per_sentence]
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * len(vals) + 1.5), 3.0))
+    ax.bar(range(len(vals)), [0.0 if math.isnan(v) else v for v in vals], color=KIND_COLORS["attn"])
+    ax.axhline(aer, color="black", lw=1.0, ls="--", label=f"corpus AER {aer:.3f}")
+    ax.set_xticks(range(len(vals)))
+    ax.set_xticklabels([str(i) for i in ids], rotation=90 if len(vals) > 8 else 0, fontsize=7)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("AER (lower is better)", fontsize=8)
+    ax.set_xlabel("sentence", fontsize=8)
+    ax.legend(fontsize=7)
+    who = f"{method}: " if method else ""
+    ax.set_title(f"{who}alignment error rate (precision {precision:.3f}, recall {recall:.3f})", fontsize=9)
+    fig.tight_layout()
+    return fig
