@@ -100,6 +100,9 @@ def test_the_anatomy_recomputes_every_block_of_the_real_model(kind):
     assert A.is_encoder_decoder and not A.encoder.is_encoder_decoder and A.encoder.is_encoder and A.causal
     assert A.n_layers == 2 and A.encoder.n_layers == 2 and all(L.cross is not None for L in A.layers)
     assert all(L.cross is None for L in A.encoder.layers)
+    text = repr(A)
+    assert "causal" in text.splitlines()[0] and "cross=Attention(heads=4" in text and "\n  encoder: Anatomy(" in text
+    assert "bidirectional" in text.split("encoder:")[1].splitlines()[0]
     src = torch.tensor([[5, 17, 33, 8, 60, 2]])
     tgt = torch.tensor([[2, 40, 9, 71, 12]])
     cap = Capture(model)

@@ -487,7 +487,8 @@ class Layer:
 
     def __repr__(self) -> str:
         scale = f", residual_scale={self.residual_scale:g}" if self.residual_scale != 1.0 else ""
-        return f"Layer({self.placement}, {self.attn!r}, {self.mlp!r}{scale})"
+        cross = f", cross={self.cross!r}" if self.cross is not None else ""
+        return f"Layer({self.placement}, {self.attn!r}{cross}, {self.mlp!r}{scale})"
 
 
 @dataclass(repr=False)
@@ -584,4 +585,6 @@ class Anatomy:
             f"  final_norm: {self.final_norm!r}",
             f"  unembed: {'none' if self.unembed is None else 'W_U ' + str(tuple(self.unembed.W_U.shape))}",
         ]
+        if self.encoder is not None:
+            lines.append("  encoder: " + repr(self.encoder).replace("\n", "\n  "))
         return "\n".join(lines)
