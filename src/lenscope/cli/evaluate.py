@@ -86,8 +86,7 @@ def register(app: typer.Typer) -> None:
         if out:
             typer.echo(f"records, summary.json, table.md and figures in {out}")
 
-    @ev.command("aer")
-    @handle_errors
+    @command(ev, "aer")
     def aer_cmd(
         gold: str = typer.Option(..., "--gold", help="Gold alignments, JSON lines: {\"id\", \"source\", \"target\", "
                                  "\"sure\": [[i, j], ...], \"possible\": [...]} (i: source word, j: target word, "

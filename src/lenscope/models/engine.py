@@ -23,8 +23,8 @@ from ..errors import InputError, NotApplicableError, UnsupportedModelError
 from .devices import compute_dtype, main_device
 from .dictionary import Attached
 from .families import family_for
+from .hooking import register
 from .load import LoadedModel
-from .moe import MOE_SITES
 from .sites import (  # noqa: F401 (the site table lives in sites.py; re-exported here)
     _ALL,
     HEAD_SITES,
@@ -40,6 +40,7 @@ from .sites import (  # noqa: F401 (the site table lives in sites.py; re-exporte
     canonical,
     edits_within,
     site_key,
+    stack_of,
 )
 from .stop import checkpoint
 
@@ -53,12 +54,17 @@ class Run(NamedTuple):
 
 
 def forward_kwargs(lm: LoadedModel, ids: Tensor | None = None, *, inputs_embeds: Tensor | None = None,
-                   attention_mask: Tensor | None = None, last_only: bool = False, past=None) -> dict:
+                   attention_mask: Tensor | None = None, last_only: bool = False, past=None,
+                   source: Tensor | None = None) -> dict:
     """The keyword arguments of the real model's forward pass (the only place they are built): inputs on the
     model's input device, an all-ones mask unless one is given, no cache for causal models unless ``past`` (a
     key/value cache of the earlier positions, :func:`new_cache`) is given, and (causal models) only the last
     position's logits when ``last_only``."""
     device = main_device(lm.model)  # accelerate's execution device of a split model, never "meta"
+    if source is not None:  # an encoder-decoder model: the source into the encoder, ids into the decoder
+        return {"input_ids": source.to(device), "attention_mask": torch.ones(source.shape, dtype=torch.long,
+                                                                             device=device),
+                "decoder_input_ids": ids.to(device), "use_cache": False}
     x = ids if ids is not None else inputs_embeds
     start = 0 if past is None else past.get_seq_length()
     if attention_mask is None:
@@ -85,6 +91,33 @@ def new_cache(lm: LoadedModel):
     return DynamicCache(config=lm.model.config)
 
 
+def _what(name: str) -> str:
+    return "encoder" if stack_of(name)[0] else "model"
+
+
+def _check_source(lm: LoadedModel, source: Tensor | None, B: int, other_inputs: bool) -> int:
+    """The number of source positions (0 without a source), the source checked against the model."""
+    A = lm.anatomy
+    if A.encoder is None:
+        if source is not None:
+            raise InputError(f"a source is the input of an encoder-decoder model's encoder; {A.model_type} has none")
+        return 0
+    if source is None:
+        raise InputError(f"{A.model_type} is an encoder-decoder model: run it with the source, run(lm, "
+                         "target_prefix_ids, source=source_ids)")
+    if other_inputs:
+        raise NotApplicableError("an encoder-decoder model runs from token ids, without padding or a cache (yet)")
+    if source.dim() != 2 or source.shape[0] != B or source.shape[1] == 0:
+        raise InputError(f"the source must be (b, s) token ids with the same {B} rows as the target prefix; got "
+                         f"shape {tuple(source.shape)}")
+    if source.shape[1] > A.encoder.n_ctx:
+        raise InputError(f"{source.shape[1]} source positions are more than the encoder's context of "
+                         f"{A.encoder.n_ctx}; shorten the source")
+    if int(source.min()) < 0 or int(source.max()) >= A.encoder.vocab_size:
+        raise InputError(f"source token ids must lie in 0..{A.encoder.vocab_size - 1}")
+    return int(source.shape[1])
+
+
 class _Stop(Exception):
     pass
 
@@ -93,9 +126,15 @@ def _first(x):
     return x[0] if isinstance(x, (tuple, list)) else x
 
 
-def _n_heads(lm: LoadedModel, name: str, layer: int) -> int:
-    A = lm.anatomy.layers[layer].attn
-    return A.n_kv_heads if name in ("k", "v") else A.n_heads
+def _stack(lm: LoadedModel, name: str):
+    """The Anatomy of the stack a site name belongs to (an encoder-decoder model's encoder: prefix ``enc.``) and
+    the name without the prefix."""
+    prefix, base = stack_of(name)
+    A = lm.anatomy.encoder if prefix else lm.anatomy
+    if A is None:
+        raise NotApplicableError(f"site {name!r}: the sites 'enc.*' exist only in encoder-decoder models (their "
+                                 "encoder)")
+    return A, base
 
 
 def _apply(view: Tensor, edits: list[Edit]) -> None:
@@ -115,18 +154,19 @@ def _apply(view: Tensor, edits: list[Edit]) -> None:
 class _Session:
     """One forward pass: the requested captures, the edits by site, the hooks."""
 
-    def __init__(self, lm, B, P, edits, capture, stop_after, grad, device, upcast, dictionaries=(), splice=False):
-        self.lm, self.B, self.P, self.grad, self.upcast = lm, B, P, grad, upcast
+    def __init__(self, lm, B, P, edits, capture, stop_after, grad, device, upcast, dictionaries=(), splice=False,
+                 P_src=0):
+        self.lm, self.B, self.P, self.grad, self.upcast, self.P_src = lm, B, P, grad, upcast, P_src
         self.device = None if device is None else torch.device(device)
         self.by_site: dict[tuple, list[Edit]] = {}
-        L = lm.anatomy.n_layers
         for e in edits:
             key = site_key((e.site, e.layer))
             if key[0] in READ_ONLY:
-                instead = "q, k, v or head" if key[0] == "pattern" else "resid_pre, attn_out, mlp_out or resid_post"
+                instead = "q, k, v or head" if "pattern" in key[0] else "resid_pre, attn_out, mlp_out or resid_post"
                 raise NotApplicableError(f"site {key[0]!r} can be captured but not edited; edit {instead} instead")
+            L = _stack(lm, key[0])[0].n_layers
             if key[1] is not None and not 0 <= key[1] < L:
-                raise InputError(f"edit at block {key[1]} of a {L}-block model")
+                raise InputError(f"edit at block {key[1]} of a {L}-block {_what(key[0])}")
             self.by_site.setdefault(key, []).append(e)
         self.capture = {site_key(s) for s in capture}  # a set: every hook call asks "is this site kept?"
         self.stop_after = None if stop_after is None else site_key(stop_after)
@@ -135,10 +175,12 @@ class _Session:
         # capture per name: the requested blocks, in ascending order (the buffer's first axis)
         self.layers_of: dict[str, list[int]] = {}
         for name, layer in self.capture:
-            if name in MODEL_SITES:
+            if layer is None:
+                _stack(lm, name)
                 continue
+            L = _stack(lm, name)[0].n_layers
             if not 0 <= layer < L:
-                raise InputError(f"capture at block {layer} of a {L}-block model")
+                raise InputError(f"capture at block {layer} of a {L}-block {_what(name)}")
             self.layers_of.setdefault(name, [])
             if layer not in self.layers_of[name]:
                 self.layers_of[name].append(layer)
@@ -148,16 +190,30 @@ class _Session:
 
     # -- what a hook does with a tensor ------------------------------------------------------------
 
+    def positions(self, name) -> int:
+        """How many positions a site has: the source's for the encoder's sites and cross-attention's keys and
+        values, the (decoder's) input's otherwise."""
+        prefix, base = stack_of(name)
+        return self.P_src if prefix or base in ("cross_k", "cross_v") else self.P
+
+    def n_heads(self, name, layer) -> int:
+        A, base = _stack(self.lm, name)
+        lay = A.layers[layer]
+        attn = lay.cross if base.startswith("cross_") else lay.attn
+        return attn.n_kv_heads if base in ("k", "v", "cross_k", "cross_v") else attn.n_heads
+
     def shaped(self, name, layer, x):
         """``x`` as ``(b, p, ...)`` (some modules see ``(b * p, d)``: OPT's MLP); heads split for per-head sites."""
-        if name == "pattern" or name.endswith(".scale"):
+        base = stack_of(name)[1]
+        if base in ("pattern", "cross_pattern") or base.endswith(".scale"):
             return x
-        if name == "expert_out":
-            return x.reshape(self.B, self.P, *x.shape[-2:])
-        x = x.reshape(self.B, self.P, x.shape[-1])
-        if name in HEAD_SITES:
-            H = _n_heads(self.lm, name, layer)
-            x = x.reshape(self.B, self.P, H, x.shape[-1] // H)
+        P = self.positions(name)
+        if base == "expert_out":
+            return x.reshape(self.B, P, *x.shape[-2:])
+        x = x.reshape(self.B, P, x.shape[-1])
+        if base in HEAD_SITES:
+            H = self.n_heads(name, layer)
+            x = x.reshape(self.B, P, H, x.shape[-1] // H)
         return x
 
     apply = staticmethod(lambda view, edits: _apply(view, edits))
@@ -195,6 +251,10 @@ class _Session:
     def wants(self, key) -> bool:
         return key in self.by_site or key in self.capture or key == self.stop_after or self.dicts.hooks(key)
 
+    def wanted(self) -> set:
+        """The sites asked for by name (edits, captures, the stop)."""
+        return set(self.by_site) | self.capture | ({self.stop_after} if self.stop_after else set())
+
     def visit(self, key, x):
         """Edit and capture the site ``key`` whose tensor is ``x`` (as the module has it); return what the
         model goes on with."""
@@ -221,238 +281,44 @@ class _Session:
         return x
 
     def norm_scale(self, slot, layer, x):
-        A = self.lm.anatomy
-        norm = A.final_norm if slot == "ln_final" else A.layers[layer].norms()[slot]
-        return norm.scale(x.reshape(self.B, self.P, x.shape[-1]))
+        A, base = _stack(self.lm, slot)
+        norm = A.final_norm if base == "ln_final" else A.layers[layer].norms()[base]
+        return norm.scale(x.reshape(self.B, self.positions(slot), x.shape[-1]))
 
 
-def _register(s: _Session, hooks, handles: list) -> None:
-    """Put on the real model the hooks the session needs (and only those)."""
-
-    def on_input(fn):  # a pre-hook (with_kwargs) passing the first input (or ``hidden_states``) through ``fn``
-        def f(mod, args, kwargs):
-            if args:
-                return (fn(args[0]),) + tuple(args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": fn(kwargs["hidden_states"])}
-        return f
-
-    def pre(key, kw=False):
-        if kw:
-            return on_input(lambda x: s.visit(key, x))
-
-        def g(mod, args):
-            return (s.visit(key, args[0]),) + tuple(args[1:])
-        return g
-
-    def post(key, index=0):
-        def f(mod, args, out):
-            if isinstance(out, tuple):
-                return out[:index] + (s.visit(key, out[index]),) + out[index + 1:]
-            return s.visit(key, out)
-        return f
-
-    def fused(layer, layout):
-        keys = [(n, layer) for n in ("q", "k", "v")]
-
-        def f(mod, args, out):
-            if not any(s.wants(k) for k in keys):
-                return out
-            write = any(k in s.by_site or (s.grad and k in s.capture) for k in keys)
-            B, P = s.B, s.P
-            H, K = _n_heads(s.lm, "q", layer), _n_heads(s.lm, "k", layer)
-            if layout == "blocks":  # [q | k | v], heads in order in each (GPT-2; Phi-3 with fewer key/value heads)
-                e = out.shape[-1] // (H + 2 * K)
-                parts, dim = out.view(B, P, -1).split([H * e, K * e, K * e], dim=-1), -1
-            else:  # "grouped": per key/value head its query heads, key, value ([q_1 .. q_g k v], each d_head)
-                parts, dim = out.view(B, P, K, H // K + 2, -1).split([H // K, 1, 1], dim=3), 3
-            # the model goes on from the visited parts, put together anew (never written into a captured view: a
-            # captured part must stay a node of the graph its gradient is taken through)
-            new = [s.visit(k, part.reshape(B, P, -1)).reshape(part.shape) if s.wants(k) else part
-                   for k, part in zip(keys, parts)]
-            return torch.cat(new, dim=dim).reshape(out.shape) if write else out
-        return f
-
-    def router(layer):
-        kl, kw = ("router_logits", layer), ("routing_weights", layer)
-
-        def f(mod, args, out):  # out: router logits, the chosen experts' weights, their indices
-            if s.wants(kl):
-                s.visit(kl, out[0])
-            if s.wants(kw):  # dense over the experts: 0 for those not chosen
-                s.visit(kw, out[1].new_zeros(out[2].shape[0], out[0].shape[-1]).scatter(1, out[2], out[1]))
-            return out
-        return f
-
-    def experts(layer):
-        keys = {n: (n, layer) for n in MOE_SITES}
-
-        def f(mod, args, out):
-            if not any(s.wants(k) for k in keys.values()):
-                return out
-            if len(args) < 3:
-                raise UnsupportedModelError("this mixture-of-experts block passes its experts keyword arguments")
-            x, idx, w = args[:3]
-            moe = s.lm.anatomy.layers[layer].mlp
-            weights = w.new_zeros(idx.shape[0], moe.n_experts).scatter(1, idx, w)
-
-            def visit(name, t):
-                return s.visit(keys[name], t) if s.wants(keys[name]) else t
-
-            if any(k in s.by_site for k in keys.values()):  # the edit's change, on the model's own output (with
-                total = moe.run(x, weights, visit)  # gradients the unedited path cancels the model's own)
-                return out + (total - moe.run(x, weights, lambda name, t: t)).to(out)
-            total = moe.run(x.detach(), weights.detach(), visit)  # unedited: captures beside the model's own path
-            return out + (total - total.detach()).to(out) if s.grad and any(k in s.capture for k in keys.values()) \
-                else out  # with grad=True: the same numbers, and the gradient reaches the captures
-        return f
-
-    def second_half(key):  # a fused [gate | up] projection (Phi-3): the site is its second half
-        def f(mod, args, out):
-            gate, up = out.chunk(2, dim=-1)
-            return out if (new := s.visit(key, up)) is up else torch.cat([gate, new], dim=-1)
-        return f
-
-    def norm(slot, layer, mod):
-        kin, kout, kscale = ((f"{slot}.{w}", layer) for w in ("in", "out", "scale"))
-        if s.wants(kin):
-            handles.append(mod.register_forward_pre_hook(pre(kin)))
-        if s.wants(kout) or s.wants(kscale):
-            def f(mod, args, out):
-                if s.wants(kscale):
-                    s.visit(kscale, s.norm_scale(slot, layer, args[0]))
-                return post(kout)(mod, args, out) if s.wants(kout) else out
-            handles.append(mod.register_forward_hook(f))
-
-    def absent_norm(slot, layer, reader):
-        """The sites of a norm slot the block lacks (the Anatomy's identity norm: OLMo 2's pre-norms): its input,
-        scale and output are all the input of ``reader``, the sub-layer that reads the slot."""
-        kin, kout, kscale = ((f"{slot}.{w}", layer) for w in ("in", "out", "scale"))
-
-        def f(x):
-            if s.wants(kin):
-                x = s.visit(kin, x)
-            if s.wants(kscale):
-                s.visit(kscale, s.norm_scale(slot, layer, x))
-            return s.visit(kout, x) if s.wants(kout) else x
-        if any(s.wants(k) for k in (kin, kout, kscale)):
-            handles.append(reader.register_forward_pre_hook(on_input(f), with_kwargs=True))
-
-    def shared_norm(layer, mod, reader):
-        """The ``ln_mlp`` sites of a norm that attention and the MLP share (``LayerHooks.readers``): the MLP reads
-        its own copy, the real norm module run again on the block's input as it entered the norm (before any
-        ``ln_attn`` edit), after the ``ln_mlp`` edits."""
-        keys = [(f"{slot}.{w}", layer) for slot in ("ln_attn", "ln_mlp") for w in ("in", "out", "scale")]
-        if not any(s.wants(k) for k in keys):  # the model's own single norm then serves both
-            return
-        kin, kout, kscale = keys[3:]
-        stash: list = []
-
-        def keep_input(mod, args):  # registered before the ln_attn hooks: sees the input they may edit
-            stash.append(args[0])
-
-        def mlp_input(_, args):
-            x = stash.pop()
-            if s.wants(kin):
-                x = s.visit(kin, x)
-            if s.wants(kscale):
-                s.visit(kscale, s.norm_scale("ln_mlp", layer, x))
-            y = mod.forward(x)  # forward, not __call__: the norm's own hooks are the ln_attn sites
-            if s.wants(kout):
-                y = s.visit(kout, y)
-            return (y,) + tuple(args[1:])
-
-        handles.append(mod.register_forward_pre_hook(keep_input))
-        handles.append(reader.register_forward_pre_hook(mlp_input))
-
-    for i, lh in enumerate(hooks.layers):
-        w = lambda name, i=i: s.wants((name, i))  # noqa: E731
-        if w("resid_pre"):
-            handles.append(lh.block.register_forward_pre_hook(pre(("resid_pre", i), kw=True), with_kwargs=True))
-        if w("resid_post"):
-            handles.append(lh.block.register_forward_hook(post(("resid_post", i))))
-        if w("pattern"):
-            handles.append(lh.attn.register_forward_hook(post(("pattern", i), index=1)))
-        if w("attn_out"):
-            handles.append(lh.attn_out.register_forward_hook(post(("attn_out", i))))
-        if w("head"):
-            handles.append(lh.attn_out.register_forward_pre_hook(pre(("head", i))))
-        if w("mlp_out"):
-            handles.append(lh.mlp_out.register_forward_hook(post(("mlp_out", i))))
-        if lh.experts is not None:  # a mixture of experts: the MLP sites come from the experts module
-            if any(w(n) for n in MOE_SITES):
-                handles.append(lh.experts.register_forward_hook(experts(i)))
-            if any(w(n) for n in ROUTER_SITES):
-                handles.append(lh.router.register_forward_hook(router(i)))
-        else:
-            for n in (n for n in ROUTER_SITES + ("expert_out",) if w(n)):
-                raise NotApplicableError(f"site {n!r} exists only for mixture-of-experts blocks; block {i} is dense")
-            if w("mlp_hidden"):
-                handles.append(lh.mlp_out.register_forward_pre_hook(pre(("mlp_hidden", i))))
-            if w("mlp_pre"):
-                handles.append(lh.act.register_forward_pre_hook(pre(("mlp_pre", i))))
-            if w("mlp_up"):
-                if lh.up is None:
-                    raise NotApplicableError("site 'mlp_up' exists only for gated MLPs")
-                handles.append(lh.up.register_forward_hook(second_half(("mlp_up", i)) if lh.up_fused
-                                                           else post(("mlp_up", i))))
-        if w("q") or w("k") or w("v"):
-            if lh.qkv is not None:
-                handles.append(lh.qkv.register_forward_hook(fused(i, lh.qkv_layout)))
-            else:
-                for name, mod in (("q", lh.q), ("k", lh.k), ("v", lh.v)):
-                    if w(name):
-                        handles.append(mod.register_forward_hook(post((name, i))))
-        for slot, mod in lh.norms.items():
-            if slot in lh.readers:  # a norm shared with ln_attn: the reader runs its own copy
-                shared_norm(i, mod, lh.readers[slot])
-        for slot, mod in lh.norms.items():
-            if slot not in lh.readers:
-                norm(slot, i, mod)
-        for slot, reader in lh.readers.items():
-            if slot not in lh.norms:
-                absent_norm(slot, i, reader)
-        for slot in NORM_SLOTS:
-            if slot not in {**lh.norms, **lh.readers} and any(w(f"{slot}.{x}") for x in ("in", "out", "scale")):
-                raise NotApplicableError(f"this model's blocks have no norm {slot!r}; they have "
-                                         f"{', '.join(lh.norms)}")
-    if any(s.wants((n, None)) for n in MODEL_SITES[:3]):
-        if hooks.final_norm is None:
-            raise NotApplicableError("this model has no final norm (site 'ln_final')")
-        norm("ln_final", None, hooks.final_norm)
-
-
-def _derive_mid(lm, s: _Session, layers: list[int]) -> None:
-    """``resid_mid`` from what the model materialises (see the site table)."""
-    placement = lm.anatomy.placement
+def _derive_mid(lm, s: _Session, mids: list[tuple[str, int]]) -> None:
+    """``resid_mid`` (each stack's: ``(prefix, block)``) from what the model materialises (see the site table)."""
     out = s.out
-    vals = []
-    for i in layers:
-        if placement == "post":
-            vals.append(out[("ln_attn.out", i)])
-        elif placement == "parallel":
-            vals.append(out[("resid_pre", i)] + out[("attn_out", i)])
-        else:
-            vals.append(out[("ln_mlp.in", i)])
-    buf = torch.stack(vals)
-    out._bufs["resid_mid"] = (layers, buf)
-    for j, i in enumerate(layers):
-        out[("resid_mid", i)] = buf[j]
+    for prefix in sorted({p for p, _ in mids}):
+        layers = [i for p, i in mids if p == prefix]
+        vals = [sum(out[k] for k in _mid_needs(lm, prefix, i)) for i in layers]
+        buf = torch.stack(vals)
+        out._bufs[prefix + "resid_mid"] = (layers, buf)
+        for j, i in enumerate(layers):
+            out[(prefix + "resid_mid", i)] = buf[j]
 
 
-def _mid_needs(placement: str, layer: int) -> list[tuple]:
-    if placement == "post":
-        return [("ln_attn.out", layer)]
-    if placement == "parallel":
-        return [("resid_pre", layer), ("attn_out", layer)]
-    return [("ln_mlp.in", layer)]
+def _mid_needs(lm: LoadedModel, prefix: str, i: int) -> list[tuple]:
+    """The captured sites whose sum is ``resid_mid`` of block ``i`` (of the stack ``prefix`` names)."""
+    lay = _stack(lm, prefix + "resid_mid")[0].layers[i]
+    if lay.placement == "post":
+        names = ["ln_attn.out"]
+    elif lay.placement == "parallel":
+        names = ["resid_pre", "attn_out"]
+    else:  # the next sub-layer's norm input: cross-attention's in a decoder block that has it
+        names = ["ln_cross.in" if lay.cross is not None else "ln_mlp.in"]
+    return [(prefix + n, i) for n in names]
 
 
 def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), capture: Iterable = (), *,
         inputs_embeds: Tensor | None = None, attention_mask: Tensor | None = None, stop_after=None,
         logits: bool = True, last_only: bool = False, grad: bool = False, device=None, upcast: bool = False,
-        past=None, dictionaries: Iterable = (), splice: bool = False) -> Run:
+        past=None, dictionaries: Iterable = (), splice: bool = False, source: Tensor | None = None) -> Run:
     """Run the real model on ``ids (b, p)`` (or ``inputs_embeds (b, p, d_model)``) with ``edits`` applied and the
     sites in ``capture`` kept (see the module's site table). Returns :class:`Run` ``(logits, captured)``.
+
+    - ``source (b, s)``: an encoder-decoder model's encoder input (``ids``: the decoder's, the target prefix from
+      the decoder's start token); its encoder's sites are ``"enc.<site>"``.
 
     - ``attention_mask (b, p)``: padding (``0``); captured positions there are NaN.
     - ``stop_after``: a site; the pass ends as soon as it is reached (cheap reads of early activations).
@@ -494,22 +360,23 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
         raise InputError(f"{start + P} positions are more than the model's context of {A.n_ctx}; shorten the input")
     if ids is not None and (int(ids.min()) < 0 or int(ids.max()) >= A.vocab_size):
         raise InputError(f"token ids must lie in 0..{A.vocab_size - 1}; got {int(ids.min())}..{int(ids.max())}")
+    P_src = _check_source(lm, source, B, inputs_embeds is not None or attention_mask is not None or past is not None)
     requested = [site_key(c) for c in capture]
-    mids = sorted({layer for name, layer in requested if name == "resid_mid"})
+    mids = sorted({(stack_of(name)[0], layer) for name, layer in requested if stack_of(name)[1] == "resid_mid"})
     if mids and grad:
         raise NotApplicableError("resid_mid is derived from other sites, so no gradient reaches it; capture "
                                  "resid_pre of the next block, or attn_out, with grad=True")
-    extra = [k for i in mids for k in _mid_needs(lm.anatomy.placement, i) if k not in requested]
-    want = [k for k in requested if k[0] not in ("resid_mid", "logits")] + extra
-    s = _Session(lm, B, P, list(edits), want, stop_after, grad, device, upcast, dictionaries, splice)
+    extra = [k for p, i in mids for k in _mid_needs(lm, p, i) if k not in requested]
+    want = [k for k in requested if stack_of(k[0])[1] not in ("resid_mid", "logits")] + extra
+    s = _Session(lm, B, P, list(edits), want, stop_after, grad, device, upcast, dictionaries, splice, P_src)
     hooks = family_for(model).hooks(model)
     handles: list = []
     out = None
     try:
-        _register(s, hooks, handles)
+        register(s, hooks, handles)
         with torch.set_grad_enabled(grad):
             out = model(**forward_kwargs(lm, ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                         last_only=last_only, past=past))
+                                         last_only=last_only, past=past, source=source))
     except _Stop:
         pass
     finally:

@@ -33,10 +33,17 @@ site                    shape                   edit    what it is
 ``expert_out``          ``(b, p, e, d_model)``  yes     each expert's weighted output (0 where not chosen); they
                                                         add up to ``mlp_out``; an edit names the expert in
                                                         ``head``
+``cross_out``           ``(b, p, d_model)``     yes     an encoder-decoder model's decoder block: the
+                                                        cross-attention's output (with bias)
+``cross_head``          ``(b, p, h, d_head)``   yes     per-head cross-attention outputs
+``cross_q``             ``(b, p, h, d_head)``   yes     cross-attention queries (decoder positions)
+``cross_k``             ``(b, s, h, d_head)``   yes     cross-attention keys, over the source positions
+``cross_v``             ``(b, s, h, d_head)``   yes     cross-attention values, over the source positions
+``cross_pattern``       ``(b, h, p, s)``        no      cross-attention probabilities over the source
 ``<slot>.in``           ``(b, p, d_model)``     yes     a norm's input; slots ``ln_attn``, ``ln_mlp``,
-``<slot>.out``          ``(b, p, d_model)``     yes     ``ln_attn_out``, ``ln_mlp_out`` (sandwich) per block,
-``<slot>.scale``        ``(b, p)``              no      ``ln_final`` (block ``None``); ``scale`` is the
-                                                        per-token factor ``1/sqrt(var + eps)``
+``<slot>.out``          ``(b, p, d_model)``     yes     ``ln_attn_out``, ``ln_mlp_out`` (sandwich), ``ln_cross``
+``<slot>.scale``        ``(b, p)``              no      per block, ``ln_final`` (block ``None``); ``scale`` is
+                                                        the per-token factor ``1/sqrt(var + eps)``
 ``resid_pre.latents``   ``(b, p, width)``       yes     a sparse dictionary's latents (``run(...,
 ``resid_post.latents``  ``(b, p, width)``       yes     dictionaries=)``) at the site it reconstructs; a
 ``attn_out.latents``    ``(b, p, width)``       yes     transcoder's at the ``mlp_out`` it replaces; an edit
@@ -44,6 +51,11 @@ site                    shape                   edit    what it is
                                                         (the reconstruction error kept)
 ``logits``              ``(b, p, vocab)``       no      the model's output (block ``None``)
 ======================  ======================  ======  =====================================================
+
+An encoder-decoder model (T5, BART, Marian; ``run(lm, target_prefix_ids, source=source_ids)``): the sites above
+are the decoder's (positions ``p``: the target prefix); the encoder's are the same names with the prefix ``enc.``
+(``"enc.resid_post.1"``, ``"enc.ln_final.out"``; positions: the source's), cross-attention's and the latents'
+excepted.
 
 A mixture of experts' ``mlp_pre``, ``mlp_up``, ``mlp_hidden`` hold every expert's units side by side, ``(b, p,
 expert * d_mlp)`` (0 for the experts a token does not use), computed with ``expert_out`` by the Anatomy's own math
@@ -65,21 +77,30 @@ from torch import Tensor
 
 from ..errors import InputError, warn_renamed
 
-NORM_SLOTS = ("ln_attn", "ln_mlp", "ln_attn_out", "ln_mlp_out")
+NORM_SLOTS = ("ln_attn", "ln_mlp", "ln_attn_out", "ln_mlp_out", "ln_cross")
 NORM_SITES = tuple(f"{s}.{w}" for s in NORM_SLOTS for w in ("in", "out", "scale"))
 ROUTER_SITES = ("router_logits", "routing_weights")
+# an encoder-decoder model's decoder blocks: the cross-attention over the encoder's output (its norm: ``ln_cross``)
+CROSS_SITES = ("cross_out", "cross_head", "cross_q", "cross_k", "cross_v", "cross_pattern")
 LAYER_SITES = ("resid_pre", "resid_mid", "resid_post", "attn_out", "head", "q", "k", "v", "pattern", "mlp_pre",
-               "mlp_up", "mlp_hidden", "mlp_out") + NORM_SITES + ROUTER_SITES + ("expert_out",)
+               "mlp_up", "mlp_hidden", "mlp_out") + NORM_SITES + ROUTER_SITES + ("expert_out",) + CROSS_SITES
 # a sparse dictionary's latents (``dictionaries=`` of the engine's run, :mod:`lenscope.models.dictionary`): the site it
 # reconstructs (a transcoder: the mlp_out it replaces) + ".latents"
 DICT_SITES = ("resid_pre", "resid_post", "attn_out", "mlp_out")
 LATENT_SITES = tuple(f"{s}.latents" for s in DICT_SITES)
 LAYER_SITES = LAYER_SITES + LATENT_SITES
 MODEL_SITES = ("ln_final.in", "ln_final.out", "ln_final.scale", "logits")
-READ_ONLY = ({"resid_mid", "pattern", "logits"} | set(ROUTER_SITES)
+READ_ONLY = ({"resid_mid", "pattern", "cross_pattern", "logits"} | set(ROUTER_SITES)
              | {s for s in LAYER_SITES + MODEL_SITES if s.endswith(".scale")})
-HEAD_SITES = ("head", "q", "k", "v")
-_ALL = frozenset(LAYER_SITES + MODEL_SITES)
+HEAD_SITES = ("head", "q", "k", "v", "cross_head", "cross_q", "cross_k", "cross_v")
+# an encoder-decoder model's encoder stack: its sites are the decoder's with this prefix (``"enc.resid_post.1"``,
+# ``"enc.ln_final.out"``; positions: the source's), except those of cross-attention, the latents and the logits
+ENC = "enc."
+ENC_LAYER_SITES = tuple(ENC + s for s in LAYER_SITES if s not in CROSS_SITES and not s.startswith("ln_cross.")
+                        and not s.endswith(".latents"))
+ENC_MODEL_SITES = tuple(ENC + s for s in MODEL_SITES if s != "logits")
+READ_ONLY |= {ENC + s for s in READ_ONLY}
+_ALL = frozenset(LAYER_SITES + MODEL_SITES + ENC_LAYER_SITES + ENC_MODEL_SITES)
 # the interventions' part kinds (activation patching's ``what``, path patching's senders, causal tracing's kinds;
 # CLI options) -> the engine's site each patches
 PART_SITES = {"resid": "resid_pre", "attn": "attn_out", "mlp": "mlp_out", "heads": "head"}
@@ -143,16 +164,22 @@ def site_key(site) -> tuple[str, int | None]:
             raise InputError(
                 f"a site is a name and a block, e.g. ('resid_pre', 3) or 'resid_pre.3'; got {site!r}") from None
         layer = None if layer is None else int(layer)
-    name = canonical(name)
-    if name in MODEL_SITES:
+    name = ENC + canonical(name[len(ENC):]) if name.startswith(ENC) else canonical(name)
+    if name in MODEL_SITES or name in ENC_MODEL_SITES:
         if layer is not None:
             raise InputError(f"site {name!r} belongs to the whole model, not to a block: use ({name!r}, None)")
-    elif name in LAYER_SITES:
+    elif name in LAYER_SITES or name in ENC_LAYER_SITES:
         if layer is None:
             raise InputError(f"site {name!r} needs a block index, e.g. ({name!r}, 0)")
     else:
-        raise InputError(f"unknown site {name!r}; sites: {', '.join(LAYER_SITES + MODEL_SITES)}")
+        raise InputError(f"unknown site {name!r}; sites: {', '.join(LAYER_SITES + MODEL_SITES)} (an "
+                         f"encoder-decoder model's encoder: the same with the prefix {ENC!r})")
     return name, layer
+
+
+def stack_of(name: str) -> tuple[str, str]:
+    """``(prefix, base name)`` of a site name: ``"enc.resid_post"`` -> ``("enc.", "resid_post")``."""
+    return (ENC, name[len(ENC):]) if name.startswith(ENC) else ("", name)
 
 
 class Captures(dict):

@@ -26,7 +26,8 @@ class LayerHooks:
     """Modules of one block whose inputs/outputs the tracer captures.
 
     - ``block``: input = residual before the block, output = residual after it
-    - ``attn``: the attention module; its output's second element = probabilities (head, q, k)
+    - ``attn``: the attention module; its output's element ``pattern_index`` (default the second; T5's: the last)
+      = probabilities (head, q, k)
     - ``attn_out``: output = what attention computed (after the output projection, with its bias)
     - ``mlp_out``: output = what the MLP computed (after the down projection, with its bias)
     - ``act``: input = pre-activation of the (activated branch of the) MLP
@@ -50,8 +51,8 @@ class LayerHooks:
       the chosen experts' weights, their indices)``; ``experts``: input = ``(hidden states, expert indices, expert
       weights)``, output = the weighted sum of the experts' outputs; ``mlp_out`` is then the whole block and
       ``act``, ``up`` are not used (the engine computes the experts' units with the Anatomy's math)
-    - an encoder-decoder model's decoder blocks (docs/encoder-decoder.md; not yet run by the engine): ``cross``: the
-      cross-attention module, its output's second element = probabilities (head, q, src); ``cross_out``: output =
+    - an encoder-decoder model's decoder blocks (docs/encoder-decoder.md): ``cross``: the cross-attention module,
+      its output's element ``pattern_index`` = probabilities (head, q, src); ``cross_out``: output =
       what cross-attention computed (input = its per-head outputs); ``cross_q``, ``cross_k``, ``cross_v``: its
       projections (keys and values over the source positions); its norm is the slot ``ln_cross`` of ``norms``
     """
@@ -68,6 +69,7 @@ class LayerHooks:
     v: nn.Module | None = None
     qkv: nn.Module | None = None
     qkv_layout: str = "blocks"
+    pattern_index: int = 1
     up_fused: bool = False
     readers: dict[str, nn.Module] = field(default_factory=dict)
     router: nn.Module | None = None
@@ -87,6 +89,7 @@ class ModelHooks:
 
     @classmethod
     def of(cls, blocks, final_norm: nn.Module | None, *, norms: dict[str, str], qkv_layout: str = "blocks",
+           pattern_index: int = 1,
            up_fused: bool = False, readers: dict[str, str] | None = None, **paths: str) -> ModelHooks:
         """The hooks of every block in ``blocks``, each module given by its dotted path inside a block
         (``attn="self_attn", attn_out="self_attn.o_proj", norms={"ln_attn": "input_layernorm"}, ...``)."""
@@ -102,6 +105,7 @@ class ModelHooks:
             return mod
 
         layers = [LayerHooks(block=b, norms={slot: at(b, p) for slot, p in norms.items()}, qkv_layout=qkv_layout,
+                             pattern_index=pattern_index,
                              up_fused=up_fused, readers={slot: at(b, p) for slot, p in (readers or {}).items()},
                              **{k: at(b, p) for k, p in paths.items()}) for b in blocks]
         return cls(layers=layers, final_norm=final_norm)

@@ -86,7 +86,7 @@ def hooks(model) -> ModelHooks:
                       "cross_q": "layer.1.EncDecAttention.q", "cross_k": "layer.1.EncDecAttention.k",
                       "cross_v": "layer.1.EncDecAttention.v"}
             norms["ln_cross"] = "layer.1.layer_norm"
-        return ModelHooks.of(blocks, final_norm, norms=norms, **paths)
+        return ModelHooks.of(blocks, final_norm, norms=norms, pattern_index=-1, **paths)
 
     dec = stack(model.decoder.block, model.decoder.final_layer_norm, True)
     dec.encoder = stack(model.encoder.block, model.encoder.final_layer_norm, False)

@@ -1,0 +1,187 @@
+"""The engine on encoder-decoder models (issue 31; docs/encoder-decoder.md): ``run(lm, target_prefix, source=)``
+captures both stacks (the encoder's sites with the prefix ``enc.``, positions over the source) and the decoder's
+cross-attention, each capture equal to what the real model computed (read by plain hooks, independent of the
+engine's), and edits any of them as it edits a decoder-only model's sites.
+
+The readers are not registered as families yet (docs/encoder-decoder.md, "What remains"): the tests register them
+for themselves. Float64 models; the captures are the model's own tensors, so they equal the plain hooks' exactly;
+the Anatomy's recomputation (float32 softmax) within the tolerance of ``test_encoder_decoder.py``.
+"""
+
+import pytest
+import torch
+
+from lenscope.errors import InputError, NotApplicableError
+from lenscope.models import families as fam_mod
+from lenscope.models.engine import Edit, run
+from lenscope.models.families import Family, bart, t5
+from lenscope.models.load import LoadedModel
+from tests.conftest import get_model
+from tests.models.test_encoder_decoder import KINDS, Capture, _close, _model, _reader
+
+SRC = torch.tensor([[5, 17, 33, 8, 60, 2], [7, 7, 41, 90, 3, 2]])
+TGT = torch.tensor([[2, 40, 9, 71, 12], [2, 11, 80, 5, 30]])
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    fams = dict(fam_mod.families())
+    fams["bart"] = Family("bart", bart.MODEL_TYPES, bart.read, bart.hooks)
+    fams["t5"] = Family("t5", ("t5",), t5.read, t5.hooks)
+    monkeypatch.setattr(fam_mod, "_FAMILIES", fams)
+
+
+def _lm(kind):
+    model = _model(kind)
+    return LoadedModel(model, None, _reader(kind).read(model), kind)
+
+
+def _plain(model):
+    """The real model's activations by plain hooks (not the engine's), and its logits."""
+    cap = Capture(model)
+    with torch.no_grad():
+        out = model(input_ids=SRC, decoder_input_ids=TGT)
+    return cap, out.logits
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_captures_of_both_stacks_are_the_models(registered, kind):
+    lm = _lm(kind)
+    A = lm.anatomy
+    cap, logits = _plain(lm.model)
+    sites = ["enc.resid_pre.0", "enc.resid_post.1", "enc.pattern.1", "enc.attn_out.0", "enc.resid_mid.1",
+             "resid_pre.0", "resid_post.1", "pattern.1", "resid_mid.1", "cross_pattern.0", "cross_pattern.1",
+             "cross_out.1", "cross_head.1", "cross_q.0", "cross_k.1", "cross_v.1", "ln_cross.out.1",
+             "ln_cross.scale.1", "logits"]
+    if A.encoder.final_norm is not None:
+        sites.append("enc.ln_final.out")
+    r = run(lm, TGT, capture=sites, source=SRC)
+    c = r.captured
+    assert torch.equal(r.logits, logits)
+    assert torch.equal(c["logits"], logits)
+    assert torch.equal(c["enc.resid_pre.0"], cap[("enc", "block", 0, "in")])
+    assert torch.equal(c["enc.resid_post.1"], cap[("enc", "block", 1, "out")])
+    assert torch.equal(c["resid_pre.0"], cap[("dec", "block", 0, "in")])
+    assert torch.equal(c["resid_post.1"], cap[("dec", "block", 1, "out")])
+    probs = cap.probs_at
+    assert torch.equal(c["enc.pattern.1"], cap[("enc", "attn", 1, "out")][probs])
+    assert torch.equal(c["pattern.1"], cap[("dec", "attn", 1, "out")][probs])
+    assert torch.equal(c["cross_pattern.1"], cap[("dec", "cross", 1, "out")][probs])
+    assert torch.equal(c["cross_out.1"], cap[("dec", "cross", 1, "out")][0])
+    B, P, S = TGT.shape + (SRC.shape[1],)
+    H, dh = A.layers[1].cross.n_heads, A.layers[1].cross.d_head
+    assert c["cross_pattern.0"].shape == (B, H, P, S) and c["enc.pattern.1"].shape == (B, H, S, S)
+    assert c["cross_head.1"].shape == (B, P, H, dh) and c["cross_q.0"].shape == (B, P, H, dh)
+    assert c["cross_k.1"].shape == c["cross_v.1"].shape == (B, S, H, dh)
+    assert c["ln_cross.scale.1"].shape == (B, P) and c["enc.resid_mid.1"].shape == (B, S, A.d_model)
+    memory = cap[("enc", "final", "out")]
+    if A.encoder.final_norm is not None:
+        assert torch.equal(c["enc.ln_final.out"], memory)
+    # the Anatomy's recomputation of each block from the captured input agrees with the captures
+    for b in range(B):
+        e = A.encoder.layers[1].forward(cap[("enc", "block", 1, "in")][b], torch.arange(S))
+        _close(c["enc.resid_mid.1"][b], e["resid_mid"], "enc resid_mid")
+        d = A.layers[1].forward(cap[("dec", "block", 1, "in")][b], torch.arange(P), memory=memory[b])
+        _close(c["resid_mid.1"][b], d["resid_mid"], "dec resid_mid")
+        cross = A.layers[1].cross
+        b_O = 0 if cross.b_O is None else cross.b_O
+        _close(c["cross_head.1"][b].flatten(-2) @ cross.W_O.flatten(0, 1) + b_O, d["cross_out"],
+               "cross heads through the output projection")
+        ln = A.layers[1].ln_cross
+        _close(c["ln_cross.out.1"][b], d["resid_cross"] if A.layers[1].placement == "post" else d["cross_in"],
+               "ln_cross out")
+        _close(c["ln_cross.scale.1"][b], ln.scale(_ln_cross_in(A.layers[1], d)), "ln_cross scale")
+
+
+def _ln_cross_in(layer, r):
+    """The input of a block's cross-attention norm, from the block's recomputation."""
+    if layer.placement == "post":
+        return r["resid_mid"] + r["cross_write"]
+    return r["resid_mid"]
+
+
+@pytest.mark.parametrize("kind", ["bart", "t5"])
+def test_edits_on_both_stacks_change_the_run_as_a_hook_would(registered, kind):
+    """An edit of an encoder site, of a cross-attention head and of cross-attention's keys gives the logits of the
+    real model with that change made by a plain hook."""
+    lm = _lm(kind)
+    model = lm.model
+    g = torch.Generator().manual_seed(3)
+    d, H = lm.anatomy.d_model, lm.anatomy.layers[0].cross.n_heads
+    dh = lm.anatomy.layers[0].cross.d_head
+    add = torch.randn(d, generator=g, dtype=torch.float64)
+    head_v = torch.randn(dh, generator=g, dtype=torch.float64)
+    edits = [Edit("enc.resid_post", 0, torch.tensor([1]), torch.tensor([2]), add[None], mode="add"),
+             Edit("cross_head", 1, torch.tensor([0]), torch.tensor([3]), head_v[None], head=torch.tensor([2])),
+             Edit("cross_k", 0, torch.tensor([0, 1]), torch.tensor([4, 0]), torch.tensor(0.5),
+                  head=torch.tensor([1, 3]), mode="scale")]
+    got = run(lm, TGT, edits, source=SRC).logits
+
+    H_ = _reader(kind).hooks(model)
+    handles = []
+
+    def enc_post(mod, args, out):
+        x = (out[0] if isinstance(out, tuple) else out).clone()
+        x[1, 2] += add
+        return (x,) + tuple(out[1:]) if isinstance(out, tuple) else x
+
+    def head_pre(mod, args):
+        x = args[0].clone().view(2, 5, H, dh)
+        x[0, 3, 2] = head_v
+        return (x.view(args[0].shape),) + tuple(args[1:])
+
+    def k_post(mod, args, out):
+        x = out.clone().view(2, SRC.shape[1], H, dh)
+        x[0, 4, 1] *= 0.5
+        x[1, 0, 3] *= 0.5
+        return x.view(out.shape)
+
+    handles.append(H_.encoder.layers[0].block.register_forward_hook(enc_post))
+    handles.append(H_.layers[1].cross_out.register_forward_pre_hook(head_pre))
+    handles.append(H_.layers[0].cross_k.register_forward_hook(k_post))
+    try:
+        with torch.no_grad():
+            want = model(input_ids=SRC, decoder_input_ids=TGT).logits
+    finally:
+        for h in handles:
+            h.remove()
+    plain = run(lm, TGT, source=SRC).logits
+    assert torch.equal(got, want)
+    assert float((got - plain).abs().max()) > 1e-3  # the edits changed the run
+
+
+@pytest.mark.parametrize("kind", ["marian", "t5-gated"])
+def test_gradients_reach_the_encoder_and_cross_attention_captures(registered, kind):
+    lm = _lm(kind)
+    r = run(lm, TGT, capture=["enc.resid_pre.0", "cross_out.1"], source=SRC, grad=True)
+    enc, cross = (r.captured[k] for k in ("enc.resid_pre.0", "cross_out.1"))
+    g_enc, g_cross = torch.autograd.grad(r.logits[0, -1, 7], [enc, cross])
+    assert float(g_enc[0].abs().min(-1).values.min()) > 0  # every source position of row 0 reaches the logit
+    assert float(g_enc[1].abs().max()) == 0 and float(g_cross[1].abs().max()) == 0  # row 1 does not
+    # the last block's cross-attention reaches the logit at its own position only
+    assert float(g_cross[0, -1].abs().sum()) > 0 and float(g_cross[0, :-1].abs().max()) == 0
+
+
+def test_one_line_errors(registered):
+    lm = _lm("bart")
+    with pytest.raises(InputError, match="encoder-decoder model: run it with the source"):
+        run(lm, TGT)
+    with pytest.raises(InputError, match="same 2 rows"):
+        run(lm, TGT, source=SRC[:1])
+    with pytest.raises(InputError, match="capture at block 2 of a 2-block encoder"):
+        run(lm, TGT, capture=["enc.resid_post.2"], source=SRC)
+    with pytest.raises(NotApplicableError, match="can be captured but not edited"):
+        run(lm, TGT, [Edit("cross_pattern", 0, torch.tensor([0]), torch.tensor([0]), torch.zeros(1, 6))],
+            source=SRC)
+    with pytest.raises(InputError, match="unknown site 'enc.cross_out'"):
+        run(lm, TGT, capture=["enc.cross_out.0"], source=SRC)
+    with pytest.raises(NotApplicableError, match="no final norm .*'enc.ln_final'"):
+        run(lm, TGT, capture=["enc.ln_final.out"], source=SRC)
+    dec = get_model("tiny:llama")
+    ids = torch.tensor([[1, 5, 9]])
+    with pytest.raises(InputError, match="llama has none"):
+        run(dec, ids, source=ids)
+    with pytest.raises(NotApplicableError, match="exist only in encoder-decoder models"):
+        run(dec, ids, capture=["enc.resid_post.0"])
+    with pytest.raises(NotApplicableError, match="exists only in the decoder blocks of an encoder-decoder model"):
+        run(dec, ids, capture=["cross_out.0"])
