@@ -16,8 +16,11 @@ from lenscope.models import families as fam_mod
 from lenscope.models.engine import Edit, run
 from lenscope.models.families import Family, bart, t5
 from lenscope.models.load import LoadedModel
+from lenscope.models.trace import trace
+from lenscope.models.verify import verify
 from tests.conftest import get_model
 from tests.models.test_encoder_decoder import KINDS, Capture, _close, _model, _reader
+from tests.tolerances import U32
 
 SRC = torch.tensor([[5, 17, 33, 8, 60, 2], [7, 7, 41, 90, 3, 2]])
 TGT = torch.tensor([[2, 40, 9, 71, 12], [2, 11, 80, 5, 30]])
@@ -162,6 +165,60 @@ def test_gradients_reach_the_encoder_and_cross_attention_captures(registered, ki
     assert float(g_cross[0, -1].abs().sum()) > 0 and float(g_cross[0, :-1].abs().max()) == 0
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_trace_holds_both_stacks(registered, kind):
+    """``trace(lm, target_prefix, source=)``: the decoder's Trace with its cross-attention, and the encoder's Trace
+    (``Trace.encoder``), each field the real model's (plain hooks), the memory what cross-attention read."""
+    lm = _lm(kind)
+    A = lm.anatomy
+    cap, logits = _plain(lm.model)
+    tr = trace(lm, TGT[0], source=SRC[0])
+    enc = tr.encoder
+    assert enc is not None and enc.encoder is None and tr.memory is not None and enc.memory is None
+    assert enc.tokens == [f"#{i}" for i in SRC[0].tolist()] and torch.equal(enc.input_ids, SRC[0])
+    assert "encoder=Trace(pos=6, layers=2" in repr(tr)
+    probs = cap.probs_at
+    for i in range(2):
+        assert torch.equal(enc.resid_pre[i], cap[("enc", "block", i, "in")][0])
+        assert torch.equal(enc.resid_post[i], cap[("enc", "block", i, "out")][0])
+        assert torch.equal(enc.pattern[i], cap[("enc", "attn", i, "out")][probs][0])
+        assert torch.equal(tr.resid_pre[i], cap[("dec", "block", i, "in")][0])
+        assert torch.equal(tr.pattern[i], cap[("dec", "attn", i, "out")][probs][0])
+        assert torch.equal(tr.cross_pattern[i], cap[("dec", "cross", i, "out")][probs][0])
+        assert torch.equal(tr.cross_out[i], cap[("dec", "cross", i, "out")][0][0])
+    assert torch.equal(tr.memory, cap[("enc", "final", "out")][0])
+    assert torch.equal(tr.logits, logits[0]) and enc.logits is None
+    assert torch.equal(tr.cross_write, tr.cross_out)  # no sandwich norm, no residual multiplier
+    assert torch.equal(tr.site("enc.resid_post", 1), enc.resid_post[1])
+    assert torch.equal(tr.site("cross_pattern.0"), tr.cross_pattern[0])
+    if A.placement == "pre":  # T5: the residual stream is the sum of the three writes
+        torch.testing.assert_close(tr.resid_post, tr.resid_pre + tr.attn_write + tr.cross_write + tr.mlp_write,
+                                   rtol=0, atol=1e-12)
+    else:  # BART, Marian (Post-LN): the MLP's norm reads the state after cross-attention
+        torch.testing.assert_close(tr.site("ln_mlp.in"), tr.site("ln_cross.out") + tr.mlp_out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_verify_checks_both_stacks_and_cross_attention(registered, kind):
+    """``verify`` recomputes every block of both stacks, the decoder's cross-attention from what it read and the
+    encoder's output, and the logits; a wrong reading of one cross-attention fails it."""
+    lm = _lm(kind)
+    rep = verify(lm, TGT[0], source=SRC[0])
+    assert rep.ok, rep
+    assert len(rep.layers) == 2 and len(rep.encoder["layers"]) == 2
+    assert all("cross_out" in r and "cross_pattern" in r and "ln_cross" in r for r in rep.layers)
+    assert not any("cross_out" in r for r in rep.encoder["layers"])
+    assert (rep.encoder["final_norm"] is None) == (lm.anatomy.encoder.final_norm is None)
+    # float64 models; T5's norms and lenscope's softmax round in float32 (test_encoder_decoder.py): a few float32
+    # units relative to each tensor's size (RMS for the sub-layers, a logit's scale for the logits)
+    logit_scale = float(run(lm, TGT[:1], source=SRC[:1]).logits.abs().max())
+    assert rep.max_abs_logit_error <= 64 * U32 * logit_scale and rep.max_rel_sublayer_error <= 64 * U32
+    cross = lm.anatomy.layers[1].cross
+    cross.W_O = cross.W_O * 1.01  # a reading 1% off
+    bad = verify(lm, TGT[0], source=SRC[0])
+    assert not bad.ok and bad.layers[1]["cross_out"] > 1e-3 and bad.layers[0]["cross_out"] < 1e-5
+
+
 def test_one_line_errors(registered):
     lm = _lm("bart")
     with pytest.raises(InputError, match="encoder-decoder model: run it with the source"):
@@ -177,10 +234,14 @@ def test_one_line_errors(registered):
         run(lm, TGT, capture=["enc.cross_out.0"], source=SRC)
     with pytest.raises(NotApplicableError, match="no final norm .*'enc.ln_final'"):
         run(lm, TGT, capture=["enc.ln_final.out"], source=SRC)
+    with pytest.raises(InputError, match="source token ids must lie in 0..95"):
+        trace(lm, TGT[0], source=[3, 400])
     dec = get_model("tiny:llama")
     ids = torch.tensor([[1, 5, 9]])
     with pytest.raises(InputError, match="llama has none"):
         run(dec, ids, source=ids)
+    with pytest.raises(InputError, match="llama has none"):
+        trace(dec, ids[0], source=ids[0])
     with pytest.raises(NotApplicableError, match="exist only in encoder-decoder models"):
         run(dec, ids, capture=["enc.resid_post.0"])
     with pytest.raises(NotApplicableError, match="exists only in the decoder blocks of an encoder-decoder model"):

@@ -43,7 +43,7 @@ from .engine import run
 from .lazy import Lazy, Recomputed, RecomputedLogits, RecomputedMLP, RecomputedNorm, RecomputedProbs  # noqa: F401
 from .load import LoadedModel, token_ids
 from .moe import is_moe
-from .sites import MODEL_SITES, canonical
+from .sites import ENC, MODEL_SITES, canonical, stack_of
 
 # the old names of Trace fields (and of trace()'s keyword) -> the site they name; "norm_in" / "norm_out" were dicts
 # by slot of the block norms' ".in" / ".out" sites
@@ -51,7 +51,7 @@ RENAMED = {"attn_probs": "pattern", "routing": "routing_weights", "final_in": "l
            "final_out": "ln_final.out", "norm_in": ".in", "norm_out": ".out"}
 # the Trace fields that hold an engine site (besides the norms)
 SITE_FIELDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "pattern", "mlp_pre", "mlp_up",
-               "router_logits", "routing_weights", "logits")
+               "router_logits", "routing_weights", "logits", "cross_out", "cross_pattern")
 
 
 @dataclass(repr=False)
@@ -74,6 +74,10 @@ class Trace:
       every norm slot of the blocks, ``norms["ln_final.in"], norms["ln_final.out"] (pos, d_model)``: the final
       norm's input and output (absent for encoders)
     - ``logits (pos, vocab)`` (None for a model without a language-model head)
+    - an encoder-decoder model (the Trace is its decoder's, ``pos``: the target prefix): ``encoder``, the Trace of
+      its encoder stack (``pos``: the source tokens; its last state, after its final norm, is what cross-attention
+      reads); ``cross_out, cross_write (layer, pos, d_model)`` and ``cross_pattern (layer, head, pos, src)``: each
+      decoder block's cross-attention output, what it added to the residual stream, its probabilities
 
     :meth:`site` reads any of these sites by the engine's name and block: ``tr.site("ln_mlp.in", 3)``.
     """
@@ -98,6 +102,10 @@ class Trace:
     extras: dict = field(default_factory=dict)
     router_logits: Tensor | None = None
     routing_weights: Tensor | None = None
+    encoder: Trace | None = None
+    cross_out: Tensor | None = None
+    cross_write: Tensor | None = None
+    cross_pattern: Tensor | None = None
 
     def site(self, name: str, layer: int | None = None) -> Tensor | None:
         """The traced site ``name`` (the engine's name, :mod:`lenscope.models.sites`) of block ``layer``
@@ -110,6 +118,11 @@ class Trace:
             head, _, tail = name.rpartition(".")
             if head and tail.isdigit():
                 name, layer = head, int(tail)
+        prefix, base = stack_of(name)
+        if prefix:
+            if self.encoder is None:
+                raise InputError(f"site {name!r}: the sites 'enc.*' exist only in encoder-decoder models")
+            return self.encoder.site(base, layer)
         name = canonical(name)
         if name.startswith("ln_") and name.endswith((".in", ".out")):
             value = self.norms.get(name)
@@ -146,7 +159,16 @@ class Trace:
     @property
     def mlp_in(self) -> Tensor:
         """What each MLP read (layer, pos, d_model)."""
-        return self.resid_mid if self.placement == "post" else self.norms["ln_mlp.out"]
+        if self.placement != "post":
+            return self.norms["ln_mlp.out"]
+        return self.resid_mid if self.cross_out is None else self.norms["ln_cross.out"]
+
+    @property
+    def cross_in(self) -> Tensor | None:
+        """What each decoder block's cross-attention read as its queries (layer, pos, d_model; None without one)."""
+        if self.cross_out is None:
+            return None
+        return self.resid_mid if self.placement == "post" else self.norms["ln_cross.out"]
 
     @property
     def final_resid(self) -> Tensor:
@@ -154,8 +176,18 @@ class Trace:
         final_in = self.norms.get("ln_final.in")
         return final_in if final_in is not None else self.resid_post[-1]
 
+    @property
+    def memory(self) -> Tensor | None:
+        """An encoder-decoder model's decoder trace: what its cross-attention reads (src, d_model), the encoder's
+        output after its final norm; None for other models."""
+        if self.encoder is None:
+            return None
+        out = self.encoder.norms.get("ln_final.out")
+        return out if out is not None else self.encoder.resid_post[-1]
+
     def __repr__(self) -> str:
-        return f"Trace(pos={len(self.tokens)}, layers={self.n_layers}, placement={self.placement!r})"
+        enc = "" if self.encoder is None else f", encoder={self.encoder!r}"
+        return f"Trace(pos={len(self.tokens)}, layers={self.n_layers}, placement={self.placement!r}{enc})"
 
 
 KEEP_BYTES = 2**30  # trace(pattern="auto") is lean when it would leave out more than this (see lean_bytes)
@@ -175,14 +207,15 @@ SHARED = {
 RECOMPUTED = ("resid_post", "pattern", "mlp_pre", "mlp_up")  # not captured by a lean trace
 
 
-def trace_sites(lm: LoadedModel, *, lean: bool = False) -> list[tuple]:
+def trace_sites(lm: LoadedModel, *, lean: bool = False, prefix: str = "") -> list[tuple]:
     """The engine's sites a :class:`Trace` holds, for every block (see :mod:`lenscope.models.engine`).
 
     ``lean``: without the attention probabilities, the MLP pre-activations and the block norms' outputs
     (recomputed: :class:`RecomputedProbs`, :class:`RecomputedMLP`, :class:`RecomputedNorm`), ``resid_post``
     (the next block's input; the last block's only where there is no final norm) and the norm inputs / outputs
-    that equal another capture (:data:`SHARED`)."""
-    A = lm.anatomy
+    that equal another capture (:data:`SHARED`). An encoder-decoder model: the decoder's sites, its
+    cross-attention's, and its encoder's (``prefix``: ``enc.``), never lean."""
+    A = lm.anatomy.encoder if prefix else lm.anatomy
     L = A.n_layers
     names = ["resid_pre", "resid_mid", "resid_post", "pattern", "attn_out", "mlp_out"]
     if is_moe(A):  # the routing, read by the decompositions (small: kept by lean traces too)
@@ -190,27 +223,34 @@ def trace_sites(lm: LoadedModel, *, lean: bool = False) -> list[tuple]:
     else:
         names += ["mlp_pre"] + (["mlp_up"] if A.layers[0].mlp.gated else [])
     names += [f"{slot}.{w}" for slot in A.layers[0].norms() for w in ("in", "out")]
+    if A.layers[0].cross is not None:
+        names += ["cross_out", "cross_pattern"]
     if lean:
         names = [n for n in names if n not in RECOMPUTED and A.placement not in SHARED.get(n, ())
                  and not n.endswith(".out")]  # a block norm's output is recomputed from its input
-    sites = [(n, i) for n in names for i in range(L)]
+    sites = [(prefix + n, i) for n in names for i in range(L)]
     if lean and A.final_norm is None:
-        sites.append(("resid_post", L - 1))
+        sites.append((prefix + "resid_post", L - 1))
     if A.final_norm is not None:
-        sites += [("ln_final.in", None), ("ln_final.out", None)]
+        sites += [(prefix + "ln_final.in", None), (prefix + "ln_final.out", None)]
+    if not prefix and A.encoder is not None:
+        sites += trace_sites(lm, prefix=ENC)
     return sites
 
 
-def _view(lm: LoadedModel, cap, ids: Tensor, row: int, logits: Tensor | None, lean: bool = False) -> Trace:
+def _view(lm: LoadedModel, cap, ids: Tensor, row: int, logits: Tensor | None, lean: bool = False,
+          prefix: str = "", source: Tensor | None = None) -> Trace:
     """Row ``row`` of a batch captured with :func:`trace_sites` as a :class:`Trace` (views, no copies; ``lean``:
-    captured with ``lean=True``, the shared fields filled in, one stacked copy of the residual stream)."""
-    A = lm.anatomy
+    captured with ``lean=True``, the shared fields filled in, one stacked copy of the residual stream).
+    ``prefix``: the stack (``enc.``: an encoder-decoder model's encoder, whose input is ``ids``); ``source``: such a
+    model's source ids (its decoder's Trace then holds the encoder's)."""
+    A = lm.anatomy.encoder if prefix else lm.anatomy
     slots = list(A.layers[0].norms())
 
     def per_layer(name):
-        return cap.stacked(name)[:, row]
+        return cap.stacked(prefix + name)[:, row]
 
-    final_in, final_out = cap.get(("ln_final.in", None)), cap.get(("ln_final.out", None))
+    final_in, final_out = cap.get((prefix + "ln_final.in", None)), cap.get((prefix + "ln_final.out", None))
     resid_pre = per_layer("resid_pre")
     if final_in is not None:
         final_in, final_out = final_in[row].to(resid_pre.device), final_out[row].to(resid_pre.device)
@@ -257,10 +297,12 @@ def _view(lm: LoadedModel, cap, ids: Tensor, row: int, logits: Tensor | None, le
         probs = per_layer("pattern")
         if not moe:
             mlp_pre = per_layer("mlp_pre")
-            mlp_up = per_layer("mlp_up") if ("mlp_up", 0) in cap else None
+            mlp_up = per_layer("mlp_up") if (prefix + "mlp_up", 0) in cap else None
+    cross = A.layers[0].cross is not None
+    cross_out = per_layer("cross_out") if cross else None
     return Trace(
         input_ids=ids.cpu(),
-        tokens=lm.tokenizer.batch_decode([[int(i)] for i in ids]),
+        tokens=_tokens(lm, ids),
         positions=torch.arange(ids.numel(), device=resid_pre.device),
         embed=resid_pre[0],
         resid_pre=resid_pre,
@@ -278,7 +320,17 @@ def _view(lm: LoadedModel, cap, ids: Tensor, row: int, logits: Tensor | None, le
         placement=A.placement,
         router_logits=per_layer("router_logits") if moe else None,
         routing_weights=per_layer("routing_weights") if moe else None,
+        encoder=None if source is None else _view(lm, cap, source, row, None, prefix=ENC),
+        cross_out=cross_out,
+        cross_write=torch.stack([la.write("cross", cross_out[i]) for i, la in enumerate(A.layers)]) if cross else None,
+        cross_pattern=per_layer("cross_pattern") if cross else None,
     )
+
+
+def _tokens(lm: LoadedModel, ids: Tensor) -> list[str]:
+    if lm.tokenizer is None:  # a model built in a test, without a tokenizer
+        return [f"#{int(i)}" for i in ids]
+    return lm.tokenizer.batch_decode([[int(i)] for i in ids])
 
 
 def _scaled(A, x, lean: bool = False):
@@ -335,7 +387,7 @@ def recompute_probs(lm: LoadedModel, n: int, pattern: str = "auto") -> bool:
 
 
 def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torch.device | None = None,
-          pattern: Literal["auto", "keep", "recompute"] = "auto", edits=(), **renamed) -> Trace:
+          pattern: Literal["auto", "keep", "recompute"] = "auto", edits=(), source=None, **renamed) -> Trace:
     """Run the model once on ``text`` (or token ids) and capture everything lenscope's methods read.
 
     ``device``: where the captures are kept (default: the ``math_device`` the model was loaded with, else where the
@@ -344,7 +396,9 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torc
     probabilities, ``"recompute"`` them per layer when read (:class:`RecomputedProbs`: a lean trace), or ``"auto"``:
     a lean trace where it leaves out more than :data:`KEEP_BYTES` and the model computes in float32
     (:func:`recompute_probs`). ``edits``: engine edits (row 0, e.g. a steering vector) applied during the pass; with
-    edits ``"auto"`` keeps every capture."""
+    edits ``"auto"`` keeps every capture. ``source``: an encoder-decoder model's source token ids (``text``: then the
+    target prefix's, from the decoder's start token); the Trace is the decoder's, ``Trace.encoder`` the
+    encoder's (every capture kept)."""
     for old, value in renamed.items():
         if RENAMED.get(old) != "pattern":
             raise TypeError(f"trace() got an unexpected keyword argument {old!r}")
@@ -352,11 +406,33 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torc
         pattern = value
     ids = token_ids(lm, text)
     edits = list(edits)
-    pattern = "keep" if edits and pattern == "auto" else pattern
+    src = source_ids(lm, source)
+    pattern = "keep" if (edits or src is not None) and pattern == "auto" else pattern
     lean = recompute_probs(lm, ids.numel(), pattern)
+    if lean and src is not None:
+        raise InputError("an encoder-decoder model's trace keeps every capture (pattern='keep')")
     logits, cap = run(lm, ids[None], edits, capture=trace_sites(lm, lean=lean), device=_math_device(lm, device),
-                      upcast=True, last_only=lean and lm.anatomy.causal)
-    return _view(lm, cap, ids, 0, None if logits is None else logits[0], lean=lean)
+                      upcast=True, last_only=lean and lm.anatomy.causal, source=None if src is None else src[None])
+    return _view(lm, cap, ids, 0, None if logits is None else logits[0], lean=lean, source=src)
+
+
+def source_ids(lm: LoadedModel, source) -> Tensor | None:
+    """An encoder-decoder model's source as token ids ``(src,)``, validated against its encoder (None: no source;
+    the engine says whether the model needs one)."""
+    if source is None:
+        return None
+    A = lm.anatomy.encoder
+    if A is None:
+        raise InputError(f"a source is the input of an encoder-decoder model's encoder; {lm.anatomy.model_type} "
+                         "has none")
+    if isinstance(source, str):
+        return torch.as_tensor(lm.tokenizer(source)["input_ids"], dtype=torch.long)
+    ids = torch.as_tensor(source, dtype=torch.long).reshape(-1)
+    if ids.numel() == 0 or ids.numel() > A.n_ctx:
+        raise InputError(f"the source needs 1 to {A.n_ctx} tokens; got {ids.numel()}")
+    if int(ids.min()) < 0 or int(ids.max()) >= A.vocab_size:
+        raise InputError(f"source token ids must lie in 0..{A.vocab_size - 1}")
+    return ids.cpu()
 
 
 @torch.no_grad()
@@ -418,7 +494,8 @@ def prefix_trace(tr: Trace, n: int) -> Trace:
         resid_pre=cut(tr.resid_pre, [1]), resid_mid=cut(tr.resid_mid, [1]), resid_post=cut(tr.resid_post, [1]),
         attn_out=cut(tr.attn_out, [1]), attn_write=cut(tr.attn_write, [1]), mlp_out=cut(tr.mlp_out, [1]),
         mlp_write=cut(tr.mlp_write, [1]), pattern=cut(tr.pattern, [2, 3]), mlp_pre=cut(tr.mlp_pre, [1]),
-        mlp_up=cut(tr.mlp_up, [1]), logits=cut(tr.logits, [0]),
+        mlp_up=cut(tr.mlp_up, [1]), logits=cut(tr.logits, [0]), encoder=tr.encoder, cross_out=cut(tr.cross_out, [1]),
+        cross_write=cut(tr.cross_write, [1]), cross_pattern=cut(tr.cross_pattern, [2]),
         norms={k: cut(v, [0 if k.startswith("ln_final") else 1]) for k, v in tr.norms.items()},
         placement=tr.placement, extras=tr.extras,
         router_logits=cut(tr.router_logits, [1]), routing_weights=cut(tr.routing_weights, [1]),

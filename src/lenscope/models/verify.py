@@ -136,6 +136,8 @@ class VerifyReport:
     error_scale: str = "rms"  # relative errors: to the real tensor's RMS, or ("max", reduced precision) its max |x|
     devices: list[str] = field(default_factory=list)  # each layer's device (where lenscope recomputed it)
     nonfinite: list[str] = field(default_factory=list)  # captures where the model itself produced inf / NaN
+    # an encoder-decoder model's encoder: {"embed_rel_error", "layers", "final_norm"} (its errors are in the maxima)
+    encoder: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -167,8 +169,9 @@ class VerifyReport:
 
 
 @torch.no_grad()
-def verify(lm: LoadedModel, text: str = DEFAULT_TEXT, tr: Trace | None = None) -> VerifyReport:
-    """Check lenscope's reading of ``lm`` against the real model on ``text``."""
+def verify(lm: LoadedModel, text: str = DEFAULT_TEXT, tr: Trace | None = None, *, source=None) -> VerifyReport:
+    """Check lenscope's reading of ``lm`` against the real model on ``text`` (an encoder-decoder model: the target
+    prefix, with ``source``; both stacks are checked, the decoder's cross-attention from what it read)."""
     from .devices import parse_dtype
 
     A = lm.anatomy
@@ -176,12 +179,42 @@ def verify(lm: LoadedModel, text: str = DEFAULT_TEXT, tr: Trace | None = None) -
         # a lean trace recomputes its attention probabilities with lenscope's own math: comparing those with
         # themselves would prove nothing, so verify captures what the model computed
         tr = trace(lm, tr.input_ids, pattern="keep")
-    tr = tr if tr is not None else trace(lm, text, pattern="keep")
+    tr = tr if tr is not None else trace(lm, text, pattern="keep", source=source)
     dtype = parse_dtype(getattr(lm.model, "dtype", None))
     tol = tolerances(dtype)
     scale = tol.error_scale
+    embed_err, rows = _blocks(A, tr, scale)
+    resid_keys = ("resid_mid", "resid_post", "resid_chain")
+    enc = None
+    if tr.encoder is not None:  # the encoder's blocks, then its final norm, the same checks
+        e_embed, e_rows = _blocks(A.encoder, tr.encoder, scale)
+        enc = {"embed_rel_error": e_embed, "layers": e_rows, "final_norm": None}
+        if A.encoder.final_norm is not None:
+            enc["final_norm"] = rel_err(A.encoder.final_norm(tr.encoder.site("ln_final.in")), tr.memory, scale)
+        embed_err = _worst([embed_err, e_embed])
+    every = rows + ([] if enc is None else enc["layers"] + [{"ln_final": enc["final_norm"] or 0.0}])
+    max_resid = _worst([embed_err] + [r[k] for r in every for k in resid_keys if k in r])
+    max_sub = _worst(v for r in every for k, v in r.items() if k not in resid_keys and k != "layer")
+    logit_err = None
+    if A.unembed is not None and tr.logits is not None:
+        ours = A.logits(tr.final_resid)
+        logit_err = float((ours.to(tr.logits.device) - tr.logits).abs().max())
+        if tr.site("ln_final.out") is not None:
+            max_sub = _worst([max_sub, rel_err(A.final_norm(tr.site("ln_final.in")), tr.site("ln_final.out"), scale)])
+    return VerifyReport(
+        model=lm.name, family=A.family, n_layers=A.n_layers, n_tokens=len(tr.tokens),
+        max_abs_logit_error=logit_err, max_rel_resid_error=max_resid, max_rel_sublayer_error=max_sub,
+        embed_rel_error=embed_err, layers=rows, logit_tol=tol.logit_tol(tr.logits), resid_tol=tol.resid,
+        dtype=tol.dtype, error_scale=scale, devices=[str(d) for d in A.devices], nonfinite=nonfinite_captures(tr),
+        encoder=enc,
+    )
+
+
+def _blocks(A, tr: Trace, scale: str) -> tuple[float, list[dict]]:
+    """The embedding's error and each block's errors, of one stack (``A`` and its trace ``tr``)."""
     pos = tr.positions
     embed_err = rel_err(A.embed(tr.input_ids.to(pos.device), pos), tr.embed, scale)
+    memory = tr.memory
     rows = []
     for i, layer in enumerate(A.layers):
         row: dict = {"layer": i}
@@ -203,24 +236,15 @@ def verify(lm: LoadedModel, text: str = DEFAULT_TEXT, tr: Trace | None = None) -
             if up is not None:
                 row["mlp_up"] = rel_err(up, tr.mlp_up[i], scale)
             row["mlp_out"] = rel_err(layer.mlp(tr.mlp_in[i], pre=(pre, up)), tr.mlp_out[i], scale)  # one MLP pass
-        block = layer.forward(tr.resid_pre[i], pos, None if tr.routing_weights is None else tr.routing_weights[i])
+        if layer.cross is not None:  # a decoder block's cross-attention, from what it read and the memory
+            out, probs = layer.cross.cross(tr.cross_in[i], memory)
+            row["cross_pattern"] = float((probs.to(tr.cross_pattern.device) - tr.cross_pattern[i]).abs().max())
+            row["cross_out"] = rel_err(out, tr.cross_out[i], scale)
+        block = layer.forward(tr.resid_pre[i], pos, None if tr.routing_weights is None else tr.routing_weights[i],
+                              memory=memory if layer.cross is not None else None)
         row["resid_mid"] = rel_err(block["resid_mid"], tr.resid_mid[i], scale)
         row["resid_post"] = rel_err(block["resid_post"], tr.resid_post[i], scale)
         if i + 1 < A.n_layers:  # the block's output is the next block's input
             row["resid_chain"] = rel_err(tr.resid_post[i], tr.resid_pre[i + 1], scale)
         rows.append(row)
-    resid_keys = ("resid_mid", "resid_post", "resid_chain")
-    max_resid = _worst([embed_err] + [r[k] for r in rows for k in resid_keys if k in r])
-    max_sub = _worst(v for r in rows for k, v in r.items() if k not in resid_keys and k != "layer")
-    logit_err = None
-    if A.unembed is not None and tr.logits is not None:
-        ours = A.logits(tr.final_resid)
-        logit_err = float((ours.to(tr.logits.device) - tr.logits).abs().max())
-        if tr.site("ln_final.out") is not None:
-            max_sub = _worst([max_sub, rel_err(A.final_norm(tr.site("ln_final.in")), tr.site("ln_final.out"), scale)])
-    return VerifyReport(
-        model=lm.name, family=A.family, n_layers=A.n_layers, n_tokens=len(tr.tokens),
-        max_abs_logit_error=logit_err, max_rel_resid_error=max_resid, max_rel_sublayer_error=max_sub,
-        embed_rel_error=embed_err, layers=rows, logit_tol=tol.logit_tol(tr.logits), resid_tol=tol.resid,
-        dtype=tol.dtype, error_scale=scale, devices=[str(d) for d in A.devices], nonfinite=nonfinite_captures(tr),
-    )
+    return embed_err, rows
