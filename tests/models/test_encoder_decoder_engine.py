@@ -219,6 +219,38 @@ def test_verify_checks_both_stacks_and_cross_attention(registered, kind):
     assert not bad.ok and bad.layers[1]["cross_out"] > 1e-3 and bad.layers[0]["cross_out"] < 1e-5
 
 
+def _seq2seq_tokenizer(template: str):
+    """The tiny tokenizer writing each text as ``template`` (``"$A </s>"``: T5, Marian; ``"<s> $A </s>"``: BART)."""
+    from tokenizers import Tokenizer, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from lenscope.models.tokenizer import tiny_tokenizer
+
+    tok = Tokenizer.from_str(tiny_tokenizer().backend_tokenizer.to_str())
+    special = [(t, tok.token_to_id(t)) for t in ("<s>", "</s>") if t in template]
+    tok.post_processor = processors.TemplateProcessing(single=template, special_tokens=special)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", pad_token="<pad>", bos_token="<s>")
+
+
+@pytest.mark.parametrize(("kind", "template"), [("t5", "$A </s>"), ("bart", "<s> $A </s>")])
+def test_texts_become_the_source_and_the_decoders_shifted_target_prefix(kind, template):
+    """A target prefix is the decoder's start token, then the target as the tokenizer writes a target, without its
+    end token (transformers' labels shifted right); the source keeps its special tokens; an empty prefix is the
+    start token alone (the first target token is then predicted)."""
+    from lenscope.models.load import encode
+    from lenscope.models.trace import source_ids
+
+    lm = _lm(kind)
+    tok = _seq2seq_tokenizer(template)
+    lm.tokenizer = tok
+    start = lm.model.config.decoder_start_token_id
+    body = tok("the house is small", add_special_tokens=False)["input_ids"]
+    lead = [tok.bos_token_id] if template.startswith("<s>") else []
+    assert encode(lm, "the house is small").tolist() == [start] + lead + body
+    assert encode(lm, "").tolist() == [start]
+    assert source_ids(lm, "the house is small").tolist() == lead + body + [tok.eos_token_id]
+
+
 def test_one_line_errors(registered):
     lm = _lm("bart")
     with pytest.raises(InputError, match="encoder-decoder model: run it with the source"):

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError, MissingDependencyError, NotApplicableError, UnknownModelError
+from ..errors import InputError, MissingDependencyError, NotApplicableError, UnknownModelError, UnsupportedModelError
 from .anatomy import Anatomy
 
 DEFAULT_MODEL = "smollm2"
@@ -403,7 +403,10 @@ def load(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | str = torch.float32,
 
 
 def encode(lm: LoadedModel, text: str) -> torch.Tensor:
-    """Token ids (pos,) of ``text`` with the tokenizer's special tokens; clear errors for bad input."""
+    """Token ids (pos,) of ``text`` with the tokenizer's special tokens; clear errors for bad input. An
+    encoder-decoder model's ``text`` is the target prefix (:func:`target_prefix_ids`)."""
+    if lm.anatomy.encoder is not None:
+        return target_prefix_ids(lm, text)
     if not isinstance(text, str) or not text.strip():
         raise InputError("the text is empty; give a non-empty text")
     ids = lm.tokenizer(text, return_tensors="pt")["input_ids"][0]
@@ -415,6 +418,25 @@ def encode(lm: LoadedModel, text: str) -> torch.Tensor:
             "shorten it"
         )
     return ids
+
+
+def target_prefix_ids(lm: LoadedModel, text: str) -> torch.Tensor:
+    """An encoder-decoder model's decoder input for the target prefix ``text`` (may be empty: the first target
+    token is then predicted): the decoder's start token, then the target's tokens as the tokenizer writes a target
+    (``text_target``) without its end token, as transformers shifts the labels right (BART: ``[eos, bos, ...]``;
+    T5, Marian: ``[pad, ...]``)."""
+    if not isinstance(text, str):
+        raise InputError(f"give the target prefix as a text, not {type(text).__name__}")
+    start = getattr(lm.model.config, "decoder_start_token_id", None)
+    if start is None:
+        raise UnsupportedModelError(f"{lm.anatomy.model_type}'s config has no decoder_start_token_id")
+    ids = list(lm.tokenizer(text_target=text)["input_ids"]) if text else []
+    if ids and ids[-1] == lm.tokenizer.eos_token_id:
+        ids = ids[:-1]
+    if 1 + len(ids) > lm.anatomy.n_ctx:
+        raise InputError(f"the target prefix is {1 + len(ids)} tokens long, more than the decoder's context of "
+                         f"{lm.anatomy.n_ctx} tokens; shorten it")
+    return torch.tensor([int(start)] + ids, dtype=torch.long)
 
 
 def token_ids(lm: LoadedModel, text) -> torch.Tensor:
