@@ -163,6 +163,28 @@ def test_a_dictionary_for_another_model_is_refused():
         run(lm, ids, capture=["resid_post.latents.0"], dictionaries=[E])
 
 
+def test_the_model_in_bfloat16_or_float32_is_one_model():
+    """A dictionary (a lens, a direction) made on the model loaded in bfloat16 runs on it in float32 and back: the
+    fingerprint samples the weights rounded to bfloat16. A file holding the legacy fingerprint (before that
+    rounding) is still accepted by the model in its dtype; another model's is not."""
+    import lenscope
+    from lenscope.models.summary import same_model
+
+    f32 = lenscope.load("tiny:llama")
+    b16 = lenscope.load("tiny:llama", dtype="bfloat16")
+    other = get_model("tiny:gpt2").anatomy
+    assert fingerprint(f32.anatomy) == fingerprint(b16.anatomy) != fingerprint(other)
+    assert fingerprint(f32.anatomy, legacy=True) != fingerprint(b16.anatomy, legacy=True)  # the legacy hash differed
+    assert same_model(fingerprint(b16.anatomy, legacy=True), f32.anatomy)  # a file made on bfloat16, run in float32
+    assert same_model(fingerprint(f32.anatomy, legacy=True), f32.anatomy)
+    assert not same_model(fingerprint(other), f32.anatomy) and not same_model(None, f32.anatomy)
+    D = _random(f32.anatomy.d_model, site="resid_post.0")
+    D.fingerprint, D.model = fingerprint(b16.anatomy, legacy=True), "tiny:llama"
+    ids = f32.tokenizer(TEXT, return_tensors="pt").input_ids
+    z = run(f32, ids, capture=["resid_post.latents.0"], dictionaries=[D]).captured["resid_post.latents.0"]
+    assert z.shape == ids.shape + (D.width,)
+
+
 def _dicts(lm):
     A = lm.anatomy
     L = A.n_layers

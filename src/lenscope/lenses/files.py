@@ -10,7 +10,8 @@ import torch
 
 from ..errors import InputError
 from ..models.load import LoadedModel
-from .lenses import LENS_FORMAT, TunedLens, fingerprint
+from ..models.summary import same_model
+from .lenses import LENS_FORMAT, TunedLens
 
 
 def _read_config(directory: Path) -> dict:
@@ -31,7 +32,7 @@ def load_lens_dir(directory: str | Path, lm: LoadedModel, *, check_model: bool =
     if "lenscope_lens" in cfg:
         if cfg["lenscope_lens"] > LENS_FORMAT:
             raise InputError(f"{directory} was written by a newer lenscope (format {cfg['lenscope_lens']})")
-        if check_model and cfg.get("fingerprint") != fingerprint(A):
+        if check_model and not same_model(cfg.get("fingerprint"), A):
             raise InputError(
                 f"the lens in {directory} was trained on {cfg.get('model')!r} ({cfg.get('family')}, "
                 f"{cfg.get('n_layers')} layers, d_model {cfg.get('d_model')}), not on {lm.name!r}; "

@@ -258,10 +258,10 @@ class Dictionary:
     def check(self, lm) -> None:
         """Refuse (:class:`~lenscope.errors.InputError`, one line) a dictionary made for another model or for a
         site this model lacks."""
-        from .summary import fingerprint
+        from .summary import fingerprint, same_model
 
         A = lm.anatomy
-        if self.fingerprint is not None and self.fingerprint != fingerprint(A):
+        if self.fingerprint is not None and not same_model(self.fingerprint, A):
             raise InputError(f"the dictionary for {self.site} was trained on {self.model!r}, not on {lm.name!r} "
                              f"(model fingerprints {self.fingerprint} and {fingerprint(A)} differ)")
         if self.site is None:

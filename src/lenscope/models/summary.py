@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 
+import torch
+
 from .anatomy import MLP, Anatomy
 
 
@@ -48,8 +50,11 @@ def summarize(A: Anatomy) -> dict:
             "parallel": any(x.placement == "parallel" for x in layers), "moe": moe}
 
 
-def fingerprint(anatomy: Anatomy) -> str:
-    """A short hash of the model's shape and a sample of its weights (to refuse a lens on the wrong model)."""
+def fingerprint(anatomy: Anatomy, *, legacy: bool = False) -> str:
+    """A short hash of the model's shape and a sample of its weights (to refuse a lens, a dictionary or a direction
+    made for another model). The sampled weights are rounded to bfloat16 first, so the model loaded in float32 or
+    in bfloat16 has one fingerprint (a dictionary trained on the bfloat16 model runs on the float32 one).
+    ``legacy``: the hash before that rounding, which files written until 2026-11-27 hold (:func:`same_model`)."""
     h = hashlib.sha256()
     h.update(f"{anatomy.family}:{anatomy.model_type}:{anatomy.d_model}:{anatomy.n_layers}:{anatomy.vocab_size}".encode())
     samples = [anatomy.embed.W_E[:: max(1, anatomy.vocab_size // 64), :16]]
@@ -57,5 +62,12 @@ def fingerprint(anatomy: Anatomy) -> str:
         samples.append(anatomy.final_norm.weight)
     samples.append(anatomy.layers[-1].mlp.W_out[:16, :16])
     for s in samples:
-        h.update(s.detach().float().cpu().contiguous().numpy().round(5).tobytes())
+        s = s.detach() if legacy else s.detach().to(torch.bfloat16)
+        h.update(s.float().cpu().contiguous().numpy().round(5).tobytes())
     return h.hexdigest()[:16]
+
+
+def same_model(stored: str | None, anatomy: Anatomy) -> bool:
+    """Whether a file's recorded fingerprint ``stored`` names this model: today's :func:`fingerprint`, or the
+    legacy one of files written before it (for the dtype they were made in)."""
+    return stored in (fingerprint(anatomy), fingerprint(anatomy, legacy=True))

@@ -35,7 +35,7 @@ from ..data.steering import SteeringPair, data_hash
 from ..errors import InputError
 from ..models.engine import Edit, capture, run
 from ..models.load import LoadedModel, require_decoder, token_ids
-from ..models.summary import fingerprint
+from ..models.summary import fingerprint, same_model
 
 SITE = "resid_pre"
 FORMAT = 1
@@ -172,7 +172,7 @@ class Direction:
         if self.d_model != A.d_model:
             raise InputError(f"the direction has width {self.d_model}, but {lm.name} has d_model {A.d_model}; build "
                              "a direction on this model (`lenscope steer build`)")
-        if self.fingerprint != fingerprint(A):
+        if not same_model(self.fingerprint, A):
             raise InputError(f"the direction was built on {self.model!r}, not on {lm.name!r} (model fingerprints "
                              "differ); build a direction on this model (`lenscope steer build`)")
         layers = [self.layer] if layers is None else layers
