@@ -12,6 +12,7 @@ from . import (
     explain,
     features,
     generate,
+    graph,
     interventions,
     lens,
     mixing,
@@ -42,6 +43,7 @@ generate.register(app)
 steer.register(app)
 dictionary.register(app)
 features.register(app)
+graph.register(app)
 serve.register(app)
 
 

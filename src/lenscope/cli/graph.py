@@ -1,0 +1,92 @@
+"""``lenscope graph``: the attribution graph of a prediction through transcoders (``docs/graphs.md``)."""
+
+from __future__ import annotations
+
+import typer
+
+from .common import fail, handle_errors, load_model, print_json
+from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("graph")
+    @handle_errors
+    def graph_cmd(
+        text: str = typer.Argument(..., help="The prompt; the graph explains its next token."),
+        model: str = MODEL_OPTION,
+        dict_dir: str = typer.Option(..., "--dict", help="Transcoders: a dictionary folder or a folder of them, one "
+                                     "per block (lenscope dict train --transcoder --site 'mlp_out.*')."),
+        target: str = typer.Option(None, "--target", "-t", help="Target token (its text, e.g. ' Paris', or #ID) as "
+                                   "the only logit node (default: the most probable tokens up to p = 0.95, at most "
+                                   "10)."),
+        max_feature_nodes: int = typer.Option(7500, "--max-feature-nodes", help="Compute the edges into at most this "
+                                              "many features, the most influential first (0: none)."),
+        node_threshold: float = typer.Option(0.8, "--node-threshold", help="Pruning: keep the nodes making up this "
+                                             "share of the influence on the logits."),
+        edge_threshold: float = typer.Option(0.98, "--edge-threshold", help="Pruning: keep the edges making up this "
+                                             "share of the edge influence."),
+        batch_size: int = typer.Option(256, "--batch-size", help="Targets per backward pass."),
+        as_json: bool = JSON_OPTION,
+        html: str = typer.Option(None, "--html", help="Write the graph's page to this file."),
+        out: str = typer.Option(None, "--out", help="Save the graph to this folder (graph.safetensors, reloadable "
+                                "with AttributionGraph.load, and graph.json, circuit-tracer's JSON)."),
+        export: str = typer.Option(None, "--export-circuit-tracer", help="Write circuit-tracer's JSON (its viewer "
+                                   "and Neuronpedia open it) to this file."),
+        dtype: str = DTYPE_OPTION,
+        device_map: str = DEVICE_MAP_OPTION,
+    ):
+        """The attribution graph of TEXT's next token: transcoder features, error nodes, tokens and logits, each
+        edge a direct effect through the model frozen at the real run, exact (checked on every call), pruned as
+        circuit-tracer prunes."""
+        from pathlib import Path
+
+        from ..features.graph import attribution_graph
+        from ..features.graph_export import write_circuit_tracer
+        from ..models.dictionary import load_dictionaries
+
+        for name, v in (("--node-threshold", node_threshold), ("--edge-threshold", edge_threshold)):
+            if not 0.0 <= v <= 1.0:
+                fail(f"{name} must lie in [0, 1]; got {v}")
+        if max_feature_nodes < 0 or batch_size < 1:
+            fail("--max-feature-nodes must be at least 0 and --batch-size at least 1")
+        dicts = load_dictionaries(dict_dir)
+        lm = load_model(model, dtype=dtype, device_map=device_map)
+        g = attribution_graph(lm, text, dicts, target=target, max_feature_nodes=max_feature_nodes,
+                              batch_size=batch_size, progress=not as_json)
+        th = {"node_threshold": node_threshold, "edge_threshold": edge_threshold}
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            g.save(Path(out) / "graph.safetensors")
+            write_circuit_tracer(g, Path(out) / "graph.json", **th)
+        if export:
+            write_circuit_tracer(g, export, **th)
+        if html:
+            from ..viz.html import write_page
+            from ..viz.views import page
+
+            write_page(page(g), html)
+        d = g.to_dict(**th)
+        if as_json:
+            print_json(d)
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        con = Console()
+        con.print(f"{lm.name}: attribution graph of {''.join(g.tokens)!r} -> "
+                  + ", ".join(f"{t!r} ({p:.3f})" for t, p in zip(g.logit_tokens, g.logit_probs.tolist())))
+        con.print(f"{g.n_features} of {g.n_active} active features, {len(d['nodes'])} nodes and {len(d['links'])} "
+                  f"edges after pruning; replacement score {d['replacement_score']:.3f}, completeness "
+                  f"{d['completeness_score']:.3f}; exactness error {g.exactness_error:.1e}; {g.seconds:.1f} s")
+        table = Table()
+        for c in ("node", "kind", "token", "activation", "influence"):
+            table.add_column(c)
+        feats = sorted((n for n in d["nodes"] if n["kind"] in ("feature", "error")), key=lambda n: n["influence"])
+        for n in feats[:20]:
+            a = "" if n["activation"] is None else f"{n['activation']:.3f}"
+            table.add_row(n["id"], n["kind"], repr(n["token"]), a, f"{n['influence']:.3f}")
+        con.print(table)
+        for what, path in (("graph saved to", out), ("circuit-tracer JSON written to", export), ("page written to",
+                                                                                               html)):
+            if path:
+                con.print(f"{what} {path}")

@@ -1,0 +1,387 @@
+"""Attribution graphs (Ameisen et al. 2025, circuit-tracer): one prediction explained as a graph of transcoder
+features, exact, on a CPU.
+
+The model's MLPs are replaced by transcoders and everything non-linear is frozen at the real run
+(:mod:`lenscope.features.replacement`), so each node's input is an exact affine function of the nodes before it:
+
+    input_t = sum_s A[t, s] + bias_t
+
+Nodes (circuit-tracer's order): the selected transcoder **features** (active latents: ``(layer, position,
+latent)``; input: the pre-activation, output: the activation, equal under the frozen active set), the **error**
+nodes (one per block and position: the MLP output minus its transcoder's; a block without a transcoder: its whole
+MLP output), the **token** nodes (one per position: the embedding, position embeddings and scale included) and the
+**logit** nodes (the target, or the most probable next tokens up to cumulative probability 0.95, at most 10;
+input: the logit minus the mean logit over the vocabulary, before any soft-cap). ``A[t, s]`` is the direct effect of
+``s``'s output on ``t``'s input through the frozen model, computed with batched backward passes (one pass per
+batch of targets, each row of the batch one target). ``bias_t`` holds everything constant (biases, the first
+position's MLP outputs when the prompt opens with a special token, the features left out by
+``max_feature_nodes``: :attr:`AttributionGraph.dropped`).
+
+Checked on every call (:class:`~lenscope.errors.InvariantError` beyond the tolerance): every target's input equals
+the sum of its incoming edges plus its bias terms, and the frozen model reproduces the real run's pre-activations
+and logits (both relative to the size of the node's terms).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError, InvariantError
+from ..models.load import LoadedModel, encode, require_decoder, resolve_token
+from ..models.request import token_texts
+from ..models.stop import checkpoint
+from ..models.trace import trace
+from ..models.verify import completeness_tolerance
+from ..results import Result
+from .replacement import Frozen, transcoders_by_layer
+
+KINDS = ("feature", "error", "token", "logit")
+
+
+@dataclass(repr=False)
+class AttributionGraph(Result):
+    """An attribution graph (see the module's docstring). Nodes in circuit-tracer's order: ``n_features`` features
+    (``feature_layer``, ``feature_pos``, ``feature_index``, ``feature_act``), ``n_layers * n_pos`` error nodes
+    (block-major), ``n_pos`` token nodes, the logit nodes (``logit_ids``, ``logit_probs``, ``logit_tokens``).
+    ``adjacency (node, node)``: ``A[target, source]``; ``inputs (node,)``: each feature's pre-activation and each
+    logit's demeaned logit as the frozen model computes them (0 for errors and tokens); ``biases (node,)``: their
+    bias terms; ``dropped (node,)``: what the features left out by ``max_feature_nodes`` add (part of the bias terms);
+    ``exactness_error``: the largest ``|input - sum(A row) - bias|`` relative to the node's largest term;
+    ``real_error``: the frozen model against the real run, the same way."""
+
+    model: str
+    tokens: list[str]
+    input_ids: list[int]
+    sites: list[str]
+    n_layers: int
+    feature_layer: Tensor
+    feature_pos: Tensor
+    feature_index: Tensor
+    feature_act: Tensor
+    error_norm: Tensor
+    logit_ids: Tensor
+    logit_probs: Tensor
+    logit_tokens: list[str]
+    adjacency: Tensor
+    inputs: Tensor
+    biases: Tensor
+    dropped: Tensor
+    n_active: int
+    exactness_error: float
+    real_error: float
+    tolerance: float
+    seconds: float
+    skip_first: bool = False
+    supernodes: list = field(default_factory=list)
+
+    # -- node bookkeeping ------------------------------------------------------------------------------------------
+
+    @property
+    def n_pos(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def n_features(self) -> int:
+        return int(self.feature_layer.numel())
+
+    @property
+    def n_logits(self) -> int:
+        return int(self.logit_ids.numel())
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.adjacency.shape[0])
+
+    def offsets(self) -> dict[str, int]:
+        """Where each kind's nodes start: ``feature``, ``error``, ``token``, ``logit`` (and ``end``)."""
+        f = self.n_features
+        e = f + self.n_layers * self.n_pos
+        t = e + self.n_pos
+        return {"feature": 0, "error": f, "token": e, "logit": t, "end": t + self.n_logits}
+
+    def kinds(self) -> list[str]:
+        o = self.offsets()
+        return [k for k, a, b in zip(KINDS, [o[k] for k in KINDS], [o[k] for k in KINDS[1:]] + [o["end"]])
+                for _ in range(b - a)]
+
+    def node(self, i: int) -> dict:
+        """Node ``i`` as ``{id, kind, layer, position, feature, activation, token}`` (``id``: lenscope's node name,
+        circuit-tracer's ``node_id``: :func:`node_id`)."""
+        o = self.offsets()
+        if i < o["error"]:
+            L, p, f = int(self.feature_layer[i]), int(self.feature_pos[i]), int(self.feature_index[i])
+            rec = {"kind": "feature", "layer": L, "position": p, "feature": f, "activation": float(self.feature_act[i])}
+        elif i < o["token"]:
+            L, p = divmod(i - o["error"], self.n_pos)
+            rec = {"kind": "error", "layer": L, "position": p, "feature": None,
+                   "activation": float(self.error_norm[L, p])}
+        elif i < o["logit"]:
+            p = i - o["token"]
+            rec = {"kind": "token", "layer": None, "position": p, "feature": None, "activation": None}
+        else:
+            k = i - o["logit"]
+            rec = {"kind": "logit", "layer": self.n_layers, "position": self.n_pos - 1,
+                   "feature": int(self.logit_ids[k]), "activation": float(self.logit_probs[k])}
+        rec["token"] = self.tokens[rec["position"]]
+        rec["id"] = node_id(self, i, rec)
+        return rec
+
+    def group(self, label: str, ids: list[str]) -> list:
+        """Group nodes (their ids, :func:`node_id`) into a supernode named ``label``, kept in the graph's file and
+        exported to circuit-tracer's ``qParams.supernodes`` as ``[label, id, ...]``; returns it."""
+        known = {node_id(self, i) for i in range(self.n_nodes)}
+        missing = [i for i in ids if i not in known]
+        if not label or not ids or missing:
+            raise InputError(f"a supernode needs a label and node ids of this graph; unknown: {missing[:5]}")
+        sn = [str(label), *map(str, ids)]
+        self.supernodes.append(sn)
+        return sn
+
+    def nodes(self) -> list[dict]:
+        return [self.node(i) for i in range(self.n_nodes)]
+
+    def to_frame(self):
+        """The nodes, one row each, with their input, bias terms and influence on the logits."""
+        import pandas as pd
+
+        from .graph_prune import node_influence
+
+        inf = node_influence(self)
+        rows = [{**self.node(i), "input": float(self.inputs[i]), "bias": float(self.biases[i]),
+                 "influence": float(inf[i])} for i in range(self.n_nodes)]
+        return pd.DataFrame(rows, columns=["id", "kind", "layer", "position", "token", "feature", "activation",
+                                           "input", "bias", "influence"])
+
+    def edges_frame(self, min_abs: float = 0.0):
+        """The edges (``source``, ``target``, ``weight``) with ``|weight| > min_abs``."""
+        import pandas as pd
+
+        t, s = (self.adjacency.abs() > min_abs).nonzero(as_tuple=True)
+        ids = [node_id(self, i) for i in range(self.n_nodes)]
+        return pd.DataFrame({"source": [ids[i] for i in s.tolist()], "target": [ids[i] for i in t.tolist()],
+                             "weight": self.adjacency[t, s].tolist()})
+
+    def to_dict(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> dict:
+        """The pruned graph as the CLI's JSON: ``nodes``, ``links``, the scores and the checks."""
+        from .graph_prune import graph_scores, prune
+
+        pr = prune(self, node_threshold, edge_threshold)
+        keep = pr.node_mask.nonzero()[:, 0].tolist()
+        nodes = []
+        for i in keep:
+            rec = self.node(i)
+            rec["influence"] = float(pr.influence[i])
+            nodes.append(rec)
+        ids = {i: node_id(self, i) for i in keep}
+        t, s = pr.edge_mask.nonzero(as_tuple=True)
+        links = [{"source": ids[b], "target": ids[a], "weight": float(self.adjacency[a, b])}
+                 for a, b in zip(t.tolist(), s.tolist()) if a in ids and b in ids]
+        rep, comp = graph_scores(self)
+        return {"model": self.model, "tokens": self.tokens, "sites": self.sites, "nodes": nodes, "links": links,
+                "replacement_score": rep, "completeness_score": comp, "max_exactness_error": self.exactness_error,
+                "real_error": self.real_error, "tolerance": self.tolerance, "n_active_features": self.n_active,
+                "n_feature_nodes": self.n_features, "node_threshold": node_threshold,
+                "edge_threshold": edge_threshold, "seconds": self.seconds, "supernodes": self.supernodes}
+
+    def __repr__(self) -> str:
+        return (f"AttributionGraph({self.n_pos} tokens, {self.n_features} of {self.n_active} active features, "
+                f"{self.n_logits} logits, {self.n_nodes} nodes, exactness_error={self.exactness_error:.1e})")
+
+
+def node_id(g: AttributionGraph, i: int, rec: dict | None = None) -> str:
+    """circuit-tracer's node id: ``"{layer}_{latent}_{pos}"`` (feature), ``"{layer}_-1_{pos}"`` (error),
+    ``"E_{token id}_{pos}"`` (token), ``"{n_layers + 1}_{token id}_{pos}"`` (logit; circuit-tracer numbers the
+    logits' layer one past the embedding's)."""
+    rec = rec or g.node(i)
+    k, p = rec["kind"], rec["position"]
+    if k == "feature":
+        return f"{rec['layer']}_{rec['feature']}_{p}"
+    if k == "error":
+        return f"{rec['layer']}_-1_{p}"
+    if k == "token":
+        return f"E_{g.input_ids[p]}_{p}"
+    return f"{g.n_layers + 1}_{rec['feature']}_{p}"
+
+
+def _logit_nodes(lm: LoadedModel, logits: Tensor, target, max_logits: int, logit_prob: float) -> Tensor:
+    if target is not None:
+        return torch.tensor([resolve_token(lm, target)])
+    if max_logits < 1 or not 0 < logit_prob <= 1:
+        raise InputError("max_logits must be at least 1 and logit_prob in (0, 1]")
+    probs = logits.float().softmax(-1)
+    top_p, top_i = probs.topk(min(max_logits, probs.numel()))
+    n = int(torch.searchsorted(top_p.cumsum(0), torch.tensor(logit_prob))) + 1
+    return top_i[: min(n, top_i.numel())]
+
+
+class _Rows:
+    """Rows of the adjacency over every source (all active features, errors, tokens), by batched backward passes
+    through the frozen model's one forward graph."""
+
+    def __init__(self, fz: Frozen, last: int, batch_size: int):
+        self.fz, self.last, self.batch = fz, last, batch_size
+        self.emb, self.acts, self.errs = (t.clone().requires_grad_() for t in (fz.emb, fz.acts, fz.errs))
+        self.mlp_in, self.final = fz.forward(self.emb, self.acts, self.errs)
+
+    def _edges(self, out: Tensor, G: Tensor) -> Tensor:
+        fz = self.fz
+        ins = (self.emb, self.acts, self.errs)
+        g = torch.autograd.grad(out, ins, G, retain_graph=True, allow_unused=True, is_grads_batched=True)
+        g = [torch.zeros((G.shape[0],) + x.shape, dtype=x.dtype) if gi is None else gi for gi, x in zip(g, ins)]
+        tok = (g[0] * fz.emb).sum(-1)
+        feat = g[1] * fz.acts
+        err = (g[2] * fz.errs).sum(-1).reshape(G.shape[0], -1)
+        return torch.cat([feat, err, tok], 1)
+
+    def features(self, which: Tensor) -> Tensor:
+        """Rows ``(len(which), n_sources)`` of active features ``which``."""
+        fz = self.fz
+        out = torch.empty(which.numel(), fz.n_active + fz.errs.shape[0] * fz.P + fz.P, dtype=fz.dtype)
+        for L in fz.layer[which].unique().tolist():
+            sel = (fz.layer[which] == L).nonzero()[:, 0]
+            d = fz.dicts[L]
+            for a in range(0, sel.numel(), self.batch):
+                checkpoint()
+                rows = sel[a: a + self.batch]
+                idx = which[rows]
+                G = torch.zeros(rows.numel(), fz.P, self.mlp_in[L].shape[-1], dtype=fz.dtype)
+                G[torch.arange(rows.numel()), fz.pos[idx]] = d.W_enc[:, fz.feature[idx]].T
+                out[rows] = self._edges(self.mlp_in[L], G)
+        return out
+
+    def logits(self, ids: Tensor) -> Tensor:
+        fz = self.fz
+        G = torch.zeros(ids.numel(), fz.P, self.final.shape[-1], dtype=fz.dtype)
+        G[:, self.last] = fz.logit_pullbacks(self.last, ids)
+        return self._edges(self.final, G)
+
+
+def _partial_influence(rows_f: Tensor, row_nodes: Tensor, rows_l: Tensor, probs: Tensor, n_src: int,
+                       iters: int = 128) -> Tensor:
+    """circuit-tracer's influence estimate over the rows computed so far: ``w M + w M^2 + ...`` with ``M`` the
+    computed rows normalised by their absolute sums, ``w`` the logit probabilities; ``(n_src,)``."""
+    def norm(M):
+        M = M.abs()
+        return M / M.sum(1, keepdim=True).clamp_min(1e-8)
+
+    Mf, Ml = norm(rows_f), norm(rows_l)
+    cur = probs.to(Ml) @ Ml
+    total = cur.clone()
+    for _ in range(iters):
+        if not rows_f.shape[0]:
+            break
+        cur = cur[row_nodes] @ Mf
+        if not bool(cur.any()):
+            break
+        total += cur
+    return total[:n_src] if total.numel() >= n_src else total
+
+
+def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, max_logits: int = 10,
+                      logit_prob: float = 0.95, max_feature_nodes: int | None = None, batch_size: int = 256,
+                      zero_bos: bool = True, progress: bool = False) -> AttributionGraph:
+    """The attribution graph of the next-token prediction after ``text`` (a string or token ids), with
+    ``dictionaries`` (transcoders, at most one per block; blocks without one: their MLP output is an error node).
+    ``target``: one token (text, ``"#ID"`` or id) as the only logit node; default the most probable tokens up to
+    ``logit_prob``, at most ``max_logits``. ``max_feature_nodes``: compute the rows of at most that many features,
+    chosen by their influence on the logits as the rows come in (circuit-tracer's order); the others' effects stay
+    in the bias terms. ``zero_bos``: a first token that is a special token (BOS) gets no feature nodes."""
+    t0 = time.perf_counter()
+    require_decoder(lm, "an attribution graph", causal=True, instead="use a causal decoder (e.g. smollm2)")
+    dicts = transcoders_by_layer(lm, list(dictionaries))
+    if not dicts:
+        raise InputError("no transcoder given (--dict): an attribution graph needs at least one")
+    if batch_size < 1 or (max_feature_nodes is not None and max_feature_nodes < 0):
+        raise InputError("batch_size must be at least 1 and max_feature_nodes at least 0")
+    ids = encode(lm, text) if isinstance(text, str) else torch.as_tensor(text).long().flatten()
+    tr = trace(lm, ids)
+    P, last = len(tr.tokens), len(tr.tokens) - 1
+    special = set(getattr(lm.tokenizer, "all_special_ids", []) or [])
+    skip_first = bool(zero_bos and P > 1 and int(ids[0]) in special)
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
+    fz = Frozen(lm, tr, dicts, skip_first=skip_first)
+    logit_ids = _logit_nodes(lm, tr.logits[last], target, max_logits, logit_prob)
+    probs = tr.logits[last].float().softmax(-1)[logit_ids]
+    rows = _Rows(fz, last, batch_size)
+    n_err, n_src = fz.n_layers * P, fz.n_active + fz.n_layers * P + P
+    log(f"attribution graph: {P} tokens, {fz.n_active} active features, {logit_ids.numel()} logits")
+    R_logit = rows.logits(logit_ids)
+
+    cap = fz.n_active if max_feature_nodes is None else min(max_feature_nodes, fz.n_active)
+    if cap == fz.n_active:
+        chosen = torch.arange(fz.n_active)
+        R_feat = rows.features(chosen) if cap else torch.zeros(0, n_src)
+    else:  # rows in order of influence on the logits, estimated from the rows computed so far
+        chosen, parts = torch.zeros(0, dtype=torch.long), []
+        R_feat = torch.zeros(0, n_src)
+        while chosen.numel() < cap:
+            inf = _partial_influence(R_feat, chosen, R_logit, probs, n_src)[: fz.n_active].clone()
+            inf[chosen] = -1
+            n = min(cap - chosen.numel(), batch_size * 4)
+            pick = inf.topk(n).indices
+            parts.append(rows.features(pick))
+            chosen = torch.cat([chosen, pick])
+            R_feat = torch.cat(parts)
+            log(f"  {chosen.numel()} of {cap} feature rows")
+        order = chosen.argsort()
+        chosen, R_feat = chosen[order], R_feat[order]
+
+    # inputs from the frozen model at the real node values, and bias terms from it with every node at zero
+    with torch.no_grad():
+        in_f = fz.pre_of([m.detach() for m in rows.mlp_in], chosen)
+        in_l = fz.logit_inputs(rows.final.detach(), last, logit_ids)
+        m0, h0 = fz.forward(torch.zeros_like(fz.emb), torch.zeros_like(fz.acts), torch.zeros_like(fz.errs))
+        b_f, b_l = fz.pre_of(m0, chosen), fz.logit_inputs(h0, last, logit_ids)
+    z = fz.readout.uncap(tr.logits[last].float())
+    real_l = z[logit_ids] - z.mean()
+    real_f = fz.pre[chosen]
+
+    # the graph: the chosen features' columns, the others' edges into the bias terms
+    keep_cols = torch.cat([chosen, torch.arange(fz.n_active, n_src)])
+    n_f, n_l = chosen.numel(), logit_ids.numel()
+    N = n_f + n_err + P + n_l
+    adj = torch.zeros(N, N, dtype=torch.float32)
+    src = slice(0, n_f + n_err + P)
+    adj[:n_f, src] = R_feat[:, keep_cols]
+    adj[N - n_l:, src] = R_logit[:, keep_cols]
+    other = torch.ones(fz.n_active, dtype=torch.bool)
+    other[chosen] = False
+    dropped = torch.zeros(N)
+    dropped[:n_f] = R_feat[:, : fz.n_active][:, other].sum(1)
+    dropped[N - n_l:] = R_logit[:, : fz.n_active][:, other].sum(1)
+    inputs, biases, real = torch.zeros(N), torch.zeros(N), torch.zeros(N)
+    for vec, f_part, l_part in ((inputs, in_f, in_l), (biases, b_f, b_l), (real, real_f, real_l)):
+        vec[:n_f], vec[N - n_l:] = f_part, l_part
+    biases = biases + dropped
+
+    targets = torch.cat([torch.arange(n_f), torch.arange(N - n_l, N)])
+    A_t = adj[targets].double()
+    scale = torch.maximum(A_t.abs().amax(1), biases[targets].double().abs()).clamp_min(1.0)
+    exact = float(((inputs[targets].double() - A_t.sum(1) - biases[targets].double()).abs() / scale).max())
+    real_err = float(((inputs[targets] - real[targets]).double().abs() / scale).max())
+    tol = completeness_tolerance(lm)
+    if not exact <= tol:
+        raise InvariantError(f"attribution graph: a node's edges and bias terms miss its input by {exact:.2e} "
+                             f"(relative; limit {tol:.1e})")
+    if not real_err <= tol:
+        raise InvariantError(f"attribution graph: the frozen replacement model misses the real run by {real_err:.2e}"
+                             f" (relative; limit {tol:.1e}); run `lenscope verify --model {lm.name}`")
+    toks = list(tr.tokens)
+    seconds = time.perf_counter() - t0
+    log(f"attribution graph: {N} nodes in {seconds:.1f} s, exactness error {exact:.1e}")
+    return AttributionGraph(
+        model=lm.name, tokens=toks, input_ids=[int(i) for i in ids], sites=[dicts[L].site for L in sorted(dicts)],
+        n_layers=fz.n_layers, feature_layer=fz.layer[chosen], feature_pos=fz.pos[chosen],
+        feature_index=fz.feature[chosen], feature_act=fz.acts[chosen].float(),
+        error_norm=fz.errs.norm(dim=-1).float(), logit_ids=logit_ids, logit_probs=probs,
+        logit_tokens=token_texts(lm, logit_ids), adjacency=adj, inputs=inputs, biases=biases, dropped=dropped,
+        n_active=fz.n_active, exactness_error=exact, real_error=real_err, tolerance=tol, seconds=seconds,
+        skip_first=skip_first)
+
+
+__all__ = ["AttributionGraph", "attribution_graph", "node_id"]

@@ -1,0 +1,198 @@
+"""The frozen replacement model of one prompt: the model with its MLPs replaced by transcoders, and everything
+non-linear fixed at the real run, so that it is an affine map of its nodes' outputs (Ameisen et al. 2025).
+
+Fixed from the real run (one trace through the engine): every attention pattern, every norm's per-token scale
+(a norm is then affine: :meth:`~lenscope.models.anatomy.Norm.linear`), and each transcoder's set of active
+latents (an active latent's activation then equals its pre-activation: TopK's ``relu`` and JumpReLU's threshold
+only choose which latents are on). Each block's MLP output is replaced by
+
+    mlp_out = sum_f a_f W_dec[f] + b_dec (+ mlp_in @ W_skip.T, a skip transcoder) + error
+
+with ``error = mlp_out_real - transcoder(mlp_in_real)`` a constant node (a block without a transcoder: its whole
+MLP output is the error node). With ``skip_first`` (the prompt opens with a special token, as circuit-tracer's
+``zero_bos``), the first position has no feature nodes, its error nodes are zero, and its MLP outputs are constants
+of the model (bias terms of every node they reach). The block's other equations are the Anatomy's own
+(:meth:`Layer.after_attention`, its norms replaced by their frozen affine maps), so placements, sandwich norms and
+residual multipliers need nothing here.
+
+:class:`Frozen` computes this model from its nodes' outputs: the token embeddings ``emb (pos, d_model)``, the
+active latents' activations ``acts (n_active,)`` and the error vectors ``errs (layer, pos, d_model)``. With the
+real values it reproduces the real run's MLP inputs, latents' pre-activations and logits (checked on every call by
+:mod:`lenscope.features.graph`); with zeros it gives each node's bias terms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+from ..errors import InputError
+from ..models.anatomy import Norm
+from ..models.dictionary import Dictionary
+from ..models.load import LoadedModel
+from ..models.readout import Readout
+from ..models.tensors import astype
+from ..models.trace import Trace
+
+
+class FrozenNorm:
+    """A norm with its per-token scale ``s (pos,)`` fixed: ``linear(x, s) + bias``, affine in ``x``."""
+
+    def __init__(self, norm: Norm, scale: Tensor):
+        self.norm, self.s = norm, scale
+
+    def __call__(self, x: Tensor) -> Tensor:
+        y = self.norm.linear(x, self.s)
+        return y + self.norm.bias if self.norm.bias is not None else y
+
+
+class _MLP:
+    """A block's MLP in the replacement model: its transcoder's active latents decoded (activations given), its
+    decoder bias and skip path, plus the error node; ``W_in``: where it computes (what ``after_attention`` asks)."""
+
+    def __init__(self, frozen: Frozen, layer: int, ref: Tensor):
+        self.frozen, self.layer, self.W_in = frozen, layer, ref
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.frozen.mlp(self.layer, x)
+
+
+class Frozen:
+    """The frozen replacement model of the prompt traced in ``tr`` (see the module's docstring), with the
+    transcoders ``dicts`` (layer -> Dictionary, float32, at most one per block). Node outputs at the real run:
+    :attr:`emb`, :attr:`acts`, :attr:`errs`; the active latents: :attr:`layer`, :attr:`pos`, :attr:`feature`
+    (``(n_active,)`` each, ordered by layer, position, latent) and their real pre-activations :attr:`pre`."""
+
+    def __init__(self, lm: LoadedModel, tr: Trace, dicts: dict[int, Dictionary], *, dtype=torch.float32,
+                 skip_first: bool = False):
+        A = lm.anatomy
+        self.dtype, self.n_layers = dtype, A.n_layers
+        P = len(tr.tokens)
+        self.P = P
+        self.dicts = {L: d.to(dtype) for L, d in dicts.items()}
+        self.readout = Readout(astype(A.final_norm, dtype), A.unembed)
+        self.final_scale = A.final_norm.scale(tr.site("ln_final.in").to(dtype))
+        self.layers, self.probs = [], []
+        for L, layer in enumerate(A.layers):
+            base = astype(dataclasses.replace(layer, mlp=None), dtype)
+            norms = {slot: FrozenNorm(n, n.scale(tr.site(f"{slot}.in", L).to(dtype)))
+                     for slot, n in base.norms().items()}
+            self.layers.append(dataclasses.replace(base, **norms, mlp=_MLP(self, L, base.attn.W_O)))
+            self.probs.append(tr.site("pattern", L).to(dtype))
+        self.emb = tr.embed.to(dtype)
+        mlp_in = tr.mlp_in
+        layers, pos, feats, acts, pres = [], [], [], [], []
+        errs = tr.mlp_out.to(dtype).clone()
+        for L, d in sorted(self.dicts.items()):
+            x = mlp_in[L].to(dtype)
+            pre = d.pre(x)
+            z = d.activate(pre)
+            if skip_first:  # a special first token (BOS): no feature nodes there (its MLP output: a constant)
+                z[0] = 0
+            p, f = z.nonzero(as_tuple=True)
+            layers.append(torch.full_like(p, L))
+            pos.append(p)
+            feats.append(f)
+            acts.append(z[p, f])
+            pres.append(pre[p, f])
+            errs[L] = errs[L] - d.decode(z, x)
+        cat = (lambda xs, dt: torch.cat(xs) if xs else torch.zeros(0, dtype=dt))
+        self.layer, self.pos, self.feature = (cat(layers, torch.long), cat(pos, torch.long),
+                                              cat(feats, torch.long))
+        self.acts, self.pre = cat(acts, dtype), cat(pres, dtype)
+        self.skip_first = skip_first
+        if skip_first:  # the first position's MLP outputs are constants of the replacement model, not nodes
+            self.first_out = tr.mlp_out[:, 0].to(dtype).clone()
+            errs[:, 0] = 0
+        self.errs = errs
+        self._by_layer = {L: (self.layer == L).nonzero()[:, 0] for L in self.dicts}
+        self._cur: tuple[Tensor, Tensor] | None = None
+
+    @property
+    def n_active(self) -> int:
+        return int(self.acts.numel())
+
+    def mlp(self, L: int, x: Tensor) -> Tensor:
+        """Block ``L``'s MLP output in the replacement model, from its input ``x (pos, d_model)``."""
+        acts, errs = self._cur
+        out = errs[L]
+        d = self.dicts.get(L)
+        if d is None:
+            return torch.cat([self.first_out[L][None], out[1:]]) if self.skip_first else out
+        idx = self._by_layer[L]
+        writes = acts[idx, None] * d.W_dec[self.feature[idx]]
+        out = out + torch.zeros_like(out).index_add(0, self.pos[idx], writes) + d.b_dec
+        if d.W_skip is not None:
+            out = out + x @ d.W_skip.T
+        if self.skip_first:
+            out = torch.cat([self.first_out[L][None], out[1:]])
+        return out
+
+    def forward(self, emb: Tensor, acts: Tensor, errs: Tensor) -> tuple[list[Tensor], Tensor]:
+        """Each block's MLP input ``(pos, d_model)`` and the final residual state ``(pos, d_model)`` of the
+        replacement model with node outputs ``emb``, ``acts``, ``errs`` (affine in them)."""
+        self._cur = (acts, errs)
+        h, mlp_in = emb, []
+        try:
+            for L, layer in enumerate(self.layers):
+                a_in = h if layer.placement == "post" else layer.ln_attn(h)
+                out = layer.attn.head_outputs(self.probs[L], a_in).sum(0)
+                if layer.attn.b_O is not None:
+                    out = out + layer.attn.b_O
+                r = layer.after_attention(h, out)
+                mlp_in.append(r["mlp_in"])
+                h = r["resid_post"]
+        finally:
+            self._cur = None
+        return mlp_in, h
+
+    def pre_of(self, mlp_in: list[Tensor], which: Tensor) -> Tensor:
+        """The pre-activations ``(n,)`` of active latents ``which`` (indices into the active list), read from the
+        MLP inputs of :meth:`forward`."""
+        out = []
+        for L, d in sorted(self.dicts.items()):
+            sel = which[self.layer[which] == L]
+            if sel.numel():
+                x = mlp_in[L][self.pos[sel]]
+                out.append((sel, (x * d.W_enc[:, self.feature[sel]].T).sum(-1) + d.b_enc[self.feature[sel]]))
+        res = torch.empty(which.numel(), dtype=self.dtype)
+        order = {int(i): k for k, i in enumerate(which.tolist())}
+        for sel, v in out:
+            res[torch.tensor([order[int(i)] for i in sel.tolist()], dtype=torch.long)] = v
+        return res
+
+    def logit_dirs(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Demeaned read-out directions ``(n, d_model)`` and constants ``(n,)`` of logits ``ids``: the logit of each
+        minus the mean logit over the vocabulary, before any soft-cap, is ``final_norm(h) . u + c``."""
+        W = self.readout.W_U.to(self.dtype)
+        mean = W.mean(1)
+        u = W[:, ids].T - mean
+        zb = self.readout.bias_logits().to(self.dtype)
+        return u, zb[ids] - zb.mean()
+
+    def logit_inputs(self, final: Tensor, pos: int, ids: Tensor) -> Tensor:
+        """The demeaned logits ``(n,)`` of ``ids`` at position ``pos`` from the final residual state."""
+        u, c = self.logit_dirs(ids)
+        return self.readout.part_logits(final[pos], self.final_scale[pos], u.T) + c
+
+    def logit_pullbacks(self, pos: int, ids: Tensor) -> Tensor:
+        """``(n, d_model)``: each demeaned logit's direction on the final residual state at ``pos``."""
+        u, _ = self.logit_dirs(ids)
+        return self.readout.pullback(u, self.final_scale[pos].expand(u.shape[0]))
+
+
+def transcoders_by_layer(lm: LoadedModel, dictionaries) -> dict[int, Dictionary]:
+    """The transcoders of ``dictionaries`` by block, checked: transcoders only (an SAE is not a replacement), at
+    most one per block, each for this model."""
+    out: dict[int, Dictionary] = {}
+    for d in dictionaries:
+        if not d.transcoder:
+            raise InputError(f"an attribution graph replaces MLPs with transcoders; the dictionary at {d.site} is an "
+                             "SAE (train transcoders: lenscope dict train --transcoder --site 'mlp_out.*')")
+        d.check(lm)
+        if d.layer in out:
+            raise InputError(f"two transcoders for block {d.layer}; give one per block")
+        out[d.layer] = d
+    return out
