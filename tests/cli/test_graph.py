@@ -1,0 +1,80 @@
+"""``lenscope graph``: the attribution graph's JSON (nodes, links, scores, the exactness error, seconds), its saved
+file and circuit-tracer export; one-line errors (exit 2) for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lenscope.cli import app
+from lenscope.features.graph import AttributionGraph, attribution_graph
+from lenscope.models.dictionary import save_dictionaries
+from lenscope.models.summary import fingerprint
+from tests.conftest import get_model
+from tests.models.test_dictionary import _random
+
+runner = CliRunner()
+TEXT = "The cat sat on the mat"
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+@pytest.fixture(scope="module")
+def dict_dir(tmp_path_factory):
+    lm = get_model("tiny:llama")
+    d = lm.anatomy.d_model
+    ds = [_random(d, 40, kind="topk", role="transcoder", site="mlp_out.0", seed=1, k=5),
+          _random(d, 40, kind="jumprelu", role="transcoder", site="mlp_out.1", seed=2)]
+    for D in ds:
+        D.model, D.fingerprint = lm.name, fingerprint(lm.anatomy)
+    return save_dictionaries(ds, tmp_path_factory.mktemp("dicts") / "d"), ds
+
+
+def test_graph_json_save_and_export(dict_dir, tmp_path):
+    folder, ds = dict_dir
+    r = run("graph", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--json", "--out", str(tmp_path / "g"),
+            "--export-circuit-tracer", str(tmp_path / "ct.json"), "--node-threshold", "0.9")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert {"nodes", "links", "replacement_score", "completeness_score", "max_exactness_error", "seconds"} <= set(out)
+    assert {"id", "kind", "layer", "position", "feature", "activation", "influence"} <= set(out["nodes"][0])
+    assert {"source", "target", "weight"} == set(out["links"][0])
+    ids = {n["id"] for n in out["nodes"]}
+    assert all(x["source"] in ids and x["target"] in ids for x in out["links"])
+    assert out["max_exactness_error"] <= 1e-4 and out["seconds"] > 0
+    want = attribution_graph(get_model("tiny:llama"), TEXT, ds).to_dict(node_threshold=0.9)
+    assert [n["id"] for n in out["nodes"]] == [n["id"] for n in want["nodes"]]
+    assert out["replacement_score"] == pytest.approx(want["replacement_score"], abs=1e-6)
+    g = AttributionGraph.load(tmp_path / "g" / "graph.safetensors")
+    assert g.n_features == g.n_active and g.tokens == out["tokens"]
+    ct = json.loads((tmp_path / "ct.json").read_text())
+    assert set(ct) == {"metadata", "qParams", "nodes", "links"} and ct["metadata"]["node_threshold"] == 0.9
+    assert json.loads((tmp_path / "g" / "graph.json").read_text())["nodes"] == ct["nodes"]
+    r = run("graph", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--max-feature-nodes", "5")
+    assert r.exit_code == 0 and "5 of" in r.stdout and "exactness error" in r.stdout, r.output
+
+
+@pytest.mark.parametrize("extra,msg", [
+    (["--target", " the cat"], "token"),
+    (["--node-threshold", "1.5"], "[0, 1]"),
+    (["--max-feature-nodes", "-1"], "at least 0"),
+])
+def test_graph_bad_input_one_line(dict_dir, extra, msg):
+    folder, _ = dict_dir
+    r = run("graph", TEXT, "--model", "tiny:llama", "--dict", str(folder), *extra)
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip()
+    assert err.startswith("error: ") and "\n" not in err and msg in err
+
+
+def test_graph_refuses_another_models_dictionary_and_long_text(dict_dir):
+    folder, _ = dict_dir
+    r = run("graph", TEXT, "--model", "tiny:qwen2", "--dict", str(folder))
+    assert r.exit_code == 2 and r.stderr.startswith("error: ") and "trained on" in r.stderr, r.output
+    lm = get_model("tiny:llama")
+    r = run("graph", "cat " * (lm.anatomy.n_ctx + 5), "--model", "tiny:llama", "--dict", str(folder))
+    assert r.exit_code == 2 and r.stderr.startswith("error: "), r.output

@@ -1,0 +1,235 @@
+"""Attribution graphs: on every decoder family each node's input is the sum of its incoming edges plus its bias terms
+and the frozen replacement model reproduces the real run; injecting a source node into the frozen model changes every
+target by exactly its adjacency entry; a hand-made graph is pruned and scored as circuit-tracer's equations say; the
+export follows circuit-tracer's node ids; bad input is a one-line error."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from lenscope.errors import InputError, NotApplicableError
+from lenscope.features.graph import AttributionGraph, attribution_graph, node_id
+from lenscope.features.graph_export import cantor, circuit_tracer_json, write_circuit_tracer
+from lenscope.features.graph_prune import graph_scores, influence, normalize, prune, threshold_of
+from lenscope.features.replacement import Frozen
+from lenscope.models.load import encode
+from lenscope.models.trace import trace
+from tests.conftest import DECODERS, get_model
+from tests.models.test_dictionary import _random
+
+TEXT = "The cat sat on the mat because it was warm"
+EPS = torch.finfo(torch.float32).eps
+
+
+def _transcoders(lm, every: int = 1):
+    d, L = lm.anatomy.d_model, lm.anatomy.n_layers
+    kinds = [dict(kind="topk", role="transcoder", k=6), dict(kind="jumprelu", role="skip"),
+             dict(kind="batchtopk", role="transcoder")]
+    return [_random(d, 40, site=f"mlp_out.{layer}", seed=layer + 1, **kinds[layer % 3])
+            for layer in range(0, L, every)]
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_graph_is_exact_and_injections_move_targets_by_their_edges(family):
+    lm = get_model(f"tiny:{family}")
+    ds = _transcoders(lm)
+    g = attribution_graph(lm, TEXT, ds)
+    o = g.offsets()
+    assert g.n_features == g.n_active > 0 and g.n_logits >= 1
+    assert g.exactness_error <= 1e-4 and g.real_error <= 1e-4, (family, g.exactness_error, g.real_error)
+    # the sum written out: input = edges + bias on every target, relative to the node's largest term
+    rows = torch.cat([torch.arange(o["error"]), torch.arange(o["logit"], o["end"])])
+    A = g.adjacency[rows].double()
+    gap = (g.inputs[rows].double() - A.sum(1) - g.biases[rows].double()).abs()
+    assert float((gap / A.abs().amax(1).clamp_min(1.0)).max()) <= 1e-4
+    # errors and tokens have no inputs; logits no outputs; a feature hears only earlier blocks at positions <= its own
+    assert not g.adjacency[o["error"]: o["logit"]].any() and not g.adjacency[:, o["logit"]:].any()
+    fl, fp = g.feature_layer, g.feature_pos
+    later = (fl[None, :] >= fl[:, None]) | (fp[None, :] > fp[:, None])
+    assert not g.adjacency[: o["error"], : o["error"]][later].any()
+
+    # inject: remove one source node at a time from the frozen model; each target moves by minus its edge
+    tr = trace(lm, TEXT)
+    fz = Frozen(lm, tr, {d.layer: d for d in ds})
+    base_m, base_h = fz.forward(fz.emb, fz.acts, fz.errs)
+    last = len(tr.tokens) - 1
+    feats = torch.arange(fz.n_active)
+
+    def targets(m, h):
+        return torch.cat([fz.pre_of(m, feats), fz.logit_inputs(h, last, g.logit_ids)])
+
+    base = targets(base_m, base_h)
+    g_rows = torch.cat([torch.arange(o["error"]), torch.arange(o["logit"], o["end"])])
+    gen = torch.Generator().manual_seed(0)
+    picks = [("token", 0), ("token", last), ("error", 0), ("error", o["token"] - o["error"] - 1)]
+    picks += [("feature", int(i)) for i in torch.randperm(fz.n_active, generator=gen)[:3]]
+    for kind, j in picks:
+        emb, acts, errs = fz.emb.clone(), fz.acts.clone(), fz.errs.clone()
+        if kind == "token":
+            emb[j] = 0
+            col = o["token"] + j
+        elif kind == "error":
+            L, p = divmod(j, g.n_pos)
+            errs[L, p] = 0
+            col = o["error"] + j
+        else:
+            acts[j] = 0
+            col = j
+        change = targets(*fz.forward(emb, acts, errs)) - base
+        want = -g.adjacency[g_rows, col]
+        scale = max(1.0, float(g.adjacency[g_rows].abs().max()), float(base.abs().max()))
+        assert float((change - want).abs().max()) <= 256 * EPS * scale, (family, kind, j)
+
+
+def test_max_feature_nodes_keeps_the_sum_exact_and_the_most_influential():
+    lm = get_model("tiny:gpt2")
+    ds = _transcoders(lm)
+    full = attribution_graph(lm, TEXT, ds)
+    g = attribution_graph(lm, TEXT, ds, max_feature_nodes=25, batch_size=4)
+    assert g.n_features == 25 and g.n_active == full.n_active
+    assert g.exactness_error <= 1e-4 and g.dropped.abs().sum() > 0
+    # the kept features' rows are the full graph's rows, restricted to the kept columns
+    key = {(int(a), int(b), int(c)): i for i, (a, b, c) in
+           enumerate(zip(full.feature_layer, full.feature_pos, full.feature_index))}
+    idx = torch.tensor([key[(int(a), int(b), int(c))] for a, b, c in
+                        zip(g.feature_layer, g.feature_pos, g.feature_index)])
+    fo, go = full.offsets(), g.offsets()
+    cols = torch.cat([idx, torch.arange(fo["error"], fo["logit"])])
+    assert torch.allclose(g.adjacency[: go["error"], : go["logit"]], full.adjacency[idx][:, cols], atol=1e-6)
+    # logit rows: with every feature, the same numbers; the dropped features' share is the rest
+    gl, fl = g.adjacency[go["logit"]:], full.adjacency[fo["logit"]:]
+    assert torch.allclose(gl[:, : go["logit"]], fl[:, cols], atol=1e-6)
+    assert torch.allclose(g.dropped[go["logit"]:], fl[:, : fo["error"]].sum(1) - gl[:, : go["error"]].sum(1),
+                          atol=1e-5)
+    # the features with the largest direct effect on the logits are among the kept ones
+    direct = (fl[:, : fo["error"]].abs() * full.logit_probs[:, None]).sum(0)
+    assert set(direct.topk(5).indices.tolist()) <= set(idx.tolist())
+
+
+def test_a_special_first_token_has_no_features_and_the_sum_stays_exact():
+    lm = get_model("tiny:llama")
+    bos = lm.tokenizer.bos_token_id
+    if bos is None:
+        bos = lm.tokenizer.all_special_ids[0]
+    ids = torch.cat([torch.tensor([bos]), encode(lm, TEXT)])
+    g = attribution_graph(lm, ids, _transcoders(lm))
+    o = g.offsets()
+    assert g.skip_first and (g.feature_pos > 0).all()
+    first_errors = o["error"] + torch.arange(g.n_layers) * g.n_pos
+    assert not g.adjacency[:, first_errors].any()
+    assert g.exactness_error <= 1e-4 and g.real_error <= 1e-4
+    off = attribution_graph(lm, ids, _transcoders(lm), zero_bos=False)
+    assert not off.skip_first and (off.feature_pos == 0).any()
+
+
+def _hand_graph() -> AttributionGraph:
+    """Two tokens, one block: features f0 (pos 0) and f1 (pos 1), the error nodes, the tokens, one logit."""
+    # nodes: f0, f1 | e(0,0), e(0,1) | t0, t1 | logit
+    A = torch.zeros(7, 7)
+    A[0, 4] = 2.0  # t0 -> f0
+    A[1, 4], A[1, 5] = 1.0, -1.0  # t0, t1 -> f1
+    A[6, 0], A[6, 1], A[6, 3], A[6, 5] = 0.5, 3.0, -0.5, 0.1  # f0, f1, e(0,1), t1 -> logit
+    z = torch.zeros(7)
+    return AttributionGraph(
+        model="hand", tokens=["a", "b"], input_ids=[5, 6], sites=["mlp_out.0"], n_layers=1,
+        feature_layer=torch.tensor([0, 0]), feature_pos=torch.tensor([0, 1]), feature_index=torch.tensor([3, 7]),
+        feature_act=torch.tensor([1.5, 0.5]), error_norm=torch.ones(1, 2), logit_ids=torch.tensor([9]),
+        logit_probs=torch.tensor([0.6]), logit_tokens=["x"], adjacency=A, inputs=A.sum(1), biases=z, dropped=z.clone(),
+        n_active=2, exactness_error=0.0, real_error=0.0, tolerance=1e-3, seconds=0.0)
+
+
+def test_pruning_and_scores_follow_circuit_tracers_equations_on_a_hand_made_graph():
+    g = _hand_graph()
+    An = normalize(g.adjacency.double())
+    assert torch.allclose(An[6], torch.tensor([0.5, 3.0, 0, 0.5, 0, 0.1, 0], dtype=torch.float64) / 4.1)
+    w = torch.zeros(7, dtype=torch.float64)
+    w[6] = 0.6
+    inf = influence(An, w)
+    # by hand: the logit's row (one step), then the features' rows (two steps)
+    one = 0.6 * An[6]
+    two = one[0] * An[0] + one[1] * An[1]
+    assert torch.allclose(inf, one + two)
+    assert threshold_of(torch.tensor([4.0, 3.0, 2.0, 1.0]), 0.7) == 3.0  # 0.4, 0.7 -> the second
+    pr = prune(g, node_threshold=0.5, edge_threshold=1.0)
+    # the most influential nodes making up half the total, plus tokens and logits
+    keep = inf >= threshold_of(inf, 0.5)
+    keep[4:] = True
+    assert (pr.node_mask <= keep).all() and pr.node_mask[4:].all()
+    assert not pr.edge_mask[:, ~pr.node_mask].any() and not pr.edge_mask[~pr.node_mask].any()
+    rep, comp = graph_scores(g)
+    tok, err = float(inf[4:6].sum()), float(inf[2:4].sum())
+    assert rep == pytest.approx(tok / (tok + err))
+    non_err = 1 - An[:, 2:4].sum(1)
+    non_err[An.sum(1) == 0] = 1
+    assert comp == pytest.approx(float((non_err * (inf + w)).sum() / (inf + w).sum()))
+    with pytest.raises(InputError, match="node_threshold"):
+        prune(g, node_threshold=1.5)
+
+
+def test_export_follows_circuit_tracers_layout_and_save_load_round_trips(tmp_path):
+    g = _hand_graph()
+    assert [node_id(g, i) for i in range(7)] == ["0_3_0", "0_7_1", "0_-1_0", "0_-1_1", "E_5_0", "E_6_1", "2_9_1"]
+    g.group("both", ["0_3_0", "0_7_1"])
+    with pytest.raises(InputError, match="unknown"):
+        g.group("bad", ["0_99_0"])
+    doc = circuit_tracer_json(g, slug="hand", node_threshold=1.0, edge_threshold=1.0)
+    assert set(doc) == {"metadata", "qParams", "nodes", "links"}
+    assert doc["metadata"]["slug"] == "hand" and doc["metadata"]["prompt_tokens"] == ["a", "b"]
+    assert doc["qParams"]["supernodes"] == [["both", "0_3_0", "0_7_1"]]
+    by = {n["node_id"]: n for n in doc["nodes"]}
+    assert by["0_7_1"]["feature"] == cantor(0, 7) == 35 and by["0_7_1"]["feature_type"] == "cross layer transcoder"
+    assert by["E_6_1"]["layer"] == "E" and by["E_6_1"]["feature"] == 1
+    assert by["2_9_1"]["feature_type"] == "logit" and by["2_9_1"]["is_target_logit"]
+    assert by["2_9_1"]["token_prob"] == pytest.approx(0.6)
+    assert {(x["source"], x["target"]) for x in doc["links"]} >= {("0_7_1", "2_9_1"), ("E_5_0", "0_3_0")}
+    for x in doc["links"]:
+        assert x["source"] in by and x["target"] in by
+    link = next(x for x in doc["links"] if (x["source"], x["target"]) == ("0_7_1", "2_9_1"))
+    assert link["weight"] == pytest.approx(3.0)
+    path = write_circuit_tracer(g, tmp_path / "hand.json")
+    assert json.loads(path.read_text())["metadata"]["slug"] == "hand"
+    g.save(tmp_path / "g.safetensors")
+    back = AttributionGraph.load(tmp_path / "g.safetensors")
+    assert torch.equal(back.adjacency, g.adjacency) and back.supernodes == g.supernodes
+    assert back.to_dict()["nodes"] == g.to_dict()["nodes"]
+
+
+def test_a_target_is_the_only_logit_node_and_its_input_is_the_demeaned_logit():
+    lm = get_model("tiny:qwen2")
+    g = attribution_graph(lm, TEXT, _transcoders(lm, every=2), target=" the")
+    tr = trace(lm, TEXT)
+    z = tr.logits[-1].double()
+    tid = int(g.logit_ids[0])
+    assert g.n_logits == 1 and g.logit_tokens == [" the"]
+    assert float(g.inputs[-1]) == pytest.approx(float(z[tid] - z.mean()), abs=1e-4)
+    assert float(g.logit_probs[0]) == pytest.approx(float(z.softmax(-1)[tid]), rel=1e-5)
+    # the top tokens up to p = 0.95, at most 10, by default
+    d = attribution_graph(lm, TEXT, _transcoders(lm, every=2), max_logits=3)
+    p = z.softmax(-1).topk(3).values
+    n = min(3, int((p.cumsum(0) < 0.95).sum()) + 1)
+    assert d.n_logits == n and math.isclose(float(d.logit_probs.sum()), float(p[:n].sum()), rel_tol=1e-5)
+
+
+def test_bad_input_is_a_clear_error():
+    lm = get_model("tiny:llama")
+    d = lm.anatomy.d_model
+    sae = _random(d, 40, site="resid_post.0", seed=1, k=4)
+    with pytest.raises(InputError, match="SAE"):
+        attribution_graph(lm, TEXT, [sae])
+    tc = _transcoders(lm)
+    with pytest.raises(InputError, match="two transcoders"):
+        attribution_graph(lm, TEXT, tc + [tc[0]])
+    with pytest.raises(InputError, match="no transcoder"):
+        attribution_graph(lm, TEXT, [])
+    with pytest.raises(InputError):
+        attribution_graph(lm, TEXT, tc, target=" the cat")
+    with pytest.raises(InputError, match="empty"):
+        attribution_graph(lm, " ", tc)
+    bert = get_model("tiny:bert")
+    with pytest.raises(NotApplicableError):
+        attribution_graph(bert, TEXT, [_random(bert.anatomy.d_model, 40, kind="topk", role="transcoder",
+                                               site="mlp_out.0", seed=1, k=4)])
