@@ -225,17 +225,22 @@ class _Rows:
 
     def __init__(self, fz: Frozen, last: int, batch_size: int):
         self.fz, self.last, self.batch = fz, last, batch_size
-        self.emb, self.acts, self.errs = (t.clone().requires_grad_() for t in (fz.emb, fz.acts, fz.errs))
+        # leaves per block (a block's slice of the activations, its error nodes): no gather in the backward
+        self.emb = fz.emb.clone().requires_grad_()
+        self.acts = {L: a.clone().requires_grad_() for L, a in fz.split(fz.acts).items()}
+        self.errs = [e.clone().requires_grad_() for e in fz.errs.unbind(0)]
         self.mlp_in, self.final = fz.forward(self.emb, self.acts, self.errs)
 
     def _edges(self, out: Tensor, G: Tensor) -> Tensor:
-        fz = self.fz
-        ins = (self.emb, self.acts, self.errs)
+        fz, B = self.fz, G.shape[0]
+        layers = sorted(self.acts)
+        ins = [self.emb] + [self.acts[L] for L in layers] + self.errs
         g = torch.autograd.grad(out, ins, G, retain_graph=True, allow_unused=True, is_grads_batched=True)
-        g = [torch.zeros((G.shape[0],) + x.shape, dtype=x.dtype) if gi is None else gi for gi, x in zip(g, ins)]
+        g = [torch.zeros((B,) + x.shape, dtype=x.dtype) if gi is None else gi for gi, x in zip(g, ins)]
         tok = (g[0] * fz.emb).sum(-1)
-        feat = g[1] * fz.acts
-        err = (g[2] * fz.errs).sum(-1).reshape(G.shape[0], -1)
+        feat = torch.cat([g[1 + k] * self.acts[L].detach() for k, L in enumerate(layers)], 1) if layers else \
+            torch.zeros(B, 0, dtype=fz.dtype)
+        err = (torch.stack(g[1 + len(layers):], 1) * fz.errs).sum(-1).reshape(B, -1)
         return torch.cat([feat, err, tok], 1)
 
     def features(self, which: Tensor) -> Tensor:

@@ -107,40 +107,66 @@ class Frozen:
             self.first_out = tr.mlp_out[:, 0].to(dtype).clone()
             errs[:, 0] = 0
         self.errs = errs
-        self._by_layer = {L: (self.layer == L).nonzero()[:, 0] for L in self.dicts}
-        self._cur: tuple[Tensor, Tensor] | None = None
+        # per block: its latents' slice of the active list (ordered by block), their decoder rows and a (pos,
+        # n) one-hot matrix placing them: the decoded write is one matmul, cheap to differentiate in batches
+        self._range, self._dec, self._place = {}, {}, {}
+        for L, d in self.dicts.items():
+            idx = (self.layer == L).nonzero()[:, 0]
+            a, b = (int(idx[0]), int(idx[-1]) + 1) if idx.numel() else (0, 0)
+            self._range[L] = (a, b)
+            self._dec[L] = d.W_dec[self.feature[a:b]]
+            self._place[L] = torch.nn.functional.one_hot(self.pos[a:b], P).T.to(dtype)
+        if skip_first:
+            self._first_mask = torch.ones(P, 1, dtype=dtype)
+            self._first_mask[0] = 0
+        self._cur: tuple[list, list] | None = None
 
     @property
     def n_active(self) -> int:
         return int(self.acts.numel())
+
+    def split(self, acts: Tensor) -> dict[int, Tensor]:
+        """The activations ``(n_active,)`` as each block's slice."""
+        return {L: acts[a:b] for L, (a, b) in self._range.items()}
 
     def mlp(self, L: int, x: Tensor) -> Tensor:
         """Block ``L``'s MLP output in the replacement model, from its input ``x (pos, d_model)``."""
         acts, errs = self._cur
         out = errs[L]
         d = self.dicts.get(L)
-        if d is None:
-            return torch.cat([self.first_out[L][None], out[1:]]) if self.skip_first else out
-        idx = self._by_layer[L]
-        writes = acts[idx, None] * d.W_dec[self.feature[idx]]
-        out = out + torch.zeros_like(out).index_add(0, self.pos[idx], writes) + d.b_dec
-        if d.W_skip is not None:
-            out = out + x @ d.W_skip.T
-        if self.skip_first:
-            out = torch.cat([self.first_out[L][None], out[1:]])
+        if d is not None:
+            out = out + self._place[L] @ (acts[L][:, None] * self._dec[L]) + d.b_dec
+            if d.W_skip is not None:
+                out = out + x @ d.W_skip.T
+        if self.skip_first:  # the first position's output: the real one, a constant
+            out = out * self._first_mask
+            out = out + torch.nn.functional.pad(self.first_out[L][None], (0, 0, 0, self.P - 1))
         return out
 
-    def forward(self, emb: Tensor, acts: Tensor, errs: Tensor) -> tuple[list[Tensor], Tensor]:
+    def forward(self, emb: Tensor, acts, errs, *, keep: dict | None = None,
+                cut_attention: bool = False) -> tuple[list[Tensor], Tensor]:
         """Each block's MLP input ``(pos, d_model)`` and the final residual state ``(pos, d_model)`` of the
-        replacement model with node outputs ``emb``, ``acts``, ``errs`` (affine in them)."""
-        self._cur = (acts, errs)
+        replacement model with node outputs ``emb``, ``acts`` (``(n_active,)``, or a dict of each block's slice:
+        :meth:`split`), ``errs`` (``(layer, pos, d_model)`` or a list per block), affine in them. ``keep``: a dict that
+        receives each block's per-head outputs ``keep["heads"]`` (``(head, pos, d_model)`` each, without ``b_O``)
+        and attention outputs ``keep["attn_out"]``; ``cut_attention``: every attention output is a new leaf (its input
+        detached), so gradients reach a node only along paths without an attention step."""
+        self._cur = (acts if isinstance(acts, dict) else self.split(acts),
+                     errs if isinstance(errs, (list, tuple)) else list(errs.unbind(0)))
         h, mlp_in = emb, []
         try:
             for L, layer in enumerate(self.layers):
-                a_in = h if layer.placement == "post" else layer.ln_attn(h)
-                out = layer.attn.head_outputs(self.probs[L], a_in).sum(0)
+                x = h.detach() if cut_attention else h
+                a_in = x if layer.placement == "post" else layer.ln_attn(x)
+                heads = layer.attn.head_outputs(self.probs[L], a_in)
+                out = heads.sum(0)
                 if layer.attn.b_O is not None:
                     out = out + layer.attn.b_O
+                if cut_attention:  # a leaf: its gradient is what reaches it along attention-free paths
+                    out = out.detach().requires_grad_()
+                if keep is not None:
+                    keep.setdefault("heads", []).append(heads)
+                    keep.setdefault("attn_out", []).append(out)
                 r = layer.after_attention(h, out)
                 mlp_in.append(r["mlp_in"])
                 h = r["resid_post"]
