@@ -124,7 +124,8 @@
         n.ax = [cx, cy + 15];
       } else {
         var c = cells[n.layer + "_" + n.position], k = c.indexOf(n);
-        cx = left + n.position * cw + 5 + DOT / 2 + (k % cap) * DOT; cy = base[n.layer] - Math.floor(k / cap) * DOT;
+        cx = left + n.position * cw + (cw - Math.min(c.length, cap) * DOT) / 2 + DOT / 2 + (k % cap) * DOT;
+        cy = base[n.layer] - Math.floor(k / cap) * DOT;
         el = n.kind === "feature" ? LS.svg("circle", { cx: cx, cy: cy, r: 4, fill: FEAT }, gNodes)
           : LS.svg("rect", { x: cx - 3.8, y: cy - 3.8, width: 7.6, height: 7.6, fill: ERR }, gNodes);
         n.ax = [cx, cy];
