@@ -89,7 +89,8 @@ def test_report_features_section(setup, tmp_path):
     assert "LS.sections.features" in html and "LS.sections.feature =" in html
     default = build_report(lm, TEXT, sections=None, dictionaries=dicts)
     assert "features" in [s["key"] for s in default.sections]
-    assert not {f"{s}" for s in default.sections[-1]["data"]["cards"]}  # no data: no cards
+    assert not {s["key"]: s for s in default.sections}["features"]["data"]["cards"]  # no data: no cards
+    assert "graph" in [s["key"] for s in default.sections]  # one of the dictionaries is a transcoder
     plain = build_report(lm, TEXT, sections=["prediction"])
     assert "features" not in [s["key"] for s in plain.sections]
     with pytest.raises(InputError, match="data file not found"):

@@ -20,7 +20,7 @@ from lenscope.report import SECTION_KEYS, build_report, packed, unpack
 from ..conftest import DECODERS, ENCODERS, get_model
 
 TEXT = "The capital of France is"
-DEFAULT_KEYS = [k for k in SECTION_KEYS if k not in ("circuit", "generation", "features")]  # only when asked for
+DEFAULT_KEYS = [k for k in SECTION_KEYS if k not in ("circuit", "generation", "features", "graph")]  # when asked for
 runner = CliRunner()
 
 

@@ -14,6 +14,7 @@ import pytest
 import lenscope
 from lenscope.attribution import ComponentAttribution, Explanation
 from lenscope.features.cards import FeatureCard
+from lenscope.features.graph import AttributionGraph
 from lenscope.features.result import FeatureActivations
 from lenscope.generation import Generation
 from lenscope.lenses.trajectory import PredictionTrajectory, prediction_trajectory
@@ -33,7 +34,7 @@ TEXT = "The capital of France is"
 TARGET, FOIL = " capital", " of"
 RESULTS = {ComponentAttribution: "components", Explanation: "attribution", PredictionTrajectory: "trajectory",
            MixingMaps: "mixing", MixingMatrices: "flow", Generation: "generation", SteeringEvaluation: "steering",
-           FeatureActivations: "features", FeatureCard: "feature"}
+           FeatureActivations: "features", FeatureCard: "feature", AttributionGraph: "graph"}
 
 
 @pytest.fixture(scope="module")

@@ -62,9 +62,9 @@ def register(app: typer.Typer) -> None:
             write_circuit_tracer(g, export, **th)
         if html:
             from ..viz.html import write_page
-            from ..viz.views import page
+            from ..viz.views import graph_view, page
 
-            write_page(page(g), html)
+            write_page(page(graph_view(g, **th)), html)
         d = g.to_dict(**th)
         if as_json:
             print_json(d)

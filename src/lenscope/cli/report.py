@@ -29,7 +29,8 @@ def report_cmd(
     lens: str = typer.Option(None, "--lens", help="'patchscope' or a tuned-lens directory, shown beside the logit "
                                                   "lens."),
     dict_dir: str = typer.Option(None, "--dict", help="Sparse dictionaries (a dictionary folder or a folder of them): "
-                                                      "adds the features view (active features per token)."),
+                                                      "adds the features view (active features per token) and, "
+                                                      "with transcoders, the attribution graph."),
     dict_data: str = typer.Option(None, "--dict-data",
                                   help="Text (a file or the corpus folder) whose held-out part the features view's "
                                        "cards are measured on (the strongest features at the last position)."),
@@ -37,7 +38,7 @@ def report_cmd(
     sections: str = typer.Option(None, "--sections",
                                  help="Comma-separated views (default all): prediction, trajectory, components, "
                                       "attribution, mixing, flow, circuit with --corrupted, generation with "
-                                      "--generate, features with --dict."),
+                                      "--generate, features with --dict, graph with --dict of transcoders."),
     open_page: bool = typer.Option(False, "--open", help="Open the page in a web browser when written."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary (checks, timings, sections)."),
 ):
@@ -75,6 +76,8 @@ def report_cmd(
             keys.append("generation")  # --generate asks for its view
         if dictionaries is not None and "features" not in keys:
             keys.append("features")  # --dict asks for its view
+        if any(d.transcoder for d in dictionaries or ()) and "graph" not in keys:
+            keys.append("graph")  # and, with transcoders, for the attribution graph
     from ..report import build_report
 
     with con.status("computing") as status:

@@ -38,13 +38,14 @@ from ..models.stop import checkpoint
 from ..models.trace import trace
 from ..models.verify import completeness_tolerance
 from ..results import Result
+from ..viz.notebook import ReportView
 from .replacement import Frozen, transcoders_by_layer
 
 KINDS = ("feature", "error", "token", "logit")
 
 
 @dataclass(repr=False)
-class AttributionGraph(Result):
+class AttributionGraph(ReportView, Result):
     """An attribution graph (see the module's docstring). Nodes in circuit-tracer's order: ``n_features`` features
     (``feature_layer``, ``feature_pos``, ``feature_index``, ``feature_act``), ``n_layers * n_pos`` error nodes
     (block-major), ``n_pos`` token nodes, the logit nodes (``logit_ids``, ``logit_probs``, ``logit_tokens``).
@@ -53,6 +54,8 @@ class AttributionGraph(Result):
     bias terms; ``dropped (node,)``: what the features left out by ``max_feature_nodes`` add (part of the bias terms);
     ``exactness_error``: the largest ``|input - sum(A row) - bias|`` relative to the node's largest term;
     ``real_error``: the frozen model against the real run, the same way."""
+
+    VIEW = "graph"  # its view: drawn by viz/report/assets/graph.js (lenscope.viz.views)
 
     model: str
     tokens: list[str]

@@ -91,7 +91,8 @@ def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None
     as ``text`` (needs ``target`` and ``foil``): adds the circuit view (:class:`~.sections.Circuit`).
     ``lens``: a tuned lens shown beside the logit lens. ``sections``: keys to include (default all:
     ``prediction, trajectory, components, attribution, mixing, flow``, ``circuit`` when given a corrupted
-    prompt and ``generation`` when given ``generate``). ``progress(key, title)`` is called before each section.
+    prompt, ``generation`` when given ``generate``, ``features`` and ``graph`` when given ``dictionaries``).
+    ``progress(key, title)`` is called before each section.
     ``circuit``: a :func:`~lenscope.circuits.circuit_json` result to draw instead of computing one (``lenscope
     circuit --html``).
     ``generate``: a number of tokens to generate after ``text`` and explain token by token (adds the generation
@@ -99,7 +100,8 @@ def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None
     :attr:`~.sections.Generation.methods`).
     ``dictionaries``: sparse dictionaries (:func:`~lenscope.models.dictionary.load_dictionaries`): adds the features
     view (:class:`~.sections.Features`), with the cards of the strongest features at the last position measured on
-    ``dict_tokens`` held-out tokens of ``dict_data`` (a text file or corpus folder) when given.
+    ``dict_tokens`` held-out tokens of ``dict_data`` (a text file or corpus folder) when given, and, when they include
+    transcoders, the attribution graph (:class:`~.sections.Graph`).
     """
     if sections is not None:
         unknown = [k for k in sections if k not in SECTION_KEYS]

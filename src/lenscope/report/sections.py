@@ -313,6 +313,51 @@ class Features(Section):
         return payloads.features_payload(fa, cards)
 
 
+def transcoders(ctx: ReportContext) -> list:
+    """The transcoders among the report's dictionaries (the graph view's replacement MLPs)."""
+    return [d for d in ctx.dictionaries or () if d.transcoder]
+
+
+class Graph(Section):
+    """The attribution graph of the prediction through the report's transcoders (``attribution_graph``), at most
+    :attr:`max_feature_nodes` features (the most influential) so that the report stays fast; its logit nodes are the
+    target when one is given, else the most probable tokens. Shown when the report's dictionaries include transcoders
+    (``lenscope report TEXT --dict DIR``)."""
+
+    key = "graph"
+    max_feature_nodes = 500
+
+    def wanted(self, ctx: ReportContext) -> bool:
+        return bool(transcoders(ctx))
+
+    def skip_reason(self, ctx):
+        if not transcoders(ctx):
+            return ("The attribution graph needs transcoders: give --dict DIR with transcoders (lenscope dict train "
+                    "--transcoder --site 'mlp_out.*').")
+        if not ctx.lm.anatomy.causal or not ctx.has_logits:
+            return "An attribution graph explains a causal decoder's next token; this model is not one."
+        return None
+
+    def graph(self, ctx: ReportContext, target=...):
+        """The graph (``target``: the logit node; default the report's target when one was given)."""
+        from ..features.graph import attribution_graph
+
+        if target is ...:
+            target = ctx.target_id if ctx.target_given else None
+        return attribution_graph(ctx.lm, ctx.ids, transcoders(ctx), target=target,
+                                 max_feature_nodes=self.max_feature_nodes)
+
+    def payload(self, ctx: ReportContext, g) -> dict:
+        """The view's data, its checks recorded in ``ctx``."""
+        d = payloads.graph_payload(g)
+        for name, value, tol in payloads.graph_checks(g, d):
+            ctx.check(self.key, name, value, tol)
+        return d
+
+    def compute(self, ctx: ReportContext) -> dict:
+        return self.payload(ctx, self.graph(ctx))
+
+
 SECTIONS: list[type[Section]] = [Prediction, Trajectory, Components, Attribution, Mixing, Flow, Circuit, Generation,
-                                 Features]
+                                 Features, Graph]
 SECTION_KEYS = tuple(s.key for s in SECTIONS)

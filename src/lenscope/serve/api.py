@@ -66,6 +66,11 @@ def _json_bytes(value) -> int:
     return len(json.dumps(value, default=str))
 
 
+def _graph_bytes(g) -> int:
+    """About what a kept attribution graph holds: its adjacency's bytes."""
+    return g.adjacency.numel() * g.adjacency.element_size()
+
+
 def _context_bytes(entry) -> int:
     """The bytes of a context's trace tensors (what a cached context holds)."""
     total = 0
@@ -93,13 +98,15 @@ class Service:
         self.cards = LRU(results)
         self.results = LRU(results, max_bytes=int(results_mb * 2**20), sizeof=_json_bytes)
         self.extras = LRU(results, max_bytes=int(results_mb * 2**20) // 4, sizeof=_json_bytes)  # heads, tokens
+        # attribution graphs by (model, text, target), with the supernodes grouped on them
+        self.graphs = LRU(contexts, max_bytes=int(results_mb * 2**20), sizeof=_graph_bytes)
         self.pool = ModelPool(max_resident, lens, loader=loader, on_unload=self.forget)
         self.jobs = Jobs(max_queue)
         self.max_resident = self.pool.max_resident
 
     def forget(self, name: str) -> None:
         """Drop what was cached for a model that is let go (its traces hold most of the memory)."""
-        for c in (self.contexts, self.cards, self.results, self.extras):
+        for c in (self.contexts, self.cards, self.results, self.extras, self.graphs):
             c.drop(lambda k: k[0] == name)
         with self._dict_lock:
             self._dicts.pop(name, None)
@@ -202,6 +209,8 @@ class Service:
         return list(dict.fromkeys(sections))
 
     def _section(self, ckey: tuple, entry: Entry, key: str) -> tuple[dict, list, float]:
+        if key == "graph":  # computed once and kept with its supernodes, not cached as data
+            return self._graph_section(ckey, entry)
         rkey = ckey + (key,)
         hit = self.results.get(rkey)
         if hit is not None:
@@ -428,6 +437,71 @@ class Service:
                                                tokens=self.dict_tokens))
             self.extras.put(key, hit)
         return hit
+
+    # ------------------------------------------------------------------------------------------- graph
+
+    def _graph(self, gkey: tuple, entry: Entry):
+        """The attribution graph of ``gkey = (model, text, target)`` (the target as given: None for the most probable
+        tokens), computed once and kept while cached, with the supernodes grouped on it."""
+        g = self.graphs.get(gkey)
+        if g is None:
+            checkpoint()
+            with entry.lock:
+                g = SECTION_BY_KEY["graph"]().graph(entry.ctx, target=gkey[2])
+            self.graphs.put(gkey, g)
+        return g
+
+    def _graph_section(self, ckey: tuple, entry: Entry) -> tuple[dict, list, float]:
+        """The ``graph`` view of an input as :meth:`_section` answers it, its data drawn from the kept graph (so its
+        supernodes are the latest)."""
+        sec = SECTION_BY_KEY["graph"]()
+        ctx = entry.ctx
+        rec = {"key": sec.key, "title": sec.title, "blurb": sec.blurb}
+        reason = sec.skip_reason(ctx)
+        if reason is not None:
+            return {**rec, "note": reason}, [], 0.0
+        t = time.perf_counter()
+        g = self._graph(ckey[:3], entry)
+        with entry.lock:
+            n0 = len(ctx.checks)
+            try:
+                rec["data"] = sec.payload(ctx, g)
+            finally:
+                checks = [c.to_dict() for c in ctx.checks[n0:]]
+                del ctx.checks[n0:]
+        return rec, checks, round(time.perf_counter() - t, 3)
+
+    def _graph_entry(self, name: str, text: str, target) -> Entry:
+        from ..report.sections import transcoders
+
+        self._need_dicts(name)
+        entry = self.context(name, text, target)
+        if not transcoders(entry.ctx):
+            raise InputError(f"no dictionary of {self.dict_dir} for {name} is a transcoder; an attribution graph "
+                             "needs transcoders (lenscope dict train --transcoder --site 'mlp_out.*')")
+        return entry
+
+    def graph(self, name: str, text: str, target=None) -> dict:
+        """``POST /api/graph``: the attribution graph of the prediction after ``text`` (the ``graph`` view's data,
+        with the supernodes grouped so far) and its checks; ``target``: the one logit node (default the most
+        probable tokens)."""
+        entry = self._graph_entry(name, text, target)
+        rec, checks, secs = self._graph_section((name, text, target, None, None), entry)
+        if "note" in rec:
+            raise NotApplicableError(rec["note"])
+        return {"model": name, "text": text, "tokens": entry.card.tokens, "graph": rec["data"], "checks": checks,
+                "seconds": secs}
+
+    def supernode(self, name: str, text: str, target, label: str, ids: list[str]) -> dict:
+        """``POST /api/supernode``: group nodes of the input's graph (:meth:`AttributionGraph.group`) into a
+        supernode named ``label``; kept with the graph, and in every later answer of its view."""
+        entry = self._graph_entry(name, text, target)
+        reason = SECTION_BY_KEY["graph"]().skip_reason(entry.ctx)
+        if reason is not None:
+            raise NotApplicableError(reason)
+        g = self._graph((name, text, target), entry)
+        sn = g.group(label, ids)
+        return {"supernode": list(sn), "supernodes": [list(x) for x in g.supernodes]}
 
     def close(self) -> None:
         self.jobs.close()

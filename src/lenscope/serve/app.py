@@ -103,7 +103,8 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
     ``Authorization: Bearer <token>`` on every API request; ``max_tokens``: tokens per request (413 above);
     ``max_queue``: jobs waiting in all (503 above); ``max_resident``: models kept loaded; ``lens``: a tuned-lens
     directory shown beside the logit lens for the model it fits; ``dicts``: sparse dictionaries (a folder, or a
-    folder of them) for the features view and ``/api/features``, those that fit each model; ``dict_data``: text whose
+    folder of them) for the features view and ``/api/features``, those that fit each model (with transcoders: the
+    attribution graph, ``/api/graph`` and ``/api/supernode``); ``dict_data``: text whose
     held-out part ``/api/feature``'s cards are measured on. ``loader(name) -> LoadedModel`` replaces
     :func:`lenscope.load` (tests)."""
     from ..models.load import available_names
@@ -321,6 +322,22 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
         return JSONResponse(await run(request, name, lambda: svc.feature(name, site, feature)))
 
     @endpoint
+    async def api_graph(request: Request):
+        d, name, text = await text_request(request)
+        target = token_spec(d, "target")
+        return JSONResponse(await run(request, name, lambda: svc.graph(name, text, target)))
+
+    @endpoint
+    async def api_supernode(request: Request):
+        d, name, text = await text_request(request)
+        target, label, ids = token_spec(d, "target"), d.get("label"), d.get("ids")
+        if not isinstance(label, str) or not label.strip():
+            raise ApiError(400, "\"label\" must be a non-empty text, the supernode's name")
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, str) for i in ids):
+            raise ApiError(400, "\"ids\" must be a non-empty list of the graph's node ids (e.g. \"0_12_3\")")
+        return JSONResponse(await run(request, name, lambda: svc.supernode(name, text, target, label.strip(), ids)))
+
+    @endpoint
     async def api_report(request: Request):
         authorize(request, query_ok=True)
         q = dict(request.query_params)
@@ -333,7 +350,8 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
     async def http_error(request: Request, exc: HTTPException):
         if exc.status_code == 404:
             return error(404, f"no such route {request.url.path!r}; the API is /api/models, /api/analyze, "
-                              "/api/head, /api/token, /api/features, /api/feature, /api/report")
+                              "/api/head, /api/token, /api/features, /api/feature, /api/graph, /api/supernode, "
+                              "/api/report")
         if exc.status_code == 405:
             return error(405, f"{request.method} is not allowed on {request.url.path}", dict(exc.headers or {}))
         return error(exc.status_code, str(exc.detail))
@@ -352,6 +370,8 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
         Route("/api/token", api_token, methods=["POST"]),
         Route("/api/features", api_features, methods=["POST"]),
         Route("/api/feature", api_feature, methods=["POST"]),
+        Route("/api/graph", api_graph, methods=["POST"]),
+        Route("/api/supernode", api_supernode, methods=["POST"]),
         Route("/api/report", api_report, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)

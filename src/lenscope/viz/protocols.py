@@ -123,3 +123,18 @@ class FeatureCardLike(Protocol):
     feature: int
 
     def to_dict(self) -> dict: ...
+
+
+class AttributionGraphLike(Protocol):
+    """An attribution graph (:class:`lenscope.features.graph.AttributionGraph`)."""
+
+    model: str
+    tokens: list[str]
+    n_layers: int
+    logit_ids: Tensor
+    logit_tokens: list[str]
+    exactness_error: float
+    real_error: float
+    tolerance: float
+
+    def to_dict(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> dict: ...

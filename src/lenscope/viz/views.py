@@ -241,3 +241,18 @@ def feature_view(obj) -> Shown:
         raise InputError("no view shows a list of feature cards; show them one at a time")
     d = payloads.feature_payload(obj)
     return Shown("feature", d, view_meta(d["model"], ()), f"Feature {d['site']} #{d['feature']}")
+
+
+@register("graph")
+def graph_view(obj, *, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> Shown:
+    """An attribution graph (``AttributionGraph``), pruned at ``node_threshold`` / ``edge_threshold`` (the page's
+    slider prunes further), with its exactness checks."""
+    if isinstance(obj, list):
+        raise InputError("no view shows a list of attribution graphs; show them one at a time")
+    d = payloads.graph_payload(obj, node_threshold, edge_threshold)
+    checks = [{"section": "graph", "name": name, "value": v, "tolerance": tol,
+               "ok": None if tol is None or v is None else bool(v <= tol), "note": ""}
+              for name, v, tol in payloads.graph_checks(obj, d)]
+    w = WORDS["graph"]
+    return Shown("graph", d, _meta_of(obj), f"{w.title} · {obj.model}", w.blurb, checks,
+                 {"graph": float(obj.seconds)})

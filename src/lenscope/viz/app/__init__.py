@@ -23,7 +23,9 @@ DEFAULT_VIEWS = tuple({"key": key, "title": words.title} for key, words in WORDS
 # the requests the page makes for one input, in this order, each drawn as it arrives: the views that share the
 # one trace first, then each slower view on its own (the circuit only with a corrupted prompt)
 GROUPS = (("prediction", "trajectory", "components"), ("attribution",), ("mixing",), ("flow",), ("circuit",))
-FEATURES = ("features",)  # asked for too when the server has sparse dictionaries (lenscope serve --dict)
+# asked for too, each on its own, when the server has sparse dictionaries (lenscope serve --dict; the graph needs
+# transcoders, else its card says so)
+FEATURES = ("features", "graph")
 _ASKED = {k for g in GROUPS for k in g} | set(FEATURES)
 
 
@@ -60,7 +62,8 @@ def app_html(*, models: list[str], default: str, token_required: bool, max_token
     (``?token=T``) and says so when it is missing. ``max_tokens``: the server's limit, shown in the prompt box.
     ``views``: ``[{"key", "title", "blurb"?}]`` (the report's sections) for the cards' titles; only the views the
     page requests (:data:`GROUPS`) get a card, in this order. ``features``: the server has sparse dictionaries, so
-    the page asks for the features view too (click a token: its active features; click a feature: its card)."""
+    the page asks for the features view too (click a token: its active features; click a feature: its card) and the
+    attribution graph (``api/supernode`` keeps the supernodes grouped on it)."""
     given = {v["key"]: v for v in (views or ())}
     shown = [given.get(v["key"], v) for v in DEFAULT_VIEWS]
     order = [v for v in (views or ()) if v["key"] in _ASKED]
@@ -68,7 +71,7 @@ def app_html(*, models: list[str], default: str, token_required: bool, max_token
         shown = order + [v for v in shown if v["key"] not in {o["key"] for o in order}]
     if not features:
         shown = [v for v in shown if v["key"] not in FEATURES]
-    groups = GROUPS + ((FEATURES,) if features else ())
+    groups = GROUPS + (tuple((k,) for k in FEATURES) if features else ())
     names = asset_names()
     scripts = ["core.js"] + [n for n in names["report"] if n.endswith(".js") and n != "core.js"] + ["app.js"]
     opts = "".join(f'<option value="{html.escape(m)}"{" selected" if m == default else ""}>{html.escape(m)}</option>'

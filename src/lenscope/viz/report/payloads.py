@@ -4,9 +4,10 @@ checks), the results' own ``_repr_html_`` in notebooks (:mod:`lenscope.viz.noteb
 
 The functions read results duck-typed through :mod:`lenscope.viz.protocols` (viz never names a method): a
 :class:`~lenscope.attribution.ComponentAttribution`, :class:`~lenscope.attribution.Explanation`,
-:class:`~lenscope.mixing.maps.MixingMaps`, :class:`~lenscope.mixing.alti.MixingMatrices` or
-:class:`~lenscope.lenses.trajectory.PredictionTrajectory`. Floats are rounded to 5 significant digits (None for a
-non-finite value); large arrays travel :func:`packed` (base64 float32).
+:class:`~lenscope.mixing.maps.MixingMaps`, :class:`~lenscope.mixing.alti.MixingMatrices`,
+:class:`~lenscope.lenses.trajectory.PredictionTrajectory`, the features' results or an attribution graph. Floats
+are rounded to 5 significant digits (None for a non-finite value); large arrays travel :func:`packed` (base64
+float32).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ..protocols import (
+    AttributionGraphLike,
     ComponentsLike,
     ExplanationLike,
     FeatureActivationsLike,
@@ -210,3 +212,44 @@ def features_payload(fa: FeatureActivationsLike, cards=()) -> dict:
         out_cards[f"{d['site']}#{d['feature']}"] = d
     return {"tokens": list(fa.tokens), "sites": list(fa.sites), "widths": [int(w) for w in fa.widths],
             "l0": [[int(v) for v in row] for row in fa.l0.tolist()], "active": active, "cards": out_cards}
+
+
+# ------------------------------------------------------------------------------------------ attribution graph
+
+
+def graph_payload(g: AttributionGraphLike, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> dict:
+    """The ``graph`` view: the graph pruned as circuit-tracer prunes (its ``to_dict(node_threshold,
+    edge_threshold)``), each node with its ``influence`` (its cumulative share of the influence on the logits, which
+    the page's slider thresholds: lower shows fewer nodes) and a logit node with its ``logit_token`` (its
+    ``activation`` is its probability); ``layer_sites``: each block's transcoder site; the scores, the checks and the
+    supernodes as ``to_dict`` gives them."""
+    d = g.to_dict(node_threshold, edge_threshold)
+    out_tok = dict(zip((int(i) for i in g.logit_ids.tolist()), g.logit_tokens))
+    nodes = []
+    for n in d["nodes"]:
+        rec = {k: n[k] for k in ("id", "kind", "layer", "position", "feature")}
+        rec["activation"] = None if n["activation"] is None else rounded(n["activation"])
+        rec["influence"] = rounded(n["influence"], 6)
+        if n["kind"] == "logit":
+            rec["logit_token"] = out_tok[n["feature"]]
+        nodes.append(rec)
+    links = [{"source": e["source"], "target": e["target"], "weight": rounded(e["weight"])} for e in d["links"]]
+    out = {k: d[k] for k in ("model", "tokens", "node_threshold", "edge_threshold", "n_active_features",
+                             "n_feature_nodes")}
+    out.update({k: rounded(d[k]) for k in ("replacement_score", "completeness_score", "max_exactness_error",
+                                           "real_error", "tolerance", "seconds")})
+    out.update(n_layers=int(g.n_layers), layer_sites={str(s.rpartition(".")[2]): s for s in d["sites"]},
+               nodes=nodes, links=links, supernodes=[list(s) for s in d["supernodes"]])
+    return out
+
+
+def graph_checks(g: AttributionGraphLike, payload: dict) -> list[tuple[str, float | None, float | None]]:
+    """An attribution graph's checks, ``(name, value, tolerance)``: every node's input against its edges and bias
+    terms, and the frozen replacement model against the real run (both relative; ``attribution_graph`` refuses a
+    graph beyond the tolerance), then the replacement and completeness scores of its ``payload`` (reported)."""
+    return [("a node's input vs its edges and bias terms (relative, worst node)", float(g.exactness_error),
+             float(g.tolerance)),
+            ("frozen replacement model vs the real run (relative, worst node)", float(g.real_error),
+             float(g.tolerance)),
+            ("replacement score (reported)", payload["replacement_score"], None),
+            ("completeness score (reported)", payload["completeness_score"], None)]

@@ -42,4 +42,9 @@ WORDS: dict[str, Words] = {
         "Which features of the sparse dictionaries fire at each token (darker: stronger). Click a token for its "
         "active features; a feature in bold opens its card: its top-activating contexts on held-out text, its "
         "activation histogram and density, the tokens its decoder direction promotes and suppresses.")),
+    "graph": Words("Attribution graph", (
+        "The prediction explained through transcoder features (Ameisen et al. 2025): each edge a direct effect through "
+        "the model frozen at the real run, exact. Rows: the tokens' embeddings, each block, the logits; columns: "
+        "positions. The slider prunes by influence on the logits; click a node for its details, shift-click to "
+        "select nodes and group them into a supernode.")),
 }

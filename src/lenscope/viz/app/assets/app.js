@@ -1,6 +1,7 @@
 /* lenscope serve: the app page. Asks the server's API for each view and draws it with the report's own scripts
-   (LS.drawSection) as its answer arrives; the views' click events (LS.emit "head", "token", "target") open the head
-   and token panels. The state (model, text, target, foil, corrupted) lives in the URL's query string. */
+   (LS.drawSection) as its answer arrives; the views' click events (LS.emit "head", "token", "target", "feature") open
+   the head, token and feature panels, and the graph view's "supernode" is kept on the server. The state (model, text,
+   target, foil, corrupted) lives in the URL's query string. */
 (function () {
   "use strict";
   var $ = function (id) { return document.getElementById(id); };
@@ -408,6 +409,15 @@
     }).catch(function (e) { if (!aborted(e) && ctl === panelCtl) { panelDone(false, e.message); say(e.message); } });
   }
 
+  // a supernode grouped in the graph view: kept with the server's graph of this input (api/supernode), which answers
+  // with every supernode grouped on it
+  function groupNodes(d) {
+    if (!shown) return;
+    var req = { model: shown.model, text: shown.text, label: d.label, ids: d.ids };
+    if (shown.target) req.target = shown.target;  // the graph's target as the view asked for it (typed, or none)
+    api("api/supernode", req).then(function (a) { d.done(a.supernodes); }).catch(function (e) { say(e.message); });
+  }
+
   // ---------------------------------------------------------------- save as report
   function save() {
     if (!shown) return;
@@ -468,6 +478,7 @@
   LS.on("head", openHead);
   LS.on("token", openToken);
   LS.on("feature", openFeature);
+  LS.on("supernode", groupNodes);
   LS.on("target", function (d) { setAuto("target", false, d.token); if (auto.foil) setAuto("foil", false, ""); run(true); });
 
   if (body.getAttribute("data-token-required") === "1" && !TOKEN)

@@ -20,6 +20,8 @@
       try { fn(detail); } catch (e) { console.error("lenscope: a " + name + " listener failed: " + e); }
     });
   };
+  // whether anything listens to `name` (a view that can keep what it emits itself, when nothing does)
+  LS.listening = function (name) { return !!(listeners[name] && listeners[name].length); };
   // make `node` emit `name` with `detail` on click; class "ls-click" (the app's stylesheet gives it a pointer)
   LS.clickable = function (node, name, detail) {
     node.classList.add("ls-click");

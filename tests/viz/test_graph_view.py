@@ -1,0 +1,125 @@
+"""The attribution graph's view (``graph``): its payload (the graph pruned as ``to_dict`` prunes it, each node's
+influence in the order the page's slider relies on, the logit nodes' tokens), its checks, its page (``viz.views.page``,
+a notebook's frame, a reloaded graph, supernodes) and ``lenscope graph --html``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from lenscope.cli import app
+from lenscope.errors import InputError
+from lenscope.features.graph import AttributionGraph, attribution_graph, node_id
+from lenscope.features.graph_prune import node_influence
+from lenscope.models.dictionary import save_dictionaries
+from lenscope.models.summary import fingerprint
+from lenscope.viz import views
+from lenscope.viz.notebook import view
+
+from ..conftest import get_model
+from ..features.test_cards import random_dict
+
+TEXT = "The cat sat on the mat because it was warm"
+
+
+def transcoders(lm, width: int = 40, k: int = 6) -> list:
+    """A random TopK transcoder at every block's MLP, saved-ready (model name and fingerprint set)."""
+    d, L = lm.anatomy.d_model, lm.anatomy.n_layers
+    out = [random_dict(d, width, kind="topk", role="transcoder", site=f"mlp_out.{layer}", seed=1 + layer, k=k)
+           for layer in range(L)]
+    for D in out:
+        D.model, D.fingerprint = lm.name, fingerprint(lm.anatomy)
+    return out
+
+
+def page_data(page: str) -> dict:
+    start = page.index('id="lenscope-data">') + len('id="lenscope-data">')
+    return json.loads(page[start:page.index("</script>", start)])
+
+
+@pytest.fixture(scope="module")
+def setup():
+    lm = get_model("tiny:llama")
+    ts = transcoders(lm)
+    return lm, ts, attribution_graph(lm, TEXT, ts)
+
+
+def test_graph_payload_is_the_pruned_graph(setup):
+    lm, ts, g = setup
+    d = g.to_dict()
+    p = views.graph_view(g).data
+    assert [n["id"] for n in p["nodes"]] == [n["id"] for n in d["nodes"]]
+    for a, b in zip(p["nodes"], d["nodes"]):
+        assert (a["kind"], a["layer"], a["position"], a["feature"]) == (b["kind"], b["layer"], b["position"],
+                                                                        b["feature"])
+        assert a["influence"] == pytest.approx(b["influence"], rel=1e-5, abs=1e-300)  # 6 significant digits
+        assert (a["activation"] is None) == (b["activation"] is None)
+        if b["activation"] is not None:
+            assert a["activation"] == pytest.approx(b["activation"], rel=1e-4)
+    kinds = [n["kind"] for n in p["nodes"]]
+    assert kinds.count("token") == g.n_pos and kinds.count("logit") == g.n_logits > 1  # always there
+    assert kinds.count("feature") + kinds.count("error") >= 5
+    logits = {n["feature"]: n for n in p["nodes"] if n["kind"] == "logit"}
+    for i, t, pr in zip(g.logit_ids.tolist(), g.logit_tokens, g.logit_probs.tolist()):
+        assert logits[i]["logit_token"] == t and logits[i]["activation"] == pytest.approx(pr, rel=1e-4)
+    # the links: the pruned edges, each weight the adjacency's entry [target, source]
+    index = {node_id(g, i): i for i in range(g.n_nodes)}
+    assert len(p["links"]) == len(d["links"]) > 0
+    shown = {n["id"] for n in p["nodes"]}
+    for e, f in zip(p["links"], d["links"]):
+        assert (e["source"], e["target"]) == (f["source"], f["target"]) and {e["source"], e["target"]} <= shown
+        assert e["weight"] == pytest.approx(float(g.adjacency[index[e["target"]], index[e["source"]]]), rel=1e-4)
+    # the slider's order: a node of lower influence share is at least as influential on the logits as one of higher
+    inf = node_influence(g)
+    pr = [(n["influence"], float(inf[index[n["id"]]])) for n in p["nodes"] if n["kind"] in ("feature", "error")]
+    for sa, ra in pr:
+        for sb, rb in pr:
+            if sa < sb:
+                assert ra >= rb, (sa, ra, sb, rb)
+    assert p["layer_sites"] == {str(layer): f"mlp_out.{layer}" for layer in range(lm.anatomy.n_layers)}
+    assert p["n_layers"] == lm.anatomy.n_layers and p["tokens"] == g.tokens and p["supernodes"] == []
+    assert p["n_feature_nodes"] == g.n_features and p["node_threshold"] == 0.8
+    json.dumps(p, allow_nan=False)  # plain JSON
+    # a lower pruning threshold: fewer feature and error nodes, the same tokens and logits
+    q = views.graph_view(g, node_threshold=0.4).data
+    assert sum(n["kind"] in ("feature", "error") for n in q["nodes"]) < kinds.count("feature") + kinds.count("error")
+    assert [n["kind"] for n in q["nodes"]].count("token") == g.n_pos
+
+
+def test_graph_checks_and_page(setup, tmp_path):
+    lm, ts, g = setup
+    s = views.shown(g)
+    assert s.key == "graph" and s.title == "Attribution graph · tiny:llama"
+    exact, real, rep, comp = s.checks
+    assert exact["value"] == g.exactness_error and real["value"] == g.real_error
+    assert exact["tolerance"] == real["tolerance"] == g.tolerance and exact["ok"] and real["ok"]
+    assert rep["ok"] is None and rep["value"] == s.data["replacement_score"]
+    assert comp["ok"] is None and comp["value"] == s.data["completeness_score"]
+    page = views.page(g)
+    assert "LS.sections.graph = " in page and page == views.page(s)
+    data = page_data(page)
+    assert data["sections"] == [{"key": "graph", "data": s.data}] and data["meta"]["tokens"] == g.tokens
+    assert "<iframe" in str(view(g)) and 'data-section="graph"' in page
+    with pytest.raises(InputError, match="one at a time"):
+        views.shown([g, g])
+    # a reloaded graph shows the same; its supernodes travel in the view's data
+    g2 = AttributionGraph.load(g.save(tmp_path / "g.safetensors"))
+    assert views.graph_view(g2).data == s.data
+    ids = [n["id"] for n in s.data["nodes"] if n["kind"] == "feature"][:2]
+    g2.group("subject", ids)
+    assert views.graph_view(g2).data["supernodes"] == [["subject", *ids]]
+
+
+def test_graph_cli_writes_the_page(setup, tmp_path):
+    lm, ts, g = setup
+    folder = save_dictionaries(ts, tmp_path / "d")
+    path = tmp_path / "graph.html"
+    r = CliRunner().invoke(app, ["graph", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--html", str(path),
+                                 "--node-threshold", "0.6", "--json"])
+    assert r.exit_code == 0, r.output
+    data = page_data(path.read_text(encoding="utf-8"))
+    (sec,) = data["sections"]
+    assert sec["key"] == "graph" and sec["data"]["node_threshold"] == 0.6
+    assert [n["id"] for n in sec["data"]["nodes"]] == [n["id"] for n in json.loads(r.stdout)["nodes"]]
