@@ -233,3 +233,70 @@ def test_bad_input_is_a_clear_error():
     with pytest.raises(NotApplicableError):
         attribution_graph(bert, TEXT, [_random(bert.anatomy.d_model, 40, kind="topk", role="transcoder",
                                                site="mlp_out.0", seed=1, k=4)])
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_heads_on_the_edges_add_up_to_each_edge(family):
+    from lenscope.features.graph_heads import edge_heads
+
+    lm = get_model(f"tiny:{family}")
+    ds = _transcoders(lm)
+    g = attribution_graph(lm, TEXT, ds)
+    eh = edge_heads(lm, g, ds, edges=(g.adjacency != 0).nonzero())
+    assert eh.edges.shape[0] > 0 and eh.error <= 1e-4, (family, eh.error)
+    A = g.adjacency[eh.edges[:, 0], eh.edges[:, 1]].double()
+    total = eh.heads.double().sum((1, 2)) + eh.residual.double()
+    scale = torch.maximum(eh.heads.abs().amax((1, 2)), eh.residual.abs()).double().clamp_min(1e-6)
+    assert float(((A - total).abs() / scale).max()) <= 1e-4
+    # without attention nothing crosses positions: the residual part of an edge between positions is zero
+    pos = torch.cat([g.feature_pos, torch.arange(g.n_pos).repeat(g.n_layers), torch.arange(g.n_pos),
+                     torch.full((g.n_logits,), g.n_pos - 1)])
+    cross = pos[eh.edges[:, 0]] != pos[eh.edges[:, 1]]
+    assert cross.any() and not eh.residual[cross].any()
+    # a head does not carry what happens before it: a target in block L gets nothing from heads of later blocks
+    o = g.offsets()
+    feat_t = eh.edges[:, 0] < o["error"]
+    later = torch.arange(g.n_layers)[None, :] > g.feature_layer[eh.edges[feat_t, 0]][:, None]
+    assert not eh.heads[feat_t].abs().sum(2)[later].any()
+    g.set_heads(eh)
+    link = next(x for x in g.to_dict()["links"] if "heads" in x and x["heads"])
+    assert {"layer", "head", "weight"} <= set(link["heads"][0]) or "residual" in link["heads"][0]
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma3", "gptj"])
+def test_one_heads_part_equals_the_edge_with_only_that_head_attending(family):
+    """Brute force: for an edge from a token to a feature that crosses exactly one block's attention (Pre-LN: a
+    feature of block 0; parallel blocks, whose MLP reads the block's input: of block 1), the part of head h plus the
+    attention-free part is the edge through the frozen model whose other heads there attend nowhere (their patterns
+    zeroed): remove the token's embedding and read the feature's pre-activation."""
+    from lenscope.features.graph_heads import edge_heads
+
+    lm = get_model(f"tiny:{family}")
+    ds = _transcoders(lm)
+    g = attribution_graph(lm, TEXT, ds)
+    o = g.offsets()
+    layer = 1 if lm.anatomy.placement == "parallel" else 0
+    crossed = layer - 1 if lm.anatomy.placement == "parallel" else layer
+    pairs = [(t, s) for t in range(o["error"]) for s in range(o["token"], o["logit"])
+             if int(g.feature_layer[t]) == layer and g.adjacency[t, s] != 0]
+    pairs = pairs[:: max(1, len(pairs) // 6)][:6]
+    assert pairs, family
+    eh = edge_heads(lm, g, ds, edges=torch.tensor(pairs))
+    fz = Frozen(lm, trace(lm, TEXT), {d.layer: d for d in ds})
+    key = {(int(a), int(b), int(c)): i for i, (a, b, c) in enumerate(zip(fz.layer, fz.pos, fz.feature))}
+    for e, (t, s) in enumerate(pairs):
+        i_t = torch.tensor([key[(layer, int(g.feature_pos[t]), int(g.feature_index[t]))]])
+        assert float(eh.heads[e].abs().sum() - eh.heads[e, crossed].abs().sum()) == 0.0
+        for h in range(min(2, fz.probs[crossed].shape[0])):
+            saved = fz.probs[crossed]
+            only = torch.zeros(saved.shape[0], 1, 1)
+            only[h] = 1
+            fz.probs[crossed] = saved * only
+            base = fz.pre_of(fz.forward(fz.emb, fz.acts, fz.errs)[0], i_t)
+            emb = fz.emb.clone()
+            emb[s - o["token"]] = 0
+            moved = fz.pre_of(fz.forward(emb, fz.acts, fz.errs)[0], i_t)
+            fz.probs[crossed] = saved
+            want = float(eh.heads[e, crossed, h] + eh.residual[e])
+            scale = max(1.0, float(eh.heads[e].abs().max()), abs(float(eh.residual[e])))
+            assert -float(moved - base) == pytest.approx(want, abs=256 * EPS * scale), (family, e, h)

@@ -26,6 +26,8 @@ def register(app: typer.Typer) -> None:
         edge_threshold: float = typer.Option(0.98, "--edge-threshold", help="Pruning: keep the edges making up this "
                                              "share of the edge influence."),
         batch_size: int = typer.Option(256, "--batch-size", help="Targets per backward pass."),
+        heads: bool = typer.Option(True, "--heads/--no-heads", help="Split each kept edge over the attention heads "
+                                   "that carry it (exact; each link's `heads`)."),
         as_json: bool = JSON_OPTION,
         html: str = typer.Option(None, "--html", help="Write the graph's page to this file."),
         out: str = typer.Option(None, "--out", help="Save the graph to this folder (graph.safetensors, reloadable "
@@ -54,6 +56,10 @@ def register(app: typer.Typer) -> None:
         g = attribution_graph(lm, text, dicts, target=target, max_feature_nodes=max_feature_nodes,
                               batch_size=batch_size, progress=not as_json)
         th = {"node_threshold": node_threshold, "edge_threshold": edge_threshold}
+        if heads:
+            from ..features.graph_heads import edge_heads
+
+            g.set_heads(edge_heads(lm, g, dicts, **th))
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
             g.save(Path(out) / "graph.safetensors")
@@ -77,7 +83,8 @@ def register(app: typer.Typer) -> None:
                   + ", ".join(f"{t!r} ({p:.3f})" for t, p in zip(g.logit_tokens, g.logit_probs.tolist())))
         con.print(f"{g.n_features} of {g.n_active} active features, {len(d['nodes'])} nodes and {len(d['links'])} "
                   f"edges after pruning; replacement score {d['replacement_score']:.3f}, completeness "
-                  f"{d['completeness_score']:.3f}; exactness error {g.exactness_error:.1e}; {g.seconds:.1f} s")
+                  f"{d['completeness_score']:.3f}; exactness error {g.exactness_error:.1e}; {g.seconds:.1f} s"
+                  + (f"; heads on the edges: error {g.head_error:.1e}" if g.head_error is not None else ""))
         table = Table()
         for c in ("node", "kind", "token", "activation", "influence"):
             table.add_column(c)

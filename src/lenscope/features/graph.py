@@ -81,6 +81,35 @@ class AttributionGraph(ReportView, Result):
     seconds: float
     skip_first: bool = False
     supernodes: list = field(default_factory=list)
+    head_edges: Tensor | None = None  # (n, 2) [target, source]: the edges split over heads (set_heads)
+    head_parts: Tensor | None = None  # (n, layer, head)
+    head_residual: Tensor | None = None  # (n,)
+    head_error: float | None = None
+
+    def set_heads(self, eh) -> None:
+        """Keep the head split of edges (:func:`lenscope.features.graph_heads.edge_heads`) in the graph (its file,
+        the links of :meth:`to_dict`)."""
+        self.head_edges, self.head_parts, self.head_residual, self.head_error = (eh.edges, eh.heads, eh.residual,
+                                                                                 eh.error)
+
+    def heads_of(self, target: int, source: int, top: int = 8, share: float = 0.05) -> list[dict] | None:
+        """The heads carrying edge ``source -> target`` (node indices), largest first: ``{layer, head, weight}``
+        for the parts of at least ``share`` of the largest part, at most ``top``, plus ``{"residual": weight}``
+        (the part without attention) when not zero; None when the edge's split was not computed."""
+        if self.head_edges is None:
+            return None
+        hit = ((self.head_edges[:, 0] == target) & (self.head_edges[:, 1] == source)).nonzero()
+        if not hit.numel():
+            return None
+        parts = self.head_parts[int(hit[0, 0])]
+        flat = parts.flatten()
+        big = float(flat.abs().max()) if flat.numel() else 0.0
+        order = flat.abs().argsort(descending=True)[:top]
+        H = parts.shape[1]
+        out = [{"layer": int(i) // H, "head": int(i) % H, "weight": float(flat[i])} for i in order.tolist()
+               if big > 0 and abs(float(flat[i])) >= share * big]
+        r = float(self.head_residual[int(hit[0, 0])])
+        return out + ([{"residual": r}] if r != 0.0 else [])
 
     # -- node bookkeeping ------------------------------------------------------------------------------------------
 
@@ -184,12 +213,18 @@ class AttributionGraph(ReportView, Result):
         t, s = pr.edge_mask.nonzero(as_tuple=True)
         links = [{"source": ids[b], "target": ids[a], "weight": float(self.adjacency[a, b])}
                  for a, b in zip(t.tolist(), s.tolist()) if a in ids and b in ids]
+        if self.head_edges is not None:
+            for link, (a, b) in zip(links, [(a, b) for a, b in zip(t.tolist(), s.tolist()) if a in ids and b in ids]):
+                heads = self.heads_of(a, b)
+                if heads is not None:
+                    link["heads"] = heads
         rep, comp = graph_scores(self)
         return {"model": self.model, "tokens": self.tokens, "sites": self.sites, "nodes": nodes, "links": links,
                 "replacement_score": rep, "completeness_score": comp, "max_exactness_error": self.exactness_error,
                 "real_error": self.real_error, "tolerance": self.tolerance, "n_active_features": self.n_active,
                 "n_feature_nodes": self.n_features, "node_threshold": node_threshold,
-                "edge_threshold": edge_threshold, "seconds": self.seconds, "supernodes": self.supernodes}
+                "edge_threshold": edge_threshold, "seconds": self.seconds, "supernodes": self.supernodes,
+                "head_error": self.head_error}
 
     def __repr__(self) -> str:
         return (f"AttributionGraph({self.n_pos} tokens, {self.n_features} of {self.n_active} active features, "
