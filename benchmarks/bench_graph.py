@@ -32,10 +32,11 @@ def main(argv=None) -> int:
     ap.add_argument("--every", default="1,3", help="comma-separated: a transcoder on every n-th block")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    machine = record()
+    machine = record()  # at the start: the load then; the run's own load is in "machine_end"
 
     import lenscope
     from lenscope.features.graph import attribution_graph
+    from lenscope.features.graph_heads import edge_heads
     from lenscope.models.dictionary import load_dictionaries
 
     t0 = time.perf_counter()
@@ -50,6 +51,9 @@ def main(argv=None) -> int:
         g = attribution_graph(lm, args.prompt, ds, max_feature_nodes=args.max_feature_nodes,
                               batch_size=args.batch_size, progress=True)
         secs = time.perf_counter() - t
+        t = time.perf_counter()
+        eh = edge_heads(lm, g, ds)  # the pruned graph's edges over the heads that carry them
+        heads_s = time.perf_counter() - t
         d = g.to_dict()
         runs[f"every_{every}"] = {
             "transcoders": len(ds), "seconds": round(secs, 1), "peak_rss_gb": round(
@@ -58,9 +62,12 @@ def main(argv=None) -> int:
             "n_logits": g.n_logits, "logit_tokens": g.logit_tokens, "logit_probs": g.logit_probs.tolist(),
             "exactness_error": g.exactness_error, "real_error": g.real_error,
             "replacement_score": d["replacement_score"], "completeness_score": d["completeness_score"],
-            "pruned_nodes": len(d["nodes"]), "pruned_links": len(d["links"])}
+            "pruned_nodes": len(d["nodes"]), "pruned_links": len(d["links"]),
+            "heads": {"edges": int(eh.edges.shape[0]), "seconds": round(heads_s, 1), "error": eh.error,
+                      "residual_share": float(eh.residual.abs().sum() / (eh.residual.abs().sum()
+                                                                         + eh.heads.abs().sum()))}}
         print(json.dumps({f"every_{every}": runs[f"every_{every}"]}), flush=True)
-    out = {"machine": machine, "model": args.model, "prompt": args.prompt, "prompt_tokens": n_tokens,
+    out = {"machine": machine, "machine_end": record(), "model": args.model, "prompt": args.prompt, "prompt_tokens": n_tokens,
            "max_feature_nodes": args.max_feature_nodes, "batch_size": args.batch_size,
            "load_seconds": round(load_s, 1), "dictionaries": args.dict, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
