@@ -67,7 +67,8 @@ def main(argv=None) -> int:
                       "residual_share": float(eh.residual.abs().sum() / (eh.residual.abs().sum()
                                                                          + eh.heads.abs().sum()))}}
         print(json.dumps({f"every_{every}": runs[f"every_{every}"]}), flush=True)
-    out = {"machine": machine, "machine_end": record(), "model": args.model, "prompt": args.prompt, "prompt_tokens": n_tokens,
+    out = {"machine": machine, "machine_end": record(), "model": args.model, "prompt": args.prompt,
+           "prompt_tokens": n_tokens,
            "max_feature_nodes": args.max_feature_nodes, "batch_size": args.batch_size,
            "load_seconds": round(load_s, 1), "dictionaries": args.dict, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

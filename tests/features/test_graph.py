@@ -300,3 +300,56 @@ def test_one_heads_part_equals_the_edge_with_only_that_head_attending(family):
             want = float(eh.heads[e, crossed, h] + eh.residual[e])
             scale = max(1.0, float(eh.heads[e].abs().max()), abs(float(eh.residual[e])))
             assert -float(moved - base) == pytest.approx(want, abs=256 * EPS * scale), (family, e, h)
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_qk_attribution_splits_the_score_exactly(family):
+    from lenscope.features.graph_qk import qk_attribution
+
+    lm = get_model(f"tiny:{family}")
+    ds = _transcoders(lm)
+    g = attribution_graph(lm, TEXT, ds)
+    L, last = lm.anatomy.n_layers - 1, g.n_pos - 1
+    attn = lm.anatomy.layers[L].attn
+    key = last - 1  # a key every window admits
+    r = qk_attribution(lm, g, ds, L, 1, last, key)
+    assert r.error <= 1e-4
+    scale = max(1.0, float(r.query_parts.abs().sum()), float(r.key_parts.abs().sum()))
+    assert abs(float(r.query_parts.double().sum()) + r.query_bias - r.score) <= 1e-5 * scale
+    assert abs(float(r.key_parts.double().sum()) + r.key_bias - r.score) <= 1e-5 * scale
+    assert r.prob == pytest.approx(float(trace(lm, TEXT).site("pattern", L)[1, last, key]))
+    # brute force: a token's query part is what removing its embedding takes from the query, read along the key
+    tr = trace(lm, TEXT)
+    fz = Frozen(lm, tr, {d.layer: d for d in ds})
+    import dataclasses
+
+    from lenscope.features.graph_qk import _Recorder
+    from lenscope.features.replacement import FrozenNorm
+
+    pos = torch.arange(g.n_pos)
+
+    def qk(emb):
+        keep = {}
+        fz.forward(emb, fz.acts, fz.errs, keep=keep)
+        x = keep["attn_in"][L]
+        rec = {n: _Recorder(getattr(attn, n)) for n in ("q_norm", "k_norm") if getattr(attn, n) is not None}
+        dataclasses.replace(attn, **rec).queries_keys(fz_in[L], pos)
+        frozen = dataclasses.replace(attn, **{n: FrozenNorm(v.norm, v.s) for n, v in rec.items()})
+        q, k = frozen.queries_keys(x, pos)
+        return q[1, last], k[1, key]
+
+    keep0 = {}
+    fz.forward(fz.emb, fz.acts, fz.errs, keep=keep0)
+    fz_in = keep0["attn_in"]
+    q_full, k_full = qk(fz.emb)
+    for p in (0, key, last):
+        emb = fz.emb.clone()
+        emb[p] = 0
+        q_wo, _ = qk(emb)
+        want = float((q_full - q_wo) @ k_full) * attn.scale
+        i = r.names.index(f"E_{g.input_ids[p]}_{p}")
+        assert float(r.query_parts[i]) == pytest.approx(want, abs=1e-5 * scale), (family, p)
+    with pytest.raises(InputError, match="key_pos <= query_pos"):
+        qk_attribution(lm, g, ds, L, 0, 2, 3)
+    with pytest.raises(InputError, match="head"):
+        qk_attribution(lm, g, ds, L, attn.n_heads, last, key)

@@ -257,7 +257,7 @@ def _logit_nodes(lm: LoadedModel, logits: Tensor, target, max_logits: int, logit
     return top_i[: min(n, top_i.numel())]
 
 
-class _Rows:
+class Rows:
     """Rows of the adjacency over every source (all active features, errors, tokens), by batched backward passes
     through the frozen model's one forward graph."""
 
@@ -267,7 +267,8 @@ class _Rows:
         self.emb = fz.emb.clone().requires_grad_()
         self.acts = {L: a.clone().requires_grad_() for L, a in fz.split(fz.acts).items()}
         self.errs = [e.clone().requires_grad_() for e in fz.errs.unbind(0)]
-        self.mlp_in, self.final = fz.forward(self.emb, self.acts, self.errs)
+        self.keep: dict = {}
+        self.mlp_in, self.final = fz.forward(self.emb, self.acts, self.errs, keep=self.keep)
 
     def _edges(self, out: Tensor, G: Tensor) -> Tensor:
         fz, B = self.fz, G.shape[0]
@@ -350,7 +351,7 @@ def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, max_l
     fz = Frozen(lm, tr, dicts, skip_first=skip_first)
     logit_ids = _logit_nodes(lm, tr.logits[last], target, max_logits, logit_prob)
     probs = tr.logits[last].float().softmax(-1)[logit_ids]
-    rows = _Rows(fz, last, batch_size)
+    rows = Rows(fz, last, batch_size)
     n_err, n_src = fz.n_layers * P, fz.n_active + fz.n_layers * P + P
     log(f"attribution graph: {P} tokens, {fz.n_active} active features, {logit_ids.numel()} logits")
     R_logit = rows.logits(logit_ids)

@@ -147,10 +147,12 @@ class Frozen:
                 cut_attention: bool = False) -> tuple[list[Tensor], Tensor]:
         """Each block's MLP input ``(pos, d_model)`` and the final residual state ``(pos, d_model)`` of the
         replacement model with node outputs ``emb``, ``acts`` (``(n_active,)``, or a dict of each block's slice:
-        :meth:`split`), ``errs`` (``(layer, pos, d_model)`` or a list per block), affine in them. ``keep``: a dict that
-        receives each block's per-head outputs ``keep["heads"]`` (``(head, pos, d_model)`` each, without ``b_O``)
-        and attention outputs ``keep["attn_out"]``; ``cut_attention``: every attention output is a new leaf (its input
-        detached), so gradients reach a node only along paths without an attention step."""
+        :meth:`split`), ``errs`` (``(layer, pos, d_model)`` or a list per block), affine in them.
+
+        ``keep``: a dict that receives each block's attention input ``keep["attn_in"]``, per-head outputs
+        ``keep["heads"]`` (``(head, pos, d_model)`` each, without ``b_O``) and attention outputs
+        ``keep["attn_out"]``. ``cut_attention``: every attention output is a new leaf (its input detached), so
+        gradients reach a node only along paths without an attention step."""
         self._cur = (acts if isinstance(acts, dict) else self.split(acts),
                      errs if isinstance(errs, (list, tuple)) else list(errs.unbind(0)))
         h, mlp_in = emb, []
@@ -165,6 +167,7 @@ class Frozen:
                 if cut_attention:  # a leaf: its gradient is what reaches it along attention-free paths
                     out = out.detach().requires_grad_()
                 if keep is not None:
+                    keep.setdefault("attn_in", []).append(a_in)
                     keep.setdefault("heads", []).append(heads)
                     keep.setdefault("attn_out", []).append(out)
                 r = layer.after_attention(h, out)
