@@ -140,6 +140,12 @@ def _stack(lm: LoadedModel, name: str):
 def _apply(view: Tensor, edits: list[Edit]) -> None:
     """Apply ``edits`` in place to ``view (b, p, ...)``."""
     for e in edits:
+        if e.mode == "call":  # the whole view replaced by what the function makes of it
+            new = e.values(view.clone())
+            if tuple(new.shape) != tuple(view.shape):
+                raise InputError(f"a call edit of {e.site} returned shape {tuple(new.shape)}, not {tuple(view.shape)}")
+            view.copy_(new)
+            continue
         idx = (e.rows, e.pos) if e.head is None else (e.rows, e.pos, e.head)
         idx = tuple(torch.as_tensor(i).to(view.device) for i in idx)
         v = e.values.to(view.device, view.dtype)
@@ -355,6 +361,9 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
         if attention_mask is not None:
             raise InputError("run() with a cache (past) takes no attention_mask: padding is not supported there")
         start = past.get_seq_length()
+        edits = list(edits)
+        if any(e.mode == "call" for e in edits):
+            raise NotApplicableError("a call edit computes a site in one pass; it does not run with a cache (past)")
         edits = edits_within(edits, start, start + P)
     if start + P > A.n_ctx:
         raise InputError(f"{start + P} positions are more than the model's context of {A.n_ctx}; shorten the input")

@@ -223,6 +223,10 @@ class Edit:
     """Replace (``mode="set"``), add to (``"add"``) or multiply (``"scale"``) the activation at ``site`` of
     block ``layer`` for the entries ``(rows[n], pos[n])`` (and ``head[n]`` for the per-head sites).
 
+    ``mode="call"``: ``values`` is a function given the site's whole view ``(b, p, ...)`` (a copy) that returns its
+    replacement, same shape (``rows`` and ``pos`` unused): an activation computed from others in the same pass, as a
+    model frozen at a real run needs (:mod:`lenscope.features.replacement`); one pass only, not with a cache.
+
     ``rows, pos, head: (n,)`` long; ``values: (n, d)`` where ``d`` is the site's last axis (``d_head`` for
     per-head sites), or ``(n,)``/``(n, d)`` factors for ``"scale"``. Edits at one site apply in list order.
     ``expert_out`` edits name the expert in ``head``.
@@ -238,8 +242,10 @@ class Edit:
 
     def __post_init__(self):
         self.site = canonical(self.site)
-        if self.mode not in ("set", "add", "scale"):
-            raise InputError(f"unknown edit mode {self.mode!r}; choose set, add or scale")
+        if self.mode not in ("set", "add", "scale", "call"):
+            raise InputError(f"unknown edit mode {self.mode!r}; choose set, add, scale or call")
+        if (self.mode == "call") != callable(self.values):
+            raise InputError("a call edit (and only it) takes a function as its values")
 
 
 def edits_within(edits: Iterable[Edit], start: int, stop: int) -> list[Edit]:
