@@ -234,3 +234,31 @@ def test_moe_sites_exist_only_on_moe_blocks(tiny_decoder):
     assert cap["router_logits", 0].shape == cap["routing_weights", 0].shape == (1, P, E)
     assert cap["expert_out", 0].shape == (1, P, E, lm.anatomy.d_model)
     torch.testing.assert_close(cap["expert_out", 0].sum(2), cap["mlp_out", 0], atol=1e-6, rtol=1e-5)
+
+
+def test_a_call_edit_computes_a_site_from_the_pass():
+    lm = get_model("tiny:llama")
+    ids = IDS if IDS.dim() == 2 else IDS[None]
+    seen = {}
+
+    def double(x):
+        seen["shape"] = tuple(x.shape)
+        return x * 2
+
+    called = run(lm, ids, edits=[Edit("mlp_out", 0, rows=None, pos=None, values=double, mode="call")])
+    B, P = ids.shape
+    scaled = run(lm, ids, edits=[Edit("mlp_out", 0, rows=torch.arange(B).repeat_interleave(P),
+                                      pos=torch.arange(P).repeat(B), values=torch.full((B * P,), 2.0),
+                                      mode="scale")])
+    assert seen["shape"] == (B, P, lm.anatomy.d_model)
+    assert torch.equal(called.logits, scaled.logits)
+    assert not torch.equal(called.logits, run(lm, ids).logits)
+    with pytest.raises(InputError, match="returned shape"):
+        run(lm, ids, edits=[Edit("mlp_out", 0, rows=None, pos=None, values=lambda x: x[:, :1], mode="call")])
+    with pytest.raises(InputError, match="function"):
+        Edit("mlp_out", 0, rows=None, pos=None, values=torch.ones(3), mode="call")
+    from lenscope.models.engine import new_cache
+
+    with pytest.raises(NotApplicableError, match="cache"):
+        run(lm, ids[:1], edits=[Edit("mlp_out", 0, rows=None, pos=None, values=double, mode="call")],
+            past=new_cache(lm))
