@@ -83,12 +83,25 @@ def test_time_budget_plan_with_a_fake_clock():
     assert msg == (f"time budget 1 min: 1.0 s per step of 16 tokens -> {state.n_steps} steps "
                    f"({state.n_steps * 16} tokens), warm-up {state.warm}, validation every {state.every}")
     planned = state.n_steps
-    for _ in range(5):  # the machine slows down to 2 s per step: the plan shrinks
+    for _ in range(12):  # on schedule: no refit
+        state.step += 1
+        now[0] += 1.0
+        times.append(1.0)
+        plan.after_step(state, times, now[0])
+    assert state.n_steps == planned
+    for _ in range(4):  # a burst of four 2 s steps: the speed (the median of the recent steps) stays 1 s per step,
+        state.step += 1  # and the plan only pays the 4 s the burst cost
+        now[0] += 2.0
+        times.append(2.0)
+        plan.after_step(state, times, now[0])
+    assert state.n_steps == planned - 4 and state.fits[-1] == [state.step, planned - 4, 1.0]
+    for _ in range(10):  # the machine slows down to 2 s per step for good: the plan shrinks to that speed
         state.step += 1
         now[0] += 2.0
         times.append(2.0)
         plan.after_step(state, times, now[0])
-    assert state.n_steps < planned and state.fits[-1][0] == state.step
+    left = 100.0 + usable - now[0]
+    assert state.n_steps == state.step + int(left / 2.0) and state.fits[-1][2] == 2.0
     rec = plan.record(state, times)
     assert rec["max_minutes"] == 1.0 and rec["token_cap"] is None and rec["fits"] is state.fits
     assert rec["wall_s"] == round(now[0] - 100.0, 2) and rec["warmup_steps"] == state.warm

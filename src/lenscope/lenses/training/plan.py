@@ -10,6 +10,7 @@ written into the run's :class:`~lenscope.lenses.training.settings.TrainState`, s
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable
 
 from .settings import TrainSettings, TrainState
@@ -17,6 +18,7 @@ from .settings import TrainSettings, TrainState
 # The time budget: steps timed before the number of steps is fixed (the first one, which also pays one-off
 # costs, is left out of the estimate), and the margin kept free for what the estimate cannot see.
 CALIBRATION_STEPS = 3
+RECENT_STEPS = 15  # the steps whose median speed a refit uses
 BUDGET_MARGIN = 0.02
 
 
@@ -110,8 +112,9 @@ class Planner:
 
     def after_step(self, state: TrainState, step_times: list[float], t1: float) -> str | None:
         """After a step that ended at clock reading ``t1`` (``step_times``: seconds of every step so far): under a
-        time budget, fix the plan once calibrated, or refit it when the recent speed says it is more than 3%
-        off. Returns a line for the log when the plan was fixed."""
+        time budget, fix the plan once calibrated, or refit it when the time left at the recent speed (the median of
+        the last :data:`RECENT_STEPS` steps) says it is more than 3% off. Returns a line for the log when the plan
+        was fixed."""
         s = self.s
         if not self.budgeted:
             return None
@@ -127,8 +130,10 @@ class Planner:
                     f"{state.n_steps} steps ({state.n_steps * self.per_step} tokens), warm-up {state.warm}, "
                     f"validation every {state.every}")
         if state.step > CALIBRATION_STEPS and state.step < state.n_steps and self.refit:
-            recent = step_times[-5:]
-            step_s = sum(recent) / len(recent)
+            # the median of the recent steps: a burst of slow steps (another job for a moment) moves it only once it
+            # lasts half the window, so the plan (and the learning-rate schedule it stretches) does not swing; the
+            # time such a burst cost is still paid, as the time left is measured
+            step_s = statistics.median(step_times[1:][-RECENT_STEPS:])
             n = self.fit(state, step_s, state.step, t1)
             if abs(n - state.n_steps) > 0.03 * state.n_steps:
                 state.n_steps = max(n, state.step)
@@ -147,4 +152,4 @@ class Planner:
                 "warmup_steps": state.warm}
 
 
-__all__ = ["BUDGET_MARGIN", "CALIBRATION_STEPS", "Planner", "fit_steps", "lr_at", "warmup_steps"]
+__all__ = ["BUDGET_MARGIN", "CALIBRATION_STEPS", "RECENT_STEPS", "Planner", "fit_steps", "lr_at", "warmup_steps"]
