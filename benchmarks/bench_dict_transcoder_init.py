@@ -1,8 +1,11 @@
 """How a transcoder's encoder should start: tied to the decoder (an SAE's start, Gao et al. 2024) or an independent
-random map scaled by ``TRANSCODER_ENC_INIT`` (lenscope's start for transcoders, ``Dictionary.init``).
+random map scaled by ``TRANSCODER_ENC_INIT`` (lenscope's start for transcoders, ``Dictionary.init``); and (``--lrs``)
+how fast lenscope's start should learn.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_dict_transcoder_init.py \
         --out docs/results/features/bench-dict-transcoder-init.json
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_dict_transcoder_init.py --starts "" --steps 60 \
+        --lrs 3.75e-4,1.5e-3,4e-3,8e-3 --out docs/results/features/bench-dict-transcoder-lr.json
 
 Transcoders (TopK, width 4608, k 32) for smollm2's MLPs at three depths, trained for ``--steps`` steps from each
 start on the same streamed rows (the model in bfloat16, ``--rows`` MLP input/output pairs from the corpus's
@@ -32,6 +35,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=40_960)
     ap.add_argument("--held-out", type=int, default=8_192)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--starts", default="tied,lenscope", help="the starts to compare (comma-separated; '' none)")
+    ap.add_argument("--lrs", default="", help="learning rates to train lenscope's start at (comma-separated; the "
+                    "default is DictSettings' formula, 2e-4 * sqrt(16384 / width))")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
@@ -58,21 +64,29 @@ def main() -> None:
     res = {"machine": machine, "model": a.model, "model_dtype": "bfloat16", "sites": a.sites.split(","),
            "rows": int(len(rows)), "held_out": int(len(held)), "steps": a.steps, "width": 4608, "k": 32,
            "transcoder_enc_init": dm.TRANSCODER_ENC_INIT, "starts": {}}
-    for name, init in (("tied", tied), ("lenscope", new_init)):
+    def trained(init, lr=None):
         dm.Dictionary.init = classmethod(init)
         try:
             s = DictSettings(kind="topk", role="transcoder", width=4608, k=32, tokens=a.steps * 4096,
-                             batch_size=4096, buffer=32_768)
+                             batch_size=4096, buffer=32_768, lr=lr)
             Ds = train_dictionaries(FileSource(rows), targets, s, progress=False)
         finally:
             dm.Dictionary.init = classmethod(new_init)
         evs = {}
         for D, t in zip(Ds, targets):
             evs[t.like.site] = round(reconstruction(D, held[:, t.i_in], held[:, t.i_out])["explained_variance"], 4)
-        res["starts"][name] = {"held_out_explained_variance": evs,
-                               "mean": round(sum(evs.values()) / len(evs), 4),
-                               "history": Ds[0].info["training"]["history"]}
-        print(name, evs, flush=True)
+        return {"held_out_explained_variance": evs, "mean": round(sum(evs.values()) / len(evs), 4),
+                "lr": s.base_lr(), "history": Ds[0].info["training"]["history"]}
+
+    inits = {"tied": tied, "lenscope": new_init}
+    for name in [x for x in a.starts.split(",") if x]:
+        res["starts"][name] = trained(inits[name])
+        print(name, res["starts"][name]["held_out_explained_variance"], flush=True)
+    if a.lrs:
+        res["lrs"] = {}
+        for lr in [float(x) for x in a.lrs.split(",")]:
+            res["lrs"][f"{lr:g}"] = trained(new_init, lr)
+            print(f"lr {lr:g}", res["lrs"][f"{lr:g}"]["held_out_explained_variance"], flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
 

@@ -126,4 +126,5 @@ def test_injections_into_the_frozen_real_model_move_targets_by_their_edges(famil
             col = j
         change = targets(*frozen_run(lm, tr, fz, acts, errs, emb_zero)) - base
         want = -g.adjacency[rows, col]
-        assert float((change - want).abs().max()) <= 1e-4 * scale, (family, kind, j)
+        # float32 precision: the two passes each round at a few eps of the largest term; 64 eps leaves room
+        assert float((change - want).abs().max()) <= 64 * EPS * scale, (family, kind, j)
