@@ -371,3 +371,13 @@ def test_two_ranks_train_the_same_dictionary_as_one(tmp_path):
     assert not torch.equal(a.W_enc, Dictionary.init(a.d_in, 48, k=4).W_enc * a.scale_in)
     assert math.isclose(a.scale_in, b.scale_in, rel_tol=1e-6)
     assert src_mod is not None
+
+
+def test_default_learning_rates_by_role():
+    from lenscope.features.train import TRANSCODER_LR, DictSettings
+
+    assert DictSettings(width=16384).base_lr() == pytest.approx(2e-4)  # Gao et al.'s scaling for SAEs
+    assert DictSettings(width=4096).base_lr() == pytest.approx(4e-4)
+    assert DictSettings(role="transcoder", width=4608).base_lr() == TRANSCODER_LR == 8e-3
+    assert DictSettings(role="skip", width=4 * 4608).base_lr() == pytest.approx(4e-3)
+    assert DictSettings(role="transcoder", width=4608, lr=1e-3).base_lr() == 1e-3

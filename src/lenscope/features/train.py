@@ -26,8 +26,10 @@ All kinds: decoder rows unit-norm (the gradient's component along each row remov
 renormalised after it); ``b_dec`` starts at the mean of the first block's targets. Normalisation: a fixed factor per
 input (and output, transcoders) from the first block so the mean squared norm is ``d`` (SAELens's
 ``expected_average_only_in`` sets the mean norm to ``√d`` instead), folded into the weights at the end
-(:meth:`~lenscope.models.dictionary.Dictionary.folded`). Adam (betas 0.9, 0.999), learning rate ``2e-4 · sqrt(16384
-/ width)`` (Gao's scaling) unless given, a linear warm-up over 5% of the run and a linear decay to 0 (the tuned-lens
+(:meth:`~lenscope.models.dictionary.Dictionary.folded`). Adam (betas 0.9, 0.999), learning rate unless given ``2e-4 ·
+sqrt(16384 / width)`` for an SAE (Gao's scaling) and ``8e-3 · sqrt(4608 / width)`` for a transcoder (half the best of
+a probe on smollm2's MLPs, ``benchmarks/bench_dict_transcoder_init.py --lrs``: SAE's rate learns 10 times too slowly
+there), a linear warm-up over 5% of the run and a linear decay to 0 (the tuned-lens
 :class:`~lenscope.lenses.training.plan.Planner`, which also fits a time budget to the measured speed).
 
 The encoder matmul (and JumpReLU's decoder matmul) runs in the precision :func:`precision` gives (bfloat16 only
@@ -66,6 +68,9 @@ JUMPRELU_INIT_ROWS = 8192
 CHECKPOINT = "checkpoint"
 
 
+TRANSCODER_LR = 8e-3  # a transcoder's default learning rate at width 4,608 (docs/features.md, "Transcoders")
+
+
 @dataclass
 class DictSettings:
     """Settings of :func:`train_dictionaries` (recorded in each dictionary's ``info``)."""
@@ -87,7 +92,11 @@ class DictSettings:
     bf16: bool | None = None
 
     def base_lr(self) -> float:
-        return self.lr if self.lr is not None else 2e-4 * math.sqrt(16384 / self.width)
+        if self.lr is not None:
+            return self.lr
+        if self.role != "sae":  # transcoders: see the module's docstring
+            return TRANSCODER_LR * math.sqrt(4608 / self.width)
+        return 2e-4 * math.sqrt(16384 / self.width)
 
     def check(self, d: int | None = None) -> None:
         if self.kind not in KINDS:
