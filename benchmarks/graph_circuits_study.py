@@ -10,8 +10,8 @@ heads (``edge_heads``), and what the graph puts first:
   ``w`` the target's probability, ``An`` the adjacency with each row's absolute values normalised to sum 1) of its
   feature nodes and its error node(s), i.e. of the block's MLP as the transcoder and its error carry it;
 - **positions**: the same sum per position (features and error nodes; the token node's influence is kept apart);
-  across prompts the positions are pooled by their role (IOI: ``IO``, ``S1``, ``S2``, ``END``; SVA: ``SUBJ``,
-  ``ATTR``, ``END``; any other position by its token text);
+  across prompts the positions are pooled by their role (``FIRST``, the first token; IOI: ``IO``, ``S1``, ``S2``,
+  ``END``; SVA: ``SUBJ``, ``ATTR``, ``END``; any other position by its token text);
 - **heads**: for every pruned edge ``s -> t``, the absolute part each head ``(l, h)`` carries (``|H[l, h][t, s]|``,
   the head split of ``edge_heads``) weighted as circuit-tracer weights the edge when pruning: divided by the
   target's summed absolute input ``sum_s' |A[t, s']|`` (the normalised adjacency) and multiplied by the target's
@@ -19,7 +19,11 @@ heads (``edge_heads``), and what the graph puts first:
   otherwise). The attention-free (residual) parts are summed the same way, as the residual share.
 
 Each prompt's layer, position and head scores are divided by its target's probability (``w``) before they are
-summed over prompts, so every prompt counts the same. Top 5 of each are listed.
+averaged over prompts, so every prompt counts the same. Top 5 of each are listed, twice: over the whole graph
+(``all``) and with the first position left out (``without_first``: its nodes, and the edges from or to them).
+smollm2 has no BOS token, so its first token is the attention sink (massive activations); circuit-tracer gives a
+BOS no nodes, lenscope does the same for a special first token only, so here the first real token's nodes stay in
+the graph, and they dominate the influence.
 
 Beside them, read from ``docs/results/circuits/<task>.json`` (not recomputed; 8 pairs, of which these are the
 first ``--n``): exact node patching's top 10 nodes (heads and MLPs with their layers; no positions stored), the
@@ -72,35 +76,44 @@ def roles(task: str, tokens: list[str], meta: dict) -> list[str]:
                 out[i] = "SUBJ"
             elif w == meta.get("attractor"):
                 out[i] = "ATTR"
-    out[-1] = "END"
+    out[0], out[-1] = "FIRST", "END"
     return out
 
 
-def graph_summary(lm, g, eh) -> dict:
-    """A graph's layer, position and head scores (see the module's docstring), not yet divided by ``w``."""
+def node_positions(g) -> torch.Tensor:
+    """Every node's position ``(node,)``."""
+    o, P = g.offsets(), g.n_pos
+    return torch.cat([g.feature_pos.long(), torch.arange(o["token"] - o["error"]) % P, torch.arange(P),
+                      torch.full((g.n_logits,), P - 1)])
+
+
+def graph_summary(g, eh, skip_first: bool = False) -> dict:
+    """A graph's layer, position and head scores (see the module's docstring), not yet divided by ``w``; with
+    ``skip_first`` the nodes at the first position and the edges from or to them are left out."""
     from lenscope.features.graph_prune import logit_weights, node_influence
 
     o = g.offsets()
     inf = node_influence(g)
     w = logit_weights(g)
     L, P = g.n_layers, g.n_pos
+    pos_of = node_positions(g)
+    keep = (pos_of > 0) if skip_first else torch.ones_like(pos_of, dtype=torch.bool)
+    kinf = torch.where(keep, inf, torch.zeros_like(inf))
     layer = torch.zeros(L, dtype=torch.float64)
     pos = torch.zeros(P, dtype=torch.float64)
-    f_inf = inf[: o["error"]]
+    f_inf = kinf[: o["error"]]
     layer.index_add_(0, g.feature_layer.long(), f_inf)
     pos.index_add_(0, g.feature_pos.long(), f_inf)
-    e_inf = inf[o["error"]: o["token"]].reshape(L, P)  # error nodes are block-major
-    layer_err = e_inf.sum(1)
-    layer += layer_err
+    e_inf = kinf[o["error"]: o["token"]].reshape(L, P)  # error nodes are block-major
+    layer += e_inf.sum(1)
     pos += e_inf.sum(0)
-    tok = inf[o["token"]: o["logit"]]
+    tok = kinf[o["token"]: o["logit"]]
     rowsum = g.adjacency.abs().double().sum(1).clamp_min(1e-30)
-    t = eh.edges[:, 0]
-    weight = (inf[t] + w[t]) / rowsum[t]
+    t, s = eh.edges[:, 0], eh.edges[:, 1]
+    weight = (inf[t] + w[t]) / rowsum[t] * (keep[t] & keep[s]).double()
     heads = (eh.heads.abs().double() * weight[:, None, None]).sum(0)  # (layer, head)
     resid = float((eh.residual.abs().double() * weight).sum())
-    return {"layer": layer, "layer_error": layer_err, "position": pos, "token": tok, "heads": heads,
-            "residual": resid}
+    return {"layer": layer, "position": pos, "token": tok, "heads": heads, "residual": resid}
 
 
 def top(scores: dict, k: int = TOP) -> list[dict]:
@@ -202,8 +215,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"the pairs differ from {circ_path}'s (its example: {circ.get('example', {}).get('clean')!r})")
     dicts = [d for d in load_dictionaries(args.dict) if d.layer % args.every == 0]
 
-    layer_sum, pos_sum, head_sum = defaultdict(float), defaultdict(float), defaultdict(float)
-    resid_sum = head_total = 0.0
+    views = ("all", "without_first")
+    sums = {v: {"layer": defaultdict(float), "position": defaultdict(float), "head": defaultdict(float),
+                "residual": 0.0, "heads_total": 0.0, "token": 0.0} for v in views}
     prompts = []
     for p in pairs:
         target = resolve_token(lm, p.target)
@@ -213,59 +227,72 @@ def main(argv=None) -> int:
         t1 = time.perf_counter()
         eh = edge_heads(lm, g, dicts)
         t2 = time.perf_counter()
-        s = graph_summary(lm, g, eh)
         rep, comp = graph_scores(g)
         pr = prune(g)
         w = float(g.logit_probs[0])
         role = roles(args.task, g.tokens, p.meta)
-        layers = {str(li): float(v) for li, v in enumerate(s["layer"])}
-        positions = {f"{j}:{role[j]}": float(v) for j, v in enumerate(s["position"])}
-        H = s["heads"].shape[1]
-        heads = {f"L{li}H{h}": float(s["heads"][li, h]) for li in range(s["heads"].shape[0]) for h in range(H)}
-        for k, v in layers.items():
-            layer_sum[k] += v / w
-        for j, v in enumerate(s["position"].tolist()):
-            pos_sum[role[j]] += v / w
-        for k, v in heads.items():
-            head_sum[k] += v / w
-        resid_sum += s["residual"] / w
-        head_total += float(s["heads"].sum()) / w
         rec = {"clean": p.clean, "target": p.target, "target_id": target, "target_prob": w,
                "tokens": g.tokens, "roles": role, "seconds": round(t1 - t0, 1), "heads_seconds": round(t2 - t1, 1),
                "n_active": g.n_active, "n_feature_nodes": g.n_features, "n_nodes": g.n_nodes,
                "exactness_error": g.exactness_error, "real_error": g.real_error, "replacement_score": rep,
                "completeness_score": comp, "pruned_nodes": int(pr.node_mask.sum()),
-               "pruned_edges": int(eh.edges.shape[0]), "head_error": eh.error,
-               "residual_share": s["residual"] / max(s["residual"] + float(s["heads"].sum()), 1e-30),
-               "token_influence": float(s["token"].sum()) / w,
-               "top_layers": top(layers), "top_positions": top(positions), "top_heads": top(heads)}
+               "pruned_edges": int(eh.edges.shape[0]), "head_error": eh.error}
+        for v in views:
+            s = graph_summary(g, eh, skip_first=v == "without_first")
+            acc = sums[v]
+            layers = {str(li): float(x) for li, x in enumerate(s["layer"])}
+            H = s["heads"].shape[1]
+            heads = {f"L{li}H{h}": float(s["heads"][li, h]) for li in range(s["heads"].shape[0]) for h in range(H)}
+            for k, x in layers.items():
+                acc["layer"][k] += x / w
+            for j, x in enumerate(s["position"].tolist()):
+                if x or v == "all":
+                    acc["position"][role[j]] += x / w
+            for k, x in heads.items():
+                acc["head"][k] += x / w
+            acc["residual"] += s["residual"] / w
+            acc["heads_total"] += float(s["heads"].sum()) / w
+            acc["token"] += float(s["token"].sum()) / w
+            rec[v] = {"residual_share": s["residual"] / max(s["residual"] + float(s["heads"].sum()), 1e-30),
+                      "token_influence": float(s["token"].sum()) / w, "top_layers": top(layers),
+                      "top_positions": top({f"{j}:{role[j]}": float(x) for j, x in enumerate(s["position"])}),
+                      "top_heads": top(heads)}
+            if v == "all":
+                rec["first_position_share"] = float(s["position"][0] / s["position"].sum())
         prompts.append(rec)
-        print(json.dumps({k: v for k, v in rec.items() if k not in ("tokens", "roles")}), flush=True)
+        print(json.dumps({k: x for k, x in rec.items() if k not in ("tokens", "roles")}), flush=True)
 
     n = len(prompts)
-    graph = {"top_layers": top(layer_sum), "top_positions": top(pos_sum), "top_heads": top(head_sum),
-             "top10_heads": top(head_sum, 10),
-             "layer_scores": {k: v / n for k, v in layer_sum.items()},
-             "position_scores": {k: v / n for k, v in sorted(pos_sum.items(), key=lambda kv: -kv[1])},
-             "residual_share": resid_sum / max(resid_sum + head_total, 1e-30),
-             "token_influence": sum(r["token_influence"] for r in prompts) / n}
-    for key in ("top_layers", "top_positions", "top_heads", "top10_heads"):
-        for r in graph[key]:
-            r["score"] /= n  # a mean over prompts
+
+    def mean_top(scores: dict, k: int = TOP) -> list[dict]:
+        return [{"name": r["name"], "score": r["score"] / n} for r in top(scores, k)]
+
+    graph = {}
+    for v in views:
+        acc = sums[v]
+        graph[v] = {"top_layers": mean_top(acc["layer"]), "top_positions": mean_top(acc["position"]),
+                    "top_heads": mean_top(acc["head"]), "top10_heads": mean_top(acc["head"], 10),
+                    "layer_scores": {k: x / n for k, x in acc["layer"].items()},
+                    "position_scores": {k: x / n for k, x in sorted(acc["position"].items(), key=lambda kv: -kv[1])},
+                    "residual_share": acc["residual"] / max(acc["residual"] + acc["heads_total"], 1e-30),
+                    "token_influence": acc["token"] / n}
     other = stored_methods(circ)
     mean = {k: sum(r[k] for r in prompts) / n for k in ("seconds", "heads_seconds", "target_prob",
                                                         "replacement_score", "completeness_score", "n_active",
                                                         "n_feature_nodes", "pruned_edges")}
     mean["exactness_error_max"] = max(r["exactness_error"] for r in prompts)
     mean["head_error_max"] = max(r["head_error"] for r in prompts)
+    mean["first_position_share"] = sum(r["first_position_share"] for r in prompts) / n
     res = {"task": args.task, "model": args.model, "machine": machine, "machine_end": record(),
            "settings": {"n": n, "max_feature_nodes": args.max_feature_nodes, "every": args.every,
                         "transcoders": len(dicts), "dictionaries": args.dict, "batch_size": args.batch_size,
                         "node_threshold": 0.8, "edge_threshold": 0.98, "circuits_file": str(circ_path),
                         "scores": "layers/positions: summed node influence (features + error nodes) / w; heads: "
                                   "sum over pruned edges of |head part| / sum|A[t,:]| * (influence_t + w_t), / w; "
-                                  "means over prompts"},
-           "graph": graph, "others": other, "overlap": overlaps(graph, other), "mean": mean, "prompts": prompts}
+                                  "means over prompts; without_first: the nodes at the first position and the "
+                                  "edges from or to them left out"},
+           "graph": graph, "others": other, "overlap": {v: overlaps(graph[v], other) for v in views}, "mean": mean,
+           "prompts": prompts}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps({k: res[k] for k in ("graph", "overlap", "mean")}, indent=1))
