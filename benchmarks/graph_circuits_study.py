@@ -11,7 +11,8 @@ heads (``edge_heads``), and what the graph puts first:
   feature nodes and its error node(s), i.e. of the block's MLP as the transcoder and its error carry it;
 - **positions**: the same sum per position (features and error nodes; the token node's influence is kept apart);
   across prompts the positions are pooled by their role (``FIRST``, the first token; IOI: ``IO``, ``S1``, ``S2``,
-  ``END``; SVA: ``SUBJ``, ``ATTR``, ``END``; any other position by its token text);
+  ``END``; SVA: ``SUBJ``, ``ATTR``, ``END``; any other position by its token text, the positions of one text in a
+  prompt summed);
 - **heads**: for every pruned edge ``s -> t``, the absolute part each head ``(l, h)`` carries (``|H[l, h][t, s]|``,
   the head split of ``edge_heads``) weighted as circuit-tracer weights the edge when pruning: divided by the
   target's summed absolute input ``sum_s' |A[t, s']|`` (the normalised adjacency) and multiplied by the target's
@@ -36,8 +37,11 @@ The graph explains the clean target's logit (minus the mean logit) alone; the ci
 ``logit(target) - logit(foil)`` between the clean and the corrupted prompt. Writes
 ``docs/results/features/graph-circuits-<task>.json``:
 
-    nice -n 19 env OMP_NUM_THREADS=2 .venv/bin/python benchmarks/graph_circuits_study.py --task ioi
-    nice -n 19 env OMP_NUM_THREADS=2 .venv/bin/python benchmarks/graph_circuits_study.py --task sva
+    nice -n 19 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/graph_circuits_study.py --task ioi --n 8
+    nice -n 19 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/graph_circuits_study.py --task sva --n 8
+
+(``--n 8``: the same 8 pairs as the circuits files; one thread, as on a shared 2-core machine two threads wait on
+each other.)
 """
 
 from __future__ import annotations
@@ -255,7 +259,8 @@ def main(argv=None) -> int:
             acc["token"] += float(s["token"].sum()) / w
             rec[v] = {"residual_share": s["residual"] / max(s["residual"] + float(s["heads"].sum()), 1e-30),
                       "token_influence": float(s["token"].sum()) / w, "top_layers": top(layers),
-                      "top_positions": top({f"{j}:{role[j]}": float(x) for j, x in enumerate(s["position"])}),
+                      "top_positions": top({f"{j}:{role[j]}": float(x) for j, x in enumerate(s["position"])
+                                           if j or v == "all"}),
                       "top_heads": top(heads)}
             if v == "all":
                 rec["first_position_share"] = float(s["position"][0] / s["position"].sum())
