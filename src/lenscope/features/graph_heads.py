@@ -113,7 +113,7 @@ def edge_heads(lm: LoadedModel, g, dictionaries, edges: Tensor | None = None, *,
         ge, gaa, gr = (torch.zeros_like(x) if gx is None else gx for gx, x in zip(grads[:3], ins))
         per = [(gaa * fz.acts)[idx[kind == 0]], (gr * fz.errs).sum(-1).reshape(-1), (ge * fz.emb).sum(-1)]
         R_t[k] = torch.cat(per)
-    row_of = {int(t): k for k, t in enumerate(targets.tolist())}
+    t_row = torch.searchsorted(targets, edges[:, 0])  # each edge's target row (targets: sorted, unique)
 
     # the sources: forward-mode derivatives of every head's output, a batch of sources at a time
     def heads_of(e, a, r):
@@ -139,13 +139,10 @@ def edge_heads(lm: LoadedModel, g, dictionaries, edges: Tensor | None = None, *,
             else:
                 te[b, i] = fz.emb[i]
         J = torch.func.vmap(lambda x, y, z: torch.func.jvp(heads_of, primals, (x, y, z))[1])(te, ta, tr_)
-        pos_of = {int(s): b for b, s in enumerate(chunk.tolist())}
-        for e in (torch.isin(edges[:, 1], chunk)).nonzero()[:, 0].tolist():
-            t, s = int(edges[e, 0]), int(edges[e, 1])
-            k = row_of[t]
-            out_heads[e] = torch.einsum("lhd,ld->lh", J[pos_of[s], :, :, int(t_pos[k])], G[k])
-    residual = torch.stack([R_t[row_of[int(t)], int(s)] for t, s in edges.tolist()]) if edges.numel() else \
-        torch.zeros(0, dtype=fz.dtype)
+        es = torch.isin(edges[:, 1], chunk).nonzero()[:, 0]  # the edges from this chunk's sources, all at once
+        b, k = torch.searchsorted(chunk, edges[es, 1]), t_row[es]
+        out_heads[es] = torch.einsum("elhd,eld->elh", J[b, :, :, t_pos[k]], G[k])
+    residual = R_t[t_row, edges[:, 1]]
     A = g.adjacency[edges[:, 0], edges[:, 1]].double() if edges.numel() else torch.zeros(0, dtype=torch.float64)
     parts = torch.cat([out_heads.reshape(edges.shape[0], -1).double(), residual[:, None].double()], 1)
     if edges.numel():

@@ -180,16 +180,13 @@ class Frozen:
     def pre_of(self, mlp_in: list[Tensor], which: Tensor) -> Tensor:
         """The pre-activations ``(n,)`` of active latents ``which`` (indices into the active list), read from the
         MLP inputs of :meth:`forward`."""
-        out = []
-        for L, d in sorted(self.dicts.items()):
-            sel = which[self.layer[which] == L]
-            if sel.numel():
-                x = mlp_in[L][self.pos[sel]]
-                out.append((sel, (x * d.W_enc[:, self.feature[sel]].T).sum(-1) + d.b_enc[self.feature[sel]]))
         res = torch.empty(which.numel(), dtype=self.dtype)
-        order = {int(i): k for k, i in enumerate(which.tolist())}
-        for sel, v in out:
-            res[torch.tensor([order[int(i)] for i in sel.tolist()], dtype=torch.long)] = v
+        layer = self.layer[which]
+        for L, d in self.dicts.items():
+            at = (layer == L).nonzero()[:, 0]  # rows of ``which`` in block L
+            if at.numel():
+                sel, f = which[at], self.feature[which[at]]
+                res[at] = (mlp_in[L][self.pos[sel]] * d.W_enc[:, f].T).sum(-1) + d.b_enc[f]
         return res
 
     def logit_dirs(self, ids: Tensor) -> tuple[Tensor, Tensor]:
