@@ -113,7 +113,7 @@ def edge_heads(lm: LoadedModel, g, dictionaries, edges: Tensor | None = None, *,
         ge, gaa, gr = (torch.zeros_like(x) if gx is None else gx for gx, x in zip(grads[:3], ins))
         per = [(gaa * fz.acts)[idx[kind == 0]], (gr * fz.errs).sum(-1).reshape(-1), (ge * fz.emb).sum(-1)]
         R_t[k] = torch.cat(per)
-    t_row = torch.searchsorted(targets, edges[:, 0])  # each edge's target row (targets: sorted, unique)
+    t_row = torch.searchsorted(targets, edges[:, 0].contiguous())  # each edge's target row (targets: sorted, unique)
 
     # the sources: forward-mode derivatives of every head's output, a batch of sources at a time
     def heads_of(e, a, r):
@@ -140,7 +140,7 @@ def edge_heads(lm: LoadedModel, g, dictionaries, edges: Tensor | None = None, *,
                 te[b, i] = fz.emb[i]
         J = torch.func.vmap(lambda x, y, z: torch.func.jvp(heads_of, primals, (x, y, z))[1])(te, ta, tr_)
         es = torch.isin(edges[:, 1], chunk).nonzero()[:, 0]  # the edges from this chunk's sources, all at once
-        b, k = torch.searchsorted(chunk, edges[es, 1]), t_row[es]
+        b, k = torch.searchsorted(chunk, edges[es, 1].contiguous()), t_row[es]
         out_heads[es] = torch.einsum("elhd,eld->elh", J[b, :, :, t_pos[k]], G[k])
     residual = R_t[t_row, edges[:, 1]]
     A = g.adjacency[edges[:, 0], edges[:, 1]].double() if edges.numel() else torch.zeros(0, dtype=torch.float64)
