@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, InvariantError
-from ..models.load import LoadedModel, encode, require_decoder, resolve_token
-from ..models.request import token_texts
+from ..models.load import LoadedModel, encode, require_decoder
+from ..models.request import Request, token_texts
 from ..models.stop import checkpoint
 from ..models.trace import trace
 from ..models.verify import completeness_tolerance
@@ -248,7 +248,7 @@ def node_id(g: AttributionGraph, i: int, rec: dict | None = None) -> str:
 
 def _logit_nodes(lm: LoadedModel, logits: Tensor, target, max_logits: int, logit_prob: float) -> Tensor:
     if target is not None:
-        return torch.tensor([resolve_token(lm, target)])
+        return torch.tensor([Request.of(lm, target).target])
     if max_logits < 1 or not 0 < logit_prob <= 1:
         raise InputError("max_logits must be at least 1 and logit_prob in (0, 1]")
     probs = logits.float().softmax(-1)
