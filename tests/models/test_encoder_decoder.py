@@ -146,15 +146,20 @@ def test_a_block_with_cross_attention_needs_the_encoder_output():
         A.encoder.layers[0].forward(h, torch.arange(3), memory=h)
 
 
-def test_encoder_decoder_types_are_still_refused_by_load(tmp_path):
-    """The reader is not registered as a family until the engine runs encoder-decoder models: load refuses."""
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_saved_folder_of_each_kind_loads_and_verifies(tmp_path, kind):
+    """A user's own folder (model and tokenizer, as save_pretrained writes them) loads as a sequence-to-sequence
+    model with its Anatomy, and verify checks both stacks on a source and a target prefix."""
     import lenscope
-    from lenscope.errors import UnsupportedModelError
+    from lenscope.models.tokenizer import tiny_tokenizer
+    from lenscope.models.verify import verify
 
-    _model("bart").save_pretrained(tmp_path)
-    with pytest.raises(UnsupportedModelError, match="model type 'bart'.* is not supported"):
-        lenscope.load(str(tmp_path))
-
+    _model(kind).save_pretrained(tmp_path)
+    tiny_tokenizer(kind="encoder-decoder").save_pretrained(tmp_path)
+    lm = lenscope.load(str(tmp_path))
+    assert lm.anatomy.is_encoder_decoder and type(lm.model).__name__.endswith(("ConditionalGeneration", "MTModel"))
+    rep = verify(lm, [2, 40, 9, 71], source=[5, 17, 33, 8, 60, 2])  # the test vocabulary's ids (TOK)
+    assert rep.ok and len(rep.layers) == 2 and len(rep.encoder["layers"]) == 2
 
 
 @pytest.mark.parametrize("bidirectional", [True, False])

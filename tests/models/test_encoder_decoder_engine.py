@@ -3,8 +3,7 @@ captures both stacks (the encoder's sites with the prefix ``enc.``, positions ov
 cross-attention, each capture equal to what the real model computed (read by plain hooks, independent of the
 engine's), and edits any of them as it edits a decoder-only model's sites.
 
-The readers are not registered as families yet (docs/encoder-decoder.md, "What remains"): the tests register them
-for themselves. Float64 models; the captures are the model's own tensors, so they equal the plain hooks' exactly;
+Float64 models; the captures are the model's own tensors, so they equal the plain hooks' exactly;
 the Anatomy's recomputation (float32 softmax) within the tolerance of ``test_encoder_decoder.py``.
 """
 
@@ -12,9 +11,7 @@ import pytest
 import torch
 
 from lenscope.errors import InputError, NotApplicableError
-from lenscope.models import families as fam_mod
 from lenscope.models.engine import Edit, run
-from lenscope.models.families import Family, bart, t5
 from lenscope.models.load import LoadedModel
 from lenscope.models.trace import trace
 from lenscope.models.verify import verify
@@ -24,14 +21,6 @@ from tests.tolerances import U32
 
 SRC = torch.tensor([[5, 17, 33, 8, 60, 2], [7, 7, 41, 90, 3, 2]])
 TGT = torch.tensor([[2, 40, 9, 71, 12], [2, 11, 80, 5, 30]])
-
-
-@pytest.fixture
-def registered(monkeypatch):
-    fams = dict(fam_mod.families())
-    fams["bart"] = Family("bart", bart.MODEL_TYPES, bart.read, bart.hooks)
-    fams["t5"] = Family("t5", ("t5",), t5.read, t5.hooks)
-    monkeypatch.setattr(fam_mod, "_FAMILIES", fams)
 
 
 def _lm(kind):
@@ -49,7 +38,7 @@ def _plain(model, rows: int = 2):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_captures_of_both_stacks_are_the_models(registered, kind):
+def test_captures_of_both_stacks_are_the_models(kind):
     lm = _lm(kind)
     A = lm.anatomy
     cap, logits = _plain(lm.model)
@@ -105,7 +94,7 @@ def _ln_cross_in(layer, r):
 
 
 @pytest.mark.parametrize("kind", ["bart", "t5"])
-def test_edits_on_both_stacks_change_the_run_as_a_hook_would(registered, kind):
+def test_edits_on_both_stacks_change_the_run_as_a_hook_would(kind):
     """An edit of an encoder site, of a cross-attention head and of cross-attention's keys gives the logits of the
     real model with that change made by a plain hook."""
     lm = _lm(kind)
@@ -155,7 +144,7 @@ def test_edits_on_both_stacks_change_the_run_as_a_hook_would(registered, kind):
 
 
 @pytest.mark.parametrize("kind", ["marian", "t5-gated"])
-def test_gradients_reach_the_encoder_and_cross_attention_captures(registered, kind):
+def test_gradients_reach_the_encoder_and_cross_attention_captures(kind):
     lm = _lm(kind)
     r = run(lm, TGT, capture=["enc.resid_pre.0", "cross_out.1"], source=SRC, grad=True)
     enc, cross = (r.captured[k] for k in ("enc.resid_pre.0", "cross_out.1"))
@@ -167,7 +156,7 @@ def test_gradients_reach_the_encoder_and_cross_attention_captures(registered, ki
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_trace_holds_both_stacks(registered, kind):
+def test_the_trace_holds_both_stacks(kind):
     """``trace(lm, target_prefix, source=)``: the decoder's Trace with its cross-attention, and the encoder's Trace
     (``Trace.encoder``), each field the real model's (plain hooks), the memory what cross-attention read."""
     lm = _lm(kind)
@@ -202,7 +191,7 @@ def test_the_trace_holds_both_stacks(registered, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_verify_checks_both_stacks_and_cross_attention(registered, kind):
+def test_verify_checks_both_stacks_and_cross_attention(kind):
     """``verify`` recomputes every block of both stacks, the decoder's cross-attention from what it read and the
     encoder's output, and the logits; a wrong reading of one cross-attention fails it."""
     lm = _lm(kind)
@@ -254,7 +243,7 @@ def test_texts_become_the_source_and_the_decoders_shifted_target_prefix(kind, te
     assert source_ids(lm, "the house is small").tolist() == lead + body + [tok.eos_token_id]
 
 
-def test_one_line_errors(registered):
+def test_one_line_errors():
     lm = _lm("bart")
     with pytest.raises(InputError, match="encoder-decoder model: run it with the source"):
         run(lm, TGT)

@@ -20,7 +20,7 @@ def test_unknown_name_lists_what_is_available():
 
 def test_unknown_tiny_family():
     with pytest.raises(lenscope.UnknownModelError, match="tiny:gpt2"):
-        lenscope.load("tiny:t5")
+        lenscope.load("tiny:pegasus")
 
 
 def test_missing_wheel_says_how_to_install(monkeypatch):
@@ -37,11 +37,20 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
 
 
 def test_unsupported_architecture(tmp_path):
+    from transformers import PegasusConfig
+
+    PegasusConfig(d_model=16, encoder_layers=1, decoder_layers=1, vocab_size=64).save_pretrained(tmp_path)
+    with pytest.raises(lenscope.UnsupportedModelError, match="supported model types"):
+        lenscope.load(str(tmp_path))
+
+
+def test_a_folder_without_weights_is_one_line(tmp_path):
     from transformers import T5Config
 
     T5Config(d_model=16, num_layers=1, num_heads=2, d_ff=32, vocab_size=64).save_pretrained(tmp_path)
-    with pytest.raises(lenscope.UnsupportedModelError, match="supported model types"):
+    with pytest.raises(lenscope.UnknownModelError, match="cannot load the model in .*: .*") as e:
         lenscope.load(str(tmp_path))
+    assert len(str(e.value).splitlines()) == 1
 
 
 def test_load_unpacks_and_is_deterministic():

@@ -31,7 +31,7 @@ from ..models.algebra import (
     write_pullback,
 )
 from ..models.load import LoadedModel, require_decoder, target_fields
-from ..models.readout import Readout
+from ..models.readout import Readout, traced_pullbacks
 from ..models.request import Request, position_in
 from ..models.trace import Trace, prefix_trace, trace
 from .explanation import Explanation
@@ -39,9 +39,9 @@ from .methods import ALTI_LOGIT
 
 
 def _tokens_and_trace(lm: LoadedModel, text, target, foil, position: int, tr: Trace | None,
-                      need: str | None = None):
+                      need: str | None = None, source=None):
     req = Request.of(lm, target, foil, distinct=True, need=need)
-    tr = tr if tr is not None else trace(lm, text)
+    tr = tr if tr is not None else trace(lm, text, source=source)
     return req.target, req.foil, tr, position_in(position, len(tr.tokens))
 
 
@@ -52,7 +52,8 @@ def _readout(lm: LoadedModel, tr: Trace, rows: Tensor, t_ids: Tensor, f_ids: Ten
     bias) and the model's logit differences ``(k,)`` (float64, before any final soft-capping)."""
     readout = Readout.from_anatomy(lm.anatomy)
     u = readout.direction(t_ids, f_ids).T  # (k, d_model): one unembedding difference per row
-    direction = readout.pullback(u, readout.scale(f32(tr.site("ln_final.in")[rows])))
+    final_in = tr.site("ln_final.in")  # None without a final norm (BART, Marian: Post-LN decoders)
+    direction = u if final_in is None else readout.pullback(u, readout.scale(f32(final_in[rows])))
     pairs = list(zip(t_ids.tolist(), [None] * len(rows) if f_ids is None else f_ids.tolist()))
     const = torch.tensor([readout.constant(t, f) for t, f in pairs], dtype=torch.float64)
     logit = torch.tensor([readout.traced_logit(tr.logits[int(r)], t, f) for r, (t, f) in zip(rows, pairs)],
@@ -94,19 +95,44 @@ def value_logit_rows(layer, which: str, z: Tensor, beta: Tensor | None, alpha: T
 def logit_parts(lm: LoadedModel, tr: Trace, rows: Tensor, t_ids: Tensor, f_ids: Tensor | None) -> dict:
     """The logit parts of the predictions at positions ``rows (k,)``: head scores ``(k, layer, head, src)``,
     remainders, attention and MLP updates ``(k, layer)``, and per row the embedding's direct term, the constant,
-    the model's logit difference, the relative invariant error and the completeness error ``(k,)``."""
+    the model's logit difference, the relative invariant error and the completeness error ``(k,)``.
+
+    An encoder-decoder model (a trace with its source): the scores are over the source tokens, then the target
+    prefix's (``src`` = both): cross-attention's parts over the source, self-attention's over the prefix, in the
+    same heads' rows; the attention updates hold both; each write is read along the direction carried back to it
+    through the Post-LN blocks after it (:func:`~lenscope.models.readout.traced_pullbacks`), whose norms' biases
+    join the constant."""
     A = lm.anatomy
     direction, const, logit = _readout(lm, tr, rows, t_ids, f_ids)
+    layer_dirs, embed_dir, norm_const = traced_pullbacks(A, tr, rows, direction)
+    const = const + norm_const.double()
+
+    def along(l: int, which: str) -> Tensor:
+        return direction if layer_dirs is None else layer_dirs[l][which]
+
     heads, rems = [], []
     for l in range(A.n_layers):
-        h, r = attention_logit_rows(A, tr, l, rows, direction)
+        h, r = attention_logit_rows(A, tr, l, rows, along(l, "attn"))
+        if tr.cross_write is not None:  # the source's parts first
+            hc, rc = value_logit_rows(A.layers[l], "cross", f32(tr.memory), None,
+                                      f32(tr.cross_pattern[l][:, rows]).transpose(0, 1),
+                                      f32(tr.cross_out[l][rows]), along(l, "cross"))
+            h, r = torch.cat([hc, h], -1), r + rc
         heads.append(h)
         rems.append(r)
     head_scores = torch.stack(heads, 1)  # (k, layer, head, src)
     rem = torch.stack(rems, 1)  # (k, layer)
-    attn_update = torch.einsum("lkd,kd->kl", f32(tr.attn_write[:, rows]), direction)
-    mlp_update = torch.einsum("lkd,kd->kl", f32(tr.mlp_write[:, rows]), direction)
-    embed = (f32(tr.embed[rows]) * direction).sum(-1).double()
+
+    def update(write: Tensor, which: str) -> Tensor:  # (k, layer): each layer's write read along its direction
+        if layer_dirs is None:
+            return torch.einsum("lkd,kd->kl", f32(write[:, rows]), direction)
+        return torch.stack([(f32(write[l][rows]) * along(l, which)).sum(-1) for l in range(A.n_layers)], 1)
+
+    attn_update = update(tr.attn_write, "attn")
+    if tr.cross_write is not None:
+        attn_update = attn_update + update(tr.cross_write, "cross")
+    mlp_update = update(tr.mlp_write, "mlp")
+    embed = (f32(tr.embed[rows]) * embed_dir).sum(-1).double()
     layer_scores = head_scores.sum(2)
     gap = (layer_scores.double().sum(-1) + rem.double() - attn_update.double()).abs()
     scale = (attn_update.double().abs() + layer_scores.double().abs().sum(-1) + rem.double().abs()).amax(-1)
@@ -143,19 +169,22 @@ def _refuse(inv: float, method: str, lm: LoadedModel) -> None:
             "`lenscope verify` on it")
 
 
-def _logit_request(lm: LoadedModel, method: str, title: str, text, target, foil, position: int, tr: Trace | None):
+def _logit_request(lm: LoadedModel, method: str, title: str, text, target, foil, position: int, tr: Trace | None,
+                   source=None):
     """What both logit explanations start with: the checks, the trace, and the per-layer logit parts (refused
-    when they do not add up). Returns ``(target_id, foil_id, trace, position, parts)``."""
-    require_decoder(lm, title, sum_of_blocks=True, instead="use --method alti or value-zeroing for a context-mixing "
-                    "explanation")
-    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr, need=title)
+    when they do not add up). Returns ``(target_id, foil_id, trace, position, parts)``. ``source``: an
+    encoder-decoder model's source (the Logit explanation reads them)."""
+    require_decoder(lm, title, sum_of_blocks=True, encoder_decoder=method == "logit",
+                    instead="use --method alti or value-zeroing for a context-mixing explanation")
+    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr, need=title, source=source)
     parts = _row(logit_parts(lm, tr, torch.tensor([p]), *_one(t_id, f_id)))
     _refuse(parts["invariant_error"], method, lm)
     return t_id, f_id, tr, p, parts
 
 
 def _explanation(lm, method, tr, p, t_id, f_id, scores, **kw) -> Explanation:
-    n = len(tr.tokens)
+    source = [] if tr.encoder is None else list(tr.encoder.tokens)  # an encoder-decoder model's source tokens
+    n = len(source) + len(tr.tokens)
     if scores.shape[-1] < n:  # computed on the causal prefix: later tokens get exactly zero
         pad = scores.new_zeros(*scores.shape[:-1], n - scores.shape[-1])
         scores = torch.cat([scores, pad], -1)
@@ -165,8 +194,8 @@ def _explanation(lm, method, tr, p, t_id, f_id, scores, **kw) -> Explanation:
             kw[k] = torch.cat([v, v.new_zeros(*v.shape[:-1], n - v.shape[-1])], -1)
     kw = {k: (v.float().cpu() if isinstance(v, Tensor) else v) for k, v in kw.items()}
     return Explanation(
-        model=lm.name, method=method, tokens=list(tr.tokens), position=p,
-        **target_fields(lm, t_id, f_id), scores=scores.float().cpu(), **kw)
+        model=lm.name, method=method, tokens=source + list(tr.tokens), position=len(source) + p,
+        **target_fields(lm, t_id, f_id), scores=scores.float().cpu(), n_source=len(source), **kw)
 
 
 def _info(parts: dict) -> dict:
@@ -176,13 +205,17 @@ def _info(parts: dict) -> dict:
 
 @torch.no_grad()
 def logit_explanation(lm: LoadedModel, text, target, foil=None, *, position: int = -1,
-                      tr: Trace | None = None) -> Explanation:
+                      tr: Trace | None = None, source=None) -> Explanation:
     """Logit explanation (Ferrando et al. 2023, Eq. 8-9): how much each context token, through each layer's
     attention (and each head), moved the logit of ``target`` (minus ``foil``) at ``position``.
 
     ``scores (src,)`` sum the layers; ``layer_scores (layer, src)``; ``head_scores (layer, head, src)``.
+    ``source``: an encoder-decoder model's source text (``text``: the target prefix; ``position`` counts its
+    tokens): the tokens are the source's then the prefix's (``n_source`` of them the source's), a source token's
+    score what it moved the logit through the cross-attention, a prefix token's through the self-attention.
     """
-    t_id, f_id, tr, p, parts = _logit_request(lm, "logit", "the logit explanation", text, target, foil, position, tr)
+    t_id, f_id, tr, p, parts = _logit_request(lm, "logit", "the logit explanation", text, target, foil, position, tr,
+                                              source)
     ls = parts["head_scores"].sum(1)
     return _explanation(lm, "logit", tr, p, t_id, f_id, ls.sum(0), layer_scores=ls, head_scores=parts["head_scores"],
                         attention_update=parts["attention_update"], mlp_update=parts["mlp_update"],

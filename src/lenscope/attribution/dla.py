@@ -26,7 +26,7 @@ from torch import Tensor
 from ..errors import NotApplicableError
 from ..models.algebra import f32, head_outputs, head_writes
 from ..models.load import LoadedModel, require_decoder, target_fields
-from ..models.readout import Readout
+from ..models.readout import Readout, traced_pullbacks
 from ..models.request import Request, position_in
 from ..models.sites import display_name
 from ..models.trace import Trace, trace
@@ -119,16 +119,17 @@ class ComponentAttribution(LogitTarget, Result):
                 f"completeness_error={self.completeness_error:.1e})")
 
 
-def traced_head_writes(A, tr: Trace, l: int, p: int) -> tuple[Tensor, Tensor]:
+def traced_head_writes(A, tr: Trace, l: int, p: int, which: str = "attn") -> tuple[Tensor, Tensor]:
     """What each head of layer ``l`` adds to the residual stream at position ``p``, ``(head, d_model)``, and the
     part no head writes (the output bias; for a sandwich block, through the post-attention norm with its traced
     scale, plus that norm's bias; times a residual multiplier), ``(d_model,)``:
     :func:`lenscope.models.algebra.head_writes` with the ``"rest"`` bias convention, on the heads' outputs read from
-    the trace."""
-    rows = torch.tensor([p], device=tr.pattern[l].device)
-    z = head_outputs(A, tr, l, rows)  # (1, head, d_head)
-    post_in = None if A.layers[l].ln_attn_out is None else f32(tr.attn_out[l][rows])
-    heads, rest = head_writes(A.layers[l], z, "rest", post_in, dtype=torch.float32)
+    the trace. ``which="cross"``: an encoder-decoder block's cross-attention heads."""
+    pattern = tr.cross_pattern if which == "cross" else tr.pattern
+    rows = torch.tensor([p], device=pattern[l].device)
+    z = head_outputs(A, tr, l, rows, which=which)  # (1, head, d_head)
+    post_in = None if which == "cross" or A.layers[l].ln_attn_out is None else f32(tr.attn_out[l][rows])
+    heads, rest = head_writes(A.layers[l], z, "rest", post_in, dtype=torch.float32, which=which)
     return heads[0], rest[0]
 
 
@@ -155,37 +156,48 @@ def direct_logit_attribution(
     by_expert: bool | None = None,
     position: int = -1,
     tr: Trace | None = None,
+    source=None,
 ) -> ComponentAttribution:
     """Decompose the logit of ``target`` (minus ``foil``) at ``position`` (default: the last token).
 
     ``target``/``foil`` are a token's text (``" Paris"``), ``"#ID"`` or an int id. ``by_head``: each attention
     write as its heads and output bias; ``by_expert`` (default: as ``by_head``): each mixture-of-experts write as
-    the experts chosen at ``position`` (components ``L{l}.E{e}.mlp``).
+    the experts chosen at ``position`` (components ``L{l}.E{e}.mlp``). ``source``: an encoder-decoder model's
+    source text (``text`` is then the target prefix): its decoder blocks' cross-attention writes are components too
+    (``L{l}.cross``; by head ``L{l}.cross.H{h}``), and through Post-LN blocks (BART, Marian) each write is read along
+    the direction carried back to it through the norms after it (the norms' biases join ``bias``).
     """
-    require_decoder(lm, "direct logit attribution", sum_of_blocks=True,
+    require_decoder(lm, "direct logit attribution", sum_of_blocks=True, encoder_decoder=True,
                     instead="use a decoder model (e.g. smollm2) for this view")
     A = lm.anatomy
     req = Request.of(lm, target, foil, need="direct logit attribution")
     t_id, f_id = req.target, req.foil
-    tr = tr if tr is not None else trace(lm, text)
+    tr = tr if tr is not None else trace(lm, text, source=source)
     p = position_in(position, len(tr.tokens))
 
     readout = Readout.from_anatomy(A)
     u = readout.direction(t_id, f_id)  # float32 from bf16/fp16 weights
-    s = readout.scale(tr.site("ln_final.in")[p])
+    # Post-LN blocks (BART, Marian; no final norm): each write read along the direction carried back to it
+    layer_dirs, embed_dir, norm_const = traced_pullbacks(A, tr, torch.tensor([p]), u[None])
+    post = layer_dirs is not None
+    if not post:
+        s = readout.scale(tr.site("ln_final.in")[p])
     names: list[str] = []
     layers: list[int] = []
     heads: list[int] = []
     experts: list[int] = []
     parts: list[Tensor] = []
+    dirs: list[Tensor] = []
     by_expert = by_head if by_expert is None else by_expert
 
-    def add(name, layer, head, vec, expert=-1):
+    def add(name, layer, head, vec, expert=-1, which=None):
         names.append(name)
         layers.append(layer)
         heads.append(head)
         experts.append(expert)
         parts.append(vec)
+        if post:
+            dirs.append(embed_dir[0] if which is None else layer_dirs[layer][which][0])
 
     if A.embed.norm is None:
         emb = A.embed.parts(tr.input_ids[p : p + 1].to(tr.positions.device), tr.positions[p : p + 1])
@@ -195,26 +207,32 @@ def direct_logit_attribution(
         add("embed", -1, -1, tr.embed[p])
 
     for i, layer in enumerate(A.layers):
-        if by_head:
-            head_out, bias = traced_head_writes(A, tr, i, p)
-            for h in range(layer.attn.n_heads):
-                add(display_name("dla.head", i, h), i, h, head_out[h])
-            add(display_name("dla.attn_bias", i), i, -1, bias)
-        else:
-            add(display_name("attn", i), i, -1, tr.attn_write[i][p])
+        for which in ("attn", "cross") if layer.cross is not None else ("attn",):
+            if by_head:
+                head_out, bias = traced_head_writes(A, tr, i, p, which)
+                for h in range(head_out.shape[0]):
+                    add(display_name("dla.head" if which == "attn" else "dla.cross_head", i, h), i, h, head_out[h],
+                        which=which)
+                add(display_name(f"dla.{which}_bias", i), i, -1, bias, which=which)
+            else:
+                add(display_name(which, i), i, -1,
+                    getattr(tr, f"{which}_write")[i][p], which=which)
         if by_expert and tr.routing_weights is not None:
             for e, vec in _expert_writes(A, tr, i, p):
-                add(display_name("mlp", i, expert=e), i, -1, vec, e)
+                add(display_name("mlp", i, expert=e), i, -1, vec, e, which="mlp")
         else:
-            add(display_name("mlp", i), i, -1, tr.mlp_write[i][p])
+            add(display_name("mlp", i), i, -1, tr.mlp_write[i][p], which="mlp")
 
-    values = readout.part_logits(torch.stack(parts), s, u)
-    if readout.has_bias:
+    if post:
+        values = (torch.stack([f32(v) for v in parts]) * torch.stack(dirs)).sum(-1)
+    else:
+        values = readout.part_logits(torch.stack(parts), s, u)
+    if readout.has_bias or post:
         names.append("bias")
         layers.append(-1)
         heads.append(-1)
         experts.append(-1)
-        values = torch.cat([values, values.new_tensor([readout.constant(t_id, f_id)])])
+        values = torch.cat([values, values.new_tensor([readout.constant(t_id, f_id) + float(norm_const[0])])])
 
     logit = readout.traced_logit(tr.logits[p], t_id, f_id)  # the logit before soft-capping
     return ComponentAttribution(

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..errors import InputError
+from ..errors import InputError, NotApplicableError
 from ..models.load import LoadedModel
 from ..models.trace import Trace
 from . import methods as table
@@ -11,7 +11,7 @@ from .explanation import Explanation
 
 
 def explain(lm: LoadedModel, text=None, target=None, foil=None, *, method: str = table.DEFAULT, position: int = -1,
-            tr: Trace | None = None, **options) -> Explanation:
+            tr: Trace | None = None, source=None, **options) -> Explanation:
     """Explain the prediction at ``position`` (default: the last token) by scores over the input tokens.
 
     ``method`` is one of ``logit, alti-logit, alti, grad-norm, grad-x-input, ig, erasure, value-zeroing``
@@ -20,9 +20,17 @@ def explain(lm: LoadedModel, text=None, target=None, foil=None, *, method: str =
     contrastive (target minus foil). ``alti`` and ``value-zeroing`` need no target: they give the row of
     their rollout at ``position`` (summing to one). ``text`` is a string or token ids; a precomputed
     ``tr = lenscope.trace(lm, text)`` can serve several trace-based methods (logit, alti-logit, alti,
-    value-zeroing). Extra ``options`` go to the method (``steps`` for ``ig``, ``batch_size``).
+    value-zeroing). Extra ``options`` go to the method (``steps`` for ``ig``, ``batch_size``). ``source``: an
+    encoder-decoder model's source text (``text`` is then the target prefix), for the methods that read one
+    (``logit``; docs/encoder-decoder.md).
     """
     m = table.get(method)
+    if source is not None:
+        if not m.reads_source:
+            readers = ", ".join(n for n in table.names() if table.get(n).reads_source)
+            raise NotApplicableError(f"--method {method} does not read encoder-decoder models yet (a source); "
+                                     f"{readers} does")
+        options["source"] = source
     if text is None:
         if tr is None:
             raise InputError("give a text (or token ids) to explain")

@@ -54,6 +54,8 @@ class Explanation(Result):
       ``attention_update`` (Logit, ALTI-Logit), or the largest deviation of a row sum from 1 (ALTI, value
       zeroing); None where no such check exists.
     - ``info``: method-specific numbers (e.g. integrated gradients' completeness, the logit difference).
+    - ``n_source``: an encoder-decoder model's explanation: its first ``n_source`` tokens are the source's, the
+      rest the target prefix's (``position`` indexes ``tokens``); 0 otherwise.
     """
 
     VIEW = "attribution"  # its view: drawn by viz/report/assets/attribution.js (lenscope.viz.views)
@@ -74,6 +76,17 @@ class Explanation(Result):
     remainder: Tensor | None = None
     invariant_error: float | None = None
     info: dict = field(default_factory=dict)
+    n_source: int = 0
+
+    @property
+    def source_scores(self) -> Tensor:
+        """The source tokens' scores (an encoder-decoder model's explanation; empty otherwise)."""
+        return self.scores[: self.n_source]
+
+    @property
+    def target_scores(self) -> Tensor:
+        """The (target-prefix) context tokens' scores: every score but the source's."""
+        return self.scores[self.n_source:]
 
     @property
     def contrastive(self) -> bool:
@@ -99,14 +112,19 @@ class Explanation(Result):
             if v is not None:
                 d[k] = _floats(v)
         d["info"] = self.info
+        if self.n_source:
+            d["n_source"] = self.n_source
         return d
 
     def to_frame(self):
-        """One row per input token: ``position, token, score`` (+ one column per layer when available)."""
+        """One row per input token: ``position, token, score`` (+ one column per layer when available; ``part``:
+        source or target, for an encoder-decoder model)."""
         import pandas as pd
 
         df = pd.DataFrame({"position": range(len(self.tokens)), "token": self.tokens,
                            "score": self.scores.double().numpy()})
+        if self.n_source:  # an encoder-decoder model's: which side each token is on
+            df.insert(2, "part", ["source"] * self.n_source + ["target"] * (len(self.tokens) - self.n_source))
         if self.layer_scores is not None:
             for i, row in enumerate(self.layer_scores.double().numpy()):
                 df[display_name("layer", i)] = row

@@ -118,6 +118,7 @@ class Method:
     - ``needs_target``: it explains a logit (target, foil); False: it reads no logit (a rollout row).
     - ``uses_trace``: it reads one captured trace, which several methods can share (``tr=``).
     - ``needs_causal``: it needs a causal decoder (the report and the app leave it out for other models).
+    - ``reads_source``: it explains an encoder-decoder model given its source (``source=``).
     - ``options``: the options it takes in ``generate``; ``explain_options``: ``explain_all`` passes its options
       on to it; ``group``: methods of a group share one computation in ``generate`` (timed together).
     - ``view_rank``: its place in the report's and app's attribution views, ``view_options`` the options it runs
@@ -132,6 +133,7 @@ class Method:
     needs_target: bool = True
     uses_trace: bool = False
     needs_causal: bool = False
+    reads_source: bool = False
     options: tuple[str, ...] = ()
     explain_options: bool = False
     group: str | None = None
@@ -387,8 +389,8 @@ def _erasure_texts(job: Texts):
 
 
 for _m in (
-    Method(LOGIT, _logit, _logit_rows, _logit_text, uses_trace=True, needs_causal=True, view_rank=1,
-           in_generation_view=True),
+    Method(LOGIT, _logit, _logit_rows, _logit_text, uses_trace=True, needs_causal=True, reads_source=True,
+           view_rank=1, in_generation_view=True),
     Method(ALTI_LOGIT, _alti_logit, _alti_logit_rows, _alti_logit_text, uses_trace=True, needs_causal=True,
            view_rank=0, in_generation_view=True),
     Method(ALTI, _rollout(ALTI), _rollout_rows(ALTI), needs_target=False, uses_trace=True, view_rank=6,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .common import ModelChoice, command, emit
-from .options import FOIL_DECOMPOSE_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION
+from .options import FOIL_DECOMPOSE_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION, SOURCE_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -21,13 +21,14 @@ def register(app: typer.Typer) -> None:
         top: int = typer.Option(None, "--top", help="Show only the largest components in the table/plot."),
         png: str = typer.Option(None, "--png", help="Save a bar plot to this PNG file."),
         save: str = SAVE_OPTION,
+        source: str = SOURCE_OPTION,
         as_json: bool = JSON_OPTION,
     ):
         """Write the logit of TARGET (minus FOIL) as an exact sum over embeddings, layers and heads."""
         from ..attribution.dla import direct_logit_attribution
 
         lm = model.load()
-        res = direct_logit_attribution(lm, text, target, foil, by_head=by_head, position=position)
+        res = direct_logit_attribution(lm, text, target, foil, by_head=by_head, position=position, source=source)
         if emit(res, png=png, save=save, as_json=as_json, figure=lambda: res.plot(top=top)):
             return
         from rich.console import Console

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .common import ModelChoice, command, emit, fail, one_of
-from .options import IG_STEPS_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION
+from .options import IG_STEPS_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION, SOURCE_OPTION
 
 METHOD_HELP = ("logit | alti-logit | alti | grad-norm | grad-x-input | ig | erasure | value-zeroing "
                "(alti and value-zeroing need no target: they give the rollout row of --position)")
@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
         png: str = typer.Option(
             None, "--png", help="Write a layer × token heat map (bars for methods without layers)."),
         save: str = SAVE_OPTION,
+        source: str = SOURCE_OPTION,
         as_json: bool = JSON_OPTION,
     ):
         """Score every input token by how much it made the model predict TARGET (rather than FOIL)."""
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
             fail(f"unknown --baseline {baseline!r}; choose one of {', '.join(IG_BASELINES)}")
         lm = model.load()
         options = {k: v for k, v in (("steps", steps), ("baseline", baseline)) if v is not None}
-        res = explain(lm, text, target, foil, method=method, position=position, **options)
+        res = explain(lm, text, target, foil, method=method, position=position, source=source, **options)
         if html:
             res.to_html(html)
         if emit(res, png=png, save=save, as_json=as_json):
@@ -67,10 +68,13 @@ def _table(lm, res, html, png) -> None:
     table = Table()
     for c, j in (("#", "right"), ("token", "left"), ("score", "right"), ("", "left")):
         table.add_column(c, justify=j)
+    if res.n_source:
+        table.add_column("part")
     for i, (tok, v) in enumerate(zip(res.tokens, scores)):
         bar = "█" * int(round(12 * abs(v) / scale))
         color = "green" if v >= 0 else "red"
-        table.add_row(str(i), repr(tok), f"{v:+.4f}", f"[{color}]{bar}[/{color}]")
+        part = ["source" if i < res.n_source else "target"] if res.n_source else []
+        table.add_row(str(i), repr(tok), f"{v:+.4f}", f"[{color}]{bar}[/{color}]", *part)
     con.print(table)
     extra = []
     if res.invariant_error is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .common import ModelChoice, command, print_json
-from .options import JSON_OPTION, MODEL_OPTION
+from .options import JSON_OPTION, MODEL_OPTION, SOURCE_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -55,13 +55,14 @@ def register(app: typer.Typer) -> None:
     def verify_cmd(
         model: ModelChoice = MODEL_OPTION,
         text: str = typer.Option(None, "--text", help="Text to run (default: a built-in sentence)."),
+        source: str = SOURCE_OPTION,
         as_json: bool = JSON_OPTION,
     ):
         """Recompute every sub-layer with lenscope's own math and compare with the real model (exit 1 if not ok)."""
         from ..models.verify import DEFAULT_TEXT, PATTERN_KEY, verify
 
         lm = model.load()
-        rep = verify(lm, text if text is not None else DEFAULT_TEXT)
+        rep = verify(lm, text if text is not None else DEFAULT_TEXT, source=source)
         if as_json:
             print_json(rep.to_dict())
         else:

@@ -22,3 +22,5 @@ FOIL_DECOMPOSE_OPTION = typer.Option(None, "--foil", "-f", help="Foil token: dec
 IG_STEPS_OPTION = typer.Option(None, "--steps", help="Integrated gradients: quadrature steps (default 16).")
 SEQ_LEN_OPTION = typer.Option(256, "--seq-len", help="Tokens per sequence.")
 EVAL_PART_OPTION = typer.Option("eval", "--part", help="eval (last 20% of the file, default), train or all.")
+SOURCE_OPTION = typer.Option(None, "--source", help=(
+    "Encoder-decoder models (T5, BART, Marian): the source text; the text argument is then the target prefix."))

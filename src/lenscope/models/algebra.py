@@ -153,13 +153,20 @@ def head_values(attn: Attention, z: Tensor, value_bias: bool) -> Tensor:
     return attn._per_kv(v)
 
 
-def head_outputs(A: Anatomy, tr: Trace, l: int, rows: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
+def head_outputs(A: Anatomy, tr: Trace, l: int, rows: Tensor, dtype: torch.dtype = torch.float32,
+                 which: str = "attn") -> Tensor:
     """Each head's output at positions ``rows`` from the trace (the engine's ``head`` site, the output
-    projection's input): ``z[r, h] = sum_j alpha[h, rows[r], j] v_j^h``, ``(row, head, d_head)``."""
+    projection's input): ``z[r, h] = sum_j alpha[h, rows[r], j] v_j^h``, ``(row, head, d_head)``.
+    ``which="cross"``: an encoder-decoder block's cross-attention heads (``j`` over the source tokens, the values
+    read from the encoder's output, :attr:`Trace.memory`)."""
     layer = A.layers[l]
-    z, _ = attention_input_parts(layer, tr, l, "sources", dtype)
-    probs = f32(take_rows(tr.pattern[l], rows, 1), dtype)  # (head, row, src)
-    return torch.einsum("hrs,hse->rhe", probs, head_values(layer.attn, z, True))
+    if which == "cross":
+        attn, z, pattern = layer.cross, f32(tr.memory, dtype), tr.cross_pattern[l]
+    else:
+        attn, pattern = layer.attn, tr.pattern[l]
+        z, _ = attention_input_parts(layer, tr, l, "sources", dtype)
+    probs = f32(take_rows(pattern, rows, 1), dtype)  # (head, row, src)
+    return torch.einsum("hrs,hse->rhe", probs, head_values(attn, z, True))
 
 
 HeadBias = Literal["shared", "rest"]

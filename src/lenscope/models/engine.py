@@ -103,8 +103,8 @@ def _check_source(lm: LoadedModel, source: Tensor | None, B: int, other_inputs: 
             raise InputError(f"a source is the input of an encoder-decoder model's encoder; {A.model_type} has none")
         return 0
     if source is None:
-        raise InputError(f"{A.model_type} is an encoder-decoder model: run it with the source, run(lm, "
-                         "target_prefix_ids, source=source_ids)")
+        raise InputError(f"{A.model_type} is an encoder-decoder model: run it with the source (source=...; the CLI's "
+                         "--source, for verify, components and explain --method logit; docs/encoder-decoder.md)")
     if other_inputs:
         raise NotApplicableError("an encoder-decoder model runs from token ids, without padding or a cache (yet)")
     if source.dim() != 2 or source.shape[0] != B or source.shape[1] == 0:

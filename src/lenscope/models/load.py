@@ -256,6 +256,8 @@ def _from_folder(folder: Path, dtype: torch.dtype, placement: dict | None = None
     archs = getattr(cfg, "architectures", None) or []
     if fam.encoder:
         auto = AutoModelForMaskedLM if any("MaskedLM" in a for a in archs) else AutoModel
+    elif fam.encoder_decoder:
+        from transformers import AutoModelForSeq2SeqLM as auto
     else:
         auto = AutoModelForCausalLM
     with _quiet_transformers():
@@ -276,7 +278,10 @@ def _from_folder(folder: Path, dtype: torch.dtype, placement: dict | None = None
                                  "whose weights are tied, e.g. the embeddings and the LM head, must share a device)"
                                  ) from None
         else:
-            model = auto.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
+            try:
+                model = auto.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
+            except OSError as e:  # no weight file, a damaged one
+                raise UnknownModelError(f"cannot load the model in {folder}: {str(e).splitlines()[0]}") from None
     tok = AutoTokenizer.from_pretrained(folder)
     return model, tok
 
@@ -291,19 +296,20 @@ def _tiny(family_name: str, dtype: torch.dtype):
             f"unknown tiny family {family_name!r}; available: {', '.join('tiny:' + n for n in sorted(names))}"
         )
     fam = names[family_name]
-    model = random_model(fam.tiny[family_name](tiny_special_ids()), encoder=fam.encoder)
-    return model.to(dtype), tiny_tokenizer(encoder=fam.encoder)
+    model = random_model(fam.tiny[family_name](tiny_special_ids()), kind=fam.kind)
+    return model.to(dtype), tiny_tokenizer(kind=fam.kind)
 
 
-def random_model(cfg, *, encoder: bool = False):
+def random_model(cfg, *, kind: str = "decoder"):
     """A random float32 model of a transformers config, made as the ``tiny:`` models are: seed 0, eager attention,
-    every weight drawn by :func:`~lenscope.models.families.randomize_`."""
-    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+    every weight drawn by :func:`~lenscope.models.families.randomize_`; ``kind``: ``"decoder"`` (a causal LM),
+    ``"encoder"`` (a masked LM) or ``"encoder-decoder"`` (a sequence-to-sequence LM), a family's ``kind``."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoModelForSeq2SeqLM
 
     from .families import randomize_
 
     torch.manual_seed(0)
-    auto = AutoModelForMaskedLM if encoder else AutoModelForCausalLM
+    auto = {"encoder": AutoModelForMaskedLM, "encoder-decoder": AutoModelForSeq2SeqLM}.get(kind, AutoModelForCausalLM)
     model = auto.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
     randomize_(model, seed=0)
     return model
@@ -458,16 +464,26 @@ def token_ids(lm: LoadedModel, text) -> torch.Tensor:
     return ids.cpu()
 
 
+ENCODER_DECODER_METHODS = "verify, components (direct logit attribution) and explain --method logit, with --source"
+
+
 def require_decoder(lm: LoadedModel, what: str, *, instead: str, causal: bool = False,
-                    sum_of_blocks: bool = False) -> None:
+                    sum_of_blocks: bool = False, encoder_decoder: bool = False) -> None:
     """The one check that ``lm`` can explain a token's logit; raises :class:`NotApplicableError` otherwise.
 
     Every model needs a language-model head (``anatomy.unembed``). ``sum_of_blocks``: the logit must also be a
     sum of what the blocks wrote (a final norm, not a Post-LN encoder). ``causal``: a causal decoder with a
     language-model head and a final norm (a next-token prediction). ``what`` names the method in the message,
-    ``instead`` says what to do instead (one line, e.g. ``"use --method alti"``).
+    ``instead`` says what to do instead (one line, e.g. ``"use --method alti"``). ``encoder_decoder``: the method
+    reads encoder-decoder models (their decoder, given the source; Post-LN ones too, through
+    :func:`~lenscope.models.readout.block_pullback`); the others refuse them (:data:`ENCODER_DECODER_METHODS`).
     """
     A = lm.anatomy
+    if A.is_encoder_decoder:
+        if not encoder_decoder:
+            raise NotApplicableError(f"{what} does not read encoder-decoder models yet ({lm.name}, {A.family}); "
+                                     f"what does: {ENCODER_DECODER_METHODS} (docs/encoder-decoder.md)")
+        sum_of_blocks = causal = False  # the decoder's logit: a sum of its writes read along pulled-back directions
     if causal and (not A.causal or A.unembed is None or A.final_norm is None):
         raise NotApplicableError(f"{what} explains a next-word prediction and needs a causal decoder with a "
                                  f"language-model head; {lm.name} ({A.family}) is not one ({instead})")

@@ -306,3 +306,23 @@ def block_pullback(layer: Layer, u: Tensor, r: dict[str, Tensor]) -> tuple[dict[
         u = norm.pullback(u, norm.scale((stream + r[f"{which}_write"]).to(dt)))
         dirs[which] = u
     return dirs, u, c
+
+
+def traced_pullbacks(A, tr, rows: Tensor, u: Tensor) -> tuple[list[dict[str, Tensor]] | None, Tensor, Tensor]:
+    """Read-out directions ``u (k, d_model)`` on the last residual state at positions ``rows (k,)`` carried back
+    through every block of the trace ``tr`` (:func:`block_pullback`, each Post-LN norm affine given its traced
+    scale): per layer the direction each write (``attn``, ``cross``, ``mlp``) is read along ``(k, d_model)``, the
+    direction of the embedding, and the norms' biases read along theirs ``(k,)``. Without a Post-LN block every
+    write is read along ``u`` itself: ``(None, u, 0)``."""
+    if all(layer.placement != "post" for layer in A.layers):
+        return None, u, u.new_zeros(u.shape[0])
+    dirs: list[dict[str, Tensor]] = [{}] * A.n_layers
+    d, const = u, u.new_zeros(u.shape[0])
+    for l in reversed(range(A.n_layers)):
+        r = {"resid_pre": tr.resid_pre[l], "resid_mid": tr.resid_mid[l], "attn_write": tr.attn_write[l],
+             "mlp_write": tr.mlp_write[l]}
+        if tr.cross_write is not None:
+            r |= {"cross_write": tr.cross_write[l], "resid_cross": tr.mlp_in[l]}
+        dirs[l], d, c = block_pullback(A.layers[l], d, {k: v[rows].to(u.dtype) for k, v in r.items()})
+        const = const + c
+    return dirs, d, const

@@ -129,13 +129,16 @@ DISPLAY = {
     "neuron": "L{layer}.N{unit}",  # a unit of the MLP's hidden layer
     # direct logit attribution's rows, older than the circuits' names and kept (saved results use them)
     "dla.head": "L{layer}.H{head}", "dla.attn_bias": "L{layer}.attn_bias",
+    # an encoder-decoder model's cross-attention: its write, a head's, and its output bias (DLA)
+    "cross": "L{layer}.cross", "dla.cross_head": "L{layer}.cross.H{head}", "dla.cross_bias": "L{layer}.cross_bias",
 }
 # a sparse dictionary's parts (its engine site "<site>.latents"): latent ``unit`` ("resid_post.5/F123"), and the parts
 # no latent writes: its decoder bias, a skip transcoder's skip path, the reconstruction error ("mlp_out.3/error")
 DISPLAY |= {f"{s}.latents": f"{s}.{{layer}}/F{{unit}}" for s in DICT_SITES}
 DISPLAY |= {f"{s}.latents.{part}": f"{s}.{{layer}}/{part}" for s in DICT_SITES for part in ("bias", "skip", "error")}
 # the engine's sites that name a part: their display kind
-SITE_DISPLAY = {"resid_pre": "resid", "attn_out": "attn", "mlp_out": "mlp", "expert_out": "expert"}
+SITE_DISPLAY = {"resid_pre": "resid", "attn_out": "attn", "mlp_out": "mlp", "expert_out": "expert",
+                "cross_out": "cross"}
 
 
 def display_name(kind: str, layer: int | None = None, head: int | None = None, pos: int | None = None,

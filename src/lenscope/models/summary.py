@@ -12,8 +12,9 @@ from .anatomy import MLP, Anatomy
 
 def summarize(A: Anatomy) -> dict:
     """What the Anatomy ``A`` holds, in words (``lenscope models`` lists it per family): ``kind`` (decoder /
-    encoder), ``block`` (placements, a residual multiplier), ``norms``, ``attention``, ``mlp`` and ``head`` (lists
-    of features), and the flags ``parallel`` and ``moe``."""
+    encoder / encoder-decoder: then the decoder stack's features, with cross-attention), ``block`` (placements, a
+    residual multiplier), ``norms``, ``attention``, ``mlp`` and ``head`` (lists of features), and the flags
+    ``parallel`` and ``moe``."""
     layers = A.layers
     norms = [n for layer in layers for n in layer.norms().values()] + [n for n in (A.final_norm,) if n]
     shared = any(layer.ln_mlp is layer.ln_attn for layer in layers if layer.ln_mlp and layer.ln_mlp.kind != "identity")
@@ -45,7 +46,12 @@ def summarize(A: Anatomy) -> dict:
         ("soft-capped", u.softcap is not None), ("masked-LM transform", u.transform_W is not None)) if on]
     block = sorted({x.placement for x in layers}) + (["residual scale"] if any(x.residual_scale != 1 for x in layers)
                                                      else [])
-    return {"kind": "encoder" if A.is_encoder else "decoder", "block": block,
+    kind = "encoder-decoder" if A.is_encoder_decoder else "encoder" if A.is_encoder else "decoder"
+    if A.is_encoder_decoder:
+        att.append("cross-attention")
+        if any(a.relative_bias is not None for a in attns):
+            att.append("relative position bias")
+    return {"kind": kind, "block": block,
             "norms": norm, "attention": att, "mlp": mlp, "head": head if u is not None else ["none"],
             "parallel": any(x.placement == "parallel" for x in layers), "moe": moe}
 

@@ -24,18 +24,26 @@ def _tokenizer_json() -> str:
     return tok.to_str()
 
 
-def tiny_tokenizer(encoder: bool = False):
-    """A ``PreTrainedTokenizerFast``; ``encoder=True`` wraps texts as ``<s> ... </s>``."""
+def tiny_tokenizer(encoder: bool = False, *, kind: str | None = None):
+    """A ``PreTrainedTokenizerFast``; ``encoder=True`` (``kind="encoder"``) wraps texts as ``<s> ... </s>``;
+    ``kind="encoder-decoder"`` ends each text with the end token (the source's and the target's form in T5 and
+    Marian: ``text <|endoftext|>``), which :func:`~lenscope.models.load.target_prefix_ids` drops from a target
+    prefix."""
     from tokenizers import Tokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
+    kind = kind or ("encoder" if encoder else "decoder")
     tok = Tokenizer.from_str(_tokenizer_json())
-    if encoder:
+    if kind == "encoder":
         s, e = tok.token_to_id("<s>"), tok.token_to_id("</s>")
         tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>",
                                                            special_tokens=[("<s>", s), ("</s>", e)])
+    elif kind == "encoder-decoder":
+        e = tok.token_to_id("<|endoftext|>")
+        tok.post_processor = processors.TemplateProcessing(single="$A <|endoftext|>",
+                                                           special_tokens=[("<|endoftext|>", e)])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<pad>",
-                                   bos_token="<s>" if encoder else "<|endoftext|>", mask_token="<mask>")
+                                   bos_token="<s>" if kind == "encoder" else "<|endoftext|>", mask_token="<mask>")
     return fast
 
 

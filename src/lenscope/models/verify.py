@@ -171,10 +171,13 @@ class VerifyReport:
 @torch.no_grad()
 def verify(lm: LoadedModel, text: str = DEFAULT_TEXT, tr: Trace | None = None, *, source=None) -> VerifyReport:
     """Check lenscope's reading of ``lm`` against the real model on ``text`` (an encoder-decoder model: the target
-    prefix, with ``source``; both stacks are checked, the decoder's cross-attention from what it read)."""
+    prefix, with ``source``, by default the text itself; both stacks are checked, the decoder's cross-attention
+    from what it read)."""
     from .devices import parse_dtype
 
     A = lm.anatomy
+    if A.is_encoder_decoder and source is None and tr is None:
+        source = text
     if tr is not None and not isinstance(tr.pattern, torch.Tensor):
         # a lean trace recomputes its attention probabilities with lenscope's own math: comparing those with
         # themselves would prove nothing, so verify captures what the model computed

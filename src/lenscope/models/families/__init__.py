@@ -120,8 +120,14 @@ class Family:
     read: Callable[[nn.Module], Anatomy]
     hooks: Callable[[nn.Module], ModelHooks]
     tiny: dict[str, Callable[[dict], object]] = field(default_factory=dict)
-    encoder: bool = False
+    encoder: bool = False  # an encoder-only model (BERT, RoBERTa)
+    encoder_decoder: bool = False  # an encoder and a decoder with cross-attention (T5, BART, Marian)
     notes: str = ""
+
+    @property
+    def kind(self) -> str:
+        """``"encoder"``, ``"encoder-decoder"`` or ``"decoder"``."""
+        return "encoder-decoder" if self.encoder_decoder else "encoder" if self.encoder else "decoder"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -348,7 +354,7 @@ def family_rows() -> list[dict]:
     for fam in sorted(families().values(), key=lambda f: f.name):
         sums = [summarize(load(f"tiny:{name}").anatomy) for name in sorted(fam.tiny)]
         row = {"family": fam.name, "model_types": list(fam.model_types),
-               "tiny": [f"tiny:{n}" for n in sorted(fam.tiny)], "kind": "encoder" if fam.encoder else "decoder"}
+               "tiny": [f"tiny:{n}" for n in sorted(fam.tiny)], "kind": fam.kind}
         for key in ("block", "norms", "attention", "mlp", "head"):
             row[key] = list(dict.fromkeys(x for s in sums for x in s[key]))
         row["parallel"] = any(s["parallel"] for s in sums)

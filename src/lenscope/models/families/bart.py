@@ -2,16 +2,14 @@
 the decoder's blocks with cross-attention over the encoder's output; learned positions at offset 2 (BART) or fixed
 sinusoidal ones (Marian), ``scale_embedding``, BART's embedding LayerNorm, ``final_logits_bias``.
 
-Draft (issue 31, docs/encoder-decoder.md): the reader and its tiny configs are here, checked block by block against
-the real model (``tests/models/test_encoder_decoder.py``), but this module defines no ``FAMILY`` yet: the engine,
-the trace and ``verify`` do not run encoder-decoder models, and a registered family enters every all-families
-test. ``load`` therefore still refuses these model types with its one line.
+The reader is checked block by block against the real model (``tests/models/test_encoder_decoder.py``); what the
+methods do with an encoder-decoder model is in docs/encoder-decoder.md.
 """
 
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
-from . import ModelHooks, layer_norm, linear_in_out, require, separate_qkv, t
+from . import Family, ModelHooks, layer_norm, linear_in_out, require, separate_qkv, t
 
 MODEL_TYPES = ("bart", "marian")
 
@@ -82,8 +80,7 @@ NORMS = {"ln_attn": "self_attn_layer_norm", "ln_mlp": "final_layer_norm"}
 
 
 def hooks(model) -> ModelHooks:
-    """Where the engine's sites are: both stacks' blocks, the decoder's cross-attention (not yet run by the
-    engine: docs/encoder-decoder.md)."""
+    """Where the engine's sites are: both stacks' blocks, the decoder's cross-attention."""
     base = _base(model)
     dec = ModelHooks.of(base.decoder.layers, None, norms=NORMS | {"ln_cross": "encoder_attn_layer_norm"}, **SELF,
                         **CROSS)
@@ -111,3 +108,7 @@ def _tiny_marian(tok: dict):
 
 
 TINY = {"bart": _tiny_bart, "marian": _tiny_marian}
+
+FAMILY = Family("bart", MODEL_TYPES, read, hooks, tiny=TINY, encoder_decoder=True,
+                notes="encoder-decoder, Post-LN blocks, cross-attention; learned (BART) or sinusoidal (Marian) "
+                      "positions")

@@ -3,14 +3,14 @@ relative position bias per stack (bidirectional in the encoder, causal in the de
 decoder's blocks with cross-attention (no position bias), ReLU or gated-GELU MLPs, a final RMSNorm per stack, and
 with tied embeddings the decoder output times ``d_model ** -0.5`` before the unembedding.
 
-Draft (issue 31, docs/encoder-decoder.md): like ``bart.py``, a reader checked block by block against the real model
-(``tests/models/test_encoder_decoder.py``) with no ``FAMILY`` yet, so ``load`` still refuses T5.
+The reader is checked block by block against the real model (``tests/models/test_encoder_decoder.py``); what the
+methods do with an encoder-decoder model is in docs/encoder-decoder.md.
 """
 
 from __future__ import annotations
 
 from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, RelativeBias, Unembed, activation_name
-from . import ModelHooks, linear_in_out, require, rms_norm, separate_qkv, t
+from . import Family, ModelHooks, linear_in_out, require, rms_norm, separate_qkv, t
 
 MODEL_TYPES = ("t5",)
 
@@ -70,7 +70,7 @@ def read(model) -> Anatomy:
 
 def hooks(model) -> ModelHooks:
     """Where the engine's sites are: both stacks' blocks (``layer.0`` self-attention, ``layer.1`` the decoder's
-    cross-attention, ``layer.-1`` the MLP), the final norms (not yet run by the engine: docs/encoder-decoder.md)."""
+    cross-attention, ``layer.-1`` the MLP), the final norms."""
     gated = bool(model.config.is_gated_act)
 
     def stack(blocks, final_norm, cross: bool) -> ModelHooks:
@@ -106,3 +106,6 @@ def _tiny_t5_gated(tok: dict):
 
 
 TINY = {"t5": _tiny_t5, "t5-gated": _tiny_t5_gated}
+
+FAMILY = Family("t5", MODEL_TYPES, read, hooks, tiny=TINY, encoder_decoder=True,
+                notes="encoder-decoder, Pre-RMSNorm blocks, relative position bias, ReLU or gated-GELU MLPs")

@@ -1,0 +1,198 @@
+"""Encoder-decoder families as lenscope loads them (issue 31; docs/encoder-decoder.md): ``tiny:bart``,
+``tiny:marian``, ``tiny:t5``, ``tiny:t5-gated`` load, verify (API and CLI, with ``--source``), and are listed by
+``lenscope models``; direct logit attribution with cross-attention components is complete on each (through the
+Post-LN BART and Marian blocks too, each write read along the direction carried back to it); every method that
+does not read them yet refuses with one line.
+
+Float32 models: a decomposition's sum differs from the model's logit by float32 rounding of the terms summed
+(``SUMS * U32`` times their sizes), while a part left out or read along the wrong direction is off by a part.
+"""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import lenscope
+from lenscope.attribution.dla import direct_logit_attribution
+from lenscope.cli import app
+from lenscope.errors import NotApplicableError
+from lenscope.models.verify import verify
+from tests.conftest import SEQ2SEQ, get_model
+from tests.tolerances import U32
+
+SOURCE = "das Haus ist klein und alt"
+PREFIX = "the house is"
+SUMS = 64  # float32 roundings on the way to each component and through the sum (a few dozen terms)
+
+
+def test_the_encoder_decoder_families_are_registered():
+    assert SEQ2SEQ == ["bart", "marian", "t5", "t5-gated"]
+    r = CliRunner().invoke(app, ["models", "--json"])
+    fams = {f["family"]: f for f in json.loads(r.stdout) if f["kind"] == "family"}
+    for name, types in (("bart", ["bart", "marian"]), ("t5", ["t5"])):
+        f = fams[name]
+        assert f["architecture"] == "encoder-decoder" and f["model_types"] == types
+        assert "cross-attention" in f["attention"] and f["description"].startswith("encoder-decoder family")
+    assert fams["bart"]["block"] == ["post"] and fams["t5"]["block"] == ["pre"]
+    assert "relative position bias" in fams["t5"]["attention"] and "learned positions" in fams["bart"]["attention"]
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_verify_checks_both_stacks(name):
+    lm = get_model(f"tiny:{name}")
+    rep = verify(lm, PREFIX, source=SOURCE)
+    assert rep.ok and len(rep.layers) == 2 and len(rep.encoder["layers"]) == 2
+    assert all("cross_out" in r and "cross_pattern" in r for r in rep.layers)
+    again = verify(lm, PREFIX)  # without a source the text is both
+    assert again.ok and again.encoder is not None and again.n_tokens == rep.n_tokens
+
+
+@pytest.mark.parametrize("name", ["bart", "t5"])
+def test_verify_cli_with_a_source(name):
+    r = CliRunner().invoke(app, ["verify", "--model", f"tiny:{name}", "--text", PREFIX, "--source", SOURCE, "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["ok"] is True and d["family"] == name and len(d["encoder"]["layers"]) == 2
+    assert d["n_tokens"] == len(lm_prefix(name))
+
+
+def lm_prefix(name):
+    from lenscope.models.load import encode
+
+    return encode(get_model(f"tiny:{name}"), PREFIX).tolist()
+
+
+def _tol(res) -> float:
+    return SUMS * U32 * (float(res.values.abs().sum()) + abs(res.logit))
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_direct_logit_attribution_is_complete_with_cross_attention(name):
+    lm = get_model(f"tiny:{name}")
+    whole = direct_logit_attribution(lm, PREFIX, " the", " a", source=SOURCE)
+    heads = direct_logit_attribution(lm, PREFIX, " the", " a", source=SOURCE, by_head=True)
+    for res in (whole, heads):
+        assert res.completeness_error <= _tol(res), res
+    assert [n for n in whole.names if n.startswith("L1.")] == ["L1.attn", "L1.cross", "L1.mlp"]
+    v = dict(zip(whole.names, whole.values.tolist()))
+    hv = dict(zip(heads.names, heads.values.tolist()))
+    for l in range(2):  # each layer's heads and output bias add up to its write, self- and cross-attention alike
+        for kind, head, bias in (("attn", "H", "attn_bias"), ("cross", "cross.H", "cross_bias")):
+            split = sum(hv[f"L{l}.{head}{h}"] for h in range(4)) + hv[f"L{l}.{bias}"]
+            assert abs(split - v[f"L{l}.{kind}"]) <= _tol(heads), (l, kind)
+    # the logit is the model's own (its logits at the last target-prefix position)
+    from lenscope.models.load import encode
+    from lenscope.models.trace import source_ids
+
+    lm_ids = encode(lm, PREFIX)
+    with torch.no_grad():
+        out = lm.model(input_ids=source_ids(lm, SOURCE)[None], decoder_input_ids=lm_ids[None]).logits[0, -1]
+    t, f = heads.target_id, heads.foil_id
+    assert abs(float(out[t] - out[f]) - heads.logit) <= 8 * U32 * float(out.abs().max())
+
+
+def test_post_ln_writes_are_read_along_their_own_directions():
+    """BART's blocks normalise the whole stream after each sub-layer: reading every write along the final direction
+    (as for a Pre-LN model) does not add up to the logit; along the pulled-back directions it does."""
+    from lenscope.models.readout import Readout
+    from lenscope.models.trace import trace
+
+    lm = get_model("tiny:bart")
+    res = direct_logit_attribution(lm, PREFIX, " the", " a", source=SOURCE)
+    tr = trace(lm, PREFIX, source=SOURCE)
+    u = Readout.from_anatomy(lm.anatomy).direction(res.target_id, res.foil_id)
+    flat = float(sum((tr.attn_write[l][-1] + tr.cross_write[l][-1] + tr.mlp_write[l][-1]) @ u for l in range(2)))
+    flat += float(tr.embed[-1] @ u)
+    assert abs(flat - res.logit) > 100 * _tol(res) and res.completeness_error <= _tol(res)
+
+
+def test_the_cli_components_takes_a_source():
+    r = CliRunner().invoke(app, ["components", PREFIX, "--model", "tiny:marian", "--source", SOURCE, "--target",
+                                 " the", "--by-head", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    names = [c["name"] for c in d["components"]]
+    assert "L0.cross.H3" in names and "L1.cross_bias" in names and "pos_embed" in names
+    assert abs(d["sum"] - d["logit"]) == pytest.approx(d["completeness_error"], abs=1e-6)
+
+
+@pytest.mark.parametrize("args", [
+    ["components", PREFIX, "--target", " the"],  # no source
+    ["explain", PREFIX, "--method", "alti-logit", "--target", " the"],
+    ["mixing", PREFIX],
+    ["patch", PREFIX, "the mouse is", "--target", " the", "--foil", " a"],
+    ["neurons", PREFIX, "--target", " the"],
+    ["generate", PREFIX, "-n", "2"],
+])
+def test_what_does_not_read_encoder_decoder_models_says_so_in_one_line(args):
+    r = CliRunner().invoke(app, args + ["--model", "tiny:t5"])
+    err = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(err) >= 1 and err[-1].startswith("error: "), r.output
+    assert "encoder-decoder" in err[-1] and "Traceback" not in r.output
+
+
+def test_a_method_refuses_an_encoder_decoder_model_given_a_trace():
+    """A method that does not read encoder-decoder models refuses one even with a trace holding the source."""
+    from lenscope.attribution.context import alti_logit_explanation
+    from lenscope.models.trace import trace
+
+    lm = get_model("tiny:bart")
+    tr = trace(lm, PREFIX, source=SOURCE)
+    with pytest.raises(NotApplicableError, match="does not read encoder-decoder models yet"):
+        alti_logit_explanation(lm, PREFIX, " the", tr=tr)
+    with pytest.raises(NotApplicableError, match="alti-logit does not read encoder-decoder models yet.*logit does"):
+        lenscope.explain(lm, PREFIX, " the", method="alti-logit", source=SOURCE)
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_the_logit_explanation_splits_into_source_and_target_prefix(name):
+    """Logit (Ferrando et al. 2023, Eq. 8-9) of an encoder-decoder model: one score per source token (through the
+    cross-attention) and per target-prefix token (through the self-attention); per layer the scores and the
+    remainder add up to the attention updates, and the updates, MLP updates, embedding and constant to the model's
+    logit difference; each head's source and prefix parts equal its direct logit attribution (cross and self)."""
+    from lenscope.models.trace import source_ids
+
+    lm = get_model(f"tiny:{name}")
+    e = lenscope.explain(lm, PREFIX, " the", " a", method="logit", source=SOURCE, position=-2)
+    n_src = len(source_ids(lm, SOURCE))
+    n_tgt = len(lm_prefix(name))
+    assert e.n_source == n_src and len(e.tokens) == n_src + n_tgt and e.position == n_src + n_tgt - 2
+    assert e.scores.shape == (n_src + n_tgt,) and e.head_scores.shape == (2, 4, n_src + n_tgt)
+    assert float(e.target_scores[-1:].abs().max()) == 0.0  # causal: the prediction at -2 reads no later token
+    size = float(e.head_scores.abs().sum()) + float(e.attention_update.abs().sum()) + abs(e.info["logit"])
+    tol = SUMS * U32 * size
+    assert e.invariant_error <= 1e-5 and e.info["completeness_error"] <= tol
+    gap = e.layer_scores.sum(-1) + e.remainder - e.attention_update
+    assert float(gap.abs().max()) <= tol
+    heads = direct_logit_attribution(lm, PREFIX, " the", " a", source=SOURCE, by_head=True, position=-2)
+    hv = dict(zip(heads.names, heads.values.tolist()))
+    for l in range(2):
+        for h in range(4):
+            assert abs(float(e.head_scores[l, h, :n_src].sum()) - hv[f"L{l}.cross.H{h}"]) <= tol, (l, h)
+            assert abs(float(e.head_scores[l, h, n_src:].sum()) - hv[f"L{l}.H{h}"]) <= tol, (l, h)
+    assert abs(e.info["logit"] - heads.logit) <= tol
+    df = e.to_frame()
+    assert list(df["part"]) == ["source"] * n_src + ["target"] * n_tgt
+    assert e.to_dict()["n_source"] == n_src
+
+
+def test_a_seq2seq_explanation_saves_and_loads(tmp_path):
+    lm = get_model("tiny:t5")
+    e = lenscope.explain(lm, PREFIX, " the", method="logit", source=SOURCE)
+    e.save(tmp_path / "e.safetensors")
+    back = type(e).load(tmp_path / "e.safetensors")
+    assert back.n_source == e.n_source and back.tokens == e.tokens and torch.equal(back.scores, e.scores)
+    assert torch.equal(back.source_scores, e.source_scores)
+
+
+def test_the_cli_explains_with_a_source():
+    r = CliRunner().invoke(app, ["explain", PREFIX, "--model", "tiny:bart", "--source", SOURCE, "--method", "logit",
+                                 "--target", " the", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["n_source"] > 0 and len(d["scores"]) == len(d["tokens"]) and d["method"] == "logit"
+    r = CliRunner().invoke(app, ["explain", PREFIX, "--model", "tiny:llama", "--source", SOURCE, "--method", "logit",
+                                 "--target", " the"])
+    assert r.exit_code == 2 and "has none" in r.stderr
