@@ -160,6 +160,17 @@ def tolerance(lm: LoadedModel) -> float:
     return completeness_tolerance(lm)
 
 
+def check_rows(method: str, inv: Tensor, lm: LoadedModel, where: list[str]) -> None:
+    """Refuse many rows' results (a method table's ``rows``) whose invariant errors ``inv (k,)`` exceed the
+    method's tolerance, naming the first (``where[i]``: e.g. ``"the step at position 7"``)."""
+    tol = tolerance(lm)
+    bad = (~(inv <= tol)).nonzero()[:, 0].tolist()
+    if bad:
+        i = bad[0]
+        raise InvariantError(f"{method}: {where[i]} is off by {float(inv[i]):.2e} (relative, limit {tol:g}); run "
+                             f"`lenscope verify --model {lm.name}`")
+
+
 def _refuse(inv: float, method: str, lm: LoadedModel) -> None:
     tol = tolerance(lm)
     if not inv <= tol:

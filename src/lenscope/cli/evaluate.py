@@ -13,6 +13,52 @@ DATASET_HELP = ("blimp:SUBSET (one of the 11 with evidence, or any BLiMP paradig
                 "FILE (one_prefix_prefix, one_prefix_word_good, one_prefix_word_bad, target). Repeatable.")
 
 
+DEFAULT_METHODS = "logit,alti-logit,grad-norm,grad-x-input,ig,erasure,first,recent"
+
+
+def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: str, out: str | None,
+              as_json: bool, progress: bool) -> None:
+    """``eval alignment --gold``: each method's word alignments on the gold pairs and their AER."""
+    from pathlib import Path
+
+    from ..attribution import methods as table
+    from ..data.alignments import read_gold_alignments, write_predicted_alignments
+    from ..evaluate.aer import alignment_error_rate, model_alignments
+
+    rows = read_gold_alignments(gold)  # a malformed file fails before the model loads
+    names = [m.strip() for m in methods.split(",") if m.strip()] if methods is not None else [
+        n for n in table.names() if table.get(n).reads_source]
+    for n in names:
+        table.get(n)
+    if target_token not in ("first", "mean"):
+        fail(f"unknown --target-token {target_token!r}; choose first or mean")
+    lm = model.load()
+    done = {}
+    for name in names:
+        bar = None
+        if progress:
+            import sys
+
+            def bar(i, n, name=name):
+                print(f"\r{name}: {i}/{n} sentence pairs", end="" if i < n else "\n", file=sys.stderr)
+        links = model_alignments(lm, rows, name, target_token=target_token, progress=bar)
+        done[name] = alignment_error_rate(rows, links, method=name)
+        if out:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            write_predicted_alignments(Path(out) / f"predicted-{name}.jsonl", rows, links)
+    if as_json:
+        from ..results import finite_json
+
+        print_json(finite_json({"model": lm.name, "gold": gold, "target_token": target_token,
+                                "methods": {k: v.to_dict() for k, v in done.items()}}))
+        return
+    for name, res in done.items():
+        typer.echo(f"{lm.name} {name}: AER {res.aer:.4f}  precision {res.precision:.4f}  recall {res.recall:.4f}  "
+                   f"({len(res.ids)} sentence pairs)")
+    if out:
+        typer.echo(f"predicted alignments in {out}/predicted-<method>.jsonl (lenscope eval aer --predicted reads them)")
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``eval`` group."""
     ev = typer.Typer(
@@ -24,7 +70,14 @@ def register(app: typer.Typer) -> None:
     def alignment_cmd(
         model: ModelChoice = MODEL_OPTION,
         dataset: list[str] | None = typer.Option(None, "--dataset", "-d", help=DATASET_HELP),  # noqa: B008
-        methods: str = typer.Option("logit,alti-logit,grad-norm,grad-x-input,ig,erasure,first,recent", "--methods",
+        gold: str = typer.Option(None, "--gold", help="Instead of --dataset: gold word alignments of translation "
+                                 "pairs (JSON lines with source, target, sure, possible; docs/encoder-decoder.md): "
+                                 "the alignment error rate of the words an encoder-decoder model's explanations "
+                                 "link (each target word to its highest-scoring source word); methods: those that "
+                                 "read a source (logit)."),
+        target_token: str = typer.Option("first", "--target-token", help="With --gold: a target word of several "
+                                         "tokens is read at its first token (first) or their mean (mean)."),
+        methods: str = typer.Option(DEFAULT_METHODS, "--methods",
                                     help="Comma-separated: logit, alti-logit, grad-norm, grad-x-input, ig, erasure, "
                                     "and the positional rankings first (earliest token first) and recent (nearest "
                                     "token first), which need no model computation."),
@@ -48,9 +101,17 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar (stderr)."),
     ):
         """Rank each example's context tokens with every method and score the ranking against the evidence
-        words (MRR, probes needed, dot product), with model accuracy and per-layer attention/MLP updates."""
+        words (MRR, probes needed, dot product), with model accuracy and per-layer attention/MLP updates; with
+        --gold, the alignment error rate of an encoder-decoder model's word alignments."""
         from ..data.datasets import load_dataset
         from ..evaluate.alignment import check_methods, check_model, run_alignment
+
+        if gold is not None:
+            if dataset:
+                fail("--gold and --dataset are two evaluations; give one of them")
+            _gold_aer(model, gold, None if methods == DEFAULT_METHODS else methods, target_token, out, as_json,
+                      progress)
+            return
 
         if not dataset:
             fail("give at least one --dataset (" + DATASET_HELP.split(". Repeatable")[0] + ")")

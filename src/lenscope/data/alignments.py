@@ -120,3 +120,15 @@ def read_predicted_alignments(path: str | Path) -> list[AlignedPair]:
     """The rows of a predicted alignment file (``alignment``, optional ``id``, ``source``, ``target``); the
     links are in both ``sure`` and ``possible`` of each row."""
     return _rows(path, ("alignment",), words_required=False)
+
+
+def write_predicted_alignments(path: str | Path, gold: list[AlignedPair], links: dict[str, frozenset[Link]]) -> None:
+    """A predicted alignment file (:func:`read_predicted_alignments` reads it) of ``links`` (``id -> links``) on
+    the sentence pairs of ``gold``, in its order, with their words."""
+    import json
+
+    with Path(path).open("w") as f:
+        for g in gold:
+            row = {"id": g.id, "source": list(g.source), "target": list(g.target),
+                   "alignment": [list(x) for x in sorted(links[g.id])]}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -180,3 +180,74 @@ def word_alignment(scores: Tensor) -> frozenset[Link]:
         raise InputError("the attribution scores hold NaN or infinite values")
     best = scores.argmax(1).tolist()
     return frozenset((int(i), j) for j, i in enumerate(best))
+
+
+def _token_words(offsets: Sequence[tuple[int, int]], words: Sequence[str]) -> list[int | None]:
+    """The word of each token of ``" ".join(words)`` from the tokenizer's character ``offsets`` (the word its span
+    overlaps most; None for a special token's empty span or a span of spaces only)."""
+    starts, pos = [], 0
+    for w in words:
+        starts.append(pos)
+        pos += len(w) + 1
+    out: list[int | None] = []
+    for a, b in offsets:
+        overlap = [max(0, min(b, s + len(w)) - max(a, s)) for s, w in zip(starts, words)]
+        best = max(range(len(words)), key=overlap.__getitem__) if words else 0
+        out.append(best if words and overlap[best] > 0 else None)
+    return out
+
+
+def _tokens_of(lm, text: str, words: Sequence[str], side: str, ids: Tensor) -> list[int | None]:
+    """The word of each of ``ids``, the tokens the model reads for ``text`` (the source with its special tokens; a
+    target without its end token, after the decoder's start token): read from the fast tokenizer's offsets."""
+    kw = {"text": text} if side == "source" else {"text_target": text}
+    try:
+        enc = lm.tokenizer(**kw, return_offsets_mapping=True)
+    except (NotImplementedError, ValueError, TypeError):
+        raise InputError("word alignments from a model need a fast tokenizer (character offsets of each token)"
+                         ) from None
+    got, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+    if got[: len(ids)] != ids.tolist():
+        raise InputError(f"the tokenizer's {side} tokens with offsets differ from the model's input; cannot map "
+                         "tokens to words")
+    return _token_words(offsets[: len(ids)], words)
+
+
+def model_alignments(lm, gold: Sequence[AlignedPair], method: str = "logit", *, target_token: str = "first",
+                     progress=None) -> dict[str, frozenset[Link]]:
+    """Word alignments of an encoder-decoder model ``lm`` on each gold sentence pair (its ``source`` and
+    ``target`` words, joined by spaces), by the attribution ``method`` (one that reads a source: ``logit``): the
+    model is run once per pair on the source and the whole target (teacher forcing); each target token's
+    prediction is explained (the logit of that reference token), its scores over the source tokens summed into
+    source words and read at the target word's first token (:func:`word_scores`), and each target word linked to
+    its highest-scoring source word (:func:`word_alignment`). ``progress(done, total)`` after each pair."""
+    from ..attribution import methods as table
+    from ..attribution.context import check_rows
+    from ..models.load import require_decoder, target_prefix_ids
+    from ..models.trace import source_ids, trace
+
+    m = table.get(method)
+    if not m.reads_source or m.rows is None:
+        readers = ", ".join(n for n in table.names() if table.get(n).reads_source)
+        raise InputError(f"--method {method} does not explain an encoder-decoder model's source; use {readers}")
+    require_decoder(lm, f"word alignments by {method}", encoder_decoder=True, instead="use a translation model")
+    if not lm.anatomy.is_encoder_decoder:
+        raise InputError(f"word alignments from a model need an encoder-decoder (translation) model; {lm.name} is "
+                         f"a {lm.anatomy.family} decoder")
+    out = {}
+    for n, g in enumerate(gold):
+        src_text, tgt_text = " ".join(g.source), " ".join(g.target)
+        src = source_ids(lm, src_text)
+        dec = target_prefix_ids(lm, tgt_text)  # the start token, then the target's tokens
+        tr = trace(lm, dec, source=src)
+        rows = torch.arange(len(dec) - 1)  # the prediction of each target token dec[1:]
+        job = table.Rows(lm=lm, tr=tr, ids=dec, rows=rows, tok=dec[1:], foils=None)
+        scores, inv = m.generation_rows(job)  # (target token, source + target-prefix tokens)
+        check_rows(method, inv, lm, [f"sentence {g.id!r}, target token {i}" for i in range(len(rows))])
+        src_words = _tokens_of(lm, src_text, g.source, "source", src)
+        tgt_words = _tokens_of(lm, tgt_text, g.target, "target", dec[1:])
+        words = word_scores(scores[:, : len(src)], src_words, tgt_words, target_token)
+        out[g.id] = word_alignment(words)
+        if progress is not None:
+            progress(n + 1, len(gold))
+    return out

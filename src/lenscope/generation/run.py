@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..attribution import context
 from ..attribution import methods as table
-from ..errors import InputError, InvariantError, NotApplicableError
+from ..errors import InputError, NotApplicableError
 from ..lenses.depth import depths_from_agreement
 from ..lenses.lenses import Lens, LogitLens
 from ..models.engine import edits_within
@@ -198,15 +198,6 @@ def _options(methods: list[str], options: dict) -> None:
             raise InputError(f"option {k!r} applies to {', '.join(takes[k])} only")
 
 
-def _check(method: str, inv: Tensor, lm: LoadedModel, positions: list[int]) -> None:
-    tol = context.tolerance(lm)
-    bad = (~(inv <= tol)).nonzero()[:, 0].tolist()
-    if bad:
-        i = bad[0]
-        raise InvariantError(f"{method}: the step at position {positions[i]} is off by {float(inv[i]):.2e} "
-                             f"(relative, limit {tol:g}); run `lenscope verify --model {lm.name}`")
-
-
 def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(table.DEFAULT,), foil="runner-up",
              chat: bool = False, sample: bool = False, seed: int | None = None, temperature: float = 1.0,
              lens=None, progress=None, edits=None, **method_options) -> Generation:
@@ -313,7 +304,7 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
         for x in group:
             scores[x], invs[x] = table_of[x].generation_rows(job)
             if table_of[x].uses_trace:
-                _check(x, invs[x], lm, positions)
+                context.check_rows(x, invs[x], lm, [f"the step at position {p}" for p in positions])
             done.add(x)
         for x in group:
             seconds[x] = (time.perf_counter() - t) / len(group)

@@ -1,0 +1,117 @@
+"""Word alignments from an encoder-decoder model's explanations and their AER (issue 31, ``lenscope eval alignment
+--gold``): each target word linked to the source word whose tokens moved the logit of its first token most, equal
+to the same computation done one prediction at a time with ``explain``; the token-to-word maps by hand; the CLI's
+JSON and its predicted-alignment files, which ``eval aer`` reads back to the same AER; one-line refusals."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import lenscope
+from lenscope.cli import app
+from lenscope.data.alignments import read_gold_alignments
+from lenscope.errors import InputError
+from lenscope.evaluate.aer import _token_words, alignment_error_rate, model_alignments, word_alignment
+from lenscope.models.load import target_prefix_ids
+from lenscope.models.trace import source_ids
+from tests.conftest import get_model
+
+GOLD = [
+    {"source": "das Haus ist klein", "target": "the house is small", "sure": [[0, 0], [1, 1], [2, 2], [3, 3]]},
+    {"source": "ich bin hier", "target": "I am here", "sure": [[0, 0], [1, 1]], "possible": [[2, 2]]},
+]
+
+
+@pytest.fixture
+def gold_file(tmp_path):
+    p = tmp_path / "gold.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in GOLD))
+    return p
+
+
+def test_token_words_by_hand():
+    words = ["das", "Haus", "ist"]  # "das Haus ist": das 0-3, Haus 4-8, ist 9-12
+    offsets = [(0, 0), (0, 2), (2, 3), (3, 6), (6, 8), (8, 12), (0, 0)]  # specials, "da", "s", " Ha", "us", " ist"
+    assert _token_words(offsets, words) == [None, 0, 0, 1, 1, 2, None]
+    assert _token_words([(3, 4)], words) == [None]  # a span of the space alone belongs to no word
+
+
+@pytest.mark.parametrize("name", ["t5", "bart"])
+def test_alignments_equal_one_explanation_per_target_token(gold_file, name):
+    lm = get_model(f"tiny:{name}")
+    gold = read_gold_alignments(gold_file)
+    got = model_alignments(lm, gold)
+    for g in gold:
+        src_text, tgt_text = " ".join(g.source), " ".join(g.target)
+        n_src = len(source_ids(lm, src_text))
+        dec = target_prefix_ids(lm, tgt_text)
+        enc = lm.tokenizer(text_target=tgt_text, return_offsets_mapping=True)
+        tgt_words = _token_words(enc["offset_mapping"][: len(dec) - 1], g.target)
+        src_words = _token_words(lm.tokenizer(src_text, return_offsets_mapping=True)["offset_mapping"], g.source)
+        rows = []
+        for w in range(len(g.target)):
+            i = tgt_words.index(w)  # the word's first token, predicted at decoder position i
+            e = lenscope.explain(lm, dec[: i + 1], int(dec[i + 1]), method="logit", source=src_text)
+            per_word = torch.zeros(len(g.source), dtype=torch.float64)
+            for s, sw in enumerate(src_words):
+                if sw is not None:
+                    per_word[sw] += float(e.scores[s])
+            assert e.n_source == n_src
+            rows.append(per_word)
+        assert got[g.id] == word_alignment(torch.stack(rows)), g.id
+
+
+def test_the_cli_writes_alignments_that_eval_aer_reads_back(gold_file, tmp_path):
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["eval", "alignment", "--gold", str(gold_file), "--model", "tiny:marian", "--out",
+                                 str(out), "--json", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    res = d["methods"]["logit"]
+    assert d["model"] == "tiny:marian" and list(d["methods"]) == ["logit"] and res["sentences"] == 2
+    gold = read_gold_alignments(gold_file)
+    want = alignment_error_rate(gold, model_alignments(get_model("tiny:marian"), gold), method="logit")
+    assert res["aer"] == pytest.approx(want.aer, abs=1e-12) and res["predicted"] == 7  # one link per target word
+    back = CliRunner().invoke(app, ["eval", "aer", "--gold", str(gold_file), "--predicted",
+                                    str(out / "predicted-logit.jsonl"), "--json"])
+    assert back.exit_code == 0 and json.loads(back.stdout)["aer"] == pytest.approx(want.aer, abs=1e-12)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--model", "tiny:llama"], "need an encoder-decoder (translation) model"),
+    (["--model", "tiny:t5", "--methods", "alti-logit"], "does not explain an encoder-decoder model's source"),
+    (["--model", "tiny:t5", "--dataset", "ioi"], "--gold and --dataset are two evaluations"),
+    (["--model", "tiny:t5", "--target-token", "last"], "unknown --target-token"),
+])
+def test_one_line_errors(gold_file, args, message):
+    r = CliRunner().invoke(app, ["eval", "alignment", "--gold", str(gold_file), "--no-progress"] + args)
+    err = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(err) == 1 and message in err[0], r.output
+
+
+def test_a_non_fast_tokenizer_is_refused():
+    lm = get_model("tiny:t5")
+
+    class Slow:
+        def __call__(self, *a, **kw):
+            if kw.get("return_offsets_mapping"):
+                raise NotImplementedError
+            return lm.tokenizer(*a, **kw)
+
+        def __getattr__(self, k):
+            return getattr(lm.tokenizer, k)
+
+    slow = type(lm)(model=lm.model, tokenizer=Slow(), anatomy=lm.anatomy, name=lm.name)
+    with pytest.raises(InputError, match="need a fast tokenizer"):
+        model_alignments(slow, read_gold_alignments_from(GOLD[:1]))
+
+
+def read_gold_alignments_from(rows):
+    import tempfile
+    from pathlib import Path
+
+    p = Path(tempfile.mkdtemp()) / "g.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return read_gold_alignments(p)
