@@ -1,7 +1,7 @@
 """Compare two snapshots of ``benchmarks/snapshot_outputs.py`` (issue 17: numbers equal before and after to 1e-6).
 
     .venv/bin/python benchmarks/compare_snapshots.py before.json after.json [--rel 1e-6] [--abs 1e-6]
-        [--preset issue-30] [--rename OLD=NEW ...] [--rename-entries GLOB] [--explain TEXT=WHY ...]
+        [--preset issue-30] [--rename OLD=NEW ...] [--rename-entries GLOB] [--list-key name] [--explain REGEX=WHY ...]
         [--summary results.json --label-a TEXT --label-b TEXT]
 
 Walks both files recursively. Two numbers are equal when ``|a - b| <= max(rel * max(|a|, |b|), abs)``
@@ -18,14 +18,19 @@ has no such key (a field that was None is now absent). A rename whose OLD an ent
 whose NEW A already holds is an error. Anything not renamed compares as before: a new field, a dropped one, a
 renamed field whose value changed are differences.
 
-Explained differences. ``--explain TEXT=WHY`` (repeatable) attaches WHY to every difference line containing TEXT
-(the first that matches); explained or not, a difference still makes the exit status 1.
+Listings. ``--list-key FIELD`` compares a list whose elements are dicts that each hold FIELD, with distinct values,
+as a dict by ``"FIELD=value"`` (``lenscope models --json`` by ``name``): a row added in the middle is then one
+difference, not a shift of every row after it. Other lists compare by place.
 
-``--preset issue-30`` adds issue 30's renames of the Trace's fields to the engine's site names (RENAMES, as
-``lenscope.models.trace.RENAMED`` lists them) on the ``python trace(...)`` entries, the explanations of the
-null fields that issue 31 added after it (EXPLAIN) and a note on the numbers that moved within the tolerance
-(NOTES), to compare a snapshot of commit 23036ce (before issue 30)
-with one of a later commit.
+Explained differences. ``--explain REGEX=WHY`` (repeatable; REGEX without "=") attaches WHY to every difference
+line where REGEX matches (``re.search``; the first that matches); explained or not, a difference still makes the
+exit status 1.
+
+``--preset issue-30`` compares a snapshot of commit 23036ce (before issue 30) with one of a later commit: it adds
+issue 30's renames of the Trace's fields to the engine's site names (RENAMES, as ``lenscope.models.trace.RENAMED``
+lists them) on the ``python trace(...)`` entries, the explanations (EXPLAIN) of the null fields that issue 31 added
+after it and of what its families added to ``lenscope models``, and a note (NOTES) on the numbers that moved
+within the tolerance.
 
 ``--summary FILE`` writes the comparison as a results JSON (docs/design.md, "Numbers in the docs"): the files and
 their labels, tolerances, entries and numbers compared, the largest absolute difference and the largest relative
@@ -42,6 +47,7 @@ import copy
 import fnmatch
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -55,12 +61,29 @@ RENAMES = {
 }
 _ISSUE_31 = ("a field issue 31 (encoder-decoder models; commits 452abf8, fb17945, after issue 30) added, None for "
              "models without an encoder-decoder stack: ")
-EXPLAIN = {
+_MODELS = re.escape('["lenscope models --json"]["json"]')
+_NEW_FAMILIES = "gemma2|phi3|olmo2|stablelm|granite|smollm3"  # issue 31's families (merges 98e57c2, 2d80a5c)
+_NEW_TINY = f"{_NEW_FAMILIES}|gemma3-multimodal|llama-rope-llama3|qwen3-yarn"
+EXPLAIN = {  # (regex searched in a difference line, why)
     "issue-30": [
-        ('["encoder"]: only in B: null', _ISSUE_31 + "Trace.encoder / VerifyResult.encoder (the encoder stack's)"),
-        ('["cross_out"]: only in B: null', _ISSUE_31 + "Trace.cross_out (cross-attention's output)"),
-        ('["cross_write"]: only in B: null', _ISSUE_31 + "Trace.cross_write (what cross-attention adds)"),
-        ('["cross_pattern"]: only in B: null', _ISSUE_31 + "Trace.cross_pattern (cross-attention's probabilities)"),
+        (re.escape('["encoder"]: only in B: null'), _ISSUE_31 + "Trace.encoder / VerifyResult.encoder (the encoder's)"),
+        (re.escape('["cross_out"]: only in B: null'), _ISSUE_31 + "Trace.cross_out (cross-attention's output)"),
+        (re.escape('["cross_write"]: only in B: null'), _ISSUE_31 + "Trace.cross_write (what cross-attention adds)"),
+        (re.escape('["cross_pattern"]: only in B: null'),
+         _ISSUE_31 + "Trace.cross_pattern (cross-attention's probabilities)"),
+        (_MODELS + rf'\["name=(tiny:)?({_NEW_TINY})"\]: only in B: ',
+         "a family or tiny: model of issue 31's families (Gemma 2, Gemma 3 multimodal, Phi-3, OLMo 2, StableLM, "
+         "Granite, SmolLM3, rope scaling; merges 98e57c2 and 2d80a5c after commit 23036ce) in lenscope models"),
+        (_MODELS + r'\["name=gemma3"\]\["(description|model_types|tiny)"\]',
+         "the gemma3 family also reads Gemma 3 multimodal (model type gemma3, tiny:gemma3-multimodal; issue 31's "
+         "families, merge 98e57c2)"),
+        (_MODELS + r'\["name=llama"\]\["(tiny|attention)"\]',
+         "the llama family's rope-scaling tiny models (tiny:llama-rope-llama3, tiny:qwen3-yarn, a Qwen 3 with q/k "
+         "norms; issue 31's families, merge 98e57c2) in its row of the listing"),
+        (_MODELS + re.escape('["name=olmoe"]["attention"]')
+         + r'(: length 3 in A, 4 in B|\[3\]: only in B: "q/k norms across heads")',
+         "the listing names the scope of OLMoE's q/k norms (the switch qk_norm_across_heads shown since c3d926a, "
+         "issue 31's families)"),
     ],
 }
 # where numbers within the tolerance are not bit for bit equal, and why (found by snapshots of single commits)
@@ -179,25 +202,37 @@ def new_stats() -> dict:
             "entries_not_identical": {}}
 
 
+def _keyed(x: list, key: str | None) -> dict | None:
+    """A list of dicts that each hold ``key``, with distinct values, as a dict by ``"key=value"``; else None."""
+    if key is None or not x or not all(isinstance(v, dict) and key in v for v in x):
+        return None
+    out = {f"{key}={v[key]}": v for v in x}
+    return out if len(out) == len(x) else None
+
+
 def compare(a, b, rel: float = 1e-6, abs_: float = 1e-6, path: list | None = None, diffs: list | None = None,
-            stats: dict | None = None, rel_floor: float = 1e-3) -> list[str]:
+            stats: dict | None = None, rel_floor: float = 1e-3, list_key: str | None = None) -> list[str]:
     """Every difference between ``a`` and ``b`` as a line ``PATH: ...``."""
     path = [] if path is None else path
     diffs = [] if diffs is None else diffs
     stats = new_stats() if stats is None else stats
     where = _path(path)
+    if isinstance(a, list) and isinstance(b, list):  # rows named by list_key compare by name, not by place
+        ka, kb = _keyed(a, list_key), _keyed(b, list_key)
+        if ka is not None and kb is not None:
+            a, b = ka, kb
     if isinstance(a, dict) and isinstance(b, dict):
         for k in a.keys() - b.keys():
             diffs.append(f"{_path([*path, k])}: only in A: {_short(a[k])}")
         for k in b.keys() - a.keys():
             diffs.append(f"{_path([*path, k])}: only in B: {_short(b[k])}")
         for k in sorted(a.keys() & b.keys()):
-            compare(a[k], b[k], rel, abs_, [*path, k], diffs, stats, rel_floor)
+            compare(a[k], b[k], rel, abs_, [*path, k], diffs, stats, rel_floor, list_key)
     elif isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             diffs.append(f"{where}: length {len(a)} in A, {len(b)} in B")
         for i, (x, y) in enumerate(zip(a, b)):
-            compare(x, y, rel, abs_, [*path, i], diffs, stats, rel_floor)
+            compare(x, y, rel, abs_, [*path, i], diffs, stats, rel_floor, list_key)
         for i in range(len(b), len(a)):
             diffs.append(f"{_path([*path, i])}: only in A: {_short(a[i])}")
         for i in range(len(a), len(b)):
@@ -224,14 +259,18 @@ def compare(a, b, rel: float = 1e-6, abs_: float = 1e-6, path: list | None = Non
 
 
 def explain(line: str, explanations: list[tuple[str, str]]) -> str | None:
-    return next((why for text, why in explanations if text in line), None)
+    return next((why for pattern, why in explanations if re.search(pattern, line)), None)
 
 
 def _pair(spec: str, what: str) -> tuple[str, str]:
-    text, sep, why = spec.partition("=")
-    if not sep or not text or not why:
-        raise SystemExit(f"error: {what} {spec!r}: write TEXT=WHY")
-    return text, why
+    pattern, sep, why = spec.partition("=")
+    if not sep or not pattern or not why:
+        raise SystemExit(f"error: {what} {spec!r}: write REGEX=WHY")
+    try:
+        re.compile(pattern)
+    except re.error as e:
+        raise SystemExit(f"error: {what} {spec!r}: {pattern!r} is not a regular expression ({e})") from None
+    return pattern, why
 
 
 def main(argv=None) -> int:
@@ -246,8 +285,10 @@ def main(argv=None) -> int:
                     help="move A's value at path OLD to path NEW before comparing (repeatable; see the docstring)")
     ap.add_argument("--rename-entries", default="*", metavar="GLOB",
                     help="the entries --rename applies to (fnmatch on the entry's key; default every entry)")
-    ap.add_argument("--explain", action="append", default=[], metavar="TEXT=WHY",
-                    help="the explanation of every difference line containing TEXT (repeatable)")
+    ap.add_argument("--explain", action="append", default=[], metavar="REGEX=WHY",
+                    help="the explanation of every difference line REGEX matches (repeatable)")
+    ap.add_argument("--list-key", metavar="FIELD",
+                    help="compare lists of dicts that each hold FIELD (distinct) by FIELD's value, not by place")
     ap.add_argument("--note", action="append", default=[], metavar="TEXT",
                     help="a note for the summary (e.g. why numbers within the tolerance moved; repeatable)")
     ap.add_argument("--summary", metavar="FILE", help="write the comparison as a results JSON")
@@ -276,7 +317,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     stats = new_stats()
-    diffs = compare(a, b, args.rel, args.abs_, stats=stats, rel_floor=args.rel_floor)
+    diffs = compare(a, b, args.rel, args.abs_, stats=stats, rel_floor=args.rel_floor, list_key=args.list_key)
     for line in diffs:
         why = explain(line, explanations)
         print(line if why is None else f"{line}   [{why}]")
@@ -311,6 +352,7 @@ def write_summary(args, argv, a_original, a, b, renames, explanations, diffs, st
         "a": {"file": args.a, "label": args.label_a, "entries": len(a_original) if isinstance(a, dict) else 1},
         "b": {"file": args.b, "label": args.label_b, "entries": len(b) if isinstance(b, dict) else 1},
         "tolerance": {"rel": args.rel, "abs": args.abs_},
+        "list_key": args.list_key,
         "entries": n_entries,
         "entries_compared": len(both),
         "entries_only_in_a": sorted(a.keys() - b.keys()) if both else [],

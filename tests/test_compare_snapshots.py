@@ -95,7 +95,7 @@ def test_rename_option_explanations_and_entry_glob(tmp_path):
     a = {"python f(x)": {"old": [1.0, 2.0], "gone": 1}, "python g(x)": {"old": 3.0}}
     b = {"python f(x)": {"new": [1.0, 2.0]}, "python g(x)": {"old": 3.0}}
     rc, s = _run(tmp_path, a, b, "--rename", "old=new", "--rename-entries", "python f(*",
-                 "--explain", '["gone"]: only in A=dropped on purpose')
+                 "--explain", r'\["gone"\]: only in A=dropped on purpose')
     assert rc == 1 and s["differences"] == 1 and s["differences_explained"] == 1
     assert s["difference_list"][0]["explanation"] == "dropped on purpose"
     assert s["numbers_compared"] == 3  # g's "old" was not renamed: the glob names f only
@@ -112,3 +112,13 @@ def test_a_rename_onto_an_existing_key_is_refused(tmp_path):
     pa = tmp_path / "a.json"
     pa.write_text(json.dumps(a))
     assert cs.main([str(pa), str(pa), "--rename", "old=new"]) == 2
+
+
+def test_list_key_compares_named_rows_by_name(tmp_path):
+    a = {"models": [{"name": "a", "n": 1.0}, {"name": "c", "n": 3.0}]}
+    b = {"models": [{"name": "a", "n": 1.0}, {"name": "b", "n": 2.0}, {"name": "c", "n": 3.0}]}
+    rc, s = _run(tmp_path, a, b, "--list-key", "name")
+    assert rc == 1 and [r["difference"] for r in s["difference_list"]] == [
+        '["models"]["name=b"]: only in B: {"n": 2.0, "name": "b"}']
+    rc, s = _run(tmp_path, a, b)  # by place: the inserted row shifts the ones after it
+    assert rc == 1 and s["differences"] == 4  # the length, row 1's name and n, row 2 only in B
