@@ -22,7 +22,11 @@ here) with fixed seeds, so two runs of one version agree. Wall-clock fields (``s
 and the code version are removed from the outputs, and the temporary folder and the data folder are
 written as ``{tmp}`` and ``{data}``. Options: ``--out FILE`` (default ``snapshot.json``),
 ``--python-only`` (skip the commands), ``--only SUBSTRING`` (only the entries whose key contains it),
-``--all-commands`` (also the slower smollm2 commands left out to keep a run near 8 minutes).
+``--all-commands`` (also the slower smollm2 commands left out to keep a run near 8 minutes), ``--families``
+(the ``tiny:`` models of the Python calls: ``issue-17``, the default, is the nine of DECODERS and ENCODERS;
+``issue-30`` the 18 ``tiny:`` models that existed before issue 30's refactor; ``all`` every ``tiny:`` name of the
+installed lenscope; or a comma-separated list of names: two versions compared must run the same list to have the
+same entries).
 """
 
 from __future__ import annotations
@@ -99,6 +103,13 @@ DECODERS = ("gpt2", "gpt-neox", "opt", "bloom", "llama", "qwen2", "gemma3")
 ENCODERS = ("bert", "roberta")
 EXPLAIN_METHODS = ("logit", "alti-logit", "alti", "grad-norm", "grad-x-input", "ig", "erasure", "value-zeroing")
 PATCH_WHAT = ("resid", "attn", "mlp", "heads")
+# named lists of tiny: models for --families: issue-17's nine, and issue-30's: every tiny: model that existed before
+# issue 30's refactor (commit 23036ce), so a snapshot of that commit and one of a later commit have the same entries
+FAMILY_SETS = {
+    "issue-17": DECODERS + ENCODERS,
+    "issue-30": ("bert", "bloom", "cohere", "falcon", "falcon-new", "gemma3", "gpt-neox", "gpt-oss", "gpt2", "gptj",
+                 "llama", "mixtral", "olmoe", "opt", "qwen2", "qwen3-moe", "roberta", "starcoder2"),
+}
 PACKAGES = ("lenscope", "lenscope.attribution", "lenscope.interventions", "lenscope.lenses", "lenscope.mixing")
 
 
@@ -226,10 +237,30 @@ def trace_norms(tr) -> dict:
     return out
 
 
-def python_calls() -> list[tuple[str, object]]:
+def tiny_families(spec: str = "issue-17") -> tuple[list[str], list[str]]:
+    """The decoder and the encoder ``tiny:`` names of ``--families`` (see the module's docstring)."""
+    if spec == "issue-17":  # as issue 17 wrote it (the encoders last)
+        return list(DECODERS), list(ENCODERS)
+    # which names are encoders: the installed lenscope's families (``tiny_names()``: name -> Family)
+    tiny = importlib.import_module("lenscope.models.families").tiny_names()
+    if spec in FAMILY_SETS:
+        names = list(FAMILY_SETS[spec])
+    elif spec == "all":
+        names = sorted(tiny)
+    else:
+        names = [n.strip().removeprefix("tiny:") for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in tiny]
+    if unknown:
+        raise SystemExit(f"error: no tiny model {', '.join(unknown)} in this lenscope; "
+                         f"it has {', '.join(sorted(tiny))}")
+    return [n for n in names if not tiny[n].encoder], [n for n in names if tiny[n].encoder]
+
+
+def python_calls(families: str = "issue-17") -> list[tuple[str, object]]:
     """(key, thunk) for every Python call; each thunk returns a JSON-able object."""
     calls: list[tuple[str, object]] = []
     models: dict = {}
+    decoders, encoders = tiny_families(families)
 
     def lm_of(name):
         if name not in models:
@@ -237,7 +268,7 @@ def python_calls() -> list[tuple[str, object]]:
             models[name] = public("load")(name)
         return models[name]
 
-    for fam in DECODERS:
+    for fam in decoders:
         name = f"tiny:{fam}"
 
         def add(desc, fn, name=name):
@@ -273,7 +304,7 @@ def python_calls() -> list[tuple[str, object]]:
         add("text_depths({m}, IOI)", lambda lm: public("text_depths")(lm, IOI_CLEAN))
         add("context_mixing({m}, 'The keys to the cabinet are on the table')",
             lambda lm: public("context_mixing")(lm, "The keys to the cabinet are on the table"))
-    for fam in ENCODERS:  # Post-LN encoders: what applies to them (no logit lens, DLA or patching)
+    for fam in encoders:  # Post-LN encoders: what applies to them (no logit lens, DLA or patching)
         name = f"tiny:{fam}"
 
         def add(desc, fn, name=name):
@@ -310,6 +341,9 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, metavar="SUBSTRING", help="only the entries whose key contains it")
     ap.add_argument("--all-commands", action="store_true",
                     help="also the slower smollm2 commands left out by default (DROPPED)")
+    ap.add_argument("--families", default="issue-17", metavar="issue-17|issue-30|all|NAME,...",
+                    help="the tiny: models of the Python calls (default issue-17: the nine of DECODERS and ENCODERS; "
+                    "issue-30: the 18 that existed before issue 30)")
     ap.add_argument("--data", default=os.environ.get("LENSCOPE_DATA", str(REPO.parent / "shared" / "data")),
                     help="the shared data folder (default: $LENSCOPE_DATA, else ../shared/data)")
     args = ap.parse_args(argv)
@@ -334,7 +368,7 @@ def main(argv=None) -> int:
                 result[key] = run_command(cmd, tmp, data)
                 wall, cpu = time.perf_counter() - t0, _child_cpu() - c0
                 print(f"{wall:7.1f} s ({cpu:6.1f} s CPU)  rc={result[key]['rc']}  {key}", file=sys.stderr, flush=True)
-        for key, thunk in python_calls():
+        for key, thunk in python_calls(args.families):
             if args.only and args.only not in key:
                 continue
             t0, c0 = time.perf_counter(), time.process_time()
