@@ -196,3 +196,68 @@ def test_the_cli_explains_with_a_source():
     r = CliRunner().invoke(app, ["explain", PREFIX, "--model", "tiny:llama", "--source", SOURCE, "--method", "logit",
                                  "--target", " the"])
     assert r.exit_code == 2 and "has none" in r.stderr
+
+
+def _variant(name: str):
+    """Encoder-decoder models of other shapes than the tiny ones: stacks of different depths, heads and widths
+    (T5's ``d_kv`` apart from ``d_model / heads``), T5 v1.1 (gated, untied), BART without embedding scale and with
+    ReLU, Marian with separate embeddings."""
+    from transformers import BartConfig, MarianConfig, T5Config
+
+    from lenscope.models.families import family_for
+    from lenscope.models.load import LoadedModel, random_model
+    from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
+
+    tok = tiny_special_ids()
+    ids = dict(vocab_size=tok["vocab_size"], pad_token_id=tok["pad"], eos_token_id=tok["eos"])
+    cfg = {
+        "t5-deep-encoder": lambda: T5Config(**ids, d_model=48, d_kv=8, d_ff=96, num_layers=3, num_decoder_layers=1,
+                                            num_heads=3, relative_attention_num_buckets=16,
+                                            relative_attention_max_distance=32, decoder_start_token_id=tok["pad"]),
+        "t5-v1.1": lambda: T5Config(**ids, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_decoder_layers=3,
+                                    num_heads=6, feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                                    decoder_start_token_id=tok["pad"]),
+        "bart-relu": lambda: BartConfig(**ids, d_model=48, encoder_layers=3, decoder_layers=1,
+                                        encoder_attention_heads=6, decoder_attention_heads=2, encoder_ffn_dim=64,
+                                        decoder_ffn_dim=80, max_position_embeddings=64, bos_token_id=tok["bos"],
+                                        decoder_start_token_id=tok["eos"], forced_eos_token_id=None,
+                                        activation_function="relu", scale_embedding=False),
+        "marian-untied": lambda: MarianConfig(**ids, d_model=32, encoder_layers=1, decoder_layers=3,
+                                              encoder_attention_heads=4, decoder_attention_heads=2,
+                                              encoder_ffn_dim=48, decoder_ffn_dim=64, max_position_embeddings=64,
+                                              decoder_start_token_id=tok["pad"], tie_word_embeddings=False,
+                                              share_encoder_decoder_embeddings=False),
+    }[name]()
+    model = random_model(cfg, kind="encoder-decoder").eval()
+    return LoadedModel(model=model, tokenizer=tiny_tokenizer(kind="encoder-decoder"),
+                       anatomy=family_for(model).read(model), name=name)
+
+
+@pytest.mark.parametrize("name", ["t5-deep-encoder", "t5-v1.1", "bart-relu", "marian-untied"])
+def test_other_shapes_verify_and_decompose_exactly(name):
+    lm = _variant(name)
+    assert verify(lm, PREFIX, source=SOURCE).ok
+    d = direct_logit_attribution(lm, PREFIX, " the", " a", source=SOURCE, by_head=True)
+    assert d.completeness_error <= _tol(d)
+    heads = lm.anatomy.layers[0].cross.n_heads
+    assert sum(n.startswith("L0.cross.H") for n in d.names) == heads
+    e = lenscope.explain(lm, PREFIX, " the", " a", method="logit", source=SOURCE)
+    size = float(e.head_scores.abs().sum()) + float(e.attention_update.abs().sum()) + abs(e.info["logit"])
+    assert e.invariant_error <= 1e-5 and e.info["completeness_error"] <= SUMS * U32 * size
+    assert e.head_scores.shape[:2] == (lm.anatomy.n_layers, heads)
+
+
+def test_mbart_is_refused_in_one_line(tmp_path):
+    from transformers import MBartConfig, MBartForConditionalGeneration
+
+    from lenscope.errors import UnsupportedModelError
+    from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
+
+    tok = tiny_special_ids()
+    cfg = MBartConfig(vocab_size=tok["vocab_size"], d_model=16, encoder_layers=1, decoder_layers=1,
+                      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32)
+    MBartForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    tiny_tokenizer(kind="encoder-decoder").save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError) as e:
+        lenscope.load(str(tmp_path))
+    assert len(str(e.value).splitlines()) == 1 and "mbart" in str(e.value)
