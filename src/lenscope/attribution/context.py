@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InvariantError
-from ..mixing.alti import carry_back, mixing_matrices
+from ..mixing.alti import EncoderDecoderMixing, carry_back, encoder_decoder_mixing, mixing_matrices
 from ..models.algebra import (
     attention_input_parts,
     bias_through_attention,
@@ -240,9 +240,13 @@ def alti_logit_rows(lm: LoadedModel, parts: dict, mm) -> tuple[Tensor, Tensor]:
     rollout=False)`` is enough). In a causal model a prefix's contributions are the top-left block of the full
     text's, and a prediction's updates are exactly zero after its position, so one ALTI of the whole text serves
     every position. Returns ``carried (k, layer, src)`` float64 and the invariant errors ``(k,)``: the
-    logit parts' and how far carrying back moved each layer's sum."""
+    logit parts' and how far carrying back moved each layer's sum. An encoder-decoder model's ``mm`` is its
+    :func:`~lenscope.mixing.alti.encoder_decoder_mixing` (ALTI+ over the source and the target prefix)."""
     delta = parts["head_scores"].sum(2).double()  # (k, layer, src)
-    carried = carry_back(mm.contributions, delta.transpose(0, 1)).transpose(0, 1)
+    if isinstance(mm, EncoderDecoderMixing):  # ALTI+: the source's columns carried through the encoder
+        carried = mm.carry_back(delta.transpose(0, 1)).transpose(0, 1)
+    else:
+        carried = carry_back(mm.contributions, delta.transpose(0, 1)).transpose(0, 1)
     gap = (carried.sum(-1) - delta.sum(-1)).abs().amax(-1)
     scale = delta.abs().sum(-1).amax(-1).clamp_min(1e-12)
     inv = torch.maximum(parts["invariant_error"].double(), gap / scale).clamp_min(mm.row_sum_error)
@@ -262,20 +266,28 @@ def rollout_rows(mm, rows: Tensor) -> tuple[Tensor, Tensor]:
 
 @torch.no_grad()
 def alti_logit_explanation(lm: LoadedModel, text, target, foil=None, *, position: int = -1,
-                           tr: Trace | None = None) -> Explanation:
+                           tr: Trace | None = None, source=None) -> Explanation:
     """ALTI-Logit explanation (Ferrando et al. 2023, Eq. 10-11): each layer's per-source logit update carried
     back to the input tokens through the ALTI rollout of the layers below it.
 
     ``layer_scores[l] = Delta^l M^{l-1}``; ``scores`` sums them. Mixing only redistributes:
-    ``layer_scores[l].sum() == Delta^l.sum()`` for every layer (checked in ``invariant_error``).
+    ``layer_scores[l].sum() == Delta^l.sum()`` for every layer (checked in ``invariant_error``). ``source``: an
+    encoder-decoder model's source (as :func:`logit_explanation`): ALTI+ (Ferrando et al. 2022) carries the
+    self-attention's updates back through the decoder's rollout (which reads the source through the memory) and
+    the cross-attention's through the encoder's.
     """
-    require_decoder(lm, "the ALTI-Logit explanation", sum_of_blocks=True,
+    require_decoder(lm, "the ALTI-Logit explanation", sum_of_blocks=True, encoder_decoder=True,
                     instead="use --method alti or value-zeroing for a context-mixing explanation")
-    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr, need="the ALTI-Logit explanation")
-    sub = prefix_trace(tr, p + 1)  # causal: positions after p neither see nor reach p
+    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr, need="the ALTI-Logit explanation",
+                                          source=source)
+    # causal: positions after p neither see nor reach p (an encoder-decoder trace is used whole)
+    sub = prefix_trace(tr, p + 1) if tr.encoder is None else tr
     parts = logit_parts(lm, sub, torch.tensor([p]), *_one(t_id, f_id))
     _refuse(float(parts["invariant_error"][0]), ALTI_LOGIT, lm)
-    mm = mixing_matrices(lm.anatomy, sub, "alti", model_name=lm.name, rollout=False)
+    if tr.encoder is not None:
+        mm = encoder_decoder_mixing(lm.anatomy, tr)
+    else:
+        mm = mixing_matrices(lm.anatomy, sub, "alti", model_name=lm.name, rollout=False)
     carried, inv = alti_logit_rows(lm, parts, mm)
     inv = float(inv[0])
     _refuse(inv, ALTI_LOGIT, lm)

@@ -276,9 +276,11 @@ def _parts(job: Rows) -> dict:
 
 
 def _mixing(job: Rows, kind: str):
-    from ..mixing.alti import mixing_matrices
+    from ..mixing.alti import encoder_decoder_mixing, mixing_matrices
 
     A, progress = job.lm.anatomy, job.progress
+    if job.tr.encoder is not None and kind == ALTI:  # an encoder-decoder model: ALTI+ (ALTI-Logit reads it)
+        return job.shared(kind, lambda: encoder_decoder_mixing(A, job.tr))
     return job.shared(kind, lambda: mixing_matrices(
         A, job.tr, kind, model_name=job.lm.name, rollout=False,
         progress=None if progress is None else (lambda l: progress(f"{kind} layers", l + 1, A.n_layers))))
@@ -392,7 +394,7 @@ for _m in (
     Method(LOGIT, _logit, _logit_rows, _logit_text, uses_trace=True, needs_causal=True, reads_source=True,
            view_rank=1, in_generation_view=True),
     Method(ALTI_LOGIT, _alti_logit, _alti_logit_rows, _alti_logit_text, uses_trace=True, needs_causal=True,
-           view_rank=0, in_generation_view=True),
+           reads_source=True, view_rank=0, in_generation_view=True),
     Method(ALTI, _rollout(ALTI), _rollout_rows(ALTI), needs_target=False, uses_trace=True, view_rank=6,
            in_generation_view=True),
     Method(GRAD_NORM, _baseline("grad_norm"), _gradient_rows(GRAD_NORM), _gradient_texts(GRAD_NORM),

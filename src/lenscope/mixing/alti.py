@@ -24,12 +24,16 @@ from ..errors import InputError
 from ..models.algebra import (
     Factored,
     activation_scale,
+    add_residual,
     attention_input_parts,
+    bias_through_attention,
     f32,
     layer_input,
+    norm_step,
     relative_gap,
     resid_mid_parts,
     value_writes,
+    write_step,
 )
 from ..models.anatomy import Anatomy, astype
 from ..models.stop import checkpoint
@@ -184,6 +188,101 @@ def alti_layer(A: Anatomy, tr: Trace, l: int, dtype: torch.dtype = torch.float32
         C = C.tril()
     C, bad = normalize_rows(C)
     return C.float(), err, bad
+
+
+@torch.no_grad()
+def cross_alti_layer(A: Anatomy, tr: Trace, l: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, float, int]:
+    """ALTI contributions of an encoder-decoder block ``l``'s cross-attention sub-layer (ALTI+, Ferrando et al.
+    2022): the state after it (Pre-LN: the stream plus the cross-attention's write; Post-LN: its LayerNorm of
+    that) at every target position ``i`` as a sum over the ``src`` memory vectors (the encoder's output, through
+    the cross-attention) and the block's own stream at ``i`` (the residual): ``(pos, src + pos)`` rows summing to
+    one, column ``src + i`` holding row ``i``'s residual; the relative completeness error and the degenerate
+    rows, as :func:`alti_layer`. The residual is one more source of a :class:`Factored` decomposition whose
+    memory sources are attended and whose decoder sources are not, so :func:`factored_proximity` reads it."""
+    layer = A.layers[l]
+    memory = f32(tr.memory, dtype)
+    S, T, H = memory.shape[0], len(tr.tokens), layer.cross.n_heads
+    probs = f32(tr.cross_pattern[l], dtype)  # (head, pos, src)
+    writes = value_writes(layer.cross, memory, True)  # (head, src, d_model)
+    alpha = torch.cat([probs, probs.new_zeros(H, T, T)], -1)
+    V = torch.cat([writes, writes.new_zeros(H, T, writes.shape[-1])], 1)
+    rest = bias_through_attention(layer.cross, None, False, dtype).expand(T, -1).clone()
+    rows = torch.arange(T) + S
+    dec = Factored(alpha, alpha.new_ones(T), V, rest.new_zeros(rest.shape), rest, rows)
+    dec = write_step(dec, layer, "cross", f32(tr.cross_out[l], dtype))
+    stream = f32(tr.resid_mid[l], dtype)  # what the cross-attention sub-layer adds to
+    dec = add_residual(dec, torch.cat([stream.new_zeros(S, stream.shape[-1]), stream]))
+    real = stream + f32(tr.cross_write[l], dtype)
+    if layer.placement == "post":
+        dec = norm_step(dec, layer.ln_cross, real)
+        real = f32(tr.mlp_in[l], dtype)
+    C, total = factored_proximity(dec, real)
+    err = relative_gap(total, real, activation_scale(real))
+    C, bad = normalize_rows(C)
+    return C.float(), err, bad
+
+
+@torch.no_grad()
+def encoder_decoder_mixing(A: Anatomy, tr: Trace, dtype: torch.dtype = torch.float32) -> EncoderDecoderMixing:
+    """ALTI+ of an encoder-decoder model (Ferrando et al. 2022) from its trace: the encoder's rollout ``memory
+    (src, src)`` (each memory vector over the source tokens) and each decoder layer's contributions ``(layer,
+    pos, src + pos)``: over the memory (through the cross-attention) and over the layer's input states (its
+    self-attention's ALTI, weighted by the share the cross-attention sub-layer's residual keeps); every row sums
+    to one. Also the largest completeness error and the degenerate rows of every decomposition."""
+    enc = mixing_matrices(A.encoder, tr.encoder, "alti", rollout=True)
+    S, T = len(tr.encoder.tokens), len(tr.tokens)
+    C = torch.empty(A.n_layers, T, S + T)
+    err, bad = enc.completeness_error, enc.degenerate_rows
+    for l in range(A.n_layers):
+        checkpoint()
+        own, e1, b1 = alti_layer(A, tr, l, dtype)
+        cross, e2, b2 = cross_alti_layer(A, tr, l, dtype)
+        keep = cross[torch.arange(T), S + torch.arange(T)]  # the residual's share: the block's own stream
+        C[l, :, :S] = cross[:, :S]
+        C[l, :, S:] = keep[:, None] * own
+        err, bad = max(err, e1, e2), bad + b1 + b2
+    return EncoderDecoderMixing(memory=enc.rollout[-1].double(), contributions=C, completeness_error=err,
+                                row_sum_error=max(enc.row_sum_error, _row_sum_error(C)), degenerate_rows=bad)
+
+
+@dataclass
+class EncoderDecoderMixing:
+    """:func:`encoder_decoder_mixing`'s result: the encoder's rollout ``memory (src, src)``, the decoder layers'
+    ``contributions (layer, pos, src + pos)``, and the checks (as :class:`MixingMatrices`)."""
+
+    memory: Tensor
+    contributions: Tensor
+    completeness_error: float
+    row_sum_error: float
+    degenerate_rows: int
+
+    @property
+    def n_source(self) -> int:
+        return self.memory.shape[0]
+
+    def carry_back(self, deltas: Tensor) -> Tensor:
+        """Per-layer rows ``deltas (layer, row, src + pos)`` of the decoder carried back to the input tokens
+        (:func:`carry_back_encoder_decoder`: the first ``src`` columns live on the memory vectors, the others on
+        each layer's input states)."""
+        S = self.n_source
+        return carry_back_encoder_decoder(self, deltas[..., S:], deltas[..., :S])
+
+
+def carry_back_encoder_decoder(mix: EncoderDecoderMixing, self_deltas: Tensor, cross_deltas: Tensor) -> Tensor:
+    """Per-layer rows of a decoder carried back to the input tokens (source then target prefix), as
+    :func:`carry_back` for an encoder-decoder model: ``self_deltas (layer, row, pos)`` live on each layer's input
+    states (carried through the decoder's rollout below it, which itself reads the source through the memory),
+    ``cross_deltas (layer, row, src)`` on the memory vectors (carried through the encoder's rollout). Returns
+    ``(layer, row, src + pos)`` float64; rows that sum to one keep every row's sum."""
+    M, C = mix.memory, mix.contributions.double()
+    S, T = M.shape[0], C.shape[1]
+    memory = torch.cat([M, M.new_zeros(S, T)], 1)  # (src, src + pos)
+    R = torch.cat([M.new_zeros(T, S), torch.eye(T, dtype=M.dtype)], 1)  # before the first layer: the tokens
+    out = []
+    for l in range(C.shape[0]):
+        out.append(self_deltas[l].double() @ R + cross_deltas[l].double() @ memory)
+        R = C[l, :, :S] @ memory + C[l, :, S:] @ R
+    return torch.stack(out)
 
 
 @torch.no_grad()

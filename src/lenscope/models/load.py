@@ -464,7 +464,8 @@ def token_ids(lm: LoadedModel, text) -> torch.Tensor:
     return ids.cpu()
 
 
-ENCODER_DECODER_METHODS = "verify, components (direct logit attribution) and explain --method logit, with --source"
+ENCODER_DECODER_METHODS = ("verify, components (direct logit attribution), explain --method logit or alti-logit, "
+                           "with --source, and eval alignment --gold")
 
 
 def require_decoder(lm: LoadedModel, what: str, *, instead: str, causal: bool = False,
