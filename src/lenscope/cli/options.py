@@ -22,3 +22,7 @@ FOIL_DECOMPOSE_OPTION = typer.Option(None, "--foil", "-f", help="Foil token: dec
 IG_STEPS_OPTION = typer.Option(None, "--steps", help="Integrated gradients: quadrature steps (default 16).")
 SEQ_LEN_OPTION = typer.Option(256, "--seq-len", help="Tokens per sequence.")
 EVAL_PART_OPTION = typer.Option("eval", "--part", help="eval (last 20% of the file, default), train or all.")
+# the training commands (lens train, dict train)
+RESUME_OPTION = typer.Option(False, "--resume", help="Continue an interrupted run from its checkpoint in --out.")
+SEED_OPTION = typer.Option(0, "--seed")
+JSON_SUMMARY_OPTION = typer.Option(False, "--json", help="Print a JSON summary.")
