@@ -117,14 +117,8 @@ class AttributionGraph(ReportView, Result):
     def n_pos(self) -> int:
         return len(self.tokens)
 
-    @property
-    def n_features(self) -> int:
-        return int(self.feature_layer.numel())
-
-    @property
-    def n_logits(self) -> int:
-        return int(self.logit_ids.numel())
-
+    n_features = axis_size("feature_layer", 0)
+    n_logits = axis_size("logit_ids", 0)
     n_nodes = axis_size("adjacency", 0)
 
     def offsets(self) -> dict[str, int]:
