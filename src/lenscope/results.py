@@ -27,6 +27,12 @@ def finite_json(x):
     return x
 
 
+def field_values(res) -> dict:
+    """``{name: value}`` of a dataclass's fields, the values as they are (``dataclasses.asdict`` copies them
+    deeply and turns nested dataclasses into dicts)."""
+    return {f.name: getattr(res, f.name) for f in dataclasses.fields(res)}
+
+
 def axis_size(field: str, dim: int, doc: str = "") -> property:
     """A read-only property: the size of axis ``dim`` of the tensor attribute ``field`` (``n_pos =
     axis_size("top_ids", 1)``), for the shape accessors of results and weights."""

@@ -119,6 +119,13 @@ def prompts(lm: LoadedModel, clean, corrupted, target, foil, metric: str, positi
     return contrasts(lm, clean, corrupted, target, foil, metric, position, pairs, what)
 
 
+def contrast_texts(lm: LoadedModel, p: Contrast) -> dict:
+    """The texts of contrast ``p`` that a result keeps: ``tokens``, ``corrupted_tokens``, ``target`` and ``foil``
+    (None without one)."""
+    return {"tokens": token_texts(lm, p.clean), "corrupted_tokens": token_texts(lm, p.corrupted),
+            "target": token_str(lm, p.target), "foil": None if p.foil is None else token_str(lm, p.foil)}
+
+
 def one_length(ps: list[Contrast], what: str) -> int:
     lengths = sorted({p.length for p in ps})
     if len(lengths) > 1:
@@ -130,21 +137,14 @@ def one_length(ps: list[Contrast], what: str) -> int:
 def result(lm, method, ps: list[Contrast], scores: dict, m_clean: float, m_corr: float, metric: str,
            info=None) -> NodeAttribution:
     """A :class:`NodeAttribution` from the mean scores (``heads``, ``mlps``, ``embed`` and the optional fields)."""
-    p0 = ps[0]
-    c_ids, x_ids, tid, fid, pos = p0.clean, p0.corrupted, p0.target, p0.foil, p0.position
     info = dict(info or {})
     if len(ps) > 1:
-        info["prompts"] = [{"tokens": token_texts(lm, p.clean), "corrupted_tokens": token_texts(lm, p.corrupted),
-                            "target": token_str(lm, p.target),
-                            "foil": None if p.foil is None else token_str(lm, p.foil)}
-                           for p in ps]
+        info["prompts"] = [contrast_texts(lm, p) for p in ps]
     extra = {k: v.float().cpu() for k, v in scores.items() if k in FINE + QKV + ("experts",) and v is not None}
     return NodeAttribution(
         heads=scores["heads"].float().cpu(), mlps=scores["mlps"].float().cpu(), embed=float(scores["embed"]),
-        metric_clean=float(m_clean), metric_corrupted=float(m_corr), tokens=token_texts(lm, c_ids),
-        corrupted_tokens=token_texts(lm, x_ids), target=token_str(lm, tid),
-        foil=None if fid is None else token_str(lm, fid), metric=metric, position=pos, model=lm.name, method=method,
-        n=len(ps), info=info, **extra)
+        metric_clean=float(m_clean), metric_corrupted=float(m_corr), **contrast_texts(lm, ps[0]), metric=metric,
+        position=ps[0].position, model=lm.name, method=method, n=len(ps), info=info, **extra)
 
 
 def read_at(pos: int, P: int) -> tuple[bool, int]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from .common import MODEL_HELP, handle_errors, load_model, print_json
-from .options import DTYPE_OPTION
+from .options import DTYPE_OPTION, JSON_SUMMARY_OPTION, RESUME_OPTION, SEED_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -46,11 +46,10 @@ def register(app: typer.Typer) -> None:
         precision: str = typer.Option("auto", "--precision", help="Encoder and decoder matmuls: auto "
                                                                   "(bfloat16 only where the CPU runs it natively), "
                                                                   "bf16 or fp32."),
-        resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its checkpoint in "
-                                                                   "--out."),
+        resume: bool = RESUME_OPTION,
         dtype: str = DTYPE_OPTION,
-        seed: int = typer.Option(0, "--seed"),
-        as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+        seed: int = SEED_OPTION,
+        as_json: bool = JSON_SUMMARY_OPTION,
     ):
         """Train sparse dictionaries on a model's activations (--data) or on a tensor file (--activations)."""
         from ..distributed import ddp

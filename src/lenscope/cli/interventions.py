@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from .common import ModelChoice, at_least_one, command, emit, fail, one_of, print_json
-from .options import JSON_OPTION, MODEL_OPTION, SAVE_OPTION
+from .options import JSON_OPTION, MODEL_OPTION, SAVE_OPTION, SEED_OPTION
 from .sweeps import ray_address_option, ray_option, ray_target, workers_option
 
 # what ``patch`` and ``path-patch`` share: the two prompts, the foil, the metric and the direction
@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
         limit: int = typer.Option(None, "--limit", help="The first N facts (taken round-robin over relations).", min=1),
         samples: int = typer.Option(10, "--samples", help="Noise samples per fact.", min=1),
         window: int = typer.Option(10, "--window", help="Layers restored together for MLP and attention.", min=1),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = SEED_OPTION,
         out: str = typer.Option(None, "--out", help="Folder for records.jsonl (one line per fact, as it goes), "
                                 "summary.safetensors and the figure."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep in --out."),

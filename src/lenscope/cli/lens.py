@@ -8,7 +8,15 @@ import typer
 
 from ..errors import InputError
 from .common import command, load_model, print_json
-from .options import EVAL_PART_OPTION, JSON_OPTION, MODEL_OPTION, SEQ_LEN_OPTION
+from .options import (
+    EVAL_PART_OPTION,
+    JSON_OPTION,
+    JSON_SUMMARY_OPTION,
+    MODEL_OPTION,
+    RESUME_OPTION,
+    SEED_OPTION,
+    SEQ_LEN_OPTION,
+)
 
 lens_app = typer.Typer(
     rich_markup_mode=None, help="Logit, tuned and Patchscope lenses: train, evaluate, show prediction trajectories.",
@@ -70,9 +78,9 @@ def train_cmd(
                              help="The translators' start: least-squares (each fitted in closed form to the last "
                                   "state on --init-tokens tokens, a minute or two; default) or identity."),
     init_tokens: int = typer.Option(32768, "--init-tokens", help="Tokens the least-squares start reads."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run from its checkpoint in --out."),
-    seed: int = typer.Option(0, "--seed"),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary."),
+    resume: bool = RESUME_OPTION,
+    seed: int = SEED_OPTION,
+    as_json: bool = JSON_SUMMARY_OPTION,
 ):
     """Train a tuned lens on a text file (KL to the model's final distribution, model frozen)."""
     import time

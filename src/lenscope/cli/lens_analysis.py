@@ -12,6 +12,7 @@ from .common import command, load_model, print_json
 from .options import EVAL_PART_OPTION, JSON_OPTION, MODEL_OPTION, SEQ_LEN_OPTION
 
 LENS_HELP = "'logit', 'patchscope' or a tuned-lens directory; repeat to compare (the first is the main one in JSON)."
+LENSES_OPTION = typer.Option(None, "--lens", help=LENS_HELP + " Default: logit.")  # cbe and depth
 
 
 def _lenses(lm, specs: list[str] | None) -> dict:
@@ -48,7 +49,7 @@ def register(lens_app: typer.Typer) -> None:
         data: str = typer.Option(..., "--data", help="Plain text file whose tokens the influences average over."),
         layer: list[int] = typer.Option(..., "--layer", "-l", help="State (0 = embeddings); repeat for several."),  # noqa: B008
         model: str = MODEL_OPTION,
-        lens: list[str] | None = typer.Option(None, "--lens", help=LENS_HELP + " Default: logit."),  # noqa: B008
+        lens: list[str] | None = LENSES_OPTION,
         k: int = typer.Option(8, "--k", help="Number of basis directions."),
         tokens: int = typer.Option(4096, "--tokens", help="Token budget (sequences of --seq-len)."),
         seq_len: int = SEQ_LEN_OPTION,
@@ -115,7 +116,7 @@ def register(lens_app: typer.Typer) -> None:
         data: list[str] | None = typer.Option(None, "--data", help="Plain text or .jsonl file (BLiMP: "  # noqa: B008
                                                  "sentence_good; else a 'text' field); repeat for several data sets."),
         model: str = MODEL_OPTION,
-        lens: list[str] | None = typer.Option(None, "--lens", help=LENS_HELP + " Default: logit."),  # noqa: B008
+        lens: list[str] | None = LENSES_OPTION,
         tokens: int = typer.Option(2048, "--tokens", help="Token budget per plain text file."),
         seq_len: int = SEQ_LEN_OPTION,
         part: str = typer.Option("eval", "--part", help="Plain text files: eval (last 20%, default), train or all."),

@@ -33,14 +33,14 @@ import torch
 from torch import Tensor
 
 from ..attribution.dla import LogitTarget, direct_logit_attribution
-from ..circuits.atp import exact_effects, one_length, prompts, read_at
+from ..circuits.atp import contrast_texts, exact_effects, one_length, prompts, read_at
 from ..errors import InputError, InvariantError
 from ..models.algebra import write_pullback
 from ..models.dictionary import Dictionary
 from ..models.engine import run
-from ..models.load import LoadedModel, require_decoder, token_str
+from ..models.load import LoadedModel, require_decoder
 from ..models.readout import Readout
-from ..models.request import Request, by_length, metric_of, position_in, token_texts
+from ..models.request import Request, by_length, metric_of, position_in
 from ..models.sites import display_name, site_key
 from ..models.trace import Trace, trace
 from ..models.verify import completeness_tolerance
@@ -385,11 +385,9 @@ def feature_atp(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=N
         eff = torch.zeros(0, dtype=torch.float64)
         m_clean, m_corr = _metrics(lm, ps, metric)
     node_atp = atp.flatten()[idx].double()
-    p0 = ps[0]
     return FeatureAtP(
-        model=lm.name, tokens=token_texts(lm, p0.clean), corrupted_tokens=token_texts(lm, p0.corrupted),
-        target=token_str(lm, p0.target), foil=None if p0.foil is None else token_str(lm, p0.foil), metric=metric,
-        position=p0.position, sites=[d.site for d in dicts], widths=[d.width for d in dicts], atp=atp.float(),
+        model=lm.name, **contrast_texts(lm, ps[0]), metric=metric, position=ps[0].position,
+        sites=[d.site for d in dicts], widths=[d.width for d in dicts], atp=atp.float(),
         node_names=names, node_sites=nsites, node_pos=torch.tensor(npos, dtype=torch.long),
         node_feature=torch.tensor(nfeat, dtype=torch.long), node_atp=node_atp, node_exact=eff.double(),
         metric_clean=float(m_clean), metric_corrupted=float(m_corr), agreement=agreement(node_atp, eff), n=n)

@@ -37,7 +37,7 @@ from ..models.request import Request, token_texts
 from ..models.stop import checkpoint
 from ..models.trace import trace
 from ..models.verify import completeness_tolerance
-from ..results import Result
+from ..results import Result, axis_size
 from ..viz.notebook import ReportView
 from .replacement import Frozen, transcoders_by_layer
 
@@ -117,17 +117,9 @@ class AttributionGraph(ReportView, Result):
     def n_pos(self) -> int:
         return len(self.tokens)
 
-    @property
-    def n_features(self) -> int:
-        return int(self.feature_layer.numel())
-
-    @property
-    def n_logits(self) -> int:
-        return int(self.logit_ids.numel())
-
-    @property
-    def n_nodes(self) -> int:
-        return int(self.adjacency.shape[0])
+    n_features = axis_size("feature_layer", 0)
+    n_logits = axis_size("logit_ids", 0)
+    n_nodes = axis_size("adjacency", 0)
 
     def offsets(self) -> dict[str, int]:
         """Where each kind's nodes start: ``feature``, ``error``, ``token``, ``logit`` (and ``end``)."""

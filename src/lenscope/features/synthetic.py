@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from ..results import axis_size
 
 
 @dataclass(repr=False)
@@ -59,13 +60,8 @@ class SyntheticData:
     def l0(self) -> float:
         return float(self.frequencies.sum())
 
-    @property
-    def n_features(self) -> int:
-        return int(self.directions.shape[0])
-
-    @property
-    def d(self) -> int:
-        return int(self.directions.shape[1])
+    n_features = axis_size("directions", 0)
+    d = axis_size("directions", 1)
 
     def __repr__(self) -> str:
         return (f"SyntheticData(n={self.activations.shape[0]}, d={self.d}, n_features={self.n_features}, "

@@ -57,6 +57,7 @@ from torch import Tensor, nn
 from ..distributed import ddp
 from ..errors import InputError
 from ..models.dictionary import KINDS, ROLES, Dictionary
+from ..results import axis_size
 from .sources import Target
 
 AUX_COEF = 1 / 32
@@ -154,9 +155,7 @@ class Trainable(nn.Module):
         self.k_aux = s.k_aux or min(D.width // 2, 512)
         self.mm_dtype = torch.float32
 
-    @property
-    def width(self) -> int:
-        return self.W_enc.shape[1]
+    width = axis_size("W_enc", 1)
 
     def _x(self, x: Tensor) -> Tensor:
         return x - self.b_dec if self.role == "sae" else x

@@ -34,6 +34,9 @@ from ..models.moe import MoE
 from ..models.request import Request, position_in, token_texts
 from ..results import Result
 
+# the target's probability: unedited, then the neurons and the random control each × 0 and × 2
+PROBS = ("p_base", "p_suppressed", "p_amplified", "p_control_suppressed", "p_control_amplified")
+
 
 @dataclass(repr=False)
 class KnowledgeNeurons(Result):
@@ -83,9 +86,7 @@ class KnowledgeNeurons(Result):
             "amplify": {"before": self.p_base, "after": self.p_amplified},
             "random_control": {"before": self.p_base, "after": self.p_control_suppressed,
                                "after_amplified": self.p_control_amplified},
-            "control": self.control.tolist(), "p_base": self.p_base, "p_suppressed": self.p_suppressed,
-            "p_amplified": self.p_amplified, "p_control_suppressed": self.p_control_suppressed,
-            "p_control_amplified": self.p_control_amplified,
+            "control": self.control.tolist(), **{k: getattr(self, k) for k in PROBS},
             "layer_max": self.attributions.max(1).values.tolist(), "completeness": self.completeness.tolist(),
             "layer_sum": self.attributions.sum(1).tolist(),
         }
@@ -123,6 +124,11 @@ def _draw_control(lm: LoadedModel, attr: Tensor, layer: int, g, taken: set) -> t
         if not free:
             raise InputError(f"no unit of layer {layer} is left for the random control")
         return layer, free[int(torch.randint(len(free), (1,), generator=g))]
+    return _draw_unit(lm, layer, g, taken)
+
+
+def _draw_unit(lm: LoadedModel, layer: int, g, taken: set) -> tuple[int, int]:
+    """A random unit of ``layer`` (over all its hidden units) not in ``taken``."""
     while True:
         u = int(torch.randint(lm_d_mlp(lm, layer), (1,), generator=g))
         if (layer, u) not in taken:
@@ -213,13 +219,19 @@ def knowledge_neurons(lm: LoadedModel, prompt, target=None, *, steps: int = 20, 
         ctrl.append(_draw_control(lm, attr, layer, g, chosen))
         chosen.add(ctrl[-1])
     control = torch.tensor(ctrl, dtype=torch.long).reshape(-1, 2)
-    ps = _edit_probs(lm, ids, tid, pos, [sel, sel, control, control], [0.0, 2.0, 0.0, 2.0])
+    ps = _suppress_amplify(lm, ids, tid, pos, sel, control)
     return KnowledgeNeurons(
         attributions=attr, neurons=sel, control=control, completeness=comp, tokens=token_texts(lm, ids),
         target=token_str(lm, tid), target_id=tid, position=pos, steps=steps, threshold=threshold,
         p_base=float(probs[tid]), p_suppressed=ps[0], p_amplified=ps[1], p_control_suppressed=ps[2],
         p_control_amplified=ps[3], seed=seed, model=lm.name, info=_moe_info(lm),
     )
+
+
+def _suppress_amplify(lm, ids, tid, pos, neurons: Tensor, control: Tensor) -> list[float]:
+    """The target's probability with ``neurons`` suppressed (× 0) and amplified (× 2), then the same for the random
+    ``control``: the values of ``p_suppressed``, ``p_amplified``, ``p_control_suppressed``, ``p_control_amplified``."""
+    return _edit_probs(lm, ids, tid, pos, [neurons, neurons, control, control], [0.0, 2.0, 0.0, 2.0])
 
 
 @torch.no_grad()
@@ -281,8 +293,7 @@ class RefinedNeurons(Result):
             "neurons": [{"layer": int(a), "unit": int(u), **_expert_neuron(self.info, u), "prompts": int(c)}
                         for (a, u), c in zip(self.neurons.tolist(), self.counts.tolist())],
             "control": self.control.tolist(),
-            **{k: getattr(self, k).tolist() for k in ("p_base", "p_suppressed", "p_amplified",
-                                                       "p_control_suppressed", "p_control_amplified")},
+            **{k: getattr(self, k).tolist() for k in PROBS},
         }
 
     def __repr__(self) -> str:
@@ -323,12 +334,8 @@ def refined_knowledge_neurons(lm: LoadedModel, prompts, target, *, share: float 
     chosen = set(counts)
     ctrl = []
     for layer, _ in kept:
-        while True:
-            u = int(torch.randint(lm_d_mlp(lm, layer), (1,), generator=g))
-            if (layer, u) not in chosen:
-                chosen.add((layer, u))
-                ctrl.append((layer, u))
-                break
+        ctrl.append(_draw_unit(lm, layer, g, chosen))
+        chosen.add(ctrl[-1])
     control = torch.tensor(ctrl, dtype=torch.long).reshape(-1, 2)
     probs = []
     for ids in ids_all:
@@ -336,7 +343,7 @@ def refined_knowledge_neurons(lm: LoadedModel, prompts, target, *, share: float 
         with torch.no_grad():
             lg, _ = run(lm, ids[None])
         base = float(_prob(lg, pos, tid)[0])
-        edited = _edit_probs(lm, ids, tid, pos, [neurons, neurons, control, control], [0.0, 2.0, 0.0, 2.0])
+        edited = _suppress_amplify(lm, ids, tid, pos, neurons, control)
         probs.append([base] + edited)
     pr = torch.tensor(probs).reshape(len(prompts), 5)
     return RefinedNeurons(

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models.load import LoadedModel
-from ..results import Result
+from ..results import Result, axis_size
 from ..stats import spearman_or_none
 from .influence import InfluenceObjective, influence_objective, layer_states, lens_influence, model_influence
 from .lenses import Lens
@@ -206,9 +206,7 @@ class CausalBasis(Result):
     model_seconds: float = 0.0
     fast: bool = True
 
-    @property
-    def k(self) -> int:
-        return self.vectors.shape[0]
+    k = axis_size("vectors", 0)
 
     @property
     def fidelity_spearman(self) -> float | None:

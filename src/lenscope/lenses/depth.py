@@ -31,7 +31,7 @@ from ..errors import InputError, NotApplicableError
 from ..models.load import LoadedModel, encode, require_decoder
 from ..models.readout import Readout
 from ..models.trace import residual_states
-from ..results import Result
+from ..results import Result, axis_size
 from ..stats import spearman_or_none
 from .evaluate import prediction_depth
 from .lenses import Lens, LogitLens
@@ -163,9 +163,7 @@ class DepthStats(Result):
     depth: Tensor
     loss: Tensor
 
-    @property
-    def n_tokens(self) -> int:
-        return int(self.depth.numel())
+    n_tokens = axis_size("depth", 0)
 
     @property
     def settled(self) -> Tensor:

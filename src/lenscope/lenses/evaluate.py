@@ -20,6 +20,15 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _state_records(kl: Tensor, ce: Tensor, entropy: Tensor, top1: Tensor) -> list[dict]:
+    """One record per state of the four per-state metrics (the output states' and the mid-layer states' alike)."""
+    return [
+        {"layer": i, "kl": float(kl[i]), "ce": float(ce[i]), "perplexity": _finite(float(ce[i].exp())),
+         "entropy": float(entropy[i]), "top1_agreement": float(top1[i]), "precision_at_1": float(top1[i])}
+        for i in range(kl.shape[0])
+    ]
+
+
 @dataclass(repr=False)
 class LensEvaluation(Result):
     """Per-state metrics, each ``(state,)`` for states ``0..n_layers`` (the last is the model's output):
@@ -68,12 +77,7 @@ class LensEvaluation(Result):
         return float((d * self.depth_hist).sum() / self.depth_hist.sum())
 
     def layers(self) -> list[dict]:
-        return [
-            {"layer": i, "kl": float(self.kl[i]), "ce": float(self.ce[i]),
-             "perplexity": _finite(float(self.ce[i].exp())), "entropy": float(self.entropy[i]),
-             "top1_agreement": float(self.top1[i]), "precision_at_1": float(self.top1[i])}
-            for i in range(self.kl.shape[0])
-        ]
+        return _state_records(self.kl, self.ce, self.entropy, self.top1)
 
     @property
     def mean_mid_kl(self) -> float | None:
@@ -83,12 +87,7 @@ class LensEvaluation(Result):
     def mid_layers(self) -> list[dict]:
         if self.mid_kl is None:
             return []
-        return [
-            {"layer": i, "kl": float(self.mid_kl[i]), "ce": float(self.mid_ce[i]),
-             "perplexity": _finite(float(self.mid_ce[i].exp())), "entropy": float(self.mid_entropy[i]),
-             "top1_agreement": float(self.mid_top1[i]), "precision_at_1": float(self.mid_top1[i])}
-            for i in range(self.mid_kl.shape[0])
-        ]
+        return _state_records(self.mid_kl, self.mid_ce, self.mid_entropy, self.mid_top1)
 
     def to_dict(self) -> dict:
         d = {"model": self.model, "lens": self.lens, "n_tokens": self.n_tokens, "mean_kl": self.mean_kl,

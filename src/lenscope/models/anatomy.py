@@ -339,9 +339,7 @@ class MLP:
             u = u.clamp(-self.up_limit, self.up_limit)
         return u + self.up_offset if self.up_offset else u
 
-    @property
-    def d_mlp(self) -> int:
-        return self.W_in.shape[1]
+    d_mlp = axis_size("W_in", 1)
 
     def pre(self, x: Tensor) -> tuple[Tensor, Tensor | None]:
         """(pre-activation of the activated branch, linear branch or None), each (pos, d_mlp)."""

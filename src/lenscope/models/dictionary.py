@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
+from ..results import axis_size
 from .sites import DICT_SITES, LATENT_SITES, site_key
 
 KINDS = ("topk", "batchtopk", "jumprelu")
@@ -163,17 +164,9 @@ class Dictionary:
 
     # -- shape ---------------------------------------------------------------------------------------------------
 
-    @property
-    def d_in(self) -> int:
-        return int(self.W_enc.shape[0])
-
-    @property
-    def width(self) -> int:
-        return int(self.W_enc.shape[1])
-
-    @property
-    def d_out(self) -> int:
-        return int(self.b_dec.shape[0])
+    d_in = axis_size("W_enc", 0)
+    width = axis_size("W_enc", 1)
+    d_out = axis_size("b_dec", 0)
 
     @property
     def input_site(self) -> str | None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from ..results import axis_size
 from .tensors import _on, _up
 
 if TYPE_CHECKING:
@@ -69,9 +70,7 @@ class RelativeBias:
     bidirectional: bool
     max_distance: int
 
-    @property
-    def n_buckets(self) -> int:
-        return int(self.weight.shape[0])
+    n_buckets = axis_size("weight", 0)
 
     def buckets(self, rel: Tensor) -> Tensor:
         """The bucket of each distance ``rel = key - query`` (integers), as T5 forms it (the logarithmic part in

@@ -18,7 +18,7 @@ from ..data.jsonl import jsonl_rows
 from ..data.shared import shared_file
 from ..errors import InputError
 from ..interventions.tracing import KINDS, causal_trace, embedding_std
-from ..results import Result
+from ..results import Result, field_values
 
 GROUPS = ["first subject token", "middle subject tokens", "last subject token", "first subsequent token",
           "further tokens", "last token"]
@@ -111,7 +111,7 @@ class FactSweep(Result):
     settings: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d = field_values(self)
         for k in KINDS:
             d[k] = [[None if math.isnan(v) else v for v in row] for row in getattr(self, k).tolist()]
         return d

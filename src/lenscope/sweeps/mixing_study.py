@@ -26,7 +26,7 @@ from ..errors import InputError
 from ..mixing.analysis import contextualization_change, ff_amp, pre_post_ff, scope_pairs, top_pairs
 from ..mixing.maps import check_scopes, layer_decompositions
 from ..models.trace import trace
-from ..results import finite_json, read_summary
+from ..results import field_values, finite_json, read_summary
 from ..stats import pearson, spearman
 
 DATASETS = ("sst2", "wikitext")
@@ -157,7 +157,7 @@ class MixingStudy:
     info: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return field_values(self)
 
     def to_frame(self):
         """One row per layer with every per-layer measure (contextualization changes as ``cc_<pair>``)."""
