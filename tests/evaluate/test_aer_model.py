@@ -38,11 +38,11 @@ def test_token_words_by_hand():
     assert _token_words([(3, 4)], words) == [None]  # a span of the space alone belongs to no word
 
 
-@pytest.mark.parametrize("name", ["t5", "bart"])
-def test_alignments_equal_one_explanation_per_target_token(gold_file, name):
+@pytest.mark.parametrize(("name", "method"), [("t5", "logit"), ("bart", "logit"), ("marian", "alti-logit")])
+def test_alignments_equal_one_explanation_per_target_token(gold_file, name, method):
     lm = get_model(f"tiny:{name}")
     gold = read_gold_alignments(gold_file)
-    got = model_alignments(lm, gold)
+    got = model_alignments(lm, gold, method)
     for g in gold:
         src_text, tgt_text = " ".join(g.source), " ".join(g.target)
         n_src = len(source_ids(lm, src_text))
@@ -53,7 +53,7 @@ def test_alignments_equal_one_explanation_per_target_token(gold_file, name):
         rows = []
         for w in range(len(g.target)):
             i = tgt_words.index(w)  # the word's first token, predicted at decoder position i
-            e = lenscope.explain(lm, dec[: i + 1], int(dec[i + 1]), method="logit", source=src_text)
+            e = lenscope.explain(lm, dec[: i + 1], int(dec[i + 1]), method=method, source=src_text)
             per_word = torch.zeros(len(g.source), dtype=torch.float64)
             for s, sw in enumerate(src_words):
                 if sw is not None:
@@ -70,7 +70,7 @@ def test_the_cli_writes_alignments_that_eval_aer_reads_back(gold_file, tmp_path)
     assert r.exit_code == 0, r.output
     d = json.loads(r.stdout)
     res = d["methods"]["logit"]
-    assert d["model"] == "tiny:marian" and list(d["methods"]) == ["logit"] and res["sentences"] == 2
+    assert d["model"] == "tiny:marian" and list(d["methods"]) == ["logit", "alti-logit"] and res["sentences"] == 2
     gold = read_gold_alignments(gold_file)
     want = alignment_error_rate(gold, model_alignments(get_model("tiny:marian"), gold), method="logit")
     assert res["aer"] == pytest.approx(want.aer, abs=1e-12) and res["predicted"] == 7  # one link per target word
@@ -81,7 +81,7 @@ def test_the_cli_writes_alignments_that_eval_aer_reads_back(gold_file, tmp_path)
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--model", "tiny:llama"], "need an encoder-decoder (translation) model"),
-    (["--model", "tiny:t5", "--methods", "alti-logit"], "does not explain an encoder-decoder model's source"),
+    (["--model", "tiny:t5", "--methods", "ig"], "does not explain an encoder-decoder model's source"),
     (["--model", "tiny:t5", "--dataset", "ioi"], "--gold and --dataset are two evaluations"),
     (["--model", "tiny:t5", "--target-token", "last"], "unknown --target-token"),
 ])

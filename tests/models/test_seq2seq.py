@@ -120,7 +120,8 @@ def test_the_cli_components_takes_a_source():
 
 @pytest.mark.parametrize("args", [
     ["components", PREFIX, "--target", " the"],  # no source
-    ["explain", PREFIX, "--method", "alti-logit", "--target", " the"],
+    ["explain", PREFIX, "--method", "alti-logit", "--target", " the"],  # no source
+    ["explain", PREFIX, "--method", "ig", "--target", " the", "--source", SOURCE],
     ["mixing", PREFIX],
     ["patch", PREFIX, "the mouse is", "--target", " the", "--foil", " a"],
     ["neurons", PREFIX, "--target", " the"],
@@ -135,15 +136,19 @@ def test_what_does_not_read_encoder_decoder_models_says_so_in_one_line(args):
 
 def test_a_method_refuses_an_encoder_decoder_model_given_a_trace():
     """A method that does not read encoder-decoder models refuses one even with a trace holding the source."""
-    from lenscope.attribution.context import alti_logit_explanation
+    from lenscope.mixing.maps import context_mixing
     from lenscope.models.trace import trace
 
     lm = get_model("tiny:bart")
     tr = trace(lm, PREFIX, source=SOURCE)
-    with pytest.raises(NotApplicableError, match="does not read encoder-decoder models yet"):
-        alti_logit_explanation(lm, PREFIX, " the", tr=tr)
-    with pytest.raises(NotApplicableError, match="alti-logit does not read encoder-decoder models yet.*logit does"):
-        lenscope.explain(lm, PREFIX, " the", method="alti-logit", source=SOURCE)
+    for method in ("alti", "value-zeroing"):  # one stack's contributions would leave the source out
+        with pytest.raises(NotApplicableError, match="would leave out the source"):
+            lenscope.explain(lm, tr=tr, method=method)
+    with pytest.raises(NotApplicableError, match="context-mixing maps .* would leave out the source"):
+        context_mixing(lm, tr=tr)
+    with pytest.raises(NotApplicableError, match="--method ig does not read encoder-decoder models yet.*logit, "
+                                                 "alti-logit does"):
+        lenscope.explain(lm, PREFIX, " the", method="ig", source=SOURCE)
 
 
 @pytest.mark.parametrize("name", SEQ2SEQ)

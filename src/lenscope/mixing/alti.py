@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, NotApplicableError
 from ..models.algebra import (
     Factored,
     activation_scale,
@@ -360,6 +360,15 @@ class MixingMatrices(ReportView, Result):
                 f"row_sum_error={self.row_sum_error:.1e})")
 
 
+def refuse_encoder_decoder(tr: Trace, what: str) -> None:
+    """A method that reads one stack refuses an encoder-decoder model's decoder trace: its cross-attention reads
+    the source, which the method would leave out (a silent wrong answer)."""
+    if tr.encoder is not None:
+        raise NotApplicableError(f"{what} of an encoder-decoder model's decoder would leave out the source its "
+                                 "cross-attention reads; ALTI-Logit (explain --method alti-logit --source) carries "
+                                 "the source through ALTI+ (docs/encoder-decoder.md)")
+
+
 def _row_sum_error(*mats: Tensor) -> float:
     err = 0.0
     for m in mats:
@@ -375,6 +384,7 @@ def mixing_matrices(A: Anatomy, tr: Trace, method: str = "alti", *, model_name: 
     ``None``: callers that carry a few rows back use :func:`carry_back` and skip the ``O(L n^3)`` products)."""
     if method not in ("alti", "value-zeroing"):
         raise ValueError(f"unknown mixing method {method!r}")
+    refuse_encoder_decoder(tr, f"{method} contributions")
     n = len(tr.tokens)
     C = torch.empty(A.n_layers, n, n)
     err, bad = 0.0, 0

@@ -45,6 +45,7 @@ from ..models.stop import checkpoint
 from ..models.trace import Trace, prefix_trace
 from ..results import Result
 from ..viz.notebook import ReportView
+from .alti import refuse_encoder_decoder
 
 PRE_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbln", "atblnff", "atblnffres", "atblnffres_nextln")
 POST_LN_SCOPES = ("attention", "attn_2020", "attn", "atb", "atbff", "atbffres", "atbffresln")
@@ -206,6 +207,8 @@ def context_mixing(lm, text=None, scopes=None, *, layers=None, tr: Trace | None 
     from ..models.trace import trace
 
     A = lm.anatomy
+    if tr is not None:
+        refuse_encoder_decoder(tr, "context-mixing maps")
     scopes = check_scopes(A, scopes)
     for name, v in (("nodes", nodes), ("numeric_steps", numeric_steps)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
