@@ -25,8 +25,8 @@ def test_readme_python_runs(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("page", ["attribution.md", "circuits.md", "design.md", "features.md", "graphs.md",
-                                  "lenses.md", "moe.md", "report.md"])
+@pytest.mark.parametrize("page", ["attribution.md", "circuits.md", "design.md", "encoder-decoder.md", "features.md",
+                                  "graphs.md", "lenses.md", "moe.md", "report.md"])
 def test_docs_python_runs(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "src").symlink_to(ROOT / "src")  # the examples read files relative to the repository root

@@ -56,7 +56,8 @@ def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: 
         typer.echo(f"{lm.name} {name}: AER {res.aer:.4f}  precision {res.precision:.4f}  recall {res.recall:.4f}  "
                    f"({len(res.ids)} sentence pairs)")
     if out:
-        typer.echo(f"predicted alignments in {out}/predicted-<method>.jsonl (lenscope eval aer --predicted reads them)")
+        typer.echo(f"predicted alignments in {Path(out) / 'predicted-<method>.jsonl'} (lenscope eval aer --predicted "
+                   "reads them)")
 
 
 def register(app: typer.Typer) -> None:
