@@ -34,3 +34,19 @@ def test_docs_python_runs(page, tmp_path, monkeypatch):
     assert blocks
     for code in blocks:
         exec(compile(code, page, "exec"), {})
+
+
+def test_readme_lists_every_model_type_by_kind():
+    """The README's table of model types is the families' own list: every type lenscope reads, under its kind
+    (mixture of experts: the families whose tiny models have expert blocks)."""
+    from lenscope.models.families import family_rows, supported_model_types
+
+    text = (ROOT / "README.md").read_text()
+    table = {m.group(1): re.findall(r"`([a-z0-9_]+)`", m.group(2))
+             for m in re.finditer(r"^\| (decoder|mixture of experts|encoder|encoder-decoder) \| (.*) \|$", text, re.M)}
+    want: dict[str, list[str]] = {}
+    for row in family_rows():
+        kind = "mixture of experts" if row["moe"] else row["kind"]
+        want.setdefault(kind, []).extend(row["model_types"])
+    assert {k: sorted(v) for k, v in table.items()} == {k: sorted(v) for k, v in want.items()}
+    assert sorted(t for v in table.values() for t in v) == supported_model_types()
