@@ -24,7 +24,7 @@ from .devices import compute_dtype, main_device
 from .dictionary import Attached
 from .families import family_for
 from .hooking import register
-from .load import LoadedModel
+from .load import ENCODER_DECODER_METHODS, LoadedModel
 from .sites import (  # noqa: F401 (the site table lives in sites.py; re-exported here)
     _ALL,
     HEAD_SITES,
@@ -104,12 +104,12 @@ def _check_source(lm: LoadedModel, source: Tensor | None, B: int, other_inputs: 
         return 0
     if source is None:
         raise InputError(f"{A.model_type} is an encoder-decoder model: run it with the source (source=...; the CLI's "
-                         "--source, for verify, components and explain --method logit; docs/encoder-decoder.md)")
+                         f"--source; what reads one: {ENCODER_DECODER_METHODS}; docs/encoder-decoder.md)")
     if other_inputs:
         raise NotApplicableError("an encoder-decoder model runs from token ids, without padding or a cache (yet)")
     if source.dim() != 2 or source.shape[0] != B or source.shape[1] == 0:
-        raise InputError(f"the source must be (b, s) token ids with the same {B} rows as the target prefix; got "
-                         f"shape {tuple(source.shape)}")
+        raise InputError(f"the source must be (b, s) token ids with the same {B} rows as the target prefix, at "
+                         f"least one token each; got shape {tuple(source.shape)}")
     if source.shape[1] > A.encoder.n_ctx:
         raise InputError(f"{source.shape[1]} source positions are more than the encoder's context of "
                          f"{A.encoder.n_ctx}; shorten the source")

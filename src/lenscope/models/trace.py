@@ -417,22 +417,18 @@ def trace(lm: LoadedModel, text: str | list[int] | Tensor, *, device: str | torc
 
 
 def source_ids(lm: LoadedModel, source) -> Tensor | None:
-    """An encoder-decoder model's source as token ids ``(src,)``, validated against its encoder (None: no source;
-    the engine says whether the model needs one)."""
+    """An encoder-decoder model's source as token ids ``(src,)``: a text through the tokenizer (with its special
+    tokens), or given ids (None: no source). The engine checks them against the model (``engine._check_source``:
+    whether it reads a source, the encoder's context and vocabulary)."""
     if source is None:
         return None
-    A = lm.anatomy.encoder
-    if A is None:
-        raise InputError(f"a source is the input of an encoder-decoder model's encoder; {lm.anatomy.model_type} "
-                         "has none")
     if isinstance(source, str):
         return torch.as_tensor(lm.tokenizer(source)["input_ids"], dtype=torch.long)
-    ids = torch.as_tensor(source, dtype=torch.long).reshape(-1)
-    if ids.numel() == 0 or ids.numel() > A.n_ctx:
-        raise InputError(f"the source needs 1 to {A.n_ctx} tokens; got {ids.numel()}")
-    if int(ids.min()) < 0 or int(ids.max()) >= A.vocab_size:
-        raise InputError(f"source token ids must lie in 0..{A.vocab_size - 1}")
-    return ids.cpu()
+    try:
+        return torch.as_tensor(source, dtype=torch.long).reshape(-1).cpu()
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise InputError(f"give the source as a text or a list of token ids, not {type(source).__name__} ({e})"
+                         ) from None
 
 
 @torch.no_grad()
