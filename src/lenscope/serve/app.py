@@ -107,12 +107,19 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
     attribution graph, ``/api/graph`` and ``/api/supernode``); ``dict_data``: text whose
     held-out part ``/api/feature``'s cards are measured on. ``loader(name) -> LoadedModel`` replaces
     :func:`lenscope.load` (tests)."""
+    from ..models.families import tiny_names
     from ..models.load import available_names
 
-    known = available_names()
+    # the app's views read one text: an encoder-decoder model (a source and a target prefix) is not served yet
+    seq2seq = {f"tiny:{n}" for n, f in tiny_names().items() if f.encoder_decoder}
+    known = [n for n in available_names() if n not in seq2seq]
     models = list(dict.fromkeys(known if models is None else models))
     if not models:
         raise InputError("no models to serve: give at least one --model")
+    for m in models:
+        if m in seq2seq:
+            raise NotApplicableError(f"serve does not show encoder-decoder models yet ({m}); explain them with "
+                                     "lenscope explain --source (docs/encoder-decoder.md)")
     for m in models:  # the operator may name a local folder or .gguf file; clients only ever name these strings
         if m not in known and not Path(m).expanduser().exists():
             raise UnknownModelError(f"unknown model {m!r}: not a registered name ({', '.join(known)}), a "
