@@ -46,6 +46,14 @@ def test_the_readers_read_words_links_and_both_link_forms():
     assert p[1].sure == p[1].possible == {(0, 0), (1, 1), (2, 2), (1, 3)}
 
 
+def test_a_gold_row_may_give_one_list_of_links_or_a_pharaoh_line(tmp_path):
+    """Gold rows as many corpora ship them: ``alignment`` (every link sure) and the links as one Pharaoh line."""
+    g = read_gold_alignments(_file(tmp_path, ROW | {"alignment": "0-0 1-1"},
+                                   ROW | {"sure": "1-0", "possible": [[0, 1]]}))
+    assert g[0].sure == g[0].possible == {(0, 0), (1, 1)}
+    assert g[1].sure == {(1, 0)} and g[1].possible == {(1, 0), (0, 1)}
+
+
 def test_aer_of_the_hand_computed_corpus():
     res = alignment_error_rate(read_gold_alignments(GOLD), read_predicted_alignments(PRED), method="hand")
     assert res.ids == ["s1", "s2"]
@@ -113,6 +121,8 @@ ROW = {"source": "a b", "target": "x y"}
     ([ROW | {"possible": []}], r"no 'sure' list"),
     ([{"source": "", "target": "x", "sure": []}], r"'source' has no words"),
     ([ROW | {"sure": [], "id": "a"}, ROW | {"sure": [], "id": "a"}], r"line 2: id 'a' appears twice"),
+    ([ROW | {"alignment": [[0, 0]], "possible": []}], r"give 'sure' \(and 'possible'\), or 'alignment' alone"),
+    ([ROW | {"sure": 3}], r"must be a list of links or a Pharaoh line"),
     ([ROW | {"sure": []}, "{not json"], r"line 2: not JSON"),
     (["[1, 2]"], r"expected a JSON object"),
 ])

@@ -62,8 +62,10 @@ def _link(x, where: str, key: str) -> Link:
 
 def _links(row: dict, key: str, where: str, n_src: int | None, n_tgt: int | None) -> frozenset[Link]:
     value = row.get(key, [])
+    if isinstance(value, str):  # one Pharaoh line: "0-0 1-1 2-3"
+        value = value.split()
     if not isinstance(value, list):
-        raise InputError(f"{where}: {key!r} must be a list of links")
+        raise InputError(f"{where}: {key!r} must be a list of links or a Pharaoh line \"i-j i-j ...\"")
     links = [_link(x, where, key) for x in value]
     if len(set(links)) != len(links):
         dup = next(x for x in links if links.count(x) > 1)
@@ -86,6 +88,10 @@ def _rows(path: str | Path, keys: tuple[str, ...], words_required: bool) -> list
         where = f"{path}, line {n}"
         if not isinstance(row, dict):
             raise InputError(f"{where}: expected a JSON object with {', '.join(keys)}")
+        if keys[0] == "sure" and "sure" not in row and "alignment" in row:  # a gold file of one kind of link
+            if "possible" in row:
+                raise InputError(f"{where}: give 'sure' (and 'possible'), or 'alignment' alone")
+            row = {**{k: v for k, v in row.items() if k != "alignment"}, "sure": row["alignment"]}
         unknown = sorted(set(row) - {"id", "source", "target", *keys})
         if unknown:
             raise InputError(f"{where}: unknown field {unknown[0]!r}; the fields are id, source, target, "
@@ -112,7 +118,9 @@ def _rows(path: str | Path, keys: tuple[str, ...], words_required: bool) -> list
 
 def read_gold_alignments(path: str | Path) -> list[AlignedPair]:
     """The rows of a gold alignment file (``source``, ``target``, ``sure``, optional ``possible``, optional
-    ``id``: the line number by default), in file order. Any malformed row is an InputError naming its line."""
+    ``id``: the line number by default), in file order; a row may give its links as ``alignment`` instead (all
+    sure), and links as ``[i, j]`` pairs, ``"i-j"`` strings or one Pharaoh line ``"i-j i-j ..."``. Any malformed
+    row is an InputError naming its line."""
     return _rows(path, ("sure", "possible"), words_required=True)
 
 
