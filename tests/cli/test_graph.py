@@ -58,8 +58,21 @@ def test_graph_json_save_and_export(dict_dir, tmp_path):
     assert r.exit_code == 0 and "5 of" in r.stdout and "exactness error" in r.stdout, r.output
 
 
+def test_graph_with_a_foil_has_one_contrastive_logit_node(dict_dir):
+    folder, ds = dict_dir
+    r = run("graph", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--target", " the", "--foil", " a",
+            "--json", "--no-heads")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    logits = [n for n in out["nodes"] if n["kind"] == "logit"]
+    want = attribution_graph(get_model("tiny:llama"), TEXT, ds, target=" the", foil=" a")
+    assert len(logits) == 1 and out["foil_id"] == want.foil_id is not None
+    assert logits[0]["feature"] == int(want.logit_ids[0]) and out["max_exactness_error"] <= 1e-4
+
+
 @pytest.mark.parametrize("extra,msg", [
     (["--target", " the cat"], "token"),
+    (["--foil", " a"], "foil needs a target"),
     (["--node-threshold", "1.5"], "[0, 1]"),
     (["--max-feature-nodes", "-1"], "at least 0"),
 ])

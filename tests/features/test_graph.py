@@ -214,6 +214,44 @@ def test_a_target_is_the_only_logit_node_and_its_input_is_the_demeaned_logit():
     assert d.n_logits == n and math.isclose(float(d.logit_probs.sum()), float(p[:n].sum()), rel_tol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["qwen2", "gemma2", "gpt2"])
+def test_a_contrastive_node_is_the_targets_row_minus_the_foils(family, tmp_path):
+    """With a foil the one logit node reads logit(target) - logit(foil) (before any soft-cap): its input is the
+    model's, its edges the target's demeaned row minus the foil's (the mean cancels), exact as every node; the head
+    split and the real-model check read the same contrast; the graph saves and loads with its foil."""
+    from lenscope.features.graph_check import intervene
+    from lenscope.features.graph_heads import edge_heads
+    from lenscope.models.readout import Readout
+
+    lm = get_model(f"tiny:{family}")
+    tc = _transcoders(lm, every=2)
+    g = attribution_graph(lm, TEXT, tc, target=" the", foil=" a")
+    t_only = attribution_graph(lm, TEXT, tc, target=" the")
+    f_only = attribution_graph(lm, TEXT, tc, target=" a")
+    z = Readout.from_anatomy(lm.anatomy).uncap(trace(lm, TEXT).logits[-1].double())
+    t, f = int(g.logit_ids[0]), g.foil_id
+    assert g.n_logits == 1 and g.logit_tokens == ["' the' − ' a'"] and f == int(f_only.logit_ids[0]) != t
+    assert float(g.inputs[-1]) == pytest.approx(float(z[t] - z[f]), abs=1e-4 * max(1.0, float(z.abs().max())))
+    row = g.adjacency[-1].double()
+    want = t_only.adjacency[-1].double() - f_only.adjacency[-1].double()
+    assert float((row - want).abs().max()) <= 64 * EPS * float(want.abs().max() + 1)
+    assert g.exactness_error <= g.tolerance and g.real_error <= g.tolerance
+    eh = edge_heads(lm, g, tc)
+    assert eh.error <= g.tolerance
+    node = node_id(g, int(g.adjacency[-1, : g.n_features].abs().argmax()))
+    check, ct, cf = (intervene(lm, x, tc, [node], factor=0.0) for x in (g, t_only, f_only))
+    for k in ("real", "direct", "frozen_total"):  # the contrast's change is the target's minus the foil's
+        got, want = getattr(check, k).double(), getattr(ct, k).double() - getattr(cf, k).double()
+        assert float((got - want).abs().max()) <= 1e-5 * max(1.0, float(want.abs().max())), k
+    g.save(tmp_path / "g.safetensors")
+    back = AttributionGraph.load(tmp_path / "g.safetensors")
+    assert back.foil_id == f and back.to_dict()["foil_id"] == f and t_only.foil_id is None
+    with pytest.raises(InputError, match="foil needs a target"):
+        attribution_graph(lm, TEXT, tc, foil=" a")
+    with pytest.raises(InputError, match="same token"):
+        attribution_graph(lm, TEXT, tc, target=" a", foil=" a")
+
+
 def test_bad_input_is_a_clear_error():
     lm = get_model("tiny:llama")
     d = lm.anatomy.d_model

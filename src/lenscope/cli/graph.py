@@ -19,6 +19,8 @@ def register(app: typer.Typer) -> None:
         target: str = typer.Option(None, "--target", "-t", help="Target token (its text, e.g. ' Paris', or #ID) as "
                                    "the only logit node (default: the most probable tokens up to p = 0.95, at most "
                                    "10)."),
+        foil: str = typer.Option(None, "--foil", "-f", help="Foil token (with --target): one contrastive logit node, "
+                                 "the target's logit minus the foil's."),
         max_feature_nodes: int = typer.Option(7500, "--max-feature-nodes", help="Compute the edges into at most this "
                                               "many features, the most influential first (0: none)."),
         node_threshold: float = typer.Option(0.8, "--node-threshold", help="Pruning: keep the nodes making up this "
@@ -53,7 +55,7 @@ def register(app: typer.Typer) -> None:
             fail("--max-feature-nodes must be at least 0 and --batch-size at least 1")
         dicts = load_dictionaries(dict_dir)
         lm = load_model(model, dtype=dtype, device_map=device_map)
-        g = attribution_graph(lm, text, dicts, target=target, max_feature_nodes=max_feature_nodes,
+        g = attribution_graph(lm, text, dicts, target=target, foil=foil, max_feature_nodes=max_feature_nodes,
                               batch_size=batch_size, progress=not as_json)
         th = {"node_threshold": node_threshold, "edge_threshold": edge_threshold}
         if heads:

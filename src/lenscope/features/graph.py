@@ -39,7 +39,7 @@ from ..models.trace import trace
 from ..models.verify import completeness_tolerance
 from ..results import Result, axis_size
 from ..viz.notebook import ReportView
-from .replacement import Frozen, transcoders_by_layer
+from .replacement import Frozen, node_logits, transcoders_by_layer
 
 KINDS = ("feature", "error", "token", "logit")
 
@@ -48,7 +48,8 @@ KINDS = ("feature", "error", "token", "logit")
 class AttributionGraph(ReportView, Result):
     """An attribution graph (see the module's docstring). Nodes in circuit-tracer's order: ``n_features`` features
     (``feature_layer``, ``feature_pos``, ``feature_index``, ``feature_act``), ``n_layers * n_pos`` error nodes
-    (block-major), ``n_pos`` token nodes, the logit nodes (``logit_ids``, ``logit_probs``, ``logit_tokens``).
+    (block-major), ``n_pos`` token nodes, the logit nodes (``logit_ids``, ``logit_probs``, ``logit_tokens``; with a
+    ``foil_id``, one contrastive node: the target's logit minus the foil's, labelled ``"'target' − 'foil'"``).
     ``adjacency (node, node)``: ``A[target, source]``; ``inputs (node,)``: each feature's pre-activation and each
     logit's demeaned logit as the frozen model computes them (0 for errors and tokens); ``biases (node,)``: their
     bias terms; ``dropped (node,)``: what the features left out by ``max_feature_nodes`` add (part of the bias terms);
@@ -85,6 +86,7 @@ class AttributionGraph(ReportView, Result):
     head_parts: Tensor | None = None  # (n, layer, head)
     head_residual: Tensor | None = None  # (n,)
     head_error: float | None = None
+    foil_id: int | None = None  # a contrastive graph: its one logit node reads logit(target) - logit(foil)
 
     def set_heads(self, eh) -> None:
         """Keep the head split of edges (:func:`lenscope.features.graph_heads.edge_heads`) in the graph (its file,
@@ -216,7 +218,7 @@ class AttributionGraph(ReportView, Result):
                 "real_error": self.real_error, "tolerance": self.tolerance, "n_active_features": self.n_active,
                 "n_feature_nodes": self.n_features, "node_threshold": node_threshold,
                 "edge_threshold": edge_threshold, "seconds": self.seconds, "supernodes": self.supernodes,
-                "head_error": self.head_error}
+                "head_error": self.head_error, "foil_id": self.foil_id}
 
     def __repr__(self) -> str:
         return (f"AttributionGraph({self.n_pos} tokens, {self.n_features} of {self.n_active} active features, "
@@ -236,6 +238,12 @@ def node_id(g: AttributionGraph, i: int, rec: dict | None = None) -> str:
     if k == "token":
         return f"E_{g.input_ids[p]}_{p}"
     return f"{g.n_layers + 1}_{rec['feature']}_{p}"
+
+
+def _logit_labels(lm: LoadedModel, ids: Tensor, foil: int | None) -> list[str]:
+    """The logit nodes' labels: each token's text, or ``"target − foil"`` for a contrastive node."""
+    texts = token_texts(lm, ids)
+    return texts if foil is None else [f"{t!r} − {token_texts(lm, [foil])[0]!r}" for t in texts]
 
 
 def _logit_nodes(lm: LoadedModel, logits: Tensor, target, max_logits: int, logit_prob: float) -> Tensor:
@@ -290,10 +298,10 @@ class Rows:
                 out[rows] = self._edges(self.mlp_in[L], G)
         return out
 
-    def logits(self, ids: Tensor) -> Tensor:
+    def logits(self, ids: Tensor, foil: int | None = None) -> Tensor:
         fz = self.fz
         G = torch.zeros(ids.numel(), fz.P, self.final.shape[-1], dtype=fz.dtype)
-        G[:, self.last] = fz.logit_pullbacks(self.last, ids)
+        G[:, self.last] = fz.logit_pullbacks(self.last, ids, foil)
         return self._edges(self.final, G)
 
 
@@ -318,13 +326,15 @@ def _partial_influence(rows_f: Tensor, row_nodes: Tensor, rows_l: Tensor, probs:
     return total[:n_src] if total.numel() >= n_src else total
 
 
-def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, max_logits: int = 10,
+def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, foil=None, max_logits: int = 10,
                       logit_prob: float = 0.95, max_feature_nodes: int | None = None, batch_size: int = 256,
                       zero_bos: bool = True, progress: bool = False) -> AttributionGraph:
     """The attribution graph of the next-token prediction after ``text`` (a string or token ids), with
     ``dictionaries`` (transcoders, at most one per block; blocks without one: their MLP output is an error node).
     ``target``: one token (text, ``"#ID"`` or id) as the only logit node; default the most probable tokens up to
-    ``logit_prob``, at most ``max_logits``. ``max_feature_nodes``: compute the rows of at most that many features,
+    ``logit_prob``, at most ``max_logits``. ``foil`` (with ``target``): one contrastive logit node, the target's
+    logit minus the foil's (IOI's `` Mary`` vs `` John``), whose edges are the target's minus the foil's.
+    ``max_feature_nodes``: compute the rows of at most that many features,
     chosen by their influence on the logits as the rows come in (circuit-tracer's order); the others' effects stay
     in the bias terms. ``zero_bos``: a first token that is a special token (BOS) gets no feature nodes."""
     t0 = time.perf_counter()
@@ -341,12 +351,13 @@ def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, max_l
     skip_first = bool(zero_bos and P > 1 and int(ids[0]) in special)
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
     fz = Frozen(lm, tr, dicts, skip_first=skip_first)
+    foil_id = None if foil is None else Request.of(lm, target, foil, distinct=True).foil
     logit_ids = _logit_nodes(lm, tr.logits[last], target, max_logits, logit_prob)
     probs = tr.logits[last].float().softmax(-1)[logit_ids]
     rows = Rows(fz, last, batch_size)
     n_err, n_src = fz.n_layers * P, fz.n_active + fz.n_layers * P + P
     log(f"attribution graph: {P} tokens, {fz.n_active} active features, {logit_ids.numel()} logits")
-    R_logit = rows.logits(logit_ids)
+    R_logit = rows.logits(logit_ids, foil_id)
 
     cap = fz.n_active if max_feature_nodes is None else min(max_feature_nodes, fz.n_active)
     if cap == fz.n_active:
@@ -370,11 +381,10 @@ def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, max_l
     # inputs from the frozen model at the real node values, and bias terms from it with every node at zero
     with torch.no_grad():
         in_f = fz.pre_of([m.detach() for m in rows.mlp_in], chosen)
-        in_l = fz.logit_inputs(rows.final.detach(), last, logit_ids)
+        in_l = fz.logit_inputs(rows.final.detach(), last, logit_ids, foil_id)
         m0, h0 = fz.forward(torch.zeros_like(fz.emb), torch.zeros_like(fz.acts), torch.zeros_like(fz.errs))
-        b_f, b_l = fz.pre_of(m0, chosen), fz.logit_inputs(h0, last, logit_ids)
-    z = fz.readout.uncap(tr.logits[last].float())
-    real_l = z[logit_ids] - z.mean()
+        b_f, b_l = fz.pre_of(m0, chosen), fz.logit_inputs(h0, last, logit_ids, foil_id)
+    real_l = node_logits(fz.readout.uncap(tr.logits[last].float()), logit_ids, foil_id)
     real_f = fz.pre[chosen]
 
     # the graph: the chosen features' columns, the others' edges into the bias terms
@@ -415,9 +425,10 @@ def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, max_l
         n_layers=fz.n_layers, feature_layer=fz.layer[chosen], feature_pos=fz.pos[chosen],
         feature_index=fz.feature[chosen], feature_act=fz.acts[chosen].float(),
         error_norm=fz.errs.norm(dim=-1).float(), logit_ids=logit_ids, logit_probs=probs,
-        logit_tokens=token_texts(lm, logit_ids), adjacency=adj, inputs=inputs, biases=biases, dropped=dropped,
+        logit_tokens=_logit_labels(lm, logit_ids, foil_id), adjacency=adj, inputs=inputs, biases=biases,
+        dropped=dropped,
         n_active=fz.n_active, exactness_error=exact, real_error=real_err, tolerance=tol, seconds=seconds,
-        skip_first=skip_first)
+        skip_first=skip_first, foil_id=foil_id)
 
 
 __all__ = ["AttributionGraph", "attribution_graph", "node_id"]

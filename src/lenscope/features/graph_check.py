@@ -41,7 +41,7 @@ from ..models.sites import Edit
 from ..models.verify import completeness_tolerance
 from ..results import Result
 from .graph import AttributionGraph, node_id
-from .replacement import transcoders_by_layer
+from .replacement import node_logits, transcoders_by_layer
 
 
 @dataclass(repr=False)
@@ -176,11 +176,10 @@ def intervene(lm: LoadedModel, g: AttributionGraph, dictionaries, nodes, *, fact
 
     readout = Readout.from_anatomy(lm.anatomy)
 
-    def demeaned(r) -> Tensor:
-        z = readout.uncap(r.logits[0, -1].float()).double()
-        return z[g.logit_ids] - z.mean()
+    def node_values(r) -> Tensor:
+        return node_logits(readout.uncap(r.logits[0, -1].float()).double(), g.logit_ids, g.foil_id)
 
-    real = demeaned(edited) - demeaned(base)
+    real = node_values(edited) - node_values(base)
     direct, total = _predictions(g, idx, float(factor))
     return GraphIntervention(
         model=g.model, tokens=list(g.tokens), nodes=[node_id(g, int(i)) for i in idx], factor=float(factor),

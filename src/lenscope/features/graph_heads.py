@@ -103,7 +103,7 @@ def edge_heads(lm: LoadedModel, g, dictionaries, edges: Tensor | None = None, *,
         else:
             p = last
             cot = torch.zeros_like(final)
-            cot[p] = fz.logit_pullbacks(p, g.logit_ids[t - o["logit"]: t - o["logit"] + 1])[0]
+            cot[p] = fz.logit_pullbacks(p, g.logit_ids[t - o["logit"]: t - o["logit"] + 1], g.foil_id)[0]
             out = final
         grads = torch.autograd.grad(out, ins + keep["attn_out"], cot, retain_graph=True, allow_unused=True)
         t_pos[k] = p

@@ -189,24 +189,32 @@ class Frozen:
                 res[at] = (mlp_in[L][self.pos[sel]] * d.W_enc[:, f].T).sum(-1) + d.b_enc[f]
         return res
 
-    def logit_dirs(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+    def logit_dirs(self, ids: Tensor, foil: int | None = None) -> tuple[Tensor, Tensor]:
         """Demeaned read-out directions ``(n, d_model)`` and constants ``(n,)`` of logits ``ids``: the logit of each
-        minus the mean logit over the vocabulary, before any soft-cap, is ``final_norm(h) . u + c``."""
+        minus the mean logit over the vocabulary (``foil``: minus the foil's logit, a contrast), before any
+        soft-cap, is ``final_norm(h) . u + c`` (:func:`node_logits` of the model's logits)."""
         W = self.readout.W_U.to(self.dtype)
-        mean = W.mean(1)
-        u = W[:, ids].T - mean
         zb = self.readout.bias_logits().to(self.dtype)
-        return u, zb[ids] - zb.mean()
+        if foil is not None:
+            return W[:, ids].T - W[:, foil], zb[ids] - zb[foil]
+        return W[:, ids].T - W.mean(1), zb[ids] - zb.mean()
 
-    def logit_inputs(self, final: Tensor, pos: int, ids: Tensor) -> Tensor:
-        """The demeaned logits ``(n,)`` of ``ids`` at position ``pos`` from the final residual state."""
-        u, c = self.logit_dirs(ids)
+    def logit_inputs(self, final: Tensor, pos: int, ids: Tensor, foil: int | None = None) -> Tensor:
+        """The logit nodes' inputs ``(n,)`` (:meth:`logit_dirs`) at position ``pos`` from the final residual state."""
+        u, c = self.logit_dirs(ids, foil)
         return self.readout.part_logits(final[pos], self.final_scale[pos], u.T) + c
 
-    def logit_pullbacks(self, pos: int, ids: Tensor) -> Tensor:
-        """``(n, d_model)``: each demeaned logit's direction on the final residual state at ``pos``."""
-        u, _ = self.logit_dirs(ids)
+    def logit_pullbacks(self, pos: int, ids: Tensor, foil: int | None = None) -> Tensor:
+        """``(n, d_model)``: each logit node's direction (:meth:`logit_dirs`) on the final residual state at
+        ``pos``."""
+        u, _ = self.logit_dirs(ids, foil)
         return self.readout.pullback(u, self.final_scale[pos].expand(u.shape[0]))
+
+
+def node_logits(z: Tensor, ids: Tensor, foil: int | None = None) -> Tensor:
+    """What the logit nodes of tokens ``ids`` read from logits ``z (vocab,)`` (before any soft-cap): each logit minus
+    the mean logit, or minus the ``foil``'s (a contrastive node)."""
+    return z[ids] - (z[foil] if foil is not None else z.mean())
 
 
 def transcoders_by_layer(lm: LoadedModel, dictionaries) -> dict[int, Dictionary]:
