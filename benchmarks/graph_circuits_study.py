@@ -34,11 +34,14 @@ recall of exact's top 10 (the routes' components themselves are not stored). No 
 positions. The overlaps count the graph's top-5 heads and layers in those lists.
 
 The graph explains the clean target's logit (minus the mean logit) alone; the circuit methods explain the metric
-``logit(target) - logit(foil)`` between the clean and the corrupted prompt. Writes
-``docs/results/features/graph-circuits-<task>.json``:
+``logit(target) - logit(foil)`` between the clean and the corrupted prompt. ``--contrast``: the graph's one logit node
+is that contrast too (``attribution_graph(..., foil=)``), still on the clean prompt alone (a graph has no corrupted
+run). Writes ``docs/results/features/graph-circuits-<task>.json`` (``-contrast`` with ``--contrast``):
 
     nice -n 19 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/graph_circuits_study.py --task ioi --n 8
     nice -n 19 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/graph_circuits_study.py --task sva --n 8
+    nice -n 19 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/graph_circuits_study.py --task ioi --n 8 --contrast
+    nice -n 19 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/graph_circuits_study.py --task sva --n 8 --contrast
 
 (``--n 8``: the same 8 pairs as the circuits files; one thread, as on a shared 2-core machine two threads wait on
 each other.)
@@ -196,10 +199,12 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--circuits", default=None, help="default docs/results/circuits/<task>.json")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--contrast", action="store_true", help="one logit node: logit(target) - logit(foil)")
     args = ap.parse_args(argv)
     machine = record()
     circ_path = Path(args.circuits or f"docs/results/circuits/{args.task}.json")
-    out_path = Path(args.out or f"docs/results/features/graph-circuits-{args.task}.json")
+    suffix = "-contrast" if args.contrast else ""
+    out_path = Path(args.out or f"docs/results/features/graph-circuits-{args.task}{suffix}.json")
     circ = json.loads(circ_path.read_text())
 
     import lenscope
@@ -225,9 +230,10 @@ def main(argv=None) -> int:
     prompts = []
     for p in pairs:
         target = resolve_token(lm, p.target)
+        foil = resolve_token(lm, p.foil) if args.contrast else None
         t0 = time.perf_counter()
-        g = attribution_graph(lm, p.clean, dicts, target=target, max_feature_nodes=args.max_feature_nodes,
-                              batch_size=args.batch_size)
+        g = attribution_graph(lm, p.clean, dicts, target=target, foil=foil,
+                              max_feature_nodes=args.max_feature_nodes, batch_size=args.batch_size)
         t1 = time.perf_counter()
         eh = edge_heads(lm, g, dicts)
         t2 = time.perf_counter()
@@ -235,7 +241,8 @@ def main(argv=None) -> int:
         pr = prune(g)
         w = float(g.logit_probs[0])
         role = roles(args.task, g.tokens, p.meta)
-        rec = {"clean": p.clean, "target": p.target, "target_id": target, "target_prob": w,
+        rec = {"clean": p.clean, "target": p.target, "target_id": target, "foil": p.foil if foil is not None else None,
+               "foil_id": foil, "logit_node_input": float(g.inputs[-1]), "target_prob": w,
                "tokens": g.tokens, "roles": role, "seconds": round(t1 - t0, 1), "heads_seconds": round(t2 - t1, 1),
                "n_active": g.n_active, "n_feature_nodes": g.n_features, "n_nodes": g.n_nodes,
                "exactness_error": g.exactness_error, "real_error": g.real_error, "replacement_score": rep,
@@ -289,7 +296,8 @@ def main(argv=None) -> int:
     mean["head_error_max"] = max(r["head_error"] for r in prompts)
     mean["first_position_share"] = sum(r["first_position_share"] for r in prompts) / n
     res = {"task": args.task, "model": args.model, "machine": machine, "machine_end": record(),
-           "settings": {"n": n, "max_feature_nodes": args.max_feature_nodes, "every": args.every,
+           "settings": {"n": n, "contrast": args.contrast, "max_feature_nodes": args.max_feature_nodes,
+                        "every": args.every,
                         "transcoders": len(dicts), "dictionaries": args.dict, "batch_size": args.batch_size,
                         "node_threshold": 0.8, "edge_threshold": 0.98, "circuits_file": str(circ_path),
                         "scores": "layers/positions: summed node influence (features + error nodes) / w; heads: "
