@@ -3,26 +3,12 @@ EAP-IG or exact patching), how faithful the top-k circuits are, and how far the 
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
-from .common import ModelChoice, at_least_one, command, fail, one_of, print_json
+from .common import ModelChoice, at_least_one, command, fail, one_of, print_json, stage_progress
 from .options import JSON_OPTION, MODEL_OPTION
 
 METHODS = ("atp", "atp-star", "eap", "eap-ig", "exact")
-
-
-def _progress(what: str):
-    """Progress of the stages on stderr (stdout stays the JSON or the table)."""
-
-    def show(stage: str, done: int, total: int) -> None:
-        sys.stderr.write(f"\r{what} · {stage}: {done}/{total}   ")
-        if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    return show
 
 
 def _table(out: dict) -> None:
@@ -99,7 +85,7 @@ def register(app: typer.Typer) -> None:
             pairs = contrast_dataset(data, n=limit, seed=seed, tokenize=tokenize)
         res = circuit_json(lm, pairs, method=method, level=level, top=top, check=check == "exact",
                            faithfulness=not no_faithfulness or bool(html), steps=steps, ablation=ablation, seed=seed,
-                           progress=_progress(f"{method} ({len(pairs)} pairs)"), keep=(kept := {}))
+                           progress=stage_progress(f"{method} ({len(pairs)} pairs)"), keep=(kept := {}))
         _write(res, lm, pairs, out=out, png=png, html=html, kept=kept)
         if as_json:
             print_json(res)

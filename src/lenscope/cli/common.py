@@ -58,6 +58,19 @@ def command(app: typer.Typer, name: str, *, model: bool = False):
     return register
 
 
+def stage_progress(what: str):
+    """``show(stage, done, total)``: a command's progress on stderr as ``what · stage: done/total`` on one line
+    (stdout stays the JSON or the table)."""
+
+    def show(stage: str, done: int, total: int) -> None:
+        sys.stderr.write(f"\r{what} · {stage}: {done}/{total}   ")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
 def print_json(obj) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
 

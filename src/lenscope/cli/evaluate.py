@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import ModelChoice, at_least_one, command, fail, print_json
+from .common import ModelChoice, at_least_one, command, fail, print_json, stage_progress
 from .options import MODEL_OPTION
 from .sweeps import ray_address_option, ray_option, ray_target, workers_option
 
@@ -35,13 +35,9 @@ def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: 
     lm = model.load()
     done = {}
     for name in names:
-        bar = None
-        if progress:
-            import sys
-
-            def bar(i, n, name=name):
-                print(f"\r{name}: {i}/{n} sentence pairs", end="" if i < n else "\n", file=sys.stderr)
-        links = model_alignments(lm, rows, name, target_token=target_token, progress=bar)
+        show = stage_progress("eval alignment --gold") if progress else None
+        links = model_alignments(lm, rows, name, target_token=target_token,
+                                 progress=None if show is None else lambda i, n, m=name: show(m, i, n))
         done[name] = alignment_error_rate(rows, links, method=name)
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)

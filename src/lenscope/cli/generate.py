@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
-from .common import ModelChoice, at_least_one, command, fail, print_json
+from .common import ModelChoice, at_least_one, command, fail, print_json, stage_progress
 from .options import IG_STEPS_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION
 
 METHODS_HELP = ("Comma-separated methods of `lenscope explain`: logit, alti-logit, alti, grad-norm, grad-x-input, ig, "
                 "erasure, value-zeroing (none: an empty string).")
-
-
-def _progress(stage: str, done: int, total: int) -> None:
-    """Progress of the stages on stderr (stdout stays the JSON or the table)."""
-    sys.stderr.write(f"\rgenerate · {stage}: {done}/{total}   ")
-    if done >= total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
 
 
 def register(app: typer.Typer) -> None:
@@ -75,8 +65,8 @@ def register(app: typer.Typer) -> None:
         edits, steering = _steering(lm, specs, steer_where)
         opts = {"steps": steps} if steps is not None else {}
         g = generate(lm, prompt, max_new_tokens, explain=methods, foil=None if foil == "none" else foil, chat=chat,
-                     sample=sample, seed=seed, temperature=temperature, lens=lens, progress=_progress, edits=edits,
-                     **opts)
+                     sample=sample, seed=seed, temperature=temperature, lens=lens, progress=stage_progress("generate"),
+                     edits=edits, **opts)
         if steering:
             g.settings["steer"] = steering
         if html:

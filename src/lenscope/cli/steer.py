@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
 
-from .common import ModelChoice, command, fail, print_json
+from .common import ModelChoice, command, fail, print_json, stage_progress
 from .options import JSON_OPTION, MODEL_OPTION, SAVE_OPTION
 
 steer_app = typer.Typer(
@@ -17,13 +15,6 @@ steer_app = typer.Typer(
 
 METHODS = ("actadd", "mean-diff", "pca", "probe")
 WHERE = ("all", "prompt", "generated")
-
-
-def _progress(stage: str, done: int, total: int) -> None:
-    sys.stderr.write(f"\rsteer eval · {stage}: {done}/{total}   ")
-    if done >= total:
-        sys.stderr.write("\n")
-    sys.stderr.flush()
 
 
 def parse_numbers(text: str, what: str, kind=float) -> list:
@@ -141,7 +132,7 @@ def eval_cmd(
     ev = evaluate_steering(lm, direction, inputs, alphas, blocks,
                            damage_data=None if no_damage else (damage_data or "default"), damage_tokens=damage_tokens,
                            bootstrap=bootstrap, seed=seed, min_effect=min_effect, max_tokens=max_tokens, source=data,
-                           progress=None if as_json else _progress)
+                           progress=None if as_json else stage_progress("steer eval"))
     if html:
         ev.to_html(html)
     if png:

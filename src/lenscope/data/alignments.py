@@ -99,7 +99,8 @@ def _rows(path: str | Path, keys: tuple[str, ...], words_required: bool) -> list
         if words_required and not {"source", "target"} <= set(row):
             raise InputError(f"{where}: a gold row needs 'source' and 'target'")
         if keys[0] not in row:
-            raise InputError(f"{where}: no {keys[0]!r} list")
+            alt = " (or one 'alignment' list)" if keys[0] == "sure" else ""
+            raise InputError(f"{where}: no {keys[0]!r} list{alt}")
         src = _words(row["source"], where, "source") if "source" in row else None
         tgt = _words(row["target"], where, "target") if "target" in row else None
         n_src, n_tgt = (None if src is None else len(src)), (None if tgt is None else len(tgt))
