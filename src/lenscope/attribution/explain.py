@@ -27,9 +27,8 @@ def explain(lm: LoadedModel, text=None, target=None, foil=None, *, method: str =
     m = table.get(method)
     if source is not None:
         if not m.reads_source:
-            readers = ", ".join(n for n in table.names() if table.get(n).reads_source)
             raise NotApplicableError(f"--method {method} does not read encoder-decoder models yet (a source); "
-                                     f"{readers} does")
+                                     f"{', '.join(table.source_readers())} does")
         options["source"] = source
     if text is None:
         if tr is None:

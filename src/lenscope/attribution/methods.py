@@ -205,6 +205,11 @@ def without_target() -> tuple[str, ...]:
     return tuple(m.name for m in _TABLE.values() if not m.needs_target)
 
 
+def source_readers() -> tuple[str, ...]:
+    """The methods that explain an encoder-decoder model given its source (``reads_source``), in table order."""
+    return tuple(m.name for m in _TABLE.values() if m.reads_source)
+
+
 def eval_methods() -> tuple[str, ...]:
     """The methods eval alignment runs (those with a ``texts`` form), in table order."""
     return tuple(m.name for m in _TABLE.values() if m.texts is not None)

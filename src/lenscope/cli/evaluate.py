@@ -26,8 +26,8 @@ def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: 
     from ..evaluate.aer import alignment_error_rate, model_alignments
 
     rows = read_gold_alignments(gold)  # a malformed file fails before the model loads
-    names = [m.strip() for m in methods.split(",") if m.strip()] if methods is not None else [
-        n for n in table.names() if table.get(n).reads_source]
+    names = [m.strip() for m in methods.split(",") if m.strip()] if methods is not None else list(
+        table.source_readers())
     for n in names:
         table.get(n)
     if target_token not in ("first", "mean"):

@@ -228,8 +228,8 @@ def model_alignments(lm, gold: Sequence[AlignedPair], method: str = "logit", *, 
 
     m = table.get(method)
     if not m.reads_source or m.rows is None:
-        readers = ", ".join(n for n in table.names() if table.get(n).reads_source)
-        raise InputError(f"--method {method} does not explain an encoder-decoder model's source; use {readers}")
+        raise InputError(f"--method {method} does not explain an encoder-decoder model's source; use "
+                         f"{', '.join(table.source_readers())}")
     require_decoder(lm, f"word alignments by {method}", encoder_decoder=True, instead="use a translation model")
     if not lm.anatomy.is_encoder_decoder:
         raise InputError(f"word alignments from a model need an encoder-decoder (translation) model; {lm.name} is "
