@@ -51,3 +51,54 @@ def kl_tol(vocab: int, logits_max: float = 0.0) -> float:
     at most ``log2(V)`` u relative to the sum of their sizes: (log2 V + 2) u (ln V + 2 max|z|) in all. Measured: a
     KL of 0 (the output state) came out at 0.09 of this, whichever kernels ran."""
     return (math.log2(vocab) + 2) * U32 * (math.log(vocab) + 2 * logits_max)
+
+
+def _same(a, b, path: str) -> str | None:
+    """The first place where ``a`` and ``b`` differ bit for bit (None where they are identical): tensors (dtype,
+    shape, values, NaN where NaN), numpy arrays, numbers and nested lists, tuples and dicts of them."""
+    import numpy as np
+
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        a, b = torch.as_tensor(np.asarray(a)), torch.as_tensor(np.asarray(b))
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return f"{path}: a tensor against {type(b if isinstance(a, torch.Tensor) else a).__name__}"
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return f"{path}: {a.dtype} {tuple(a.shape)} against {b.dtype} {tuple(b.shape)}"
+        if torch.equal(a, b):
+            return None
+        if a.is_floating_point() or a.is_complex():
+            if torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)):
+                return None
+            d = (a.double() - b.double()).abs().nan_to_num(float("inf"))
+            return f"{path}: differ at {int((d > 0).sum())} of {a.numel()} entries, by up to {float(d.max()):.3g}"
+        return f"{path}: differ at {int((a != b).sum())} of {a.numel()} entries"
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return f"{path}: keys {sorted(map(str, set(a) ^ set(b)))} differ"
+        for k in a:
+            if (m := _same(a[k], b[k], f"{path}.{k}")) is not None:
+                return m
+        return None
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return f"{path}: lengths {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            if (m := _same(x, y, f"{path}[{i}]")) is not None:
+                return m
+        return None
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return None
+    return None if (type(a) is type(b) or {type(a), type(b)} <= {int, float}) and a == b else f"{path}: {a!r} != {b!r}"
+
+
+def assert_same_computation(a, b, why: str) -> None:
+    """``a`` and ``b`` are bit for bit equal because they come from the same operations on the same shapes in the
+    same order (``why`` says which, in a few words): the one place the suite compares floating-point results
+    exactly (tests/test_ci_policy.py fails on any other exact comparison). Two different computations (another
+    code path, batch shape, cache setting, thread count or process) are never compared here: they get a tolerance
+    derived from the computation (the functions above)."""
+    if not isinstance(why, str) or len(why.split()) < 3:
+        raise ValueError("assert_same_computation: say in a few words why both sides run the same operations")
+    msg = _same(a, b, "$")
+    assert msg is None, f"not the same computation ({why}): {msg}"
