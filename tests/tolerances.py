@@ -53,6 +53,22 @@ def kl_tol(vocab: int, logits_max: float = 0.0) -> float:
     return (math.log2(vocab) + 2) * U32 * (math.log(vocab) + 2 * logits_max)
 
 
+
+def assert_derivative(f, grad: float, eps: float, rounding: float) -> None:
+    """``grad`` is the derivative at 0 of ``f`` (a float function of one step, run through the model), checked by
+    central differences at two steps instead of a fixed relative tolerance. ``d(h) = (f(h) - f(-h)) / 2h`` is off
+    from the derivative by ``C h^2`` (truncation, ``C`` = the third derivative / 6) plus at most ``rounding / h``
+    (``rounding``: the error of one evaluation of ``f``, e.g. ``pass_rounding(lm) * logit_diff_scale(...)``).
+    Richardson's argument: ``d(eps) - d(eps/2)`` is ``3 C (eps/2)^2`` up to their rounding, so ``d(eps/2)`` is within
+    ``|d(eps) - d(eps/2)| / 3`` of the derivative up to higher orders; we allow the whole ``|d(eps) - d(eps/2)|``
+    (3x for the higher orders) plus both differences' rounding. A gradient with a wrong sign, factor or entry misses
+    this by far wherever the function is smooth on [-eps, eps] (no routing or other switch inside the step)."""
+    d1 = (f(eps) - f(-eps)) / (2 * eps)
+    d2 = (f(eps / 2) - f(-eps / 2)) / eps
+    tol = abs(d1 - d2) + rounding / eps + 2 * rounding / eps
+    assert abs(d2 - grad) <= tol, (f"finite differences {d1:.8g} (step {eps}) and {d2:.8g} (step {eps / 2}) against "
+                                   f"the gradient {grad:.8g}: off by {abs(d2 - grad):.3g} > {tol:.3g}")
+
 def _same(a, b, path: str) -> str | None:
     """The first place where ``a`` and ``b`` differ bit for bit (None where they are identical): tensors (dtype,
     shape, values, NaN where NaN), numpy arrays, numbers and nested lists, tuples and dicts of them."""

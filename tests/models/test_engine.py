@@ -9,7 +9,7 @@ from lenscope.errors import InputError, NotApplicableError, RenamedWarning
 from lenscope.models.engine import Edit, capture, run, site_key
 from lenscope.models.trace import trace, trace_sites
 from tests.conftest import get_model
-from tests.tolerances import logit_diff_scale, pass_rounding
+from tests.tolerances import assert_derivative, logit_diff_scale, pass_rounding
 
 IDS = torch.tensor([[5, 17, 3, 42, 9, 11, 7]])
 
@@ -201,20 +201,21 @@ def test_fused_qkv_gradients_with_an_upstream_site_captured(family):
     lg, cap = run(lm, ids, capture=[("ln_attn.in", 0), ("q", 0), ("v", 0)], grad=True)
     gq, gv = torch.autograd.grad(lg[0, -1, 3], [cap["q", 0], cap["v", 0]])
     assert gq.abs().sum() > 0 and gv.abs().sum() > 0
-    # a central difference of a float32 logit, at the entry with the largest gradient: its rounding is at most
-    # 2 pass_rounding x the logit's scale over 2 eps (tests/tolerances.py), its truncation eps^2 / 6 times the third
-    # derivative (rel)
+    # central differences of a float32 logit at the entry with the largest gradient, at two steps
+    # (tests/tolerances.assert_derivative: the truncation from the two, the rounding from pass_rounding)
     eps = 0.1
     P = ids.shape[1]
-    rounding = pass_rounding(lm) * logit_diff_scale(lm, ids[0], 3) / eps
+    rounding = pass_rounding(lm) * logit_diff_scale(lm, ids[0], 3)
     for site, g in (("q", gq), ("v", gv)):
         h, e = divmod(int(g[0, -1].abs().argmax()), g.shape[-1])
-        vals = [cap[site, 0][0].detach().clone() for _ in range(2)]
-        vals[0][-1, h, e] += eps
-        vals[1][-1, h, e] -= eps
-        out = [run(lm, ids, [Edit(site, 0, torch.zeros(P, dtype=torch.long), torch.arange(P), v)])[0][0, -1, 3]
-               for v in vals]
-        assert float((out[0] - out[1]) / (2 * eps)) == pytest.approx(float(g[0, -1, h, e]), rel=2e-2, abs=rounding)
+
+        def logit(step, site=site, h=h, e=e):
+            v = cap[site, 0][0].detach().clone()
+            v[-1, h, e] += step
+            edit = Edit(site, 0, torch.zeros(P, dtype=torch.long), torch.arange(P), v)
+            return float(run(lm, ids, [edit])[0][0, -1, 3])
+
+        assert_derivative(logit, float(g[0, -1, h, e]), eps, rounding)
 
 
 def test_moe_sites_exist_only_on_moe_blocks(tiny_decoder):
