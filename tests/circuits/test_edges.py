@@ -10,6 +10,7 @@ from lenscope.errors import InputError, NotApplicableError
 from lenscope.models.engine import Edit, capture, run
 from lenscope.models.verify import TOLERANCE
 from tests.conftest import get_model
+from tests.tolerances import assert_derivative, pass_rounding
 
 
 def _pairs(lm, n=3, P=6, seed=0):
@@ -123,12 +124,15 @@ def test_eap_is_the_first_order_term_of_edge_patching(tiny_decoder):
     top = eap.ranking()[:6]
     removed = torch.zeros((len(top),) + tuple(graph.valid.shape), dtype=torch.bool)
     removed[torch.arange(len(top)), top[:, 0], top[:, 1]] = True
-    eps = 0.05
-    up = circuit_metrics(lm, graph, g, removed, writes=(clean, clean + eps * (abl - clean))).mean(1)
-    down = circuit_metrics(lm, graph, g, removed, writes=(clean, clean - eps * (abl - clean))).mean(1)
-    fd = (up - down) / (2 * eps)
+
+    def metric(step):
+        return circuit_metrics(lm, graph, g, removed, writes=(clean, clean + step * (abl - clean))).mean(1)
+
     want = eap.scores[top[:, 0], top[:, 1]]
-    assert torch.allclose(fd, want, rtol=0.05, atol=2e-5 + 0.02 * float(want.abs().max()))
+    # central differences at two steps (tests/tolerances.assert_derivative); a metric (a difference of two float32
+    # logits, averaged) is off by at most about pass_rounding times the logits' size
+    lg, _ = run(lm, g.clean, last_only=True)
+    assert_derivative(metric, want, 0.05, 2 * pass_rounding(lm) * float(lg.abs().max()))
     assert float(want.abs().max()) > 1e-4
 
 
