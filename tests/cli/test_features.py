@@ -13,9 +13,11 @@ from lenscope.cli import app
 from lenscope.features.attribution import feature_dla
 from lenscope.features.result import active_features
 from lenscope.models.dictionary import save_dictionaries
+from lenscope.models.engine import run as run_engine
 from lenscope.models.summary import fingerprint
 from tests.conftest import get_model
 from tests.models.test_dictionary import _random
+from tests.tolerances import pass_rounding
 
 runner = CliRunner()
 TEXT = "The cat sat on the mat"
@@ -45,7 +47,20 @@ def test_features_json_active_and_dla(dict_dir):
     lm = get_model("tiny:llama")
     fa = active_features(lm, TEXT, ds, top=4)
     assert out["tokens"] == fa.tokens and out["sites"] == ["resid_post.0", "mlp_out.1"]
-    assert out["active"] == fa.to_records() and out["l0"] == fa.l0.tolist()
+    assert out["l0"] == fa.l0.tolist()
+    # the CLI's run (its own load of the model and the dictionaries' folder) against the API's on the objects in
+    # memory: each activation within float32's rounding of the sum that made it (pass_rounding x the sizes summed)
+    got, want = out["active"], fa.to_records()
+    assert [{k: v for k, v in r_.items() if k != "activation"} for r_ in got] == \
+        [{k: v for k, v in r_.items() if k != "activation"} for r_ in want]
+    ids = lm.tokenizer(TEXT, return_tensors="pt").input_ids
+    x = run_engine(lm, ids, capture=[D.input_site for D in ds], logits=False).captured
+    for g_, w_ in zip(got, want):
+        D = ds[out["sites"].index(w_["site"])]
+        xi = x[D.input_site][0, w_["position"]].double() - (D.b_dec.double() if D.role == "sae" else 0.0)
+        f = w_["feature"]
+        size = float(xi.abs() @ D.W_enc[:, f].double().abs() + D.b_enc[f].double().abs())
+        assert abs(g_["activation"] - w_["activation"]) <= pass_rounding(lm) * size, (g_, w_, size)
     assert {"site", "position", "token", "feature", "activation"} == set(out["active"][0])
 
     r = run("features", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--json", "--target", " the",

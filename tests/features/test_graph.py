@@ -281,11 +281,14 @@ def test_heads_on_the_edges_add_up_to_each_edge(family):
     ds = _transcoders(lm)
     g = attribution_graph(lm, TEXT, ds)
     eh = edge_heads(lm, g, ds, edges=(g.adjacency != 0).nonzero())
-    assert eh.edges.shape[0] > 0 and eh.error <= 1e-4, (family, eh.error)
+    # within the graph's stated bound (g.tolerance, docs/graphs.md), the one edge_heads enforces: a tighter fixed
+    # 1e-4 failed at 1.15e-4 on gpt-neox on an AMD EPYC at 2 threads (the split and the edge are summed in other
+    # orders, through intermediate sums larger than the parts)
+    assert eh.edges.shape[0] > 0 and eh.error <= g.tolerance, (family, eh.error)
     A = g.adjacency[eh.edges[:, 0], eh.edges[:, 1]].double()
     total = eh.heads.double().sum((1, 2)) + eh.residual.double()
     scale = torch.maximum(eh.heads.abs().amax((1, 2)), eh.residual.abs()).double().clamp_min(1e-6)
-    assert float(((A - total).abs() / scale).max()) <= 1e-4
+    assert float(((A - total).abs() / scale).max()) <= g.tolerance
     # without attention nothing crosses positions: the residual part of an edge between positions is zero
     pos = torch.cat([g.feature_pos, torch.arange(g.n_pos).repeat(g.n_layers), torch.arange(g.n_pos),
                      torch.full((g.n_logits,), g.n_pos - 1)])
