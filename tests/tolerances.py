@@ -54,24 +54,6 @@ def kl_tol(vocab: int, logits_max: float = 0.0) -> float:
 
 
 
-def moe_sum_tol(moe, hidden: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``(pos, d_model)``: how far the sum of a mixture of experts' weighted outputs may be from the real block's
-    output in float32, entry by entry. Each entry is a sum over the chosen experts (``top_k``) of down-projections
-    (dot products of length ``d_ff``) of the hidden units, weighted: Higham's bound for such a sum of ``n`` products
-    is ``gamma_n ~ n u`` times the sum of the absolute products, ``S = sum_e w_e (sum_j |h_e[j]| |W_out[e, j, i]| +
-    |b_out[e, i]|)``, with ``n = d_ff + top_k``, whichever order or kernel each side sums in. ``hidden``: the
-    ``mlp_hidden`` capture ``(pos, n_experts * d_ff)``; ``weights``: the routing weights ``(pos, n_experts)``.
-    Measured on the tiny MoE families at 1 and 2 threads and ATEN default/avx2: at most 7.4 u S (gpt-oss), inside
-    this by 4x or more."""
-    W = moe.experts.W_out.double()  # (expert, d_ff, d_model)
-    E, d_ff = W.shape[0], W.shape[1]
-    h = hidden.double().reshape(hidden.shape[0], E, d_ff).abs()
-    w = weights.double()
-    S = torch.einsum("pe,pej,eji->pi", w, h, W.abs())
-    if moe.experts.b_out is not None:
-        S = S + w @ moe.experts.b_out.double().abs()
-    return (d_ff + moe.top_k) * U32 * S
-
 def assert_derivative(f, grad: float, eps: float, rounding: float) -> None:
     """``grad`` is the derivative at 0 of ``f`` (a float function of one step, run through the model), checked by
     central differences at two steps instead of a fixed relative tolerance. ``d(h) = (f(h) - f(-h)) / 2h`` is off
@@ -147,12 +129,112 @@ def assert_same_computation(a, b, why: str) -> None:
     assert msg is None, f"not the same computation ({why}): {msg}"
 
 
+def _as_ints(x, path: str):
+    """``x`` as an integer tensor or a nested list of Python ints; an AssertionError naming ``path`` where it holds
+    floating-point data (a float tensor or array, a Python float, even 1.0)."""
+    import numpy as np
+
+    if isinstance(x, (np.ndarray, np.generic)):
+        x = torch.as_tensor(np.asarray(x))
+    if isinstance(x, torch.Tensor):
+        assert not (x.is_floating_point() or x.is_complex()), (
+            f"{path}: {x.dtype} data is not integers: compare it with assert_same_computation (with why) or within "
+            f"a tolerance derived from the computation")
+        return x
+    if isinstance(x, (list, tuple)):
+        return [_as_ints(v, f"{path}[{i}]") for i, v in enumerate(x)]
+    assert isinstance(x, (int, bool, np.integer, np.bool_)), (
+        f"{path}: {x!r} ({type(x).__name__}) is not an integer: compare it with assert_same_computation (with why) "
+        f"or within a tolerance derived from the computation")
+    return int(x)
+
+
+def _ints_differ(a, b, path: str) -> str | None:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        a, b = (torch.as_tensor(v) if not isinstance(v, torch.Tensor) else v for v in (a, b))
+        if a.shape != b.shape:
+            return f"{path}: shapes {tuple(a.shape)} and {tuple(b.shape)}"
+        a, b = a.cpu().long(), b.cpu().long()
+        if torch.equal(a, b):
+            return None
+        at = (a != b).nonzero()[0].tolist()
+        return f"{path}: differ at {int((a != b).sum())} of {a.numel()} entries, first at {at}: {a[tuple(at)]} != " \
+               f"{b[tuple(at)]}"
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return f"{path}: lengths {len(a)} != {len(b)}"
+        return next((m for i, (x, y) in enumerate(zip(a, b)) if (m := _ints_differ(x, y, f"{path}[{i}]"))), None)
+    return None if (not isinstance(a, list) and not isinstance(b, list) and a == b) else f"{path}: {a!r} != {b!r}"
+
+
 def assert_same_ints(a, b) -> None:
-    """Exact equality of integer or boolean data (token ids, indices, masks, counts): no rounding is involved, so
-    no reason is needed; floating-point data is refused here (use :func:`assert_same_computation` or a tolerance)."""
-    for x in (a, b):
-        if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()):
-            raise TypeError(f"assert_same_ints got a {x.dtype} tensor: floating-point results need "
-                            "assert_same_computation (with why) or a tolerance")
-    msg = _same(a, b, "$")
-    assert msg is None, msg
+    """``a`` and ``b`` hold the same integers (token ids, indices, masks, counts): integer or bool tensors, numpy
+    arrays, Python ints and nested lists or tuples of them, in the same shape. Integers are exact on every CPU, so
+    no reason is asked; floating-point data on either side fails (it needs :func:`assert_same_computation` and its
+    reason, or a tolerance)."""
+    msg = _ints_differ(_as_ints(a, "a"), _as_ints(b, "b"), "$")
+    assert msg is None, f"not the same integers: {msg}"
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """``u`` of a floating-point dtype, half its machine epsilon: 2^-24 (float32, :data:`U32`), 2^-53 (float64),
+    2^-8 (bfloat16), 2^-11 (float16). One correctly rounded operation is off by at most ``u`` relative."""
+    return float(torch.finfo(dtype).eps) / 2
+
+
+def matmul_rounding(x: torch.Tensor, W: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """Per entry of ``x @ W + b`` ``(..., n_out)``: how far two evaluations of it may lie apart, whatever kernel,
+    memory layout (a transposed view, another alignment) or summation order each used. Each entry is a sum of
+    ``n = d_in + 1`` terms (the products and the bias); a sum of ``n`` terms in any order, with or without fused
+    multiply-adds, is within ``gamma_n = n u / (1 - n u)`` of the exact sum relative to the sum of the terms' sizes
+    (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., section 3.1; the products' own rounding is
+    one more u, inside it). Two evaluations are then within ``2 gamma_n (|x| @ |W| + |b|)``: a worst case over
+    every order, with ``u`` of ``x``'s dtype (a kernel's real error is a few u of the same scale)."""
+    n = x.shape[-1] + 1
+    u = unit_roundoff(x.dtype)
+    size = x.abs() @ W.abs().to(x.dtype)
+    if b is not None:
+        size = size + b.abs().to(x.dtype)
+    return 2 * (n * u / (1 - n * u)) * size
+
+
+def moe_rounding(moe, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Per entry ``(token, d_model)``: how far two evaluations of a mixture-of-experts block's output
+    ``sum_e w_e y_e(x)`` may lie apart (the model's loop over experts against the Anatomy's recomputation: other
+    batch shapes of the routed tokens, other kernels, another order of the experts' sum). ``moe``: the block's
+    :class:`~lenscope.models.moe.MoE`; ``x (token, d_model)`` its input; ``weights (token, expert)`` the routing.
+
+    An expert is three matmuls (gate ``g = x W_gate``, up ``v = x W_in``, out ``y = h W_out``) around the
+    elementwise ``h = act(g) up(v)``. Each matmul's entry is off by a few u of the sum of its terms' sizes; an error
+    in ``g`` or ``v`` reaches ``h`` times the slope ``|dh/dg|``, ``|dh/dv|``, and ``y`` through ``|W_out|``. To first
+    order one expert's output is therefore off by a few u times
+
+        S_e = |h| @ |W_out| + (|dh/dg| (|x| @ |W_gate| + |b_gate|) + |dh/dv| (|x| @ |W_in| + |b_in|)) @ |W_out|
+
+    (the sizes summed into ``y``, with those summed upstream carried through), the weight multiplies it by
+    ``w_e``, and adding the ``k`` chosen experts' outputs adds at most ``(k - 1) u sum_e w_e |y_e| <= (k - 1) u S``
+    with ``S = sum_e w_e S_e``. We allow 16 u per expert for its matmul chain, as :func:`pass_rounding` does per
+    block, plus the sum: ``(16 + k - 1) u S`` with ``u`` of ``x``'s dtype. Measured on the tiny MoE families:
+    at most 1.2 u S (relative to the largest expert's output the same errors reach 120 u: the scale is what was
+    summed, not what came out)."""
+    import dataclasses
+
+    u = unit_roundoff(x.dtype)
+    S = torch.zeros_like(x)
+    for e in range(moe.n_experts):
+        t = weights[:, e] != 0
+        if not bool(t.any()):
+            continue
+        ex, xe = moe.expert(e), x[t]
+        with torch.enable_grad():
+            g, v = (p.detach().requires_grad_(True) if p is not None else None for p in ex.pre(xe))
+            h = ex.act_fn(g) * ex.up_fn(v) if v is not None else ex.act_fn(g)
+            slopes = torch.autograd.grad(h.sum(), [g] if v is None else [g, v])  # elementwise: the slopes
+        # the sizes summed into g and v: the same matmuls on |x| and the weights' and biases' absolute values
+        absolute = dataclasses.replace(ex, **{n: getattr(ex, n).abs() for n in ("W_in", "b_in", "W_gate", "b_gate")
+                                               if getattr(ex, n) is not None})
+        sizes = [s for s in absolute.pre(xe.abs()) if s is not None]
+        upstream = sum(d.abs() * s for d, s in zip(slopes, sizes))
+        out = (h.detach().abs() + upstream) @ ex.W_out.abs() + (ex.b_out.abs() if ex.b_out is not None else 0)
+        S[t] += out * weights[t, e, None]
+    return (16 + moe.top_k - 1) * u * S

@@ -3,9 +3,9 @@ captures both stacks (the encoder's sites with the prefix ``enc.``, positions ov
 cross-attention, each capture equal to what the real model computed (read by plain hooks, independent of the
 engine's), and edits any of them as it edits a decoder-only model's sites.
 
-Float64 models; the captures are the model's own tensors of the same forward call (the engine's ``use_cache=False``
-too), so they equal the plain hooks' exactly;
-the Anatomy's recomputation (float32 softmax) within the tolerance of ``test_encoder_decoder.py``.
+Float64 models; the captures are the model's own tensors, and the plain run is called as the engine calls the
+model (:func:`_plain`: an all-ones source mask, no cache), so they equal the plain hooks' exactly; the Anatomy's
+recomputation (float32 softmax) within the tolerance of ``test_encoder_decoder.py``.
 """
 
 import pytest
@@ -22,9 +22,7 @@ from tests.tolerances import U32, assert_same_computation, assert_same_ints
 
 SRC = torch.tensor([[5, 17, 33, 8, 60, 2], [7, 7, 41, 90, 3, 2]])
 TGT = torch.tensor([[2, 40, 9, 71, 12], [2, 11, 80, 5, 30]])
-SAME_CALL = "the same forward call (use_cache=False, same batch) read by the engine and by plain hooks"
-SAME_EDITED_CALL = "the same forward call (use_cache=False) with the same edits by the engine and by plain hooks"
-ONE_TENSOR = "one captured tensor read through two names"
+ENGINE_CALL = "one forward pass, the model called as the engine calls it (_call)"
 
 
 def _lm(kind):
@@ -32,15 +30,21 @@ def _lm(kind):
     return LoadedModel(model, None, _reader(kind).read(model), kind)
 
 
+def _call(model, src, tgt):
+    """The real model's logits called as the engine calls it (``engine.forward_kwargs``): an all-ones source
+    mask and no key/value cache. The same operations as the engine's run: with the model's default
+    ``use_cache=True`` the decoder's self-attention reads its keys and values through the cache, another
+    layout of the same numbers, which some CPUs' kernels round differently (2e-16..2e-14 here in float64)."""
+    return model(input_ids=src, attention_mask=torch.ones_like(src), decoder_input_ids=tgt, use_cache=False).logits
+
+
 def _plain(model, rows: int = 2):
-    """The real model's activations by plain hooks (not the engine's), and its logits, on the first ``rows`` rows:
-    the same forward call as the engine's run (the same batch, since kernels may depend on the batch size, and
-    ``use_cache=False`` as the engine runs it: a run with the cache rounds differently on some CPUs), so the same
-    operations in the same order, and the captures equal bit for bit."""
+    """The real model's activations by plain hooks (not the engine's), and its logits, on the first ``rows`` rows
+    (the same batch as the engine's run: the kernels may depend on the batch size)."""
     cap = Capture(model)
     with torch.no_grad():
-        out = model(input_ids=SRC[:rows], decoder_input_ids=TGT[:rows], use_cache=False)
-    return cap, out.logits
+        logits = _call(model, SRC[:rows], TGT[:rows])
+    return cap, logits
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -56,17 +60,17 @@ def test_captures_of_both_stacks_are_the_models(kind):
         sites.append("enc.ln_final.out")
     r = run(lm, TGT, capture=sites, source=SRC)
     c = r.captured
-    assert_same_computation(r.logits, logits, why=SAME_CALL)
-    assert_same_computation(c["logits"], logits, why=SAME_CALL)
-    assert_same_computation(c["enc.resid_pre.0"], cap[("enc", "block", 0, "in")], why=SAME_CALL)
-    assert_same_computation(c["enc.resid_post.1"], cap[("enc", "block", 1, "out")], why=SAME_CALL)
-    assert_same_computation(c["resid_pre.0"], cap[("dec", "block", 0, "in")], why=SAME_CALL)
-    assert_same_computation(c["resid_post.1"], cap[("dec", "block", 1, "out")], why=SAME_CALL)
+    assert_same_computation(r.logits, logits, why=ENGINE_CALL)
+    assert_same_computation(c["logits"], logits, why=ENGINE_CALL)
+    assert_same_computation(c["enc.resid_pre.0"], cap[("enc", "block", 0, "in")], why=ENGINE_CALL)
+    assert_same_computation(c["enc.resid_post.1"], cap[("enc", "block", 1, "out")], why=ENGINE_CALL)
+    assert_same_computation(c["resid_pre.0"], cap[("dec", "block", 0, "in")], why=ENGINE_CALL)
+    assert_same_computation(c["resid_post.1"], cap[("dec", "block", 1, "out")], why=ENGINE_CALL)
     probs = cap.probs_at
-    assert_same_computation(c["enc.pattern.1"], cap[("enc", "attn", 1, "out")][probs], why=SAME_CALL)
-    assert_same_computation(c["pattern.1"], cap[("dec", "attn", 1, "out")][probs], why=SAME_CALL)
-    assert_same_computation(c["cross_pattern.1"], cap[("dec", "cross", 1, "out")][probs], why=SAME_CALL)
-    assert_same_computation(c["cross_out.1"], cap[("dec", "cross", 1, "out")][0], why=SAME_CALL)
+    assert_same_computation(c["enc.pattern.1"], cap[("enc", "attn", 1, "out")][probs], why=ENGINE_CALL)
+    assert_same_computation(c["pattern.1"], cap[("dec", "attn", 1, "out")][probs], why=ENGINE_CALL)
+    assert_same_computation(c["cross_pattern.1"], cap[("dec", "cross", 1, "out")][probs], why=ENGINE_CALL)
+    assert_same_computation(c["cross_out.1"], cap[("dec", "cross", 1, "out")][0], why=ENGINE_CALL)
     B, P, S = TGT.shape + (SRC.shape[1],)
     H, dh = A.layers[1].cross.n_heads, A.layers[1].cross.d_head
     assert c["cross_pattern.0"].shape == (B, H, P, S) and c["enc.pattern.1"].shape == (B, H, S, S)
@@ -75,7 +79,7 @@ def test_captures_of_both_stacks_are_the_models(kind):
     assert c["ln_cross.scale.1"].shape == (B, P) and c["enc.resid_mid.1"].shape == (B, S, A.d_model)
     memory = cap[("enc", "final", "out")]
     if A.encoder.final_norm is not None:
-        assert_same_computation(c["enc.ln_final.out"], memory, why=SAME_CALL)
+        assert_same_computation(c["enc.ln_final.out"], memory, why=ENGINE_CALL)
     # the Anatomy's recomputation of each block from the captured input agrees with the captures
     for b in range(B):
         e = A.encoder.layers[1].forward(cap[("enc", "block", 1, "in")][b], torch.arange(S))
@@ -140,12 +144,12 @@ def test_edits_on_both_stacks_change_the_run_as_a_hook_would(kind):
     handles.append(H_.layers[0].cross_k.register_forward_hook(k_post))
     try:
         with torch.no_grad():
-            want = model(input_ids=SRC, decoder_input_ids=TGT, use_cache=False).logits
+            want = _call(model, SRC, TGT)
     finally:
         for h in handles:
             h.remove()
     plain = run(lm, TGT, source=SRC).logits
-    assert_same_computation(got, want, why=SAME_EDITED_CALL)
+    assert_same_computation(got, want, why="the same edits on one forward, by the engine's hooks and by plain ones")
     assert float((got - plain).abs().max()) > 1e-3  # the edits changed the run
 
 
@@ -176,25 +180,29 @@ def test_the_trace_holds_both_stacks(kind):
     assert "encoder=Trace(pos=6, layers=2" in repr(tr)
     probs = cap.probs_at
     for i in range(2):
-        assert_same_computation(enc.resid_pre[i], cap[("enc", "block", i, "in")][0], why=SAME_CALL)
-        assert_same_computation(enc.resid_post[i], cap[("enc", "block", i, "out")][0], why=SAME_CALL)
-        assert_same_computation(enc.pattern[i], cap[("enc", "attn", i, "out")][probs][0], why=SAME_CALL)
-        assert_same_computation(tr.resid_pre[i], cap[("dec", "block", i, "in")][0], why=SAME_CALL)
-        assert_same_computation(tr.pattern[i], cap[("dec", "attn", i, "out")][probs][0], why=SAME_CALL)
-        assert_same_computation(tr.cross_pattern[i], cap[("dec", "cross", i, "out")][probs][0], why=SAME_CALL)
-        assert_same_computation(tr.cross_out[i], cap[("dec", "cross", i, "out")][0][0], why=SAME_CALL)
-    assert_same_computation(tr.memory, cap[("enc", "final", "out")][0], why=SAME_CALL)
+        assert_same_computation(enc.resid_pre[i], cap[("enc", "block", i, "in")][0], why=ENGINE_CALL)
+        assert_same_computation(enc.resid_post[i], cap[("enc", "block", i, "out")][0], why=ENGINE_CALL)
+        assert_same_computation(enc.pattern[i], cap[("enc", "attn", i, "out")][probs][0], why=ENGINE_CALL)
+        assert_same_computation(tr.resid_pre[i], cap[("dec", "block", i, "in")][0], why=ENGINE_CALL)
+        assert_same_computation(tr.pattern[i], cap[("dec", "attn", i, "out")][probs][0], why=ENGINE_CALL)
+        assert_same_computation(tr.cross_pattern[i], cap[("dec", "cross", i, "out")][probs][0], why=ENGINE_CALL)
+        assert_same_computation(tr.cross_out[i], cap[("dec", "cross", i, "out")][0][0], why=ENGINE_CALL)
+    assert_same_computation(tr.memory, cap[("enc", "final", "out")][0], why=ENGINE_CALL)
     # one row against a two-row batch: the kernels may differ with the batch size, so not bit for bit
     _close(tr.logits, logits[0], "logits")
     assert enc.logits is None
-    assert_same_computation(tr.cross_write, tr.cross_out, why="no sandwich norm, no residual multiplier: one tensor")
-    assert_same_computation(tr.site("enc.resid_post", 1), enc.resid_post[1], why=ONE_TENSOR)
-    assert_same_computation(tr.site("cross_pattern.0"), tr.cross_pattern[0], why=ONE_TENSOR)
+    assert_same_computation(tr.cross_write, tr.cross_out,
+                            why="cross_out copied: no sandwich norm, no residual multiplier")
+    assert_same_computation(tr.site("enc.resid_post", 1), enc.resid_post[1],
+                            why="the same tensor, looked up by its name")
+    assert_same_computation(tr.site("cross_pattern.0"), tr.cross_pattern[0],
+                            why="the same tensor, looked up by its name")
     if A.placement == "pre":  # T5: the residual stream is the sum of the three writes
         torch.testing.assert_close(tr.resid_post, tr.resid_pre + tr.attn_write + tr.cross_write + tr.mlp_write,
                                    rtol=0, atol=1e-12)
     else:  # BART, Marian (Post-LN): the MLP's norm reads the state after cross-attention
-        torch.testing.assert_close(tr.site("ln_mlp.in"), tr.site("ln_cross.out") + tr.mlp_out, rtol=0, atol=0)
+        assert_same_computation(tr.site("ln_mlp.in"), tr.site("ln_cross.out") + tr.mlp_out,
+                                why="one elementwise addition of the same two tensors, as the model's residual")
 
 
 @pytest.mark.parametrize("kind", KINDS)

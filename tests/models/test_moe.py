@@ -14,7 +14,7 @@ from lenscope.models.engine import Edit, capture, run
 from lenscope.models.families import family_for
 from lenscope.models.moe import MoE
 from tests.conftest import DECODERS, get_model
-from tests.tolerances import assert_derivative, logit_diff_scale, moe_sum_tol, pass_rounding
+from tests.tolerances import assert_derivative, logit_diff_scale, moe_rounding, pass_rounding
 
 MOE = [n for n in DECODERS if isinstance(get_model(f"tiny:{n}").anatomy.layers[0].mlp, MoE)]
 IDS = torch.tensor([[5, 17, 3, 42, 9, 11, 7, 30, 2]])
@@ -47,7 +47,7 @@ def test_experts_sum_to_the_real_block(family):
     for layer in range(A.n_layers):
         moe = A.layers[layer].mlp
         cap = capture(lm, IDS, [(n, layer) for n in ("ln_mlp.out", "expert_out", "mlp_out", "routing_weights",
-                                                     "router_logits", "mlp_hidden")])
+                                                     "router_logits")])
         x, w = cap["ln_mlp.out", layer][0], cap["routing_weights", layer][0]
         out, real = cap["expert_out", layer][0], cap["mlp_out", layer][0]
         P, E = x.shape[0], moe.n_experts
@@ -63,10 +63,10 @@ def test_experts_sum_to_the_real_block(family):
         scale = float(real.pow(2).mean().sqrt())
         torch.testing.assert_close(out, ref, atol=1e-6 * scale, rtol=1e-5)
         assert float(out[w == 0].abs().max()) == 0.0
-        # the sum is the real block, within float32's rounding of the sums that make each entry
-        # (tests/tolerances.moe_sum_tol: the experts summed and the sizes of the terms, entry by entry)
-        tol = moe_sum_tol(moe, cap["mlp_hidden", layer][0], w)
-        assert bool(((out.sum(1) - real).double().abs() <= tol).all()), float(((out.sum(1) - real).abs() / tol).max())
+        # the sum is the real block, within two evaluations' rounding of the experts (tests/tolerances.py: the
+        # sizes summed through each expert's three matmuls, and the k experts' sum)
+        err, bound = (out.sum(1) - real).abs(), moe_rounding(moe, x, w)
+        assert bool((err <= bound).all()), f"{float((err / bound).max()):.3g} times the rounding bound"
         # and the Anatomy's own forms agree
         torch.testing.assert_close(moe.expert_outputs(x, w), out, atol=1e-6 * scale, rtol=1e-5)
         torch.testing.assert_close(moe(x, w), real, atol=1e-6 * scale, rtol=1e-5)
@@ -78,6 +78,8 @@ def test_moe_unit_sites(family):
     """mlp_pre / mlp_up / mlp_hidden hold every expert's units side by side, 0 where a token does not use the
     expert; the hidden units are the activation of the gate times the up branch, and through W_out they give the
     experts' outputs."""
+    from tests.tolerances import assert_same_computation
+
     lm = get_model(f"tiny:{family}")
     moe = lm.anatomy.layers[1].mlp
     E, m = moe.n_experts, moe.d_mlp
@@ -93,7 +95,9 @@ def test_moe_unit_sites(family):
         used = w[:, e] > 0
         torch.testing.assert_close(pre[used, e], g[used], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(up[used, e], u[used], atol=1e-5, rtol=1e-5)
-        assert torch.equal(pre[~used, e], torch.zeros_like(pre[~used, e])) and not hid[~used, e].any()
+        assert_same_computation(pre[~used, e], torch.zeros_like(pre[~used, e]), why="never written: the zeros "
+                                "the site was made of")
+        assert not hid[~used, e].any()
         y = hid[:, e] @ ex.W_out + (ex.b_out if ex.b_out is not None else 0)
         torch.testing.assert_close(cap["expert_out", 1][0][used, e], (y * w[:, e, None])[used], atol=1e-6,
                                    rtol=1e-5)
