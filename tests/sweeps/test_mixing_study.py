@@ -75,7 +75,8 @@ def test_datasets(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     import lenscope.data.shared as study
 
-    monkeypatch.setattr(study, "__file__", str(tmp_path / "pkg" / "study.py"))
+    # a package path whose parents hold no shared/ (tmp_path's parents may: a clone in /tmp with shared/ beside it)
+    monkeypatch.setattr(study, "__file__", str(tmp_path / "a" / "b" / "c" / "d" / "e" / "pkg" / "study.py"))
     with pytest.raises(InputError, match="LENSCOPE_DATA"):
         load_sentences("sst2")
     f = tmp_path / "mine.txt"
