@@ -238,3 +238,53 @@ def moe_rounding(moe, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         out = (h.detach().abs() + upstream) @ ex.W_out.abs() + (ex.b_out.abs() if ex.b_out is not None else 0)
         S[t] += out * weights[t, e, None]
     return (16 + moe.top_k - 1) * u * S
+
+
+def assert_close_nested(a, b, atol: float, path: str = "$") -> None:
+    """``a`` and ``b`` (numbers, strings, None, tensors and nested lists, tuples and dicts of them, as a result's
+    ``to_dict()`` or its JSON holds them) have the same structure, the same strings, booleans and integers, and
+    floats within ``atol`` (NaN where NaN): results whose floats come from two different computations (another
+    batch, a resume that recomputed some of them), ``atol`` derived from that computation."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        a, b = (x.tolist() if isinstance(x, torch.Tensor) else x for x in (a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        assert set(a) == set(b), f"{path}: keys {sorted(map(str, set(a) ^ set(b)))} differ"
+        for k in a:
+            assert_close_nested(a[k], b[k], atol, f"{path}.{k}")
+        return
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        assert len(a) == len(b), f"{path}: lengths {len(a)} != {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_close_nested(x, y, atol, f"{path}[{i}]")
+        return
+    if isinstance(a, float) or isinstance(b, float):
+        assert isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+            and not isinstance(b, bool), f"{path}: {a!r} against {b!r}"
+        if math.isnan(a) or math.isnan(b):
+            assert math.isnan(a) and math.isnan(b), f"{path}: {a!r} != {b!r}"
+            return
+        assert abs(a - b) <= atol, f"{path}: {a!r} and {b!r} differ by {abs(a - b):.3g} > {atol:.3g}"
+        return
+    assert type(a) is type(b) and a == b, f"{path}: {a!r} != {b!r}"
+
+
+def alignment_rounding(scores_a, scores_b, rankable=None, decimals: int | None = None) -> float:
+    """How far the ``dot`` of :func:`lenscope.evaluate.metrics.alignment` may differ between two computations of
+    one explanation's scores (``scores_a``, ``scores_b`` over the context; ``rankable``: the positions ranked,
+    default all; ``decimals``: the scores as a record keeps them, rounded to that many decimals, each then within
+    half a step of the scores the metrics were computed from). ``dot = N / D`` with ``N`` the evidence's scores
+    summed and ``D = sum |s|`` over the ranked positions: with the scores apart by at most ``delta`` at ``n``
+    positions, ``N`` and ``D`` move by at most ``n delta`` each, so ``dot`` (at most 1 in size) by at most
+    ``2 n delta / D``; each evaluation in float64 adds ``(n + 1) u`` relative, ``2 (n + 1) u`` for both. The ranks
+    (integers) must agree; they do unless two scores tie to within ``delta``."""
+    a, b = (torch.as_tensor(s, dtype=torch.float64) for s in (scores_a, scores_b))
+    if rankable is not None:
+        a, b = a[list(rankable)], b[list(rankable)]
+    n = a.numel()
+    delta = float((a - b).abs().max()) if n else 0.0
+    if decimals is not None:
+        delta += 10.0 ** -decimals
+    D = min(float(a.abs().sum()), float(b.abs().sum()))
+    if D == 0.0:
+        return 0.0
+    return 2 * n * delta / D + 2 * (n + 1) * unit_roundoff(torch.float64)

@@ -12,7 +12,7 @@ from lenscope.attribution.baselines import erasure, grad_norm, grad_x_input, int
 from lenscope.attribution.explanation import Explanation
 from lenscope.errors import InputError, LenscopeError, NotApplicableError
 from tests.conftest import TINY, get_model
-from tests.tolerances import pass_rounding
+from tests.tolerances import assert_same_computation, pass_rounding
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
 METHODS = {"grad-norm": grad_norm, "grad-x-input": grad_x_input, "ig": integrated_gradients, "erasure": erasure}
@@ -154,16 +154,18 @@ def test_ids_and_text_agree_and_model_is_left_alone():
                 a = method(lm, TEXT, " Mary", " John", position=7)
                 b = method(lm, text, " Mary", " John", position=7 - len(ids))
                 assert a.position == b.position == 7 and a.tokens == b.tokens
-                assert torch.equal(a.scores, b.scores), name
+                assert_same_computation(a.scores, b.scores, why=f"the same ids, given as text or as ids ({name})")
         assert lm.model.training
     finally:
         lm.model.eval()
-    assert torch.equal(ref.scores, grad_x_input(lm, TEXT, " Mary", " John").scores)
+    assert_same_computation(ref.scores, grad_x_input(lm, TEXT, " Mary", " John").scores,
+                            why="the same ids: the foil by text or by #id")
     assert all(not q.requires_grad and q.grad is None for q in lm.model.parameters())
     lm.model.requires_grad_(True)  # a model whose owner wants gradients: still no .grad written
     try:
         for method in METHODS.values():
-            assert torch.equal(method(lm, TEXT, " Mary").scores, method(lm, TEXT, " Mary").scores)
+            assert_same_computation(method(lm, TEXT, " Mary").scores, method(lm, TEXT, " Mary").scores,
+                                    why="the same call twice on the same input")
         assert all(q.requires_grad and q.grad is None for q in lm.model.parameters())
     finally:
         lm.model.requires_grad_(False)
@@ -278,7 +280,8 @@ def test_ig_batching_does_not_change_the_result():
     a = integrated_gradients(lm, TEXT, " Mary", " John", steps=24)
     b = integrated_gradients(lm, TEXT, " Mary", " John", steps=24, batch_size=7)
     torch.testing.assert_close(a.scores, b.scores, rtol=1e-5, atol=1e-6)
-    assert a.info["f_input"] == b.info["f_input"]
+    assert_same_computation(a.info["f_input"], b.info["f_input"], why="the path's two ends: one pass whatever the "
+                            "batch size")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import lenscope
 from lenscope.attribution.dla import ComponentAttribution
 from lenscope.models.readout import Readout
 from tests.conftest import DECODERS, get_model
+from tests.tolerances import assert_same_computation
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
 
@@ -85,8 +86,9 @@ def test_save_load_frame_plot(tmp_path):
     res = lenscope.direct_logit_attribution(lm, TEXT, " Mary", " John", by_head=True)
     path = res.save(tmp_path / "dla.safetensors")
     back = ComponentAttribution.load(path)
-    assert torch.equal(back.values, res.values) and back.names == res.names and back.foil == res.foil
-    assert back.to_dict() == res.to_dict()
+    assert_same_computation(back.values, res.values, why="saved and read back")
+    assert back.names == res.names and back.foil == res.foil
+    assert_same_computation(back.to_dict(), res.to_dict(), why="saved and read back")
     df = res.to_frame()
     assert list(df.columns) == ["name", "layer", "head", "value"]
     fig = res.plot(top=5)

@@ -14,6 +14,9 @@ from lenscope.errors import InputError
 from lenscope.models.load import resolve_token, token_ids
 
 from ..conftest import get_model
+from ..tolerances import assert_same_computation
+
+COPIED = "the dummy method's small integers, copied"
 
 NAME = "position-count"  # scores source j with j + 1 up to the explained position, 0 after it
 TEXT = "the cat sat on the mat"
@@ -83,7 +86,7 @@ def test_a_registered_method_is_everywhere(dummy):
     # explain
     e = lenscope.explain(lm, TEXT, "#5", method=dummy, position=2)
     assert e.method == dummy and e.target_id == 5
-    assert e.scores.tolist() == [1, 2, 3] + [0] * (n - 3)
+    assert_same_computation(e.scores.tolist(), [1, 2, 3] + [0] * (n - 3), why=COPIED)
     with pytest.raises(InputError, match=f"--method {dummy} explains a logit and needs a target"):
         lenscope.explain(lm, TEXT, method=dummy)
     assert dummy in lenscope.attribution.explain_all(lm, TEXT, "#5")
@@ -93,23 +96,24 @@ def test_a_registered_method_is_everywhere(dummy):
     assert g.methods == ["alti", dummy] and g.n_steps == 3
     P = g.prompt_len
     for i in range(3):
-        assert g.matrix(dummy)[i].tolist() == [j + 1.0 if j < P + i else 0.0 for j in range(len(g.tokens) - 1)]
+        assert_same_computation(g.matrix(dummy)[i].tolist(),
+                                [j + 1.0 if j < P + i else 0.0 for j in range(len(g.tokens) - 1)], why=COPIED)
     d = g.to_dict()["generated"]
     assert d[0]["foil"] is not None  # the dummy explains a logit: contrasted with the runner-up
-    assert d[1]["explanations"][dummy]["scores"] == [j + 1.0 for j in range(P + 1)]
+    assert_same_computation(d[1]["explanations"][dummy]["scores"], [j + 1.0 for j in range(P + 1)], why=COPIED)
     assert dummy in g.seconds
 
     # the report's attribution view: last in view order, with its scores
     rep = build_report(lm, TEXT, "#5", sections=["attribution"])
     (sec,) = [s for s in rep.sections if s["key"] == "attribution"]
     assert list(sec["data"]["methods"])[-1] == dummy
-    assert sec["data"]["methods"][dummy]["scores"] == list(range(1, n + 1))
+    assert_same_computation(sec["data"]["methods"][dummy]["scores"], list(range(1, n + 1)), why=COPIED)
     assert dummy not in sec["data"]["layers"]  # no per-layer attention update
 
     # lenscope serve's /api/token
     with TestClient(create_app(["tiny:llama"], loader=get_model)) as c:
         d = c.post("/api/token", json={"model": "tiny:llama", "text": TEXT, "position": 3}).json()
-    assert d["methods"][dummy]["scores"] == [1, 2, 3, 4] + [0] * (n - 4)
+    assert_same_computation(d["methods"][dummy]["scores"], [1, 2, 3, 4] + [0] * (n - 4), why=COPIED)
     assert list(d["methods"])[-1] == dummy
 
 
@@ -131,8 +135,10 @@ def test_a_method_without_a_many_row_form_runs_in_generate_once_per_token():
         unregister(NAME)
     P = g.prompt_len
     for i in range(3):
-        assert g.matrix(NAME)[i].tolist() == [j + 1.0 if j < P + i else 0.0 for j in range(len(g.tokens) - 1)]
-    assert g.to_dict()["generated"][2]["explanations"][NAME]["scores"] == [j + 1.0 for j in range(P + 2)]
+        assert_same_computation(g.matrix(NAME)[i].tolist(),
+                                [j + 1.0 if j < P + i else 0.0 for j in range(len(g.tokens) - 1)], why=COPIED)
+    assert_same_computation(g.to_dict()["generated"][2]["explanations"][NAME]["scores"],
+                            [j + 1.0 for j in range(P + 2)], why=COPIED)
 
 
 def test_a_method_with_a_texts_form_runs_in_eval_alignment():
@@ -154,8 +160,10 @@ def test_a_method_with_a_texts_form_runs_in_eval_alignment():
     finally:
         unregister(NAME)
     n = len(r["tokens"])
-    assert r["scores"][NAME] == list(range(1, n + 1)) and r["info"] == {"position_count": n}
-    assert r["metrics"][NAME] == alignment(list(range(1, n + 1)), r["evidence"], r["rankable"])
+    assert_same_computation(r["scores"][NAME], list(range(1, n + 1)), why=COPIED)
+    assert r["info"] == {"position_count": n}
+    assert_same_computation(r["metrics"][NAME], alignment(list(range(1, n + 1)), r["evidence"], r["rankable"]),
+                            why="alignment() of the same scores")
     assert NAME in r["time"]
     with pytest.raises(InputError, match=f"unknown method '{NAME}' for eval alignment"):
         check_methods([NAME])

@@ -12,6 +12,7 @@ from lenscope.models.engine import capture
 from lenscope.models.load import encode, resolve_token
 
 from ..conftest import get_model
+from ..tolerances import assert_same_computation
 from .test_atp import CLEAN, CORRUPT, FD_PAIR, FD_REL, _directional, _fd_floor
 
 
@@ -222,7 +223,8 @@ def test_atp_star_prompts_and_result(tmp_path):
     names = {n["name"] for n in two.nodes(fine=True)}
     assert {"L0H1.q@2", "L1KV0.k@0", "L1KV0.v@3", "L1H0"} <= names
     back = NodeAttribution.load(two.save(tmp_path / "star.safetensors"))
-    assert torch.equal(back.keys, two.keys) and back.heads_pos is None and back.n == 2
+    assert_same_computation(back.keys, two.keys, why="saved and read back")
+    assert back.heads_pos is None and back.n == 2
     mixed = atp_star(lm, [CLEAN, "When Mary and John went to the store, John gave a drink to"],
                      [CORRUPT, "When Mary and John went to the store, Mary gave a drink to"], " capital", " of")
     assert mixed.queries is None and mixed.keys is None and mixed.heads.shape == two.heads.shape

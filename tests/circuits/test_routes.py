@@ -18,6 +18,7 @@ from lenscope.models.algebra import activation_scale, relative_gap
 from lenscope.models.trace import prefix_trace, trace
 from lenscope.models.verify import TOLERANCE
 from tests.conftest import get_model
+from tests.tolerances import assert_same_computation, assert_same_ints
 
 TEXT = "the cat sat on the mat and the dog ran"
 
@@ -32,13 +33,15 @@ def test_proximity_and_importance_by_hand():
                           [0.0, -2.0, 2.0],  # 2 -> 4
                           [0.0, 0.0, 0.0],  # 6 -> 0
                           [-5.0, 0.0, 0.0]], dtype=torch.float64)  # 11 -> max(-5, 0) = 0
-    assert proximity(terms, y).tolist() == [2.0, 4.0, 0.0, 0.0]
+    assert_same_computation(proximity(terms, y).tolist(), [2.0, 4.0, 0.0, 0.0], why="sums of small integers: "
+                            "exact in float64")
     imp, bad = term_importance(terms, y)
     assert torch.allclose(imp, torch.tensor([2 / 6, 4 / 6, 0.0, 0.0], dtype=torch.float64))
     assert not bool(bad)
     # no term with a positive proximity: the residual term (column 0) keeps the node
     imp, bad = term_importance(-terms[:1] * 3, y)
-    assert bool(bad) and imp.tolist() == [1.0]
+    assert bool(bad)
+    assert_same_computation(imp.tolist(), [1.0], why="the residual term's importance: the constant 1")
     # batched: rows are independent
     imp2, _ = term_importance(torch.stack([terms, terms.flip(0)]), torch.stack([y, y]))
     assert torch.allclose(imp2[1], imp2[0].flip(0))
@@ -77,15 +80,15 @@ def test_terms_complete_and_recomputed(tiny_decoder):
         H = A.layers[l].attn.n_heads
         assert terms.shape == (n, 1 + H * n + 1 + parallel, A.d_model)
         real = (tr.resid_post if parallel else tr.resid_mid)[l]
-        assert torch.equal(y, real.double())
+        assert_same_computation(y, real.double(), why="the real state, copied")
         assert relative_gap(terms.sum(1), y, activation_scale(real)) < TOLERANCE
         c, bias = _expected_heads(lm, tr, l)
         assert torch.allclose(terms[:, 1:1 + H * n], c.flatten(1, 2), atol=1e-5, rtol=1e-4)
         assert torch.allclose(terms[:, 1 + H * n], bias, atol=1e-5, rtol=1e-4)
-        assert torch.equal(terms[:, 0], tr.resid_pre[l].double())
+        assert_same_computation(terms[:, 0], tr.resid_pre[l].double(), why="the block's input, copied as term 0")
         summed, y2 = attention_terms(A, tr, l, rows, per_head=False)
         assert torch.allclose(summed[:, 1:1 + n], c.sum(1), atol=1e-5, rtol=1e-4)
-        assert torch.equal(y2, y)
+        assert_same_computation(y2, y, why="the real state, copied by both calls")
         if not parallel:
             ff, y3 = ff_terms(tr, l, rows)
             assert relative_gap(ff.sum(1), y3, activation_scale(tr.resid_post[l])) < TOLERANCE
@@ -225,9 +228,11 @@ def test_components_and_recovery():
     r = _hand_routes()
     assert r.components() == {"L1.mlp", "L1H1", "L0H0", "embed"}
     rec = route_recovery(r, ["L1H1", "L0H0", "L0.mlp", "L1H0"])
-    assert rec == {"recall": 0.5, "precision": 0.5, "found": ["L0H0", "L1H1"], "missed": ["L0.mlp", "L1H0"]}
+    assert_same_computation(rec, {"recall": 0.5, "precision": 0.5, "found": ["L0H0", "L1H1"],
+                                  "missed": ["L0.mlp", "L1H0"]}, why="ratios of small counts: 2 / 4, exact")
     rec = route_recovery(r, ["embed", "L1.mlp"])
-    assert rec["recall"] == 1.0 and rec["precision"] == 0.5
+    assert_same_computation((rec["recall"], rec["precision"]), (1.0, 0.5), why="ratios of small counts: 2 / 2 "
+                            "and 2 / 4, exact")
     lm = get_model("tiny:gemma3")
     layer = information_flow_routes(lm, TEXT, per_head=False, tau=0.0)
     assert all(v.endswith((".attn", ".mlp")) for v in layer.components() - {"embed"})
@@ -241,10 +246,10 @@ def test_save_load_frame_dict(tmp_path):
     p = r.save(tmp_path / "routes.safetensors")
     back = InformationFlowRoutes.load(p)
     for k in ("src", "dst", "via", "importance", "nodes"):
-        assert torch.equal(getattr(back, k), getattr(r, k))
-    assert torch.equal(back.node_bias.isnan(), r.node_bias.isnan())
-    assert back.tokens == r.tokens and back.tau == r.tau and back.prediction == r.prediction
-    assert back.to_dict() == r.to_dict()
+        assert_same_computation(getattr(back, k), getattr(r, k), why=f"saved and read back ({k})")
+    assert_same_ints(back.node_bias.isnan(), r.node_bias.isnan())
+    assert back.tokens == r.tokens and back.prediction == r.prediction
+    assert_same_computation((back.tau, back.to_dict()), (r.tau, r.to_dict()), why="saved and read back")
     empty = information_flow_routes(get_model("tiny:qwen2"), TEXT, tau=2.0)
     assert len(InformationFlowRoutes.load(empty.save(tmp_path / "empty.safetensors")).importance) == 0
     f = r.to_frame()
@@ -262,7 +267,8 @@ def test_plot():
     r = _hand_routes()
     segs = route_segments(r)
     assert [k for k, _, _ in segs] == ["resid", "mlp", "attn", "resid", "attn"]
-    assert segs[2][1] == [(0, 1.0), (2, 1.5)]  # (1, 0, resid) -> (1, 2, mid)
+    # (1, 0, resid) -> (1, 2, mid)
+    assert_same_computation(segs[2][1], [(0, 1.0), (2, 1.5)], why="positions and half steps: exact")
     fig = r.plot()
     ax = fig.axes[0]
     assert len(ax.collections) >= 3 and [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c"]

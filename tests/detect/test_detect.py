@@ -37,6 +37,7 @@ from lenscope.lenses.trajectory import prediction_trajectory
 from lenscope.models.trace import residual_states
 from tests.conftest import get_model
 from tests.lenses.test_trajectory import perturbed_tuned_lens
+from tests.tolerances import assert_same_computation
 
 EXAMPLES = [("a fine film .", 1), ("a dull mess and far too long .", 0), ("warm and funny .", 1),
             ("it 's a bad , bad movie .", 0), ("great fun", 1), ("meh , it was long", 0), ("lovely work .", 1),
@@ -196,11 +197,14 @@ def test_feature_errors():
 # ------------------------------------------------------------------------------------------ AUROC, bootstrap
 
 
+PAIRS = "a count of ordered pairs (ties one half) over their number: 3 / 4, exact"
+
+
 def test_auroc_by_hand():
     # positives 0.35, 0.8 vs negatives 0.1, 0.4: pairs (0.35>0.1) (0.35<0.4) (0.8>0.1) (0.8>0.4) -> 3/4
-    assert auroc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]) == 0.75
+    assert_same_computation(auroc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8]), 0.75, why=PAIRS)
     # a tie counts one half: positive 0.4 vs negatives 0.4, 0.1 -> (0.5 + 1) / 2
-    assert auroc([1, 0, 0], [0.4, 0.4, 0.1]) == 0.75
+    assert_same_computation(auroc([1, 0, 0], [0.4, 0.4, 0.1]), 0.75, why=PAIRS)
     assert auroc([1, 1, 0, 0], [2, 3, 0, 1]) == 1.0 and auroc([1, 1, 0, 0], [0, 1, 2, 3]) == 0.0
     rng = np.random.default_rng(0)
     y = rng.integers(0, 2, 200)
@@ -317,11 +321,13 @@ def test_results_save_load_frame_plot(tmp_path):
     res = evaluate_detectors(feats, splits=2, n_bootstrap=100, seed=5)
     p = res.save(tmp_path / "r.safetensors")
     back = DetectionResult.load(p)
-    assert back.to_dict() == res.to_dict() and torch.equal(back.split_auroc, res.split_auroc)
+    assert_same_computation((back.to_dict(), back.split_auroc), (res.to_dict(), res.split_auroc),
+                            why="saved and read back")
     d = res.to_dict()
     assert {"results", "n_clean", "n_injected"} <= set(d)
     assert set(d["results"][0]) == {"detector", "features", "auroc", "auroc_ci"}
-    assert len(d["results"]) == 12 and json.loads(res.to_json()) == d
+    assert len(d["results"]) == 12
+    assert_same_computation(json.loads(res.to_json()), d, why="written as JSON and read back")
     assert {"features", "baseline", "detector", "auroc_diff", "diff_ci"} == set(d["vs_final_state"][0])
     frame = res.to_frame()
     assert list(frame.columns) == ["detector", "features", "auroc", "ci_low", "ci_high"] and len(frame) == 12
@@ -330,7 +336,8 @@ def test_results_save_load_frame_plot(tmp_path):
     assert len(fig.axes) == 1
     fp = feats.save(tmp_path / "f.safetensors")
     fb = DetectionFeatures.load(fp)
-    assert torch.equal(fb.trajectory, feats.trajectory) and fb.ids == feats.ids
+    assert_same_computation(fb.trajectory, feats.trajectory, why="saved and read back")
+    assert fb.ids == feats.ids
     assert len(feats.to_frame()) == 40 * 3
     assert len(feats.plot("c").axes) == 1
     with pytest.raises(InputError, match="stat must be"):
@@ -360,7 +367,8 @@ def test_cli_json_fields_and_outputs(tmp_path):
     for name in ("labelled_set.jsonl", "features.safetensors", "detect.safetensors", "detect.json", "detect.png",
                  "trajectories.png"):
         assert (out / name).exists(), name
-    assert json.loads((out / "detect.json").read_text())["results"] == d["results"]
+    assert_same_computation(json.loads((out / "detect.json").read_text())["results"], d["results"],
+                            why="one result, written to a file and printed")
     assert len(read_labelled_set(out / "labelled_set.jsonl")) == 6
     r = run("lens", "detect", "--model", "tiny:llama", "--data", data, "--limit", 3, "--splits", 1, "--bootstrap", 20)
     assert r.exit_code == 0, r.output

@@ -9,6 +9,7 @@ from lenscope.data.datasets import load_dataset
 from lenscope.evaluate.alignment import read_records, run_alignment, summarise
 
 from ..conftest import get_model
+from ..tolerances import alignment_rounding, assert_close_nested, assert_same_computation
 
 DATA = Path(__file__).with_name("data")
 METHODS = ["logit", "alti-logit", "grad-x-input", "erasure"]
@@ -33,14 +34,21 @@ def test_resume_gives_identical_results_without_recomputing(tmp_path):
     (tmp_path / "b" / "records.jsonl").write_text("".join(lines[:5]) + lines[5][: len(lines[5]) // 2])
     resumed = run_alignment(lm, specs, METHODS, out=tmp_path / "b", progress=False, batch_size=2)
     assert resumed.info["computed_now"] == 7  # 12 - 5 finished
-    assert _strip(resumed) == _strip(full)
     recs_a, recs_b = read_records(tmp_path / "a" / "records.jsonl"), read_records(tmp_path / "b" / "records.jsonl")
     assert set(recs_a) == set(recs_b)
+    # the 7 recomputed examples ran in other batches (of equal length, two at a time): their scores are another
+    # computation, so each record's metrics agree within the rounding of their scores (records keep 7 decimals)
+    # and the summary (means and bootstrap intervals of them) within twice the largest
+    tol = {k: max([alignment_rounding(s, recs_b[k]["scores"][m], r.get("rankable"), decimals=7)
+                   for m, s in r.get("scores", {}).items() if None not in s], default=0.0)
+           for k, r in recs_a.items()}
     for k in recs_a:
-        assert recs_a[k].get("metrics") == recs_b[k].get("metrics")
+        assert_close_nested(recs_a[k].get("metrics"), recs_b[k].get("metrics"), tol[k])
+    assert_close_nested(_strip(resumed), _strip(full), 2 * max(tol.values()))
     # nothing left to do: a third run computes nothing and writes the same summary
     again = run_alignment(lm, specs, METHODS, out=tmp_path / "b", progress=False)
-    assert again.info["computed_now"] == 0 and _strip(again) == _strip(full)
+    assert again.info["computed_now"] == 0
+    assert_same_computation(_strip(again), _strip(resumed), why="the same records summarised again")
     saved = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert saved["datasets"].keys() == full.datasets.keys()
     assert (tmp_path / "b" / "table.md").exists() and (tmp_path / "b" / "layers.png").exists()
@@ -94,5 +102,5 @@ def test_summary_counts_skips_groups_and_accuracy(tmp_path):
     assert c["n"] == len(ok) and (c["mrr"] == pytest.approx(sum(ok) / len(ok)) if ok else c["mrr"] is None)
     # summarise is a pure function of the records
     again = summarise(lm.name, {"sva:sva.tsv": load_dataset(specs[1])}, recs, ["logit"])
-    assert again.datasets == rs.datasets
+    assert_same_computation(again.datasets, rs.datasets, why="summarise() of the same records")
     assert "| sva:sva.tsv |" in rs.table() and len(s.to_frame()) == 2 * len(METHODS)

@@ -13,6 +13,7 @@ from lenscope.evaluate.metrics import alignment
 from lenscope.models.trace import batch_traces
 
 from ..conftest import DECODERS, get_model, tiny_with_layers
+from ..tolerances import alignment_rounding, assert_close_nested
 
 TEXTS = ["The keys to the cabinet", "A dog with the old bones", "The cat sat on the mat"]
 
@@ -60,7 +61,9 @@ def test_record_of_one_example():
     ref = explain(lm, ex.prefix, " are", " is", method="logit")
     assert r["scores"]["logit"] == pytest.approx(ref.scores.tolist(), abs=1e-6)
     assert r["logit_diff"] == pytest.approx(ref.info["logit"], abs=1e-5) and r["correct"] == (ref.info["logit"] > 0)
-    assert r["metrics"]["logit"] == alignment(ref.scores.tolist(), [2, 3])
+    # another computation of the scores (the records' batched rows): the metrics within their rounding
+    assert_close_nested(r["metrics"]["logit"], alignment(ref.scores.tolist(), [2, 3]),
+                        alignment_rounding(r["scores"]["logit"], ref.scores, decimals=7))
     # per-layer updates: the attention and MLP updates plus embedding and bias terms add up to the logit
     lay = r["layers"]
     total = sum(lay["attention"]) + sum(lay["mlp"]) + lay["embed"] + lay["bias"]
@@ -70,7 +73,9 @@ def test_record_of_one_example():
     both = evaluate_examples(lm, [other, ex], ["logit", "alti-logit", "erasure"])
     for m in r["scores"]:
         assert both[1]["scores"][m] == pytest.approx(r["scores"][m], abs=1e-6)
-    assert both[1]["metrics"] == r["metrics"]
+        tol = alignment_rounding(both[1]["scores"][m], r["scores"][m], r["rankable"], decimals=7)
+        assert_close_nested(both[1]["metrics"][m], r["metrics"][m], tol)
+    assert set(both[1]["metrics"]) == set(r["metrics"])
 
 
 def test_encoders_are_refused():

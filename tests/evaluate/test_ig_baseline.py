@@ -14,6 +14,7 @@ from lenscope.errors import InputError
 from lenscope.evaluate.alignment import evaluate_examples, read_records, run_alignment
 
 from ..conftest import get_model
+from ..tolerances import assert_same_computation
 from .test_alignment import DATA
 
 TEXT = "The keys to the cabinet"
@@ -45,7 +46,8 @@ def test_pad_and_mean_change_the_scores():
     lm = get_model("tiny:gpt2")
     zero = lenscope.explain(lm, TEXT, 5, 7, method="ig", steps=8)
     assert zero.info["baseline"] == "zero"
-    assert torch.equal(zero.scores, lenscope.explain(lm, TEXT, 5, 7, method="ig", steps=8, baseline="zero").scores)
+    assert_same_computation(zero.scores, lenscope.explain(lm, TEXT, 5, 7, method="ig", steps=8, baseline="zero").scores,
+                            why="the same call: the zero baseline is the default")
     for b in ("pad", "mean"):
         other = lenscope.explain(lm, TEXT, 5, 7, method="ig", steps=8, baseline=b)
         assert (other.scores - zero.scores).abs().max() > 1e-4, b

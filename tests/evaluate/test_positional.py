@@ -17,7 +17,10 @@ from lenscope.evaluate.alignment import (
 from lenscope.evaluate.metrics import alignment, positional_metrics
 
 from ..conftest import get_model
+from ..tolerances import assert_same_computation
 from .test_alignment import DATA
+
+POSITIONAL_WHY = "the positional scores: a function of the token count alone"
 
 
 def test_hand_made_example():
@@ -32,10 +35,12 @@ def test_hand_made_example():
     # position 0 not rankable (a BOS): the evidence is now the earliest rankable token (dot: 4 / (4+3+2+1))
     assert alignment(positional_scores(5, "first"), [1], [1, 2, 3, 4]) == {"rr": 1.0, "probes": 0,
                                                                            "dot": pytest.approx(4 / 10), "rank": 1}
-    assert alignment(positional_scores(5, "recent"), [1], [1, 2, 3, 4])["rr"] == 0.25
+    assert_same_computation(alignment(positional_scores(5, "recent"), [1], [1, 2, 3, 4])["rr"], 0.25,
+                            why="1 / rank: 1 / 4, exact")
     # the evidence is the last token: recent ranks it first, first last
     rec = {"tokens": ["a", "b", "c"], "evidence": [2], "rankable": [0, 1, 2]}
-    assert positional_metrics(rec, "recent")["rr"] == 1.0 and positional_metrics(rec, "first")["rr"] == 1 / 3
+    assert_same_computation((positional_metrics(rec, "recent")["rr"], positional_metrics(rec, "first")["rr"]),
+                            (1.0, 1 / 3), why="1 / rank, as written here")
     with pytest.raises(ValueError):
         positional_scores(3, "middle")
 
@@ -45,8 +50,8 @@ def test_records_hold_positional_methods():
     ex = Example(id="x/0", dataset="x", prefix="The keys to the cabinet", target="are", foil="is", evidence=("keys",))
     (r,) = evaluate_examples(lm, [ex], ["logit", "first", "recent"])
     n = len(r["tokens"])
-    assert r["scores"]["first"] == positional_scores(n, "first")
-    assert r["scores"]["recent"] == positional_scores(n, "recent")
+    assert_same_computation(r["scores"]["first"], positional_scores(n, "first"), why=POSITIONAL_WHY)
+    assert_same_computation(r["scores"]["recent"], positional_scores(n, "recent"), why=POSITIONAL_WHY)
     # the tiny tokenizer splits " keys" into positions 2 and 3 (test_batched): first reaches 2 after 0 and 1
     assert r["evidence"] == [2, 3]
     assert r["metrics"]["first"]["rr"] == pytest.approx(1 / 3)
@@ -66,7 +71,8 @@ def test_summary_derives_positional_from_old_records(tmp_path):
     # the same numbers as records computed with the methods
     fresh = run_alignment(lm, specs, ["logit", "first", "recent"], out=tmp_path / "b", progress=False)
     for m in POSITIONAL:
-        assert s.datasets["tiny.csv"]["methods"][m] == fresh.datasets["tiny.csv"]["methods"][m]
+        assert_same_computation(s.datasets["tiny.csv"]["methods"][m], fresh.datasets["tiny.csv"]["methods"][m],
+                                why=POSITIONAL_WHY)
         e = s.datasets["tiny.csv"]["methods"][m]
         for k in ("mrr", "mrr_ci", "probes", "probes_ci", "dot", "dot_ci", "n", "skipped", "errors", "accuracy",
                   "correct"):
@@ -85,7 +91,8 @@ def test_summary_derives_positional_from_old_records(tmp_path):
     # adding the positional methods to a finished folder computes nothing
     again = run_alignment(lm, specs, ["logit", "first", "recent"], out=tmp_path / "a", progress=False)
     assert again.info["computed_now"] == 0
-    assert again.datasets["tiny.csv"]["methods"]["recent"] == s.datasets["tiny.csv"]["methods"]["recent"]
+    assert_same_computation(again.datasets["tiny.csv"]["methods"]["recent"],
+                            s.datasets["tiny.csv"]["methods"]["recent"], why=POSITIONAL_WHY)
     # in the table beside random, not in bold
     head = "| dataset | n | skipped | accuracy | logit | first | recent | random |"
     assert head in again.table() and "**" not in again.table().split("\n")[2].split("|")[6]
