@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from .common import MODEL_HELP, handle_errors, load_model, print_json
-from .options import DTYPE_OPTION, JSON_SUMMARY_OPTION, RESUME_OPTION, SEED_OPTION
+from .options import DTYPE_OPTION, JSON_SUMMARY_OPTION, RESUME_OPTION, SEED_OPTION, SEQ_LEN_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -37,9 +37,10 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(4096, "--batch-size", help="Tokens per optimizer step."),
         buffer: int = typer.Option(None, "--buffer", help="Rows in the shuffle buffer (default: 65,536, fewer when "
                                                           "many sites share it, to stay under 1 GiB)."),
-        seq_len: int = typer.Option(256, "--seq-len", help="Tokens per sequence of text."),
+        seq_len: int = SEQ_LEN_OPTION,
         forward_batch: int = typer.Option(8, "--forward-batch", help="Sequences per forward pass of the model."),
-        lr: float = typer.Option(None, "--lr", help="Peak learning rate (default 2e-4 * sqrt(16384 / width))."),
+        lr: float = typer.Option(None, "--lr", help="Peak learning rate (default: SAEs 2e-4 * sqrt(16384 / width); "
+                                                   "transcoders and skip transcoders 8e-3 * sqrt(4608 / width))."),
         dead_after: int = typer.Option(200_000, "--dead-after", help="Tokens without firing after which a latent is "
                                                                      "dead (revived by the auxiliary loss)."),
         checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="Save a checkpoint every N steps."),

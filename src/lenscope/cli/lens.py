@@ -38,7 +38,7 @@ def get_lens(lm, spec: str | None):
     return TunedLens.load(spec, lm)
 
 
-def _sequences(lm, data: str, part: str, seq_len: int, tokens: int | None):
+def _sequences(lm, data: str, part: str, seq_len: int | None, tokens: int | None):
     from ..data.text import read_text, split_text, token_sequences
 
     return token_sequences(lm, split_text(read_text(data), part), seq_len, max_tokens=tokens)
@@ -95,7 +95,7 @@ def train_cmd(
     lm = load_model(model)
     seqs = _sequences(lm, data, part, seq_len, None)
     extra = {} if patience is None else {"patience": patience}
-    settings = TrainSettings(tokens=tokens or 0, max_minutes=max_minutes, seq_len=seq_len, batch_size=batch_size,
+    settings = TrainSettings(tokens=tokens or 0, max_minutes=max_minutes, seq_len=seqs.shape[1], batch_size=batch_size,
                              optimizer=optimizer, lr=lr, checkpoint_every=checkpoint_every, seed=seed,
                              keep_best=keep_best, validation_tokens=validation_tokens, mid=mid, init=init,
                              init_tokens=init_tokens,

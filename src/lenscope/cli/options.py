@@ -20,7 +20,8 @@ JSON_OPTION = typer.Option(False, "--json", help="Print one JSON object.")
 SAVE_OPTION = typer.Option(None, "--save", help="Save the result (.safetensors) to reload later.")
 FOIL_DECOMPOSE_OPTION = typer.Option(None, "--foil", "-f", help="Foil token: decompose target minus foil.")
 IG_STEPS_OPTION = typer.Option(None, "--steps", help="Integrated gradients: quadrature steps (default 16).")
-SEQ_LEN_OPTION = typer.Option(256, "--seq-len", help="Tokens per sequence.")
+SEQ_LEN_OPTION = typer.Option(None, "--seq-len", help="Tokens per sequence of text (default: 256, or the model's "
+                                                     "context when that is shorter).")
 EVAL_PART_OPTION = typer.Option("eval", "--part", help="eval (last 20% of the file, default), train or all.")
 SOURCE_OPTION = typer.Option(None, "--source", help=(
     "Encoder-decoder models (T5, BART, Marian): the source text; the text argument is then the target prefix."))

@@ -1,7 +1,9 @@
-"""Plain text files -> token sequences for lens training and evaluation."""
+"""Plain text files -> token sequences for lens training and evaluation; :func:`fit_seq_len`, the one place a
+sequence length meets the model's context."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -47,17 +49,41 @@ def _special_affixes(tok) -> tuple[list[int], list[int]]:
 
 special_affixes = _special_affixes  # the public name, for other packages (features: the positions to leave out)
 
+DEFAULT_SEQ_LEN = 256  # tokens per sequence when the user gives none (the model's context when shorter)
+_noted: set = set()  # (model, context) pairs whose shortened default was already said on stderr
 
-def token_sequences(lm: LoadedModel, text: str, seq_len: int, max_tokens: int | None = None) -> torch.Tensor:
+
+def fit_seq_len(lm: LoadedModel, seq_len: int | None = None, *, option: str = "--seq-len") -> int:
+    """The length to cut text into for ``lm``: ``seq_len`` when given (one-line :class:`InputError` naming
+    ``option`` when it is longer than the model's context); else :data:`DEFAULT_SEQ_LEN`, or the model's context
+    when that is shorter (said once per model on stderr). Every command and function with a default sequence
+    length resolves it here (``None`` is the default)."""
+    n_ctx = int(lm.anatomy.n_ctx)
+    if seq_len is None:
+        if n_ctx < DEFAULT_SEQ_LEN and (lm.name, n_ctx) not in _noted:
+            _noted.add((lm.name, n_ctx))
+            print(f"lenscope: sequences of {n_ctx} tokens, {lm.name}'s context (the default {option} "
+                  f"{DEFAULT_SEQ_LEN} is longer)", file=sys.stderr, flush=True)
+        return min(DEFAULT_SEQ_LEN, n_ctx)
+    seq_len = int(seq_len)
+    if seq_len < 2:
+        raise InputError(f"{option} must be at least 2; got {seq_len}")
+    if seq_len > n_ctx:
+        raise InputError(f"{option} {seq_len} is longer than {lm.name}'s context of {n_ctx} tokens; give {option} "
+                         f"{n_ctx} or less (or leave it out: the default fits the context)")
+    return seq_len
+
+
+def token_sequences(lm: LoadedModel, text: str, seq_len: int | None = None,
+                    max_tokens: int | None = None) -> torch.Tensor:
     """Tokenise ``text`` and cut it into sequences ``(n_seq, seq_len)``, each wrapped in the tokenizer's
-    special tokens (e.g. BOS, which Gemma needs) like a single text would be."""
+    special tokens (e.g. BOS, which Gemma needs) like a single text would be; ``seq_len``: :func:`fit_seq_len`."""
+    seq_len = fit_seq_len(lm, seq_len)
     tok = lm.tokenizer
     pre, post = _special_affixes(tok)
     body = seq_len - len(pre) - len(post)
     if body < 1:
         raise InputError(f"seq_len {seq_len} is too short for this tokenizer's special tokens")
-    if seq_len > lm.anatomy.n_ctx:
-        raise InputError(f"seq_len {seq_len} exceeds the model's context of {lm.anatomy.n_ctx}")
     ids: list[int] = []
     chunk = 200_000  # characters per tokenizer call, cut at line breaks
     start = 0

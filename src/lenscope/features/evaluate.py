@@ -389,7 +389,7 @@ def _as_list(dicts) -> list[Dictionary]:
     return list(dicts)
 
 
-def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TOKENS, seq_len: int = 256,
+def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TOKENS, seq_len: int | None = None,
                           batch_size: int = 4, baselines: bool = True, fit_tokens: int | None = None,
                           splice_tokens: int | None = None, progress: bool = False) -> DictionaryEvaluation:
     """Evaluate ``dicts`` (a :class:`~lenscope.models.dictionary.Dictionary`, a list, or a dictionary folder) on
@@ -405,8 +405,9 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
         raise InputError(f"--tokens must be at least 1; got {tokens}")
     if not lm.anatomy.causal:
         raise NotApplicableError("dictionary evaluation measures the next-token loss: it needs a causal decoder")
-    if seq_len > lm.anatomy.n_ctx:
-        raise InputError(f"seq_len {seq_len} exceeds the model's context of {lm.anatomy.n_ctx}")
+    from ..data.text import fit_seq_len
+
+    seq_len = fit_seq_len(lm, seq_len)
     seen = set()
     for d in D:
         d.check(lm)

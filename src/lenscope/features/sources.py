@@ -46,15 +46,17 @@ def last_site(sites: list[str]) -> str:
 
 class StreamSource:
     """A model's activations at ``sites`` on the ``part`` of the text at ``data``, one sequence per unit
-    (``seq_len`` tokens, ``forward_batch`` sequences per forward pass). Under ``torchrun`` each rank runs the
+    (``seq_len`` tokens, default: :func:`~lenscope.data.text.fit_seq_len`; ``forward_batch`` sequences per forward
+    pass). Under ``torchrun`` each rank runs the
     model on its share of a read's sequences and the rows are gathered, so every rank holds the same rows."""
 
-    def __init__(self, lm, sites: list[str], data: str | Path, *, seq_len: int = 256, forward_batch: int = 8,
+    def __init__(self, lm, sites: list[str], data: str | Path, *, seq_len: int | None = None, forward_batch: int = 8,
                  part: str = "train", dist: ddp.Dist = ddp.SINGLE, dtype: torch.dtype = torch.float32):
-        from ..data.text import special_affixes
+        from ..data.text import fit_seq_len, special_affixes
 
         self.lm, self.sites, self.data, self.part = lm, list(sites), str(data), part
-        self.seq_len, self.forward_batch, self.dist, self.dtype = int(seq_len), int(forward_batch), dist, dtype
+        self.seq_len, self.forward_batch, self.dist, self.dtype = fit_seq_len(lm, seq_len), int(forward_batch), dist, \
+            dtype
         pre, post = special_affixes(lm.tokenizer)
         self.keep = slice(len(pre), self.seq_len - len(post))
         self.rows_per_unit = self.seq_len - len(pre) - len(post)
@@ -205,8 +207,8 @@ def expand_sites(spec: str | list[str], n_layers: int | None) -> list[str]:
 
 
 def sources(role: str, *, lm=None, sites: str | list[str] | None = None, data: str | Path | None = None,
-            activations: str | Path | None = None, part: str = "train", seq_len: int = 256, forward_batch: int = 8,
-            dist: ddp.Dist = ddp.SINGLE):
+            activations: str | Path | None = None, part: str = "train", seq_len: int | None = None,
+            forward_batch: int = 8, dist: ddp.Dist = ddp.SINGLE):
     """The source and the targets of a training run of ``role`` dictionaries: at ``sites`` of ``lm`` on the text
     ``data`` (every site read in one forward pass), or on the ``activations`` file; checked (a site the model
     lacks, a transcoder site that is not ``mlp_out``, a file of the wrong shape: one-line

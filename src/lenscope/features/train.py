@@ -69,7 +69,8 @@ JUMPRELU_INIT_ROWS = 8192
 CHECKPOINT = "checkpoint"
 
 
-TRANSCODER_LR = 8e-3  # a transcoder's default learning rate at width 4,608 (docs/features.md, "Transcoders")
+SAE_LR, SAE_LR_WIDTH = 2e-4, 16384  # an SAE's default learning rate at width 16,384 (Gao's scaling)
+TRANSCODER_LR, TRANSCODER_LR_WIDTH = 8e-3, 4608  # a transcoder's at width 4,608 (docs/features.md, "Transcoders")
 
 
 @dataclass
@@ -96,8 +97,8 @@ class DictSettings:
         if self.lr is not None:
             return self.lr
         if self.role != "sae":  # transcoders: see the module's docstring
-            return TRANSCODER_LR * math.sqrt(4608 / self.width)
-        return 2e-4 * math.sqrt(16384 / self.width)
+            return TRANSCODER_LR * math.sqrt(TRANSCODER_LR_WIDTH / self.width)
+        return SAE_LR * math.sqrt(SAE_LR_WIDTH / self.width)
 
     def check(self, d: int | None = None) -> None:
         if self.kind not in KINDS:
@@ -566,9 +567,9 @@ def _load(path: Path, ms: list[Trainable], opts, s: DictSettings) -> tuple[RunSt
 
 
 def train(s: DictSettings, *, lm=None, sites: str | list[str] | None = None, data: str | Path | None = None,
-          activations: str | Path | None = None, part: str = "train", seq_len: int = 256, forward_batch: int = 8,
-          out: str | Path | None = None, resume: bool = False, progress: bool = True, max_steps: int | None = None,
-          dist: ddp.Dist = ddp.SINGLE) -> list[Dictionary] | None:
+          activations: str | Path | None = None, part: str = "train", seq_len: int | None = None,
+          forward_batch: int = 8, out: str | Path | None = None, resume: bool = False, progress: bool = True,
+          max_steps: int | None = None, dist: ddp.Dist = ddp.SINGLE) -> list[Dictionary] | None:
     """Train ``s.role`` dictionaries at ``sites`` of ``lm`` on the ``part`` of the text ``data`` (streamed, one
     forward pass for all of them), or one on the ``activations`` file; saved into ``out`` when given (one folder,
     or a subfolder per site: :func:`~lenscope.models.dictionary.save_dictionaries`). Bad input: a one-line

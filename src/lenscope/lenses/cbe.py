@@ -253,7 +253,7 @@ class CausalBasis(Result):
                 f"fidelity_spearman={'n/a' if f is None else f'{f:.3f}'})")
 
 
-def _sequences(lm: LoadedModel, data, tokens: int, seq_len: int) -> Tensor:
+def _sequences(lm: LoadedModel, data, tokens: int, seq_len: int | None) -> Tensor:
     from ..data.text import token_sequences
 
     if isinstance(data, str):
@@ -265,14 +265,15 @@ def _sequences(lm: LoadedModel, data, tokens: int, seq_len: int) -> Tensor:
 
 
 def causal_basis(lm: LoadedModel, lens: Lens, data, layer: int, k: int = 8, *, tokens: int = 4096,
-                 seq_len: int = 256, model_tokens: int | None = 1024, max_evals: int = 40, skip_first: bool = True,
-                 name: str | None = None, fast: bool | None = None, progress: bool = False) -> CausalBasis:
+                 seq_len: int | None = None, model_tokens: int | None = 1024, max_evals: int = 40,
+                 skip_first: bool = True, name: str | None = None, fast: bool | None = None,
+                 progress: bool = False) -> CausalBasis:
     """CBE of ``lens`` at state ``layer`` and the causal fidelity of its directions.
 
-    ``data``: a text (cut into sequences of ``seq_len`` tokens, ``tokens`` in all) or token ids
-    ``(n_seq, pos)``. The lens's influence is measured on every position (each sequence's first position,
-    an outlier "attention sink" state in many models, is left out when ``skip_first``); the model's influence
-    on the first ``model_tokens`` of them (``None``: all; ``0``: not measured).
+    ``data``: a text (cut into sequences of ``seq_len`` tokens, default :func:`~lenscope.data.text.fit_seq_len`,
+    ``tokens`` in all) or token ids ``(n_seq, pos)``. The lens's influence is measured on every position (each
+    sequence's first position, an outlier "attention sink" state in many models, is left out when ``skip_first``);
+    the model's influence on the first ``model_tokens`` of them (``None``: all; ``0``: not measured).
     """
     seqs = _sequences(lm, data, tokens, seq_len)
     states = layer_states(lm, seqs, layer, skip_first=skip_first)
@@ -298,6 +299,6 @@ def causal_basis(lm: LoadedModel, lens: Lens, data, layer: int, k: int = 8, *, t
 def causal_bases(lm: LoadedModel, lenses: dict[str, Lens], data, layers: list[int], k: int = 8, **kw
                  ) -> dict[str, list[CausalBasis]]:
     """:func:`causal_basis` for several lenses (by name) and states, on the same token sequences."""
-    seqs = _sequences(lm, data, kw.pop("tokens", 4096), kw.pop("seq_len", 256))
+    seqs = _sequences(lm, data, kw.pop("tokens", 4096), kw.pop("seq_len", None))
     return {name: [causal_basis(lm, lens, seqs, layer, k, name=name, **kw) for layer in layers]
             for name, lens in lenses.items()}
