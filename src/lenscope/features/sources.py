@@ -55,8 +55,8 @@ class StreamSource:
         from ..data.text import fit_seq_len, special_affixes
 
         self.lm, self.sites, self.data, self.part = lm, list(sites), str(data), part
-        self.seq_len, self.forward_batch, self.dist, self.dtype = fit_seq_len(lm, seq_len), int(forward_batch), dist, \
-            dtype
+        self.seq_len = fit_seq_len(lm, seq_len)
+        self.forward_batch, self.dist, self.dtype = int(forward_batch), dist, dtype
         pre, post = special_affixes(lm.tokenizer)
         self.keep = slice(len(pre), self.seq_len - len(post))
         self.rows_per_unit = self.seq_len - len(pre) - len(post)
