@@ -9,11 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lenscope.stats import average_ranks, pearson, spearman, spearman_or_none
+from tests.tolerances import assert_same_computation
+
+RANKS = "ranks of ties: means of small integers, exact"
 
 
 def test_average_ranks_match_hand_computed():
-    assert average_ranks(torch.tensor([10.0, 20.0, 20.0, 5.0])).tolist() == [2.0, 3.5, 3.5, 1.0]
-    assert average_ranks(torch.tensor([1.0, 1.0, 1.0])).tolist() == [2.0, 2.0, 2.0]
+    assert_same_computation(average_ranks(torch.tensor([10.0, 20.0, 20.0, 5.0])).tolist(), [2.0, 3.5, 3.5, 1.0],
+                            why=RANKS)
+    assert_same_computation(average_ranks(torch.tensor([1.0, 1.0, 1.0])).tolist(), [2.0, 2.0, 2.0], why=RANKS)
 
 
 @settings(max_examples=40, deadline=None)

@@ -85,6 +85,7 @@ def _same(a, b, path: str) -> str | None:
 
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         a, b = torch.as_tensor(np.asarray(a)), torch.as_tensor(np.asarray(b))
+    a, b = (x.item() if isinstance(x, np.generic) else x for x in (a, b))  # a numpy scalar as the Python number
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             return f"{path}: a tensor against {type(b if isinstance(a, torch.Tensor) else a).__name__}"

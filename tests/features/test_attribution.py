@@ -18,6 +18,7 @@ from lenscope.models.load import LoadedModel, encode
 from lenscope.models.request import metric_of
 from tests.conftest import DECODERS, get_model
 from tests.models.test_dictionary import _random
+from tests.tolerances import assert_same_computation
 
 TEXT = "The cat sat on the mat because it was warm"
 EPS = torch.finfo(torch.float32).eps
@@ -74,7 +75,9 @@ def test_feature_dla_sums_to_the_logit_on_every_family(family, tmp_path):
             assert f"L{L - 1}.attn" not in kept and f"L{L - 1}.mlp" not in kept
     path = res.save(tmp_path / "fa.safetensors")
     back = FeatureAttribution.load(path)
-    assert back.names == res.names and torch.equal(back.values, res.values) and back.sites == res.sites
+    assert back.names == res.names
+    assert_same_computation(back.values, res.values, why="saved and read back")
+    assert back.sites == res.sites
     d_ = res.to_dict()
     assert {"rows", "logit", "sum", "completeness_error", "dictionaries"} <= set(d_)
     assert {"name", "site", "feature", "value", "kind", "activation"} <= set(d_["rows"][0])
@@ -249,7 +252,8 @@ def test_atp_against_exact_on_a_nonlinear_case_reports_the_gap(tmp_path):
     assert res.agreement["max_abs_error"] == pytest.approx(float(gap.max()))
     assert res.agreement["max_abs_error"] > 1e-4  # the linearisation's error through the later block, reported
     back = FeatureAtP.load(res.save(tmp_path / "atp.safetensors"))
-    assert back.node_names == res.node_names and torch.equal(back.atp, res.atp)
+    assert back.node_names == res.node_names
+    assert_same_computation(back.atp, res.atp, why="saved and read back")
     assert {"nodes", "agreement", "metric_clean", "sites"} <= set(res.to_dict())
     assert list(res.to_frame().columns) == ["name", "site", "position", "feature", "atp", "exact", "error"]
 

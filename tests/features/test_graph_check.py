@@ -20,6 +20,7 @@ from lenscope.models.trace import trace
 from tests.conftest import get_model
 from tests.features.test_graph import TEXT, _transcoders
 from tests.models.test_dictionary import _random
+from tests.tolerances import assert_same_computation, assert_same_ints
 
 EPS = torch.finfo(torch.float32).eps
 FAMILIES = ["gpt2", "llama", "gemma3", "qwen2"]  # LayerNorm, RMSNorm, sandwich norms, biases on q/k/v
@@ -52,8 +53,9 @@ def test_in_the_frozen_model_the_predictions_are_exact(family):
     assert g.n_features == g.n_active
     tr = trace(lm, TEXT)
     fz = Frozen(lm, tr, {d.layer: d for d in ds})
-    assert torch.equal(fz.layer, g.feature_layer) and torch.equal(fz.pos, g.feature_pos)
-    assert torch.equal(fz.feature, g.feature_index)
+    assert_same_ints(fz.layer, g.feature_layer)
+    assert_same_ints(fz.pos, g.feature_pos)
+    assert_same_ints(fz.feature, g.feature_index)
     last = g.n_pos - 1
     chosen = torch.tensor(_supernode(g))
     mask = torch.zeros(fz.n_active, dtype=torch.bool)
@@ -137,7 +139,9 @@ def test_in_the_real_model_the_last_block_moves_the_logits_by_direct_up_to_the_n
         f[0, g.feature_index[i]] = factor
         ed = run(lm, ids, [Edit("mlp_out.latents", L, torch.tensor([0]), torch.tensor([last]), f, mode="scale")],
                  capture=capture, dictionaries=ds, last_only=True)
-        assert torch.equal(demeaned(ed.logits) - demeaned(base.logits), res.real)  # the same runs as intervene's
+        # the same runs as intervene's
+        assert_same_computation(demeaned(ed.logits) - demeaned(base.logits), res.real,
+                                why="the same runs as intervene's, differenced the same way")
         r = float(ed.captured[("ln_final.scale", None)][0, last]) / s
         x = torch.zeros(A.d_model)
         if sandwich is not None:
@@ -159,7 +163,8 @@ def test_in_the_real_model_the_last_block_moves_the_logits_by_direct_up_to_the_n
 
     # a factor of 1: the engine's edit with the error kept leaves the run as it was, bit for bit
     same = intervene(lm, g, ds, [node_id(g, i)], factor=1.0)
-    assert torch.equal(same.real, torch.zeros_like(same.real))
+    assert_same_computation(same.real, torch.zeros_like(same.real),
+                            why="a factor of 1 leaves the run as it was: the same operations")
     assert not same.direct.any() and not same.frozen_total.any()
 
 
@@ -179,7 +184,8 @@ def test_save_and_load_round_trip(tmp_path):
     lm, ds, g = _graph("llama")
     res = intervene(lm, g, ds, [node_id(g, _last_block_feature(g))], factor=0.0)
     back = GraphIntervention.load(res.save(tmp_path / "r.safetensors"))
-    assert torch.equal(back.real, res.real) and back.nodes == res.nodes and back.to_dict() == res.to_dict()
+    assert back.nodes == res.nodes
+    assert_same_computation((back.real, back.to_dict()), (res.real, res.to_dict()), why="saved and read back")
 
 
 def test_bad_input_is_a_one_line_error():

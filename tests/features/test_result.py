@@ -11,6 +11,7 @@ from lenscope.features.result import FeatureActivations, active_features
 from lenscope.models.dictionary import Dictionary
 from lenscope.models.engine import capture
 from tests.conftest import get_model
+from tests.tolerances import assert_same_ints
 
 TEXT = "The cat sat on the mat because it was warm"
 
@@ -25,7 +26,7 @@ def test_active_features_are_the_dictionarys_latents(tmp_path):
     cap = capture(lm, ids, ["resid_post.1", "ln_mlp.out.0"])
     for j, (D, site) in enumerate([(D1, "resid_post.1"), (D2, "ln_mlp.out.0")]):
         z = D.encode(cap[site][0].float())
-        assert torch.equal(fa.l0[j], (z > 0).sum(-1))
+        assert_same_ints(fa.l0[j], (z > 0).sum(-1))
         for p in range(ids.shape[1]):
             want = sorted(((float(v), i) for i, v in enumerate(z[p].tolist()) if v > 0), reverse=True)[:8]
             got = [(v, i) for _, i, v in fa.active(p, D.site)]
@@ -36,6 +37,7 @@ def test_active_features_are_the_dictionarys_latents(tmp_path):
     assert len(df) == int((fa.ids >= 0).sum()) and set(df.site) <= {"resid_post.1", "mlp_out.0"}
     fa.save(tmp_path / "f.safetensors")
     back = FeatureActivations.load(tmp_path / "f.safetensors")
-    assert torch.equal(back.ids, fa.ids) and back.tokens == fa.tokens and back.sites == fa.sites
+    assert_same_ints(back.ids, fa.ids)
+    assert back.tokens == fa.tokens and back.sites == fa.sites
     with pytest.raises(InputError, match="no dictionary"):
         active_features(lm, TEXT, [])

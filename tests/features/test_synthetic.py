@@ -20,6 +20,7 @@ from lenscope.features.synthetic import (
     zipf_frequencies,
 )
 from lenscope.models.dictionary import Dictionary
+from tests.tolerances import assert_same_computation
 
 N = 40_000
 
@@ -34,11 +35,12 @@ def test_zipf_frequencies_follow_the_law_and_sum_to_l0():
     assert math.isclose(float(p.sum()), 5.0, rel_tol=1e-12)
     ratio = p[:-1] / p[1:]
     expected = (torch.arange(2, 51, dtype=torch.float64) / torch.arange(1, 50, dtype=torch.float64)).pow(1.2)
-    assert float(p[0]) == 1.0  # capped (5 / H_50(1.2) > 1); the rest keep the law
+    assert_same_computation(float(p[0]), 1.0, why="capped (5 / H_50(1.2) > 1): the constant 1")  # the rest keep the law
     assert torch.allclose(ratio[1:], expected[1:], rtol=1e-12)
     # a frequency above 1 is capped and the rest renormalised, still summing to l0
     q = zipf_frequencies(10, 6.0, exponent=2.0)
-    assert float(q.max()) == 1.0 and math.isclose(float(q.sum()), 6.0, rel_tol=1e-12)
+    assert_same_computation(float(q.max()), 1.0, why="capped: the constant 1")
+    assert math.isclose(float(q.sum()), 6.0, rel_tol=1e-12)
     assert bool((q[:-1] >= q[1:]).all())
 
 
@@ -83,7 +85,8 @@ def test_activations_are_codes_times_directions_plus_noise(data):
 def test_reproducible_and_checked():
     a = make_synthetic(100, d=8, n_features=16, l0=2.0, seed=1)
     b = make_synthetic(100, d=8, n_features=16, l0=2.0, seed=1)
-    assert torch.equal(a.activations, b.activations) and torch.equal(a.codes, b.codes)
+    assert_same_computation(a.activations, b.activations, why="the same seed, the same calls")
+    assert_same_computation(a.codes, b.codes, why="the same seed, the same calls")
     with pytest.raises(InputError, match="superposition"):
         make_synthetic(10, d=16, n_features=16)
     with pytest.raises(InputError, match="L0"):
@@ -151,10 +154,11 @@ def test_recovery_of_a_dictionary_made_of_the_true_features(data):
 def test_save_activations_reads_back(tmp_path, data):
     p = save_activations(tmp_path / "syn.safetensors", data.activations[:100], directions=data.directions)
     t = load_file(str(p))
-    assert torch.equal(t["activations"], data.activations[:100])
-    assert torch.equal(t["directions"], data.directions)
+    assert_same_computation(t["activations"], data.activations[:100], why="saved and read back")
+    assert_same_computation(t["directions"], data.directions, why="saved and read back")
     pairs = torch.randn(5, 2, 3)
-    assert torch.equal(load_file(str(save_activations(tmp_path / "p.safetensors", pairs)))["activations"], pairs)
+    assert_same_computation(load_file(str(save_activations(tmp_path / "p.safetensors", pairs)))["activations"], pairs,
+                            why="saved and read back")
     with pytest.raises(InputError):
         save_activations(tmp_path / "bad.safetensors", torch.randn(5, 3, 3))
 

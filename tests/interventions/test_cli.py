@@ -10,7 +10,7 @@ from lenscope.interventions import activation_patching
 from lenscope.models.load import encode, resolve_token
 
 from ..conftest import get_model
-from ..tolerances import logit_diff_scale, pass_rounding
+from ..tolerances import assert_same_computation, logit_diff_scale, pass_rounding
 
 runner = CliRunner()
 CLEAN, CORRUPT = "The capital of France is", "The capital in France is"
@@ -110,10 +110,12 @@ def test_neurons_json_and_table(tmp_path):
     for k in ("p_base", "p_suppressed", "p_amplified", "p_control_suppressed", "p_control_amplified"):
         assert d[k] == pytest.approx(getattr(ref, k), rel=1e-6), k
     assert {"layer", "index", "score"} <= set(d["neurons"][0])
-    assert d["suppress"] == {"before": d["p_base"], "after": d["p_suppressed"]}
-    assert d["amplify"] == {"before": d["p_base"], "after": d["p_amplified"]}
-    assert d["random_control"]["before"] == d["p_base"]
-    assert d["random_control"]["after"] == d["p_control_suppressed"]
+    rc = d["random_control"]
+    assert_same_computation((d["suppress"], d["amplify"], rc["before"], rc["after"]),
+                            ({"before": d["p_base"], "after": d["p_suppressed"]},
+                             {"before": d["p_base"], "after": d["p_amplified"]},
+                             d["p_base"], d["p_control_suppressed"]),
+                            why="the same probabilities, copied into each block")
     assert (tmp_path / "n.png").stat().st_size > 5000
     r2 = run("neurons", CLEAN, "--model", "tiny:gemma3", "--steps", "2", "--max-neurons", "2")
     assert r2.exit_code == 0, r2.output

@@ -10,6 +10,7 @@ from lenscope.models.families import family_for
 from lenscope.models.load import encode, resolve_token
 
 from ..conftest import get_model
+from ..tolerances import assert_same_ints
 
 PROMPT = "The capital of France is"
 
@@ -143,7 +144,8 @@ def test_files_and_errors(tmp_path):
     res = knowledge_neurons(lm, PROMPT, steps=4, max_neurons=3)
     assert len(res.neurons) <= 3
     back = KnowledgeNeurons.load(res.save(tmp_path / "k.safetensors"))
-    assert torch.equal(back.neurons, res.neurons) and back.target == res.target
+    assert_same_ints(back.neurons, res.neurons)
+    assert back.target == res.target
     d = res.to_dict()
     assert {"neurons", "p_base", "p_suppressed", "p_amplified", "p_control_suppressed"} <= set(d)
     assert len(res.to_frame()) == len(res.neurons)

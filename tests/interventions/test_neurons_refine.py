@@ -3,7 +3,6 @@ prompts share them; one prompt gives knowledge_neurons' own set and probabilitie
 edit of the same units."""
 
 import pytest
-import torch
 
 from lenscope.errors import InputError
 from lenscope.interventions import knowledge_neurons, refined_knowledge_neurons
@@ -11,6 +10,7 @@ from lenscope.interventions.neurons import _edit_probs
 from lenscope.models.load import encode, resolve_token
 
 from ..conftest import get_model
+from ..tolerances import assert_same_computation, assert_same_ints
 
 PROMPTS = ["The capital of France is", "France has its capital in the city of", "The French capital is"]
 
@@ -57,8 +57,10 @@ def test_files_and_errors(tmp_path):
     from lenscope.interventions import RefinedNeurons
 
     back = RefinedNeurons.load(r.save(tmp_path / "r.safetensors"))
-    assert torch.equal(back.neurons, r.neurons) and back.prompts == r.prompts
-    assert r.to_dict()["share"] == 0.5 and "RefinedNeurons(" in repr(r)
+    assert_same_ints(back.neurons, r.neurons)
+    assert back.prompts == r.prompts
+    assert_same_computation(r.to_dict()["share"], 0.5, why="the option, copied")
+    assert "RefinedNeurons(" in repr(r)
     with pytest.raises(InputError):
         refined_knowledge_neurons(lm, [], " capital")
     with pytest.raises(InputError):

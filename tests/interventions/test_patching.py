@@ -10,7 +10,7 @@ from lenscope.models.families import family_for
 from lenscope.models.load import encode, resolve_token
 
 from ..conftest import DECODERS, get_model, module_output, with_module_output
-from ..tolerances import logit_diff_scale, pass_rounding
+from ..tolerances import assert_same_computation, logit_diff_scale, pass_rounding
 
 CLEAN = "The capital of France is"
 CORRUPT = "The capital in France is"  # one token differs in the tiny tokenizer (checked below)
@@ -171,7 +171,7 @@ def test_head_position_and_prob_metric():
     lm = get_model("tiny:llama")
     r = activation_patching(lm, CLEAN, CORRUPT, " capital", what="heads", metric="prob", head_position=-1)
     assert r.head_position == len(r.tokens) - 1 and r.values.shape == (2, 4)
-    assert torch.equal(r.values, r.raw)
+    assert_same_computation(r.values, r.raw, why="the probability metric: values are raw, copied")
     # by plain hooks: the target's probability in the corrupted run with one head's input to the output
     # projection at the last position taken from the clean run (denoising); float32 softmax of the same passes
     tid = resolve_token(lm, " capital")
@@ -226,11 +226,13 @@ def test_result_save_load_frame_plot(tmp_path):
     lm = get_model("tiny:qwen2")
     r = activation_patching(lm, CLEAN, CORRUPT, " capital", " of", what="mlp")
     back = PatchingResult.load(r.save(tmp_path / "p.safetensors"))
-    assert torch.equal(back.values, r.values) and back.tokens == r.tokens and back.what == "mlp"
+    assert_same_computation(back.values, r.values, why="saved and read back")
+    assert back.tokens == r.tokens and back.what == "mlp"
     df = r.to_frame()
     assert len(df) == r.values.numel() and set(df.columns) >= {"layer", "pos", "token", "value"}
     d = r.to_dict()
-    assert d["values"] == r.values.tolist() and d["axes"] == ["layer", "pos"]
+    assert_same_computation(d["values"], r.values.tolist(), why="the values, copied into the dict")
+    assert d["axes"] == ["layer", "pos"]
     fig = r.plot()
     from lenscope.viz.plots import save_figure
 

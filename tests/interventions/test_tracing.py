@@ -12,6 +12,7 @@ from lenscope.models.load import encode, resolve_token
 from lenscope.models.sites import PART_SITES
 
 from ..conftest import get_model, module_output, with_module_output
+from ..tolerances import assert_same_computation
 
 PROMPT = "The capital of France is"
 
@@ -158,11 +159,14 @@ def test_seeded_default_target_and_files(tmp_path):
     a = causal_trace(lm, PROMPT, "France", samples=2, seed=1)
     b = causal_trace(lm, PROMPT, "France", samples=2, seed=1)
     c = causal_trace(lm, PROMPT, "France", samples=2, seed=2)
-    assert torch.equal(a.resid, b.resid) and not torch.equal(a.resid, c.resid)
+    assert_same_computation(a.resid, b.resid, why="the same seed, the same calls")
+    # another seed, other noise: apart by far more than rounding (1.4e-4 here, with entries up to 7e-5)
+    assert float((a.resid - c.resid).abs().max()) > 1e-3 * float(a.resid.abs().max())
     probs = lm.model(input_ids=encode(lm, PROMPT)[None]).logits[0, -1].softmax(-1)
     assert a.target_id == int(probs.argmax())
     back = CausalTrace.load(a.save(tmp_path / "t.safetensors"))
-    assert torch.equal(back.mlp, a.mlp) and back.subject_positions == a.subject_positions
+    assert_same_computation(back.mlp, a.mlp, why="saved and read back")
+    assert back.subject_positions == a.subject_positions
     d = a.to_dict()
     for k in ("tokens", "subject_positions", "p_clean", "p_corrupted", "resid", "mlp", "attn"):
         assert k in d

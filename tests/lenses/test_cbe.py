@@ -23,7 +23,7 @@ from lenscope.lenses.cbe import (
 )
 from lenscope.models.families import family_for
 from tests.conftest import get_model, tiny_with_layers
-from tests.tolerances import U32
+from tests.tolerances import U32, assert_same_computation
 
 TEXT = ("When Mary and John went to the store, John gave a drink to Mary. The capital of France is Paris. "
         "The keys to the cabinet are on the table. ") * 6
@@ -338,7 +338,7 @@ def test_causal_basis_result_roundtrip_and_fields(tmp_path):
     assert len(d["sigma"]) == len(d["model_sigma"]) == len(d["pca_sigma"]) == 3
     json.dumps(d)
     back = CausalBasis.load(res.save(tmp_path / "cbe.safetensors"))
-    assert torch.equal(back.vectors, res.vectors) and back.to_dict() == d
+    assert_same_computation((back.vectors, back.to_dict()), (res.vectors, d), why="saved and read back")
     assert list(res.to_frame().columns) == ["sigma", "model_sigma", "pca_sigma", "pca_variance"]
     assert res.plot().axes
     assert fidelity_spearman([res, res]) == pytest.approx(res.fidelity_spearman)

@@ -24,6 +24,7 @@ from lenscope.lenses.depth import (
 from lenscope.lenses.trajectory import prediction_trajectory
 from lenscope.models.trace import residual_states
 from tests.conftest import get_model, tiny_with_layers
+from tests.tolerances import assert_same_computation, assert_same_ints
 
 TEXT = "When Mary and John went to the store, John gave a drink to Mary. The capital of France is"
 CORPUS = ("When Mary and John went to the store, John gave a drink to Mary.\n"
@@ -78,10 +79,10 @@ def test_bf16_top1_is_the_float32_argmax(name):
     for layer in range(lm.anatomy.n_layers + 1):
         h = states[layer].flatten(0, 1)
         exact = lens.logits(h, layer).argmax(-1)
-        assert torch.equal(lens_top1(lm, lens, h, layer), exact)
-        assert torch.equal(lens_top1(lm, lens, h, layer, exact=True), exact)
+        assert_same_ints(lens_top1(lm, lens, h, layer), exact)
+        assert_same_ints(lens_top1(lm, lens, h, layer, exact=True), exact)
         # without the candidate shortcut every row goes through the float32 check
-        assert torch.equal(lens_top1(lm, lens, h, layer, candidates=1), exact)
+        assert_same_ints(lens_top1(lm, lens, h, layer, candidates=1), exact)
 
 
 def test_top1_ties_go_to_the_lowest_token_id():
@@ -95,7 +96,7 @@ def test_top1_ties_go_to_the_lowest_token_id():
         lens = LogitLens(lm.anatomy)
         exact = lens.logits(h, 0).argmax(-1)
         assert (exact != 7).all()
-        assert torch.equal(lens_top1(lm, lens, h, 0), exact)
+        assert_same_ints(lens_top1(lm, lens, h, 0), exact)
     finally:
         with torch.no_grad():
             W.copy_(saved)
@@ -130,7 +131,7 @@ def test_loss_is_the_models_cross_entropy():
     want = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten(), reduction="none")
     assert torch.allclose(loss[:, :-1].flatten(), want, atol=1e-4)
     assert torch.isnan(loss[:, -1]).all()
-    assert torch.equal(top, logits.argmax(-1))
+    assert_same_ints(top, logits.argmax(-1))
 
 
 def test_corpus_stats_spearman_and_never_settled():
@@ -162,13 +163,13 @@ def test_results_roundtrip_and_plots(tmp_path):
     res = text_depths(lm, TEXT)["logit"]
     assert isinstance(res, TokenDepths)
     back = TokenDepths.load(res.save(tmp_path / "d.safetensors"))
-    assert back.to_dict() == res.to_dict()
+    assert_same_computation(back.to_dict(), res.to_dict(), why="saved and read back")
     assert list(res.to_frame().columns) == ["token", "prediction", "depth", "loss"]
     assert res.plot().axes
     ids = token_sequences(lm, CORPUS, 32, max_tokens=64)
     st = corpus_depths(lm, ids, {"tuned": perturbed_lens(lm), "logit": LogitLens(lm.anatomy)})
     back = DepthStats.load(st["tuned"].save(tmp_path / "s.safetensors"))
-    assert back.to_dict() == st["tuned"].to_dict()
+    assert_same_computation(back.to_dict(), st["tuned"].to_dict(), why="saved and read back")
     assert st["tuned"].plot([st["logit"]]).axes
 
 
@@ -238,4 +239,4 @@ def test_smollm2_depth(smollm2):
     assert all(x is None or 0 <= x < 30 for x in d["depth"])
     h = residual_states(smollm2, token_sequences(smollm2, CORPUS, 64, max_tokens=128))["states"][20].flatten(0, 1)
     lens = LogitLens(smollm2.anatomy)
-    assert torch.equal(lens_top1(smollm2, lens, h, 20), lens.logits(h, 20).argmax(-1))
+    assert_same_ints(lens_top1(smollm2, lens, h, 20), lens.logits(h, 20).argmax(-1))

@@ -23,7 +23,7 @@ from lenscope.lenses.evaluate import prediction_depth
 from lenscope.lenses.training.objective import chunks, kl_backward
 from lenscope.models.trace import residual_states
 from tests.conftest import get_model
-from tests.tolerances import kl_tol
+from tests.tolerances import assert_close_nested, assert_same_computation, kl_tol
 
 TEXT = ("When Mary and John went to the store, John gave a drink to Mary. The capital of France is Paris. "
         "The keys to the cabinet are on the table. ") * 6
@@ -58,14 +58,14 @@ def test_tuned_lens_starts_as_identity_and_batches_like_single_layers():
     lm = get_model("tiny:gpt2")
     lens = TunedLens(lm.anatomy)
     h = torch.randn(lm.anatomy.n_layers + 1, 5, lm.anatomy.d_model)
-    assert torch.equal(lens.transform_all(h), h)
+    assert_same_computation(lens.transform_all(h), h, why="an identity lens: h + h @ 0 + 0 is h")
     with torch.no_grad():
         lens.A.normal_(0, 0.1)
         lens.b.normal_(0, 0.1)
     batched = lens.transform_all(h)
     for i in range(h.shape[0]):
         assert torch.allclose(batched[i], lens.transform(h[i], i), atol=1e-5)
-    assert torch.equal(batched[-1], h[-1])  # the output state is never translated
+    assert_same_computation(batched[-1], h[-1], why="the output state, copied")  # the output state is never translated
 
 
 def _brute_kl(lm, lens, states, final_logits):
@@ -160,7 +160,8 @@ def test_a_state_that_gets_worse_goes_back_and_then_backs_off(patience):
     opt = torch.optim.AdamW([lens.A, lens.b])
     sel = BestPerState(lm, lens, sequences(lm)[:2], bf16=False, backoff=0.5, patience=patience)
     sel.update(lens, opt, 0)
-    assert torch.equal(sel.kl, sel.identity_kl) and bool((sel.kl > 0).all())
+    assert_same_computation(sel.kl, sel.identity_kl, why="the identity lens's own KL, kept as its best")
+    assert bool((sel.kl > 0).all())
     g = torch.Generator().manual_seed(0)
     for check in (1, 2):
         with torch.no_grad():  # wreck state 0's translator, nudge nothing else
@@ -168,7 +169,7 @@ def test_a_state_that_gets_worse_goes_back_and_then_backs_off(patience):
         sel.update(lens, opt, check)
         assert not lens.A[0].any()  # went back to its best: the identity
         expected = 0.5 ** (check // patience)
-        assert float(sel.lr_scale[0]) == expected
+        assert_same_computation(float(sel.lr_scale[0]), expected, why="halvings: powers of two, exact")
     assert int(sel.step[0]) == 0
 
 
@@ -184,8 +185,10 @@ def test_resume_gives_the_same_result(tmp_path, optimizer):
     resumed = train_tuned_lens(lm, seqs, s, out=tmp_path, resume=True, progress=False)
     assert resumed.training_info["steps"] == 8
     assert torch.allclose(resumed.A, straight.A, atol=1e-6) and torch.allclose(resumed.b, straight.b, atol=1e-6)
-    assert resumed.training_info["selection"] == straight.training_info["selection"]
-    assert not torch.equal(straight.A, torch.zeros_like(straight.A))
+    # the validation KLs, kept to 4 decimals, of weights within 1e-6: a value at a rounding boundary may land one
+    # step (1e-4) to either side
+    assert_close_nested(resumed.training_info["selection"], straight.training_info["selection"], 1e-4)
+    assert float(straight.A.abs().max()) > 1e-3  # trained: AdamW moves each entry by about its rate per step
     assert (tmp_path / "config.json").exists()
     with pytest.raises(lenscope.InputError, match="settings differ"):
         train_tuned_lens(lm, seqs, TrainSettings(tokens=999, seq_len=32, batch_size=2, checkpoint_every=3),
@@ -204,7 +207,8 @@ def test_lens_files_round_trip_and_refuse_the_wrong_model(tmp_path):
     cfg = json.loads((tmp_path / "lens" / "config.json").read_text())
     assert cfg["model"] == "tiny:qwen2" and cfg["fingerprint"] and cfg["n_layers"] == 2
     back = TunedLens.load(tmp_path / "lens", lm)
-    assert torch.equal(back.A, lens.A) and torch.equal(back.b, lens.b)
+    assert_same_computation(back.A, lens.A, why="saved and read back")
+    assert_same_computation(back.b, lens.b, why="saved and read back")
     with pytest.raises(lenscope.InputError, match="trained on 'tiny:qwen2'"):
         TunedLens.load(tmp_path / "lens", get_model("tiny:llama"))
     (tmp_path / "lens" / "params.safetensors").write_bytes(b"\x00garbage")
@@ -263,7 +267,8 @@ def test_evaluation_metrics_by_hand():
     assert float(ev.kl[1]) == pytest.approx(float((logp.exp() * (logp - logq)).sum(-1).mean()), abs=tol)
     assert float(ev.ce[1]) == pytest.approx(float(-logq.gather(-1, seqs[0, 1:, None]).mean()), rel=1e-4)
     assert float(ev.entropy[1]) == pytest.approx(float(-(logq.exp() * logq).sum(-1).mean()), rel=1e-4)
-    assert float(ev.top1[-1]) == 1.0 and ev.n_tokens == seqs.shape[1] - 1
+    assert_same_computation(float(ev.top1[-1]), 1.0, why="every token agrees: a mean of ones")
+    assert ev.n_tokens == seqs.shape[1] - 1
     assert ev.depth_hist.sum() == ev.n_tokens
     d = ev.to_dict()
     assert {"layer", "kl", "ce", "entropy", "top1_agreement"} <= set(d["layers"][0]) and "mean_kl" in d

@@ -15,6 +15,7 @@ from lenscope.lenses.depth import text_depths
 from lenscope.models.engine import Edit, run
 from lenscope.models.trace import residual_states
 from tests.conftest import ENCODERS, get_model, tiny_with_layers
+from tests.tolerances import assert_same_computation, assert_same_ints
 
 TEXT = ("When Mary and John went to the store, John gave a drink to Mary. The capital of France is Paris. "
         "The keys to the cabinet are on the table. ") * 4
@@ -81,7 +82,8 @@ def test_output_state_is_the_readout_and_equals_the_model(tiny_decoder):
     lens = PatchscopeLens(lm)
     assert lens.target(L) == L
     out = lens.logits(cap["states"][L, 0], L)
-    assert torch.equal(out, LogitLens(lm.anatomy).logits(cap["states"][L, 0], L))
+    assert_same_computation(out, LogitLens(lm.anatomy).logits(cap["states"][L, 0], L),
+                            why="at the output state the patchscope lens is the logit lens")
     assert (out - cap["logits"][0].float()).abs().max() < 1e-4
 
 
@@ -93,7 +95,8 @@ def test_all_pairs_batched_equal_one_state_at_a_time_and_chunking_changes_nothin
     one_by_one = torch.stack([lens.transform(h[i], i) for i in range(L + 1)])
     batched = lens.transform_all(h)
     assert torch.allclose(batched, one_by_one, atol=1e-5)
-    assert torch.equal(batched[L], h[L])  # the output state is not run through any block
+    assert_same_computation(batched[L], h[L],
+                            why="the output state, copied")  # the output state is not run through any block
     tiny_chunks = PatchscopeLens(lm, memory_mb=1e-3)  # one row per chunk
     assert tiny_chunks._rows_per_chunk() == 1
     assert torch.allclose(tiny_chunks.transform_all(h), batched, atol=1e-5)
@@ -193,7 +196,7 @@ def test_trajectory_and_depth_read_the_lens():
     ids = lenscope_encode(lm, text)
     states = residual_states(lm, ids[None])["states"][:, 0]
     for layer in range(lm.anatomy.n_layers + 1):
-        assert torch.equal(t.top_ids[layer], lens.logits(states[layer], layer).argmax(-1))
+        assert_same_ints(t.top_ids[layer], lens.logits(states[layer], layer).argmax(-1))
     deps = text_depths(lm, text, {"logit": LogitLens(lm.anatomy), "patchscope": lens})
     assert set(deps) == {"logit", "patchscope"}
     assert deps["patchscope"].depth.shape == deps["logit"].depth.shape
@@ -263,4 +266,4 @@ def test_smollm2_equals_the_brute_force(smollm2):
         # the logits' scale per block, so 1e-5 (84 eps32) of the largest logit; measured at most 2.6e-6 of it
         # (7.5e-5 absolute) with the default and the AVX2 kernels
         assert (got - ref).abs().max() < 1e-5 * ref.abs().max(), (state, block)
-        assert torch.equal(got.argmax(-1), ref.argmax(-1))
+        assert_same_ints(got.argmax(-1), ref.argmax(-1))

@@ -16,7 +16,7 @@ from lenscope.viz.html import script_json, trajectory_html
 from lenscope.viz.lens_plots import plot_lens_evaluation, plot_trajectories, plot_trajectory, show_token
 from lenscope.viz.plots import save_figure
 from tests.conftest import get_model
-from tests.tolerances import kl_tol
+from tests.tolerances import assert_same_computation, assert_same_ints, kl_tol
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
 FAMILIES = ["tiny:llama", "tiny:gpt2", "tiny:gemma3", "tiny:gpt-neox", "tiny:bert"]
@@ -46,7 +46,7 @@ def test_output_state_is_the_model(name):
     tr = lenscope.trace(lm, TEXT)
     probs = torch.softmax(tr.logits.double(), -1)
     assert traj.kl[-1].abs().max() < 1e-5
-    assert torch.equal(traj.top_ids[-1], tr.logits.argmax(-1))
+    assert_same_ints(traj.top_ids[-1], tr.logits.argmax(-1))
     assert torch.allclose(traj.top_prob[-1].double(), probs.max(-1).values, atol=1e-5)
     assert torch.allclose(traj.entropy[-1].double(), -(probs * probs.log()).sum(-1), atol=1e-4)
     assert traj.tokens == tr.tokens
@@ -68,8 +68,8 @@ def test_every_cell_by_hand(name):
             h = h + h @ lens.A[layer].detach() + lens.b[layer].detach()
         q, ent, kl = by_hand(lm, h, final)
         top_p, top_i = q.topk(4, dim=-1)
-        assert torch.equal(traj.topk_ids[layer], top_i)
-        assert torch.equal(traj.top_ids[layer], top_i[:, 0])
+        assert_same_ints(traj.topk_ids[layer], top_i)
+        assert_same_ints(traj.top_ids[layer], top_i[:, 0])
         assert torch.allclose(traj.topk_prob[layer].double(), top_p, atol=1e-6)
         assert torch.allclose(traj.top_prob[layer].double(), top_p[:, 0], atol=1e-6)
         assert torch.allclose(traj.entropy[layer].double(), ent, atol=1e-4)
@@ -93,14 +93,14 @@ def test_logit_and_tuned_lens_differ_below_the_output():
     for s in range(L):
         assert (logit.kl[s] - tuned.kl[s]).abs().max() > 1e-3
         assert (logit.entropy[s] - tuned.entropy[s]).abs().max() > 1e-5  # tiny models are near-uniform
-    assert not torch.equal(logit.topk_ids[:L], tuned.topk_ids[:L])
+    assert bool((logit.topk_ids[:L] != tuned.topk_ids[:L]).any())
     # the output state is never translated
-    assert torch.equal(logit.top_ids[L], tuned.top_ids[L])
+    assert_same_ints(logit.top_ids[L], tuned.top_ids[L])
     assert torch.allclose(logit.kl[L], tuned.kl[L])
     # an identity tuned lens is the logit lens
     same = prediction_trajectory(lm, TEXT, TunedLens(lm.anatomy), name="identity")
     assert same.lens == "identity"
-    assert torch.equal(same.top_ids, logit.top_ids)
+    assert_same_ints(same.top_ids, logit.top_ids)
     assert torch.allclose(same.kl, logit.kl, atol=1e-6)
 
 
@@ -139,14 +139,14 @@ def test_mid_states_interleave(name):
     assert traj.state_labels == expected + [str(L)]
     assert traj.n_states == 2 * L + 1 and traj.has_mid and traj.n_layers == L
     regular = [traj.state_labels.index(str(i)) for i in range(L + 1)]
-    assert torch.equal(traj.top_ids[regular], plain.top_ids)
+    assert_same_ints(traj.top_ids[regular], plain.top_ids)
     assert torch.allclose(traj.kl[regular], plain.kl, atol=1e-6)
     # mid states are read with the identity (no translator), even with a tuned lens
     cap = residual_states(lm, encode(lm, TEXT)[None], mid=True)
     for i in range(L):
         q, ent, kl = by_hand(lm, cap["mid"][i, 0], cap["logits"][0])
         row = traj.state_labels.index(f"{i}.mid")
-        assert torch.equal(traj.top_ids[row], q.argmax(-1))
+        assert_same_ints(traj.top_ids[row], q.argmax(-1))
         assert torch.allclose(traj.entropy[row].double(), ent, atol=1e-4)
         assert torch.allclose(traj.kl[row].double(), kl.clamp_min(0), atol=1e-4)
     # a mid state is not its neighbours
@@ -175,7 +175,7 @@ def test_save_load_round_trip(tmp_path):
     for f in dataclasses.fields(traj):
         a, b = getattr(traj, f.name), getattr(back, f.name)
         if isinstance(a, torch.Tensor):
-            assert a.dtype == b.dtype and torch.equal(a, b), f.name
+            assert_same_computation(a, b, why=f"saved and read back ({f.name})")
         else:
             assert a == b, f.name
     assert back.topk_tokens[3][5] == traj.topk_tokens[3][5] and len(back.topk_tokens[3][5]) == 2
@@ -201,8 +201,9 @@ def test_to_frame_and_to_dict():
     assert d["state_labels"] == traj.state_labels and d["tokens"] == traj.tokens and d["k"] == 5
     assert d["topk_tokens"][s][4] == traj.topk_tokens[s][4]
     assert d["kl"][s][4] == pytest.approx(float(traj.kl[s, 4]))
-    assert traj.to_dict(digits=2)["entropy"][0][0] == round(float(traj.entropy[0, 0]), 2)
-    assert torch.equal(traj.values("prob"), traj.top_prob)
+    assert_same_computation(traj.to_dict(digits=2)["entropy"][0][0], round(float(traj.entropy[0, 0]), 2),
+                            why="the same value rounded the same way")
+    assert_same_computation(traj.values("prob"), traj.top_prob, why="the same tensor, by its name")
     with pytest.raises(lenscope.InputError, match="value must be"):
         traj.values("loss")
 
@@ -278,6 +279,9 @@ def test_show_token():
     assert show_token("abcdefghij", 5) == "abcd…"
 
 
+PLOTTED = "the values drawn as given: a copy"
+
+
 def test_plot_lens_evaluation(tmp_path):
     def ev(name, kl):
         n = len(kl)
@@ -288,20 +292,22 @@ def test_plot_lens_evaluation(tmp_path):
     fig = plot_lens_evaluation(tuned, logit)
     ax = fig.axes[0]
     assert [t.get_text().split(" ")[0] for t in ax.get_legend().get_texts()] == ["tuned", "logit"]
-    assert [list(line.get_ydata()) for line in ax.lines] == [[1.0, 0.5, 0.0], [4.0, 2.0, 0.0]]
+    assert_same_computation([list(line.get_ydata()) for line in ax.lines], [[1.0, 0.5, 0.0], [4.0, 2.0, 0.0]],
+                            why=PLOTTED)
     fig = tuned.plot(logit)  # LensEvaluation.plot goes through the same function
     assert len(fig.axes[0].lines) == 2
     fig = plot_lens_evaluation(tuned, logit, log=True)
     ax = fig.axes[0]
     assert ax.get_yscale() == "log"
-    assert [list(line.get_ydata()) for line in ax.lines] == [[1.0, 0.5], [4.0, 2.0]]  # the zero is left out
+    # the zero is left out
+    assert_same_computation([list(line.get_ydata()) for line in ax.lines], [[1.0, 0.5], [4.0, 2.0]], why=PLOTTED)
     assert save_figure(fig, tmp_path / "ev.png").stat().st_size > 5_000
     with pytest.raises(lenscope.InputError, match="metric"):
         plot_lens_evaluation(tuned, metric="loss")
     patch = ev("patchscope", [2.0, 1.0, 0.0])
     fig = plot_lens_evaluation(tuned, [logit, patch])  # several others: one curve each, in order
-    assert [list(line.get_ydata()) for line in fig.axes[0].lines] == [[1.0, 0.5, 0.0], [4.0, 2.0, 0.0],
-                                                                      [2.0, 1.0, 0.0]]
+    assert_same_computation([list(line.get_ydata()) for line in fig.axes[0].lines],
+                            [[1.0, 0.5, 0.0], [4.0, 2.0, 0.0], [2.0, 1.0, 0.0]], why=PLOTTED)
 
 
 # ---------------------------------------------------------------------------------------------- HTML
@@ -368,7 +374,7 @@ def test_html_single_and_default_title(tmp_path):
     # to_html, the notebook view and lenscope.show write one page: the same view with the same data
     from lenscope.viz import notebook
 
-    assert _section(notebook.view(traj).page) == _section(page)
+    assert_same_computation(_section(notebook.view(traj).page), _section(page), why="one view of the same data")
     with pytest.raises(lenscope.InputError):
         trajectory_html([], tmp_path / "none.html")
 
@@ -384,7 +390,8 @@ def test_logit_lens_object_is_default():
     lm = get_model("tiny:opt")
     a = prediction_trajectory(lm, TEXT)
     b = prediction_trajectory(lm, TEXT, LogitLens(lm.anatomy))
-    assert torch.equal(a.top_ids, b.top_ids) and torch.equal(a.kl, b.kl)
+    assert_same_ints(a.top_ids, b.top_ids)
+    assert_same_computation(a.kl, b.kl, why="the logit lens either way: the same calls")
 
 
 def test_trajectory_from_a_trace_equals_a_fresh_run():
@@ -397,7 +404,7 @@ def test_trajectory_from_a_trace_equals_a_fresh_run():
         assert a.tokens == b.tokens and a.top_tokens == b.top_tokens
         for key in ("top_prob", "entropy", "kl", "topk_prob"):
             torch.testing.assert_close(getattr(a, key), getattr(b, key), atol=1e-5, rtol=1e-5)
-        assert torch.equal(a.top_ids, b.top_ids)
+        assert_same_ints(a.top_ids, b.top_ids)
 
 
 def test_trajectory_in_small_chunks_equals_one_chunk(monkeypatch):
@@ -415,4 +422,4 @@ def test_trajectory_in_small_chunks_equals_one_chunk(monkeypatch):
     tol = {"entropy": 2 * kl_tol(lm.anatomy.vocab_size, z_max), "kl": 2 * kl_tol(lm.anatomy.vocab_size, z_max)}
     for key in ("top_prob", "entropy", "kl", "topk_prob"):
         torch.testing.assert_close(getattr(whole, key), getattr(parts, key), atol=tol.get(key, 1e-6), rtol=1e-6)
-    assert torch.equal(whole.topk_ids, parts.topk_ids)
+    assert_same_ints(whole.topk_ids, parts.topk_ids)

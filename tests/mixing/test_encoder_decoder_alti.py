@@ -100,4 +100,6 @@ def test_alti_logit_redistributes_the_logit_parts(name):
     torch.testing.assert_close(e.layer_scores.sum(-1), lg.layer_scores.sum(-1), rtol=0, atol=1e-5 * size)
     assert e.invariant_error <= 1e-5
     # the source tokens get a share through the cross-attention and through the decoder's states, which read it
-    assert float(e.source_scores.abs().sum()) > 0 and not torch.equal(e.scores, lg.scores)
+    # and ALTI-Logit's redistribution moves the scores by far more than rounding (measured >= 0.3% of the largest)
+    assert float(e.source_scores.abs().sum()) > 0
+    assert float((e.scores - lg.scores).abs().max()) > 1e-3 * float(lg.scores.abs().max())

@@ -22,10 +22,15 @@ from lenscope.models.families import family_for
 from lenscope.models.trace import residual_states
 from lenscope.models.verify import LOGIT_TOL, RESID_TOL, tolerances
 from tests.conftest import DECODERS, TINY, get_model
+from tests.tolerances import assert_same_computation
 
 TEXT = "The capital of France is Paris, and Berlin"
 TRACED = ("embed", "resid_pre", "resid_mid", "resid_post", "attn_out", "attn_write", "mlp_out", "mlp_write",
           "pattern", "mlp_pre", "mlp_up", "ln_final.in", "ln_final.out", "logits", "positions")
+# the exact comparisons below (tests.tolerances.assert_same_computation): a split model runs the same operations on
+# the same CPU, its weights the same values in the same layout, only placed (and brought in) by accelerate
+SPLIT = "the same forward on the same CPU: the split only places the weights"
+VIEWS = "the same float32 conversion of the same bfloat16 weights, at load or at each use"
 
 
 def split_map(model, disk_blocks=(1,), other="cpu", disk_modules=()) -> dict:
@@ -74,16 +79,17 @@ def test_split_model_same_trace_and_verify(family):
     for a, b in zip(lm0.anatomy.layers, lm.anatomy.layers):
         for x, y in ((a.attn.W_Q, b.attn.W_Q), (a.attn.W_O, b.attn.W_O), (a.mlp.W_in, b.mlp.W_in),
                      (a.mlp.W_out, b.mlp.W_out)):
-            assert y.device.type != "meta" and torch.equal(x, y)
+            assert y.device.type != "meta"
+            assert_same_computation(x, y, why="the same weights, loaded again")
     t0, t1 = lenscope.trace(lm0, TEXT), lenscope.trace(lm, TEXT)
     for k in TRACED:
         x, y = (t0.site(k), t1.site(k)) if "." in k else (getattr(t0, k), getattr(t1, k))
         assert (x is None) == (y is None), k
         if x is not None:
-            assert torch.equal(x, y), k
+            assert_same_computation(x, y, why=f"{SPLIT} ({k})")
     r0, r1 = lenscope.verify(lm0, tr=t0), lenscope.verify(lm, tr=t1)
-    assert r1.ok and r1.layers == r0.layers
-    assert r1.max_abs_logit_error == r0.max_abs_logit_error and r1.devices == ["cpu"] * lm.anatomy.n_layers
+    assert r1.ok and r1.devices == ["cpu"] * lm.anatomy.n_layers
+    assert_same_computation((r1.layers, r1.max_abs_logit_error), (r0.layers, r0.max_abs_logit_error), why=SPLIT)
 
 
 @pytest.mark.parametrize("family", DECODERS)
@@ -92,18 +98,21 @@ def test_split_model_same_decompositions(family):
     lm0, lm = get_model(name), split(name)
     d0 = direct_logit_attribution(lm0, TEXT, "#5", foil="#7", by_head=True)
     d1 = direct_logit_attribution(lm, TEXT, "#5", foil="#7", by_head=True)
-    assert d1.names == d0.names and torch.equal(d1.values, d0.values)
-    assert d1.completeness_error == d0.completeness_error < 1e-4
+    assert d1.names == d0.names
+    assert_same_computation((d1.values, d1.completeness_error), (d0.values, d0.completeness_error), why=SPLIT)
+    assert d0.completeness_error < 1e-4
     m0, m1 = context_mixing(lm0, TEXT), context_mixing(lm, TEXT)
     for s in m0:
-        assert torch.equal(m0[s].maps, m1[s].maps), s
-        assert m1[s].completeness_error == m0[s].completeness_error <= 1e-3
+        assert_same_computation((m0[s].maps, m0[s].completeness_error), (m1[s].maps, m1[s].completeness_error),
+                                why=f"{SPLIT} ({s})")
+        assert m0[s].completeness_error <= 1e-3
 
 
 def test_split_encoder_same_mixing():
     lm0, lm = get_model("tiny:bert"), split("tiny:bert")
     m0, m1 = context_mixing(lm0, TEXT), context_mixing(lm, TEXT)
-    assert all(torch.equal(m0[s].maps, m1[s].maps) for s in m0)
+    for s in m0:
+        assert_same_computation(m0[s].maps, m1[s].maps, why=f"{SPLIT} ({s})")
 
 
 def test_offloaded_embedding_and_head():
@@ -114,9 +123,10 @@ def test_offloaded_embedding_and_head():
     assert next(lm.model.parameters()).device.type == "meta"
     assert main_device(lm.model) == torch.device("cpu")
     r = lenscope.verify(lm)
-    assert r.ok and r.layers == lenscope.verify(lm0).layers
-    assert torch.equal(lm.anatomy.embed.W_E, lm0.anatomy.embed.W_E)
-    assert torch.equal(lm.anatomy.unembed.W_U, lm0.anatomy.unembed.W_U)
+    assert r.ok
+    assert_same_computation(r.layers, lenscope.verify(lm0).layers, why=SPLIT)
+    assert_same_computation(lm.anatomy.embed.W_E, lm0.anatomy.embed.W_E, why="the same weights, loaded again")
+    assert_same_computation(lm.anatomy.unembed.W_U, lm0.anatomy.unembed.W_U, why="the same weights, loaded again")
 
 
 def test_tied_embeddings_split():
@@ -125,7 +135,7 @@ def test_tied_embeddings_split():
         lm0 = get_model(name)
         dm = split_map(lm0.model, disk_modules=(head,))
         lm = lenscope.load(name, device_map=dm)
-        assert torch.equal(lm.anatomy.unembed.W_U, lm0.anatomy.unembed.W_U)
+        assert_same_computation(lm.anatomy.unembed.W_U, lm0.anatomy.unembed.W_U, why="the same weights, loaded again")
         assert lenscope.verify(lm).ok
 
 
@@ -147,13 +157,16 @@ def test_residual_states_of_split_model():
     lm0, lm = get_model("tiny:gpt-neox"), split("tiny:gpt-neox")
     ids = torch.randint(3, 60, (2, 7), generator=torch.Generator().manual_seed(0))
     a, b = residual_states(lm0, ids, mid=True), residual_states(lm, ids, mid=True)
-    assert all(torch.equal(a[k], b[k]) for k in ("states", "mid", "logits"))
+    for k in ("states", "mid", "logits"):
+        assert_same_computation(a[k], b[k], why=f"{SPLIT} ({k})")
 
 
 def test_trace_device_argument():
     lm = get_model("tiny:llama")
     t0, t1 = lenscope.trace(lm, TEXT), lenscope.trace(lm, TEXT, device="cpu")
-    assert all(torch.equal(getattr(t0, k), getattr(t1, k)) for k in ("resid_pre", "pattern", "logits"))
+    for k in ("resid_pre", "pattern", "logits"):
+        assert_same_computation(getattr(t0, k), getattr(t1, k), why="device='cpu', where it runs anyway: the same "
+                                "calls")
     assert t1.positions.device == t1.resid_pre.device
 
 
@@ -276,7 +289,8 @@ def test_split_and_reduced_together():
     lm_one = reduced(name, torch.bfloat16)
     assert lm.anatomy.dtype == torch.float32 and lm.anatomy.extras["placement"]["dtype"] == "bfloat16"
     r, r1 = lenscope.verify(lm), lenscope.verify(lm_one)
-    assert r.ok and r.layers == r1.layers
+    assert r.ok
+    assert_same_computation(r.layers, r1.layers, why=SPLIT)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,8 +332,8 @@ def test_math_device_gathers_the_anatomy_and_traces():
 def test_completeness_tolerance():
     from lenscope.models.verify import completeness_tolerance
 
-    assert completeness_tolerance(torch.float32) == 1e-3
-    assert completeness_tolerance(get_model("tiny:gpt2")) == 1e-3
+    assert_same_computation((completeness_tolerance(torch.float32), completeness_tolerance(get_model("tiny:gpt2"))),
+                            (1e-3, 1e-3), why="the float32 constant, returned as it is")
     assert completeness_tolerance("bfloat16") == pytest.approx(16 * torch.finfo(torch.bfloat16).eps)
     assert completeness_tolerance(torch.float16) == pytest.approx(16 * torch.finfo(torch.float16).eps)
 
@@ -331,9 +345,10 @@ def test_anatomy_dtype_model_keeps_views():
     W, P = lm.anatomy.layers[0].mlp.W_out, lm.model.model.layers[0].mlp.down_proj.weight
     assert W.dtype == torch.bfloat16 and W.untyped_storage().data_ptr() == P.untyped_storage().data_ptr()
     copies = reduced("tiny:llama", torch.bfloat16)
-    assert lenscope.verify(lm).layers == lenscope.verify(copies).layers
+    assert_same_computation(lenscope.verify(lm).layers, lenscope.verify(copies).layers, why=VIEWS)
     m, mc = context_mixing(lm, TEXT, check=False), context_mixing(copies, TEXT, check=False)
-    assert all(torch.equal(m[s].maps, mc[s].maps) for s in m)
+    for s in m:
+        assert_same_computation(m[s].maps, mc[s].maps, why=f"{VIEWS} ({s})")
 
 
 @pytest.mark.slow
@@ -344,12 +359,14 @@ def test_real_model_split_with_disk_offload():
     lm = lenscope.load("smollm2", device_map=dm)
     assert len(lm.anatomy.extras["placement"]["offloaded"]) > 100
     t0, t1 = lenscope.trace(lm0, TEXT), lenscope.trace(lm, TEXT)
-    assert all(torch.equal(getattr(t0, k), getattr(t1, k)) for k in ("resid_pre", "pattern", "logits"))
+    for k in ("resid_pre", "pattern", "logits"):
+        assert_same_computation(getattr(t0, k), getattr(t1, k), why=f"{SPLIT} ({k})")
     r0, r1 = lenscope.verify(lm0, tr=t0), lenscope.verify(lm, tr=t1)
-    assert r1.ok and r1.layers == r0.layers
+    assert r1.ok
+    assert_same_computation(r1.layers, r0.layers, why=SPLIT)
     d0 = direct_logit_attribution(lm0, TEXT, " Paris", tr=t0)
     d1 = direct_logit_attribution(lm, TEXT, " Paris", tr=t1)
-    assert torch.equal(d0.values, d1.values)
+    assert_same_computation(d0.values, d1.values, why=SPLIT)
 
 
 @pytest.mark.slow

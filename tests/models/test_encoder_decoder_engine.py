@@ -253,9 +253,9 @@ def test_texts_become_the_source_and_the_decoders_shifted_target_prefix(kind, te
     start = lm.model.config.decoder_start_token_id
     body = tok("the house is small", add_special_tokens=False)["input_ids"]
     lead = [tok.bos_token_id] if template.startswith("<s>") else []
-    assert encode(lm, "the house is small").tolist() == [start] + lead + body
-    assert encode(lm, "").tolist() == [start]
-    assert source_ids(lm, "the house is small").tolist() == lead + body + [tok.eos_token_id]
+    assert_same_ints(encode(lm, "the house is small"), [start] + lead + body)
+    assert_same_ints(encode(lm, ""), [start])
+    assert_same_ints(source_ids(lm, "the house is small"), lead + body + [tok.eos_token_id])
 
 
 def test_one_line_errors():

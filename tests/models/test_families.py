@@ -20,6 +20,7 @@ from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
 from lenscope.models.verify import RESID_TOL
 from tests.conftest import get_model
 from tests.models import test_engine as engine_checks
+from tests.tolerances import assert_same_computation
 
 TOK = tiny_tokens(tiny_special_ids())
 
@@ -183,7 +184,7 @@ def test_interleaved_and_partial_rotary_by_hand():
             a, b = x[:, p, 2 * i], x[:, p, 2 * i + 1]
             torch.testing.assert_close(out[:, p, 2 * i], a * c - b * s)
             torch.testing.assert_close(out[:, p, 2 * i + 1], b * c + a * s)
-    assert torch.equal(out[..., 4:], x[..., 4:])
+    assert_same_computation(out[..., 4:], x[..., 4:], why="the dimensions past the rotary ones, copied")
     # the rotate-half convention pairs (i, i + dim/2) instead
     half = Rotary(inv_freq=inv, dim=4).apply(x, torch.arange(5))
     c, s = math.cos(3 * 0.1), math.sin(3 * 0.1)
@@ -202,15 +203,16 @@ def test_a_shared_norm_gives_each_branch_its_own_sites(name):
     sites = [(s, 0) for s in ("ln_attn.in", "ln_attn.out", "ln_mlp.in", "ln_mlp.out", "ln_mlp.scale", "attn_out",
                               "mlp_out", "resid_pre")]
     base = capture(lm, ids, sites)
-    torch.testing.assert_close(base[("ln_mlp.in", 0)], base[("resid_pre", 0)], rtol=0, atol=0)
-    torch.testing.assert_close(base[("ln_mlp.out", 0)], base[("ln_attn.out", 0)], rtol=0, atol=0)
+    assert_same_computation(base[("ln_mlp.in", 0)], base[("resid_pre", 0)], why="one norm input: the same tensor")
+    assert_same_computation(base[("ln_mlp.out", 0)], base[("ln_attn.out", 0)], why="one norm: the same output")
     torch.testing.assert_close(base[("ln_mlp.scale", 0)], L0.ln_mlp.scale(base[("resid_pre", 0)]))
     rows, pos = torch.zeros(P, dtype=torch.long), torch.arange(P)
     delta = torch.randn(P, lm.anatomy.d_model, generator=torch.Generator().manual_seed(0))
     for slot, moved, kept in (("ln_mlp", "mlp_out", "attn_out"), ("ln_attn", "attn_out", "mlp_out")):
         for where in ("in", "out"):
             _, cap = run(lm, ids, [Edit(f"{slot}.{where}", 0, rows, pos, delta, mode="add")], capture=sites)
-            assert torch.equal(cap[(kept, 0)], base[(kept, 0)]), (slot, where)
+            assert_same_computation(cap[(kept, 0)], base[(kept, 0)], why=f"the edit reaches the other branch only: "
+                                    f"the same operations here ({slot}.{where})")
             assert float((cap[(moved, 0)] - base[(moved, 0)]).abs().max()) > 1e-4, (slot, where)
     # the gradient at ln_mlp.out is the MLP's alone: the MLP's input gradient, brute force by autograd
     _, cap = run(lm, ids, capture=[("ln_mlp.out", 0), ("mlp_out", 0)], grad=True)

@@ -15,6 +15,7 @@ from lenscope.models.families import family_for
 from lenscope.models.load import LoadedModel, random_model
 from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
 from lenscope.models.verify import TOLERANCE
+from tests.tolerances import assert_same_computation
 
 TEXT = "The capital of France is Paris, and the capital of Germany is"
 
@@ -204,9 +205,12 @@ def test_variants_read_what_their_configs_say():
     assert variant("stablelm-sequential").anatomy.layers[0].attn.q_norm is None
     A = variant("granite-biases").anatomy
     assert A.embed.scale == 12.0 and A.layers[0].residual_scale == pytest.approx(0.22)
-    assert A.layers[0].attn.scale == 0.015625 and A.layers[0].mlp.b_in is not None
+    assert_same_computation(A.layers[0].attn.scale, 0.015625, why="the config's attention multiplier, copied")
+    assert A.layers[0].mlp.b_in is not None
     W = variant("granite-biases").model.lm_head.weight.detach().T
-    assert torch.equal(A.unembed.W_U, W) and A.unembed.logit_scale == 1 / 8.0  # logits / logits_scaling
+    # logits / logits_scaling
+    assert_same_computation((A.unembed.W_U, A.unembed.logit_scale), (W, 1 / 8.0), why="the head's weights, "
+                            "copied; 1 / logits_scaling, a power of two")
     A = variant("smollm3-windows").anatomy
     assert [layer.attn.rotary is not None for layer in A.layers] == [True, False, True, False]
     assert any(layer.attn.window == 4 for layer in A.layers)

@@ -26,6 +26,7 @@ from lenscope.models.sites import (
 )
 from lenscope.models.trace import RENAMED, SITE_FIELDS, trace
 from tests.conftest import get_model
+from tests.tolerances import assert_same_computation
 
 TEXT = "The cat sat on the mat because it was warm"
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,9 +48,11 @@ def test_site_reads_every_traced_site_by_its_engine_name(family):
     cap = capture(lm, tr.input_ids[None], [(n, layer) for n in ("pattern", "resid_mid", "ln_attn.in")
                                            for layer in range(tr.n_layers)])
     for layer in range(tr.n_layers):
-        assert torch.equal(tr.site("pattern", layer), cap["pattern", layer][0].to(tr.pattern.dtype))
-        assert torch.equal(tr.site(f"resid_mid.{layer}"), cap["resid_mid", layer][0].float())
-        assert torch.equal(tr.site(("resid_mid", layer)), tr.resid_mid[layer])
+        assert_same_computation(tr.site("pattern", layer), cap["pattern", layer][0].to(tr.pattern.dtype),
+                                why="the same forward, traced and captured")
+        assert_same_computation(tr.site(f"resid_mid.{layer}"), cap["resid_mid", layer][0].float(),
+                                why="the same forward, traced and captured")
+        assert_same_computation(tr.site(("resid_mid", layer)), tr.resid_mid[layer], why="the same tensor, by its name")
         assert tr.site("pattern", layer) is not None and tr.site("ln_attn.in", layer).shape == tr.resid_pre[0].shape
     for name in SITE_FIELDS:
         assert tr.site(name) is getattr(tr, name)
@@ -57,7 +60,8 @@ def test_site_reads_every_traced_site_by_its_engine_name(family):
         assert tr.site(name) is value and name in LAYER_SITES + MODEL_SITES
     assert {f"{s}.in" for s in lm.anatomy.layers[0].norms()} <= set(tr.norms)
     if lm.anatomy.final_norm is None:
-        assert tr.site("ln_final.in") is None and torch.equal(tr.final_resid, tr.resid_post[-1])
+        assert tr.site("ln_final.in") is None
+        assert_same_computation(tr.final_resid, tr.resid_post[-1], why="no final norm: the last state, copied")
     else:
         assert tr.site("ln_final.in") is tr.norms["ln_final.in"] is tr.final_resid
     with pytest.raises(InputError, match="does not hold the site 'q'"):
@@ -90,7 +94,8 @@ def test_old_trace_keyword_warns_and_gives_the_same_trace():
     with pytest.warns(RenamedWarning, match="pattern="):
         old = trace(lm, TEXT, **{"attn_probs": "recompute"})
     assert type(old.pattern) is type(new.pattern)
-    assert torch.equal(old.pattern.materialize(), new.pattern.materialize())
+    assert_same_computation(old.pattern.materialize(), new.pattern.materialize(),
+                            why="the same call under its old and new names")
     with pytest.raises(TypeError, match="unexpected keyword"):
         trace(lm, TEXT, probs="keep")
 
@@ -108,10 +113,11 @@ def test_engine_aliases_warn_and_name_the_same_sites():
             old = capture(lm, ids, [f"{alias}.1"])
         assert rec[0].filename == __file__  # the caller's line, not the engine's
         new = capture(lm, ids, [f"{site}.1"])
-        assert torch.equal(old[site, 1], new[site, 1])
+        assert_same_computation(old[site, 1], new[site, 1], why="the same capture under its old and new names")
     tr = trace(lm, TEXT)
     with pytest.warns(RenamedWarning):
-        assert tr.site("mlp", 1) is not None and torch.equal(tr.site("mlp", 1), tr.mlp_out[1])
+        assert tr.site("mlp", 1) is not None
+        assert_same_computation(tr.site("mlp", 1), tr.mlp_out[1], why="the same tensor, by its old name")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the new names warn nothing
         assert site_key(("resid_pre", 1)) == ("resid_pre", 1) and tr.site("mlp_out", 1) is not None

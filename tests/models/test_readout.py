@@ -11,6 +11,7 @@ import lenscope
 from lenscope.models.anatomy import Norm, Unembed
 from lenscope.models.readout import Readout
 from tests.conftest import get_model
+from tests.tolerances import assert_same_computation, assert_same_ints
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
 
@@ -52,8 +53,10 @@ def test_readout_of_the_final_residual_is_the_models_logits(tiny_decoder):
     scale = float(want.abs().max())
     assert torch.allclose(got, want, rtol=0, atol=1e-5 * scale + 1e-6), float((got - want).abs().max())
     assert torch.allclose(got.double(), brute_logits(A, tr.site("ln_final.in")), rtol=0, atol=1e-5 * scale + 1e-6)
-    assert torch.equal(A.logits(tr.site("ln_final.in")), got)  # Anatomy.logits is the readout
-    assert torch.equal(ro.unembed(ro.features(tr.site("ln_final.in"))), got)
+    assert_same_computation(A.logits(tr.site("ln_final.in")), got,
+                            why="Anatomy.logits is the readout: the same calls")  # Anatomy.logits is the readout
+    assert_same_computation(ro.unembed(ro.features(tr.site("ln_final.in"))), got,
+                            why="the readout's own two steps: the same calls")
 
 
 def test_linearised_parts_sum_to_the_logit_with_the_traced_scale(tiny_decoder):
@@ -109,7 +112,7 @@ def test_soft_cap_and_its_inverse_round_trip():
     assert got == pytest.approx(ro.traced_logit(logits[0], 4, 7), abs=1e-4)
     # no cap: both are the identity
     plain = Readout(None, Unembed(W))
-    assert torch.equal(plain.cap(z), z) and torch.equal(plain.uncap(z), z)
+    assert_same_computation((plain.cap(z), plain.uncap(z)), (z, z), why="no cap: z returned as it is")
 
 
 def test_soft_capped_decoder_parts_sum_to_the_uncapped_logit():
@@ -139,9 +142,9 @@ def test_top1_is_the_float32_argmax(name):
     g = torch.Generator().manual_seed(2)
     y = ro.features(torch.randn(64, lm.anatomy.d_model, generator=g) * 3)
     want = (y @ ro.W_U.float() + (ro.b_U.float() if ro.b_U is not None else 0)).argmax(-1)
-    assert torch.equal(ro.top1(y, exact=True), want)
-    assert torch.equal(ro.top1(y), want)
-    assert torch.equal(ro.top1(y, candidates=2), want)
+    assert_same_ints(ro.top1(y, exact=True), want)
+    assert_same_ints(ro.top1(y), want)
+    assert_same_ints(ro.top1(y, candidates=2), want)
 
 
 def test_converted_unembedding_is_never_another_tensors():
@@ -156,6 +159,6 @@ def test_converted_unembedding_is_never_another_tensors():
     for _ in range(20):
         W = torch.randn(64, 1000, generator=g)
         got = _converted(W, torch.bfloat16)["W"]
-        assert torch.equal(got, W.to(torch.bfloat16))
+        assert_same_computation(got, W.to(torch.bfloat16), why="one conversion to bfloat16, round to nearest even")
         del W, got
         gc.collect()

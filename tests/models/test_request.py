@@ -13,6 +13,7 @@ from lenscope.models.request import Contrast, Request, by_length, contrast, cont
 from lenscope.models.trace import trace
 
 from ..conftest import DECODERS, get_model
+from ..tolerances import assert_same_computation, assert_same_ints
 
 TEXT = "The capital of France is the city of"
 
@@ -79,17 +80,23 @@ def test_contrast_and_grouping(gpt2):
     assert len(cs) == 3 and [x.length for x in cs] == [long.numel(), 4, long.numel()]
     groups = by_length(cs)
     assert [g.index for g in groups] == [[0, 2], [1]]
-    assert groups[0].clean.shape == (2, c.length) and groups[0].foil.tolist() == [cs[0].foil, cs[2].foil]
+    assert groups[0].clean.shape == (2, c.length)
+    assert_same_ints(groups[0].foil, [cs[0].foil, cs[2].foil])
     with pytest.raises(InputError, match="2 entries for 3 prompts"):
         contrasts(gpt2, [TEXT, TEXT, TEXT], [TEXT] * 3, " the", [" of", " a"], "logit_diff", -1)
 
 
+SMALL = "differences of small integers: exact"
+
+
 def test_metric_of_by_hand():
     logits = torch.tensor([[1.0, 2.0, 4.0], [0.0, -1.0, 3.0]])
-    assert metric_of(logits, "logit_diff", 2, 0).tolist() == [3.0, 3.0]
-    assert metric_of(logits, "logit_diff", torch.tensor([1, 2]), torch.tensor([0, 1])).tolist() == [1.0, 4.0]
+    assert_same_computation(metric_of(logits, "logit_diff", 2, 0).tolist(), [3.0, 3.0], why=SMALL)
+    assert_same_computation(metric_of(logits, "logit_diff", torch.tensor([1, 2]), torch.tensor([0, 1])).tolist(),
+                            [1.0, 4.0], why=SMALL)
     assert torch.allclose(metric_of(logits, "prob", 2), logits.softmax(-1)[:, 2])
-    assert metric_of(logits[:, None].expand(2, 3, 3), "logit_diff", 2, at=1).tolist() == [4.0, 3.0]
+    assert_same_computation(metric_of(logits[:, None].expand(2, 3, 3), "logit_diff", 2, at=1).tolist(), [4.0, 3.0],
+                            why=SMALL)
 
 
 @pytest.mark.parametrize("family", DECODERS)
@@ -130,4 +137,5 @@ def test_methods_take_checked_contrasts_as_pairs(gpt2):
     c = contrast(gpt2, TEXT, corrupted, " the", " of")
     for method in (attribution_patching, exact_node_patching):
         a, b = method(gpt2, pairs=[c]), method(gpt2, TEXT, corrupted, " the", " of")
-        assert torch.equal(a.heads, b.heads) and a.target == b.target and a.foil == b.foil
+        assert_same_computation(a.heads, b.heads, why="the same contrast, given as a pair or as strings")
+        assert a.target == b.target and a.foil == b.foil

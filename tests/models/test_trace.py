@@ -21,6 +21,7 @@ from lenscope.models.trace import (
 from lenscope.models.verify import verify
 
 from ..conftest import get_model
+from ..tolerances import assert_same_computation, assert_same_ints
 
 TEXT = "The cat sat on the mat because it was warm, and the dog watched it from the door."
 
@@ -73,10 +74,11 @@ def test_lean_trace_equals_full_trace(tiny):
     assert recomputed or tiny.anatomy.placement == "post"
     assert a.keys() <= b.keys()
     for k in a:  # every capture the lean trace shares instead of keeping is bitwise the one the model passed on
-        assert torch.equal(a[k], b[k]), k
+        assert_same_computation(a[k], b[k], why=f"the capture the model passed on, shared ({k})")
     # the shared copies: the residual stream is one stack
     assert lean.resid_post.untyped_storage().data_ptr() == lean.resid_pre.untyped_storage().data_ptr()
-    assert torch.equal(lean.resid_post[:-1], lean.resid_pre[1:])
+    assert_same_computation(lean.resid_post[:-1], lean.resid_pre[1:],
+                            why="one stack: each block's output is the next one's input")
     # recomputed probabilities: what the model computed, up to float error
     P = lean.pattern
     assert P.shape == full.pattern.shape and P.dtype == torch.float32 and P.device == full.pattern.device
@@ -97,8 +99,8 @@ def test_lean_trace_equals_full_trace(tiny):
     # the MLP's pre-activations, recomputed from its input
     if full.mlp_pre is None:  # a mixture of experts
         assert full.mlp_up is None and lean.mlp_up is None
-        assert torch.equal(lean.routing_weights, full.routing_weights)
-        assert torch.equal(lean.router_logits, full.router_logits)
+        assert_same_computation(lean.routing_weights, full.routing_weights, why="the same capture, lean or full")
+        assert_same_computation(lean.router_logits, full.router_logits, why="the same capture, lean or full")
     else:
         assert isinstance(lean.mlp_pre, RecomputedMLP) and lean.mlp_pre.shape == full.mlp_pre.shape
     assert (lean.mlp_up is None) == (full.mlp_up is None)
@@ -193,7 +195,8 @@ def test_recomputed_reads_like_a_tensor():
                       (torch.softmax(P, -1), torch.softmax(Q, -1)), (lean.logits.log_softmax(-1),
                                                                      full.logits.log_softmax(-1))]:
         torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-5)
-    assert torch.equal(P > 0.5, P.materialize() > 0.5) and torch.equal(P == 0, P.materialize() == 0)
+    assert_same_ints(P > 0.5, P.materialize() > 0.5)
+    assert_same_ints(P == 0, P.materialize() == 0)
     np.testing.assert_allclose(np.asarray(P), Q.numpy(), atol=2e-6)
     layers = list(P)
     assert len(layers) == full.n_layers and all(torch.allclose(a, b, atol=2e-6) for a, b in zip(layers, Q))

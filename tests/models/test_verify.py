@@ -5,6 +5,7 @@ import torch
 
 import lenscope
 from lenscope.models.verify import LOGIT_TOL, RESID_TOL
+from tests.tolerances import assert_same_computation
 
 
 def test_verify_every_tiny_family(tiny):
@@ -48,7 +49,8 @@ def test_trace_shapes_and_chain(tiny):
     if A.causal:  # nothing attends to the future
         assert float(tr.pattern.triu(1).abs().max()) == 0.0
     # each block's output is the next block's input
-    assert torch.equal(tr.resid_post[:-1], tr.resid_pre[1:])
+    assert_same_computation(tr.resid_post[:-1], tr.resid_pre[1:],
+                            why="each block's output is the next one's input, copied")
 
 
 def test_gemma_sliding_window_is_exercised():

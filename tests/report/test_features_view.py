@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from lenscope.errors import InputError
 from lenscope.features.cards import feature_cards
@@ -17,6 +16,7 @@ from lenscope.viz import views
 from lenscope.viz.notebook import view
 from tests.conftest import get_model
 from tests.features.test_cards import corpus, random_dict
+from tests.tolerances import assert_same_ints
 
 TEXT = "The cat sat on the mat because it was warm"
 
@@ -98,4 +98,4 @@ def test_report_features_section(setup, tmp_path):
     other = random_dict(lm.anatomy.d_model + 2, 10, site="resid_post.0")
     with pytest.raises(InputError, match="d_model"):
         build_report(lm, TEXT, sections=["features"], dictionaries=[other])
-    assert torch.equal(fa.ids, active_features(lm, TEXT, dicts, top=6).ids)
+    assert_same_ints(fa.ids, active_features(lm, TEXT, dicts, top=6).ids)

@@ -4,7 +4,6 @@ decoder family, so the differences add up to the change the vector made; the len
 last state; the depths are the trajectories'."""
 
 import pytest
-import torch
 
 from lenscope.lenses.trajectory import prediction_trajectory
 from lenscope.models.readout import Readout
@@ -12,6 +11,7 @@ from lenscope.models.trace import trace
 from lenscope.steering import SteeringLocus, steered_logits, steering_edits, steering_locus
 
 from ..conftest import get_model
+from ..tolerances import assert_same_computation
 from .helpers import direction
 
 TEXT, POS, NEG = "the cat sat on the", " the", " a"
@@ -53,8 +53,10 @@ def test_result_round_trip_and_plot(tmp_path):
     d = loc.to_dict()
     assert set(d) >= {"measure", "depth", "lens_measure", "top_tokens", "components", "completeness_error"}
     assert len(d["lens_measure"]["steered"]) == lm.anatomy.n_layers + 1
-    assert SteeringLocus.load(loc.save(tmp_path / "l.safetensors")).to_dict() == d
-    assert loc.top(3)[0]["change"] == max((c["change"] for c in d["components"]), key=abs)
+    assert_same_computation(SteeringLocus.load(loc.save(tmp_path / "l.safetensors")).to_dict(), d,
+                            why="saved and read back")
+    assert_same_computation(loc.top(3)[0]["change"], max((c["change"] for c in d["components"]), key=abs),
+                            why="the largest change, copied")
     assert loc.plot() is not None
     assert len(loc.to_frame()) == len(loc.names)
-    assert torch.equal(loc.difference, loc.dla[1] - loc.dla[0])
+    assert_same_computation(loc.difference, loc.dla[1] - loc.dla[0], why="the same subtraction of the same rows")

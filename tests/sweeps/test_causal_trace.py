@@ -15,6 +15,7 @@ from lenscope.interventions import causal_trace
 from lenscope.sweeps.causal_trace import GROUPS, causal_trace_sweep, grouped, load_facts, position_groups
 
 from ..conftest import assert_json_close, get_model, jsonl_records
+from ..tolerances import assert_same_computation
 
 FACTS = [{"prompt": "The capital of France is", "subject": "France", "target": " the", "relation": "capital"},
          {"prompt": "The Eiffel Tower is in the city of", "subject": "The Eiffel Tower", "target": " the",
@@ -28,7 +29,8 @@ def test_position_groups_by_hand():
     # one-token subject at 3, followed directly by the last token
     assert position_groups([3], 5) == [[], [], [3], [], [], [4]]
     g = grouped(torch.arange(10.0).reshape(2, 5), [[0, 1], [], [4]])
-    assert g[0, 0] == 0.5 and math.isnan(g[1, 1]) and g[1, 2] == 9
+    assert_same_computation(float(g[0, 0]), 0.5, why="the mean of 0 and 1: exact")
+    assert math.isnan(g[1, 1]) and g[1, 2] == 9
 
 
 def test_load_facts_round_robin_and_errors(tmp_path):
@@ -61,12 +63,14 @@ def test_sweep_averages_the_single_traces_and_resumes(tmp_path):
     (tmp_path / "s" / "records.jsonl").write_text(rec[0] + "\n" + rec[1][:20])  # a torn second line
     res2 = causal_trace_sweep(lm, [dict(f) for f in FACTS], tmp_path / "s", progress=False, resume=True, **kw)
     assert (tmp_path / "s" / "records.jsonl").read_text().splitlines() == rec
-    assert torch.equal(res2.resid.nan_to_num(-1), res.resid.nan_to_num(-1))
+    assert_same_computation(res2.resid, res.resid, why="each fact run alone by the same calls and seeds; the first "
+                            "read back")
     with pytest.raises(lenscope.InputError, match="other settings"):
         causal_trace_sweep(lm, FACTS, tmp_path / "s", progress=False, resume=True, samples=3, window=1, noise=0.5)
     # save / load
     back = type(res).load(res.save(tmp_path / "r.safetensors"))
-    assert back.n_facts == 3 and torch.equal(back.mlp.nan_to_num(0), res.mlp.nan_to_num(0))
+    assert back.n_facts == 3
+    assert_same_computation(back.mlp, res.mlp, why="saved and read back")
     assert len(res.to_frame()) == 3 * lm.anatomy.n_layers * len(GROUPS)
 
 

@@ -13,6 +13,7 @@ import pytest
 from lenscope.viz.generation_html import generation_html, generation_payload, invariant_errors
 
 from ..conftest import get_model
+from ..tolerances import assert_same_computation
 
 PROMPT = "When Mary and John went to the store, John gave a drink to"
 
@@ -46,22 +47,28 @@ def fake_generation(n_prompt: int = 6, n_new: int = 5, methods=("alti-logit", "l
             "prompt_tokens": prompt, "methods": list(methods), "generated": generated, "seconds": 0.123456789}
 
 
+FIVE = "rounded to 5 significant digits: the same decimal, read back"
+
+
 def test_payload_rounds_and_keeps_the_shape():
     d = fake_generation()
     d["generated"][0]["entropy"] = float("nan")
     out = generation_payload(d)
-    assert set(out) == set(d) and out["tokens"] == d["tokens"] and out["seconds"] == 0.12346
+    assert set(out) == set(d) and out["tokens"] == d["tokens"]
+    assert_same_computation(out["seconds"], 0.12346, why=FIVE)
     g0, r0 = d["generated"][1], out["generated"][1]
     assert r0["id"] == g0["id"] and r0["depth"] == g0["depth"] and r0["runner_up"] == g0["runner_up"]
-    assert r0["prob"] == float(f"{g0['prob']:.5g}") and out["generated"][0]["entropy"] is None
+    assert_same_computation(r0["prob"], float(f"{g0['prob']:.5g}"), why=FIVE)
+    assert out["generated"][0]["entropy"] is None
     for g, r in zip(d["generated"], out["generated"]):
         for m in d["methods"]:
             a, b = np.array(g["explanations"][m]["scores"]), np.array(r["explanations"][m]["scores"])
             assert len(b) == g["position"] and np.allclose(a, b, rtol=5e-5, atol=0)
-            assert list(b) == [float(f"{v:.5g}") for v in a]
+            assert_same_computation(list(b), [float(f"{v:.5g}") for v in a], why=FIVE)
     assert d["generated"][0]["entropy"] != d["generated"][0]["entropy"]  # the input is not changed (NaN kept)
     errs = invariant_errors(d)
-    assert errs["logit"] == max(g["explanations"]["logit"]["invariant_error"] for g in d["generated"])
+    assert_same_computation(errs["logit"], max(g["explanations"]["logit"]["invariant_error"] for g in d["generated"]),
+                            why="the largest, copied")
 
 
 def test_payload_refuses_what_is_not_a_generation():
@@ -88,7 +95,8 @@ def test_standalone_page_is_the_report_page_with_one_section(tmp_path):
     assert "</script>\"" not in page and "<b>&" not in page  # token strings travel escaped in the data block
     data = _data_block(page)
     (sec,) = data["sections"]
-    assert sec["key"] == "generation" and sec["data"] == generation_payload(d)
+    assert sec["key"] == "generation"
+    assert_same_computation(sec["data"], generation_payload(d), why="the payload of the same generation")
     assert data["meta"]["target"] == d["text"] and data["meta"]["tokens"] == d["tokens"]
     assert page.count('<span class="badge ok">ok</span>') == 3  # one check per method, each within 1e-5
     assert "http://" not in page.replace("http://www.w3.org/2000/svg", "") and "https://" not in page
@@ -145,7 +153,8 @@ def test_standalone_page_and_png_of_a_real_generation(tmp_path):
     gen = generate(lm, PROMPT, max_new_tokens=5, explain=("alti-logit", "logit"))
     page = generation_html(gen, tmp_path / "g.html", lm=lm)
     data = _data_block(page)
-    assert data["sections"][0]["data"] == generation_payload(gen.to_dict())
+    assert_same_computation(data["sections"][0]["data"], generation_payload(gen.to_dict()),
+                            why="the payload of the same generation")
     meta = data["meta"]
     assert meta["family"] == lm.anatomy.family and meta["n_layers"] == lm.anatomy.n_layers
     assert meta["text"] == PROMPT and meta["target"] == gen.text

@@ -20,6 +20,7 @@ from lenscope.viz.notebook import view
 
 from ..conftest import get_model
 from ..features.test_cards import random_dict
+from ..tolerances import assert_same_computation
 
 TEXT = "The cat sat on the mat because it was warm"
 
@@ -80,7 +81,8 @@ def test_graph_payload_is_the_pruned_graph(setup):
                 assert ra >= rb, (sa, ra, sb, rb)
     assert p["layer_sites"] == {str(layer): f"mlp_out.{layer}" for layer in range(lm.anatomy.n_layers)}
     assert p["n_layers"] == lm.anatomy.n_layers and p["tokens"] == g.tokens and p["supernodes"] == []
-    assert p["n_feature_nodes"] == g.n_features and p["node_threshold"] == 0.8
+    assert p["n_feature_nodes"] == g.n_features
+    assert_same_computation(p["node_threshold"], 0.8, why="the option, copied")
     json.dumps(p, allow_nan=False)  # plain JSON
     # a lower pruning threshold: fewer feature and error nodes, the same tokens and logits
     q = views.graph_view(g, node_threshold=0.4).data
@@ -93,20 +95,23 @@ def test_graph_checks_and_page(setup, tmp_path):
     s = views.shown(g)
     assert s.key == "graph" and s.title == "Attribution graph · tiny:llama"
     exact, real, rep, comp = s.checks
-    assert exact["value"] == g.exactness_error and real["value"] == g.real_error
-    assert exact["tolerance"] == real["tolerance"] == g.tolerance and exact["ok"] and real["ok"]
-    assert rep["ok"] is None and rep["value"] == s.data["replacement_score"]
-    assert comp["ok"] is None and comp["value"] == s.data["completeness_score"]
+    assert_same_computation((exact["value"], real["value"], exact["tolerance"], real["tolerance"], rep["value"],
+                             comp["value"]),
+                            (g.exactness_error, g.real_error, g.tolerance, g.tolerance, s.data["replacement_score"],
+                             s.data["completeness_score"]), why="the graph's numbers, copied into its checks")
+    assert exact["ok"] and real["ok"] and rep["ok"] is None and comp["ok"] is None
     page = views.page(g)
     assert "LS.sections.graph = " in page and page == views.page(s)
     data = page_data(page)
-    assert data["sections"] == [{"key": "graph", "data": s.data}] and data["meta"]["tokens"] == g.tokens
+    assert_same_computation(data["sections"], [{"key": "graph", "data": s.data}], why="the view's data, written into "
+                            "the page and read back")
+    assert data["meta"]["tokens"] == g.tokens
     assert "<iframe" in str(view(g)) and 'data-section="graph"' in page
     with pytest.raises(InputError, match="one at a time"):
         views.shown([g, g])
     # a reloaded graph shows the same; its supernodes travel in the view's data
     g2 = AttributionGraph.load(g.save(tmp_path / "g.safetensors"))
-    assert views.graph_view(g2).data == s.data
+    assert_same_computation(views.graph_view(g2).data, s.data, why="saved and read back")
     ids = [n["id"] for n in s.data["nodes"] if n["kind"] == "feature"][:2]
     g2.group("subject", ids)
     assert views.graph_view(g2).data["supernodes"] == [["subject", *ids]]
@@ -121,5 +126,6 @@ def test_graph_cli_writes_the_page(setup, tmp_path):
     assert r.exit_code == 0, r.output
     data = page_data(path.read_text(encoding="utf-8"))
     (sec,) = data["sections"]
-    assert sec["key"] == "graph" and sec["data"]["node_threshold"] == 0.6
+    assert sec["key"] == "graph"
+    assert_same_computation(sec["data"]["node_threshold"], 0.6, why="the option, copied")
     assert [n["id"] for n in sec["data"]["nodes"]] == [n["id"] for n in json.loads(r.stdout)["nodes"]]

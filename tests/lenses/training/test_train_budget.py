@@ -33,6 +33,7 @@ from lenscope.lenses.training import train as T
 from lenscope.lenses.trajectory import prediction_trajectory
 from lenscope.models.trace import residual_states
 from tests.conftest import get_model
+from tests.tolerances import assert_same_computation
 
 TEXT = ("When Mary and John went to the store, John gave a drink to Mary. The capital of France is Paris. "
         "The keys to the cabinet are on the table. ") * 6
@@ -148,11 +149,15 @@ def test_time_budgeted_run_resumes_to_the_same_lens(monkeypatch, tmp_path):
     assert resumed.training_info["n_steps"] == n and resumed.training_info["complete"]
     assert torch.allclose(resumed.A, straight.A, atol=1e-6) and torch.allclose(resumed.b, straight.b, atol=1e-6)
     # the resumed run keeps the interrupted run's precision record (its timings included), never a new measurement
-    assert resumed.training_info["precision"] == part.training_info["precision"]
+    assert_same_computation(resumed.training_info["precision"], part.training_info["precision"],
+                            why="the interrupted run's record, kept")
     assert resumed.training_info["precision"]["bf16"] == straight.training_info["precision"]["bf16"]
 
 
 # ------------------------------------------------------------------ precision
+
+
+FAKE = "Python float arithmetic on the fake timer's numbers: the same operations on every CPU (no kernel)"
 
 
 def test_precision_decision(monkeypatch):
@@ -172,11 +177,13 @@ def test_precision_decision(monkeypatch):
     assert not slow16["bf16"] and slow16["unembed_dtype"] == "float32"
     # clearly slower on the first 64th already: the probe stopped there and scaled it up
     part = n_rows // PR.PROBE_FIRST_PART
-    assert slow16["measured_s"] == {"bfloat16": 2.0, "float32": 0.5, "rows": n_rows, "bfloat16_from_rows": part}
+    assert_same_computation(slow16["measured_s"], {"bfloat16": 2.0, "float32": 0.5, "rows": n_rows,
+                                                   "bfloat16_from_rows": part}, why=FAKE)
     assert rows == [(torch.float32, n_rows), (torch.bfloat16, part)]
     rows.clear()
     fast16 = PR.choose_precision(lm, None, native=False, timer=timer(0.2, 0.5))
-    assert fast16["bf16"] and fast16["measured_s"] == {"bfloat16": 0.2, "float32": 0.5, "rows": n_rows}
+    assert fast16["bf16"]
+    assert_same_computation(fast16["measured_s"], {"bfloat16": 0.2, "float32": 0.5, "rows": n_rows}, why=FAKE)
     assert rows == [(torch.float32, n_rows), (torch.bfloat16, part), (torch.bfloat16, n_rows)]
     close = PR.choose_precision(lm, None, native=False, timer=timer(0.6, 0.5))  # not clearly slower: the whole block
     assert not close["bf16"] and close["measured_s"]["bfloat16"] == pytest.approx(0.6)
@@ -203,7 +210,7 @@ def test_a_cpu_without_native_bf16_trains_in_float32(monkeypatch, tmp_path):
     assert prec["unembed_dtype"] == "float32" and prec["cpu"] == "Test CPU" and not prec["native_bf16"]
     assert set(seen) == {False}
     saved = json.loads((tmp_path / "config.json").read_text())["training"]["precision"]
-    assert saved == prec
+    assert_same_computation(saved, prec, why="written as JSON and read back")
 
 
 def test_float32_fast_path_is_exact():
@@ -302,7 +309,8 @@ def test_mid_translators_trained_evaluated_saved_and_used(tmp_path):
     assert torch.allclose(plain.kl, t.kl, atol=1e-5)
     # saved and read back (an extended file: older readers ignore the extra tensors)
     back = TunedLens.load(tmp_path / "lens", lm)
-    assert back.has_mid_translators and torch.equal(back.A_mid, lens.A_mid)
+    assert back.has_mid_translators
+    assert_same_computation(back.A_mid, lens.A_mid, why="saved and read back")
     assert json.loads((tmp_path / "lens" / "config.json").read_text())["mid_translators"] is True
     # trajectories use them: each mid row is the decoded translated mid state
     text = "When Mary and John went to the store"
@@ -327,7 +335,7 @@ def test_lens_without_mid_translators_loads_as_before(tmp_path):
     back = TunedLens.load(tmp_path, lm)
     assert not back.has_mid_translators and back.A_mid is None
     h = torch.randn(3, lm.anatomy.d_model)
-    assert torch.equal(back.transform_mid(h, 0), h)
+    assert_same_computation(back.transform_mid(h, 0), h, why="no mid translator: the state, returned as it is")
     with pytest.raises(lenscope.InputError):
         TunedLens(lm.anatomy, mid=True, mid_translators=True)
 
@@ -346,7 +354,8 @@ def test_cli_time_budget_precision_and_mid(tmp_path):
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["precision"]["unembed_dtype"] == "float32" and summary["precision"]["reason"] == "set by the user"
-    assert summary["time_budget"]["max_minutes"] == 0.05 and summary["tokens_seen"] <= 2048
+    assert_same_computation(summary["time_budget"]["max_minutes"], 0.05, why="the option, copied")
+    assert summary["tokens_seen"] <= 2048
     assert "unembedding matmuls in float32" in r.stderr
     assert TunedLens.load(out, get_model("tiny:gpt2")).has_mid_translators
     r = CliRunner().invoke(app, [str(a) for a in ("lens", "eval", "--model", "tiny:gpt2", "--data", data, "--lens", out,
@@ -372,7 +381,9 @@ def test_native_bf16_can_be_forced_either_way(monkeypatch, forced):
     if forced == "1":
         assert rec["bf16"] and "natively" in rec["reason"] and "measured_s" not in rec
     else:
-        assert not rec["bf16"] and rec["measured_s"]["bfloat16"] == 2.0 and rec["measured_s"]["float32"] == 0.5
+        assert not rec["bf16"]
+        assert_same_computation((rec["measured_s"]["bfloat16"], rec["measured_s"]["float32"]), (2.0, 0.5),
+                                why="the fake timer's seconds: 2.0 * rows / rows, exact")
     lens = train_tuned_lens(lm, _data(lm), TrainSettings(tokens=64, seq_len=16, batch_size=2), progress=False)
     assert lens.training_info["precision"]["native_bf16"] is (forced == "1")
     if forced == "1":
@@ -393,7 +404,8 @@ def test_precision_probe_runs_once_per_model(monkeypatch):
     a = PR.choose_precision(lm, None)
     n = len(calls)
     b = PR.choose_precision(lm, None)
-    assert a == b and n in (2, 3) and len(calls) == n  # float32 and bfloat16 (a part, maybe all), measured once
+    assert_same_computation(a, b, why="measured once, the record kept")
+    assert n in (2, 3) and len(calls) == n  # float32 and bfloat16 (a part, maybe all), measured once
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

@@ -16,6 +16,7 @@ from lenscope.lenses.training.selection import split_validation
 from lenscope.lenses.training.settings import TrainState
 from lenscope.lenses.training.train import BatchOrder, _optimizer
 from tests.conftest import get_model
+from tests.tolerances import assert_same_computation, assert_same_ints
 
 # ------------------------------------------------------------------ the planner
 
@@ -38,14 +39,19 @@ def test_token_budget_plan():
     assert (state2.n_steps, state2.every) == (120, 7)
 
 
+STEPS = "a rate of 1 times (step + 1) / warm: one correctly rounded division, as the literal's"
+
+
 def test_learning_rate_schedule():
     s = TrainSettings(lr=1.0, warmup_fraction=0.1)
     assert warmup_steps(100, s) == 10 and warmup_steps(3, s) == 1
-    assert [lr_at(k, 100, s) for k in (0, 4, 9)] == [0.1, 0.5, 1.0]  # linear warm-up over 10 steps
+    # linear warm-up over 10 steps
+    assert_same_computation([lr_at(k, 100, s) for k in (0, 4, 9)], [0.1, 0.5, 1.0], why=STEPS)
     assert lr_at(10, 100, s) == pytest.approx(1.0) and lr_at(55, 100, s) == pytest.approx(0.5)  # linear decay
     assert lr_at(100, 100, s) == 0.0
-    assert lr_at(1, 100, s, warm=4) == 0.5  # a warm-up fixed by the plan
-    assert TrainSettings(optimizer="sgd").base_lr() == 1.0 and TrainSettings().base_lr() == 2e-3
+    assert_same_computation(lr_at(1, 100, s, warm=4), 0.5, why=STEPS)  # a warm-up fixed by the plan
+    assert_same_computation((TrainSettings(optimizer="sgd").base_lr(), TrainSettings().base_lr()), (1.0, 2e-3),
+                            why="the defaults, returned as they are")
 
 
 def test_fit_steps_pays_for_checkpoints():
@@ -104,8 +110,10 @@ def test_time_budget_plan_with_a_fake_clock():
     assert state.n_steps == state.step + int(left / 2.0) and state.fits[-1][2] == 2.0
     rec = plan.record(state, times)
     assert rec["max_minutes"] == 1.0 and rec["token_cap"] is None and rec["fits"] is state.fits
-    assert rec["wall_s"] == round(now[0] - 100.0, 2) and rec["warmup_steps"] == state.warm
-    assert rec["seconds_per_step"] == round(sum(times[1:]) / (len(times) - 1), 4)
+    assert rec["warmup_steps"] == state.warm
+    assert_same_computation((rec["wall_s"], rec["seconds_per_step"]),
+                            (round(now[0] - 100.0, 2), round(sum(times[1:]) / (len(times) - 1), 4)),
+                            why="the same rounded sums of the fake clock's seconds")
     # a resumed run keeps its plan
     frozen = Planner(s, 8, started=100.0, clock=lambda: now[0], validates=False, checkpoints=False, refit=False)
     n = state.n_steps
@@ -142,6 +150,9 @@ def test_precision_forced_native(monkeypatch):
     assert PR.choose_precision(_fake_model(), False)["reason"] == "set by the user"
 
 
+FAKE = "Python float arithmetic on the fake timer's numbers: the same operations on every CPU (no kernel)"
+
+
 def test_precision_forced_not_native(monkeypatch):
     monkeypatch.setattr(PR, "cpu_features", lambda: {**_features(), "amx_bf16": True})  # the variable wins
     monkeypatch.setenv(PR.NATIVE_BF16_ENV, "0")
@@ -151,11 +162,12 @@ def test_precision_forced_not_native(monkeypatch):
     part = rows // PR.PROBE_FIRST_PART
     assert not slow["native_bf16"] and slow["native_bf16_from"] == "LENSCOPE_NATIVE_BF16=0"
     assert slow["unembed_dtype"] == "float32" and not slow["bf16"]
-    assert slow["measured_s"] == {"bfloat16": 8.0 * rows / part, "float32": 1.0, "rows": rows,
-                                  "bfloat16_from_rows": part}
+    assert_same_computation(slow["measured_s"], {"bfloat16": 8.0 * rows / part, "float32": 1.0, "rows": rows,
+                                                 "bfloat16_from_rows": part}, why=FAKE)
     fast = PR.choose_precision(lm, None, timer=lambda W, x, r: (0.5 if W.dtype == torch.bfloat16 else 1.0) *
                                x.shape[0] / rows)
-    assert fast["bf16"] and fast["measured_s"] == {"bfloat16": 0.5, "float32": 1.0, "rows": rows}
+    assert fast["bf16"]
+    assert_same_computation(fast["measured_s"], {"bfloat16": 0.5, "float32": 1.0, "rows": rows}, why=FAKE)
     assert fast["reason"] == f"no native bfloat16; measured one {rows}-row block: bfloat16 0.500 s, float32 1.000 s"
 
 
@@ -176,7 +188,8 @@ def test_resumed_precision(monkeypatch):
     monkeypatch.setenv(PR.NATIVE_BF16_ENV, "1")
     lm = _fake_model()
     kept = {"bf16": False, "unembed_dtype": "float32", "reason": "whatever the interrupted run measured"}
-    assert PR.resumed_precision(lm, {"state": {"precision": kept}}) == kept
+    assert_same_computation(PR.resumed_precision(lm, {"state": {"precision": kept}}), kept,
+                            why="the kept record, returned as it is")
     old = PR.resumed_precision(lm, {"state": {}, "settings": {"bf16": False}})  # before the automatic choice
     assert not old["bf16"] and old["reason"] == "kept from the interrupted run"
     assert PR.resumed_precision(lm, {})["bf16"]  # nothing saved: decided anew (natively here)
@@ -206,14 +219,15 @@ def test_checkpoint_round_trip(tmp_path, optimizer):
     lens2 = TunedLens(lm.anatomy, model_name=lm.name, mid_translators=True)
     opt2 = _optimizer(lens2, s)
     state2 = load_checkpoint(tmp_path, lens2, opt2, s, "fp")
-    assert state2 == state
+    assert_same_computation(state2, state, why="saved and read back")
     for a, b in zip(lens.parameters(), lens2.parameters(), strict=True):
-        assert torch.equal(a, b)
+        assert_same_computation(a, b, why="saved and read back")
     sd, sd2 = opt.state_dict(), opt2.state_dict()
     assert json.loads(json.dumps(sd["param_groups"])) == json.loads(json.dumps(sd2["param_groups"]))
     for pid, st in sd["state"].items():
         for k, v in st.items():
-            assert torch.equal(torch.as_tensor(v), torch.as_tensor(sd2["state"][pid][k]))
+            assert_same_computation(torch.as_tensor(v), torch.as_tensor(sd2["state"][pid][k]),
+                                    why="saved and read back")
     with pytest.raises(lenscope.InputError, match="another model"):
         load_checkpoint(tmp_path, lens2, opt2, s, "other")
     with pytest.raises(lenscope.InputError, match="settings differ"):
@@ -230,16 +244,17 @@ def test_batch_order_is_one_permutation_per_epoch():
     batches = [order(k) for k in range(5)]  # two epochs of 5 sequences
     first, second = torch.cat(batches)[:5], torch.cat(batches)[5:10]
     assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(5))
-    assert all(torch.equal(a, b) for a, b in zip(batches, [BatchOrder(5, 2, seed=3)(k) for k in range(5)],
-                                                  strict=True))
+    for a, b in zip(batches, [BatchOrder(5, 2, seed=3)(k) for k in range(5)], strict=True):
+        assert_same_ints(a, b)
     later = BatchOrder(5, 2, seed=3)
-    assert torch.equal(later(4), batches[4])  # step k's batch without the steps before it (a resume)
+    assert_same_ints(later(4), batches[4])  # step k's batch without the steps before it (a resume)
 
 
 def test_split_validation():
     seqs = torch.arange(40).reshape(10, 4)
     train, val = split_validation(seqs, 6)  # ceil(6 / 4) = 2 sequences
-    assert torch.equal(train, seqs[:8]) and torch.equal(val, seqs[8:])
+    assert_same_ints(train, seqs[:8])
+    assert_same_ints(val, seqs[8:])
     train, val = split_validation(seqs, 400)  # never more than a fifth of the text
     assert val.shape[0] == 2
     assert split_validation(seqs, 0)[1] is None and split_validation(seqs[:4], 8)[1] is None

@@ -9,6 +9,7 @@ from lenscope.lenses import LogitLens, TrainSettings, TunedLens, evaluate_lenses
 from lenscope.lenses.training.warmstart import NormalEquations, regression_start
 from lenscope.models.trace import residual_states
 from tests.conftest import DECODERS, get_model
+from tests.tolerances import assert_same_computation
 
 TEXT = ("When Mary and John went to the store, John gave a drink to Mary. The capital of France is Paris. "
         "The keys to the cabinet are on the table. A cat sat on the mat and looked at the dog. ") * 8
@@ -162,5 +163,6 @@ def test_selection_record_survives_a_checkpoint(tmp_path):
     resumed = train_tuned_lens(lm, seqs, s, out=tmp_path, resume=True, progress=False)
     assert torch.allclose(resumed.A, straight.A, atol=1e-6)
     a, b = straight.training_info, resumed.training_info
-    assert a["selection"]["validation_kl_start"] == b["selection"]["validation_kl_start"]
+    assert_same_computation(a["selection"]["validation_kl_start"], b["selection"]["validation_kl_start"],
+                            why="the start's KL: computed before any step, kept through the checkpoint")
     assert b["init"] == {**a["init"], "seconds": b["init"]["seconds"]}
