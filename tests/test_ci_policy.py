@@ -282,7 +282,7 @@ _INT_WORDS = {"id", "ids", "index", "indices", "idx", "count", "counts", "l0", "
 _SIGN_KEEPING = {"float", "item", "abs", "max", "min", "sum", "amax", "amin", "mean", "detach", "cpu", "double"}
 # files whose remaining exact calls are converted on another branch (integer data), pinned by their number so that
 # a new one in the file still fails; remove the entry when the file is converted
-_PENDING = {"evaluate/test_aer.py": 2}
+_PENDING: dict[str, int] = {}
 
 
 def _is_zero(n) -> bool:
