@@ -36,11 +36,12 @@ the weights at the end of ``fit`` (``fold_activation_norm_scaling_factor``), as 
 (MSE summed over dimensions, mean over tokens, plus its AuxK), its Adam and its learning-rate schedule, its
 dead-latent bookkeeping; the hyperparameters set to lenscope's (the results' ``settings``), what could not be
 made equal listed under ``differences``. Its weights are written by SAELens itself
-(``save_inference_model``: the decoder norms folded into the encoder, ``rescale_acts_by_decoder_norm=False``) and
-read by lenscope's :meth:`~lenscope.models.dictionary.Dictionary.load`; SAELens's inference ``TopKSAE.encode`` is
-``TopK(k)((x - b_dec) @ W_enc + b_enc)``, ``TopK`` keeping the k largest pre-activations, ReLU'd, 0 elsewhere
-(``torch.topk`` then ``relu``), and ``decode`` is ``z @ W_dec + b_dec``: exactly lenscope's TopK dictionary
-(:meth:`Dictionary.encode` / ``decode``), so one function scores both.
+(``save_inference_model``: the decoder norms folded into the encoder; its ``cfg.json`` keeps
+``rescale_acts_by_decoder_norm=True``) and read by lenscope's :meth:`~lenscope.models.dictionary.Dictionary.load`,
+which honours that setting as SAELens's inference ``TopKSAE`` does (``TopK(k)(((x - b_dec) @ W_enc + b_enc) * n)``,
+``TopK`` keeping the k largest, ReLU'd, 0 elsewhere, and ``decode`` ``(z / n) @ W_dec + b_dec``, ``n`` the decoder
+rows' norms, 1 here after SAELens's fold) by folding ``n`` into the weights: lenscope's TopK dictionary
+(:meth:`Dictionary.encode` / ``decode``) then computes SAELens's function, so one function scores both.
 
 **Measured.** Each trainer runs in its own process with ``--threads`` threads (``OMP_NUM_THREADS`` and
 ``torch.set_num_threads``); wall seconds (``time.perf_counter``) and CPU seconds (``time.process_time``, every
@@ -364,11 +365,6 @@ def main(argv=None) -> int:
             t, folder = run_side(side, a, p, str(a.cache), n_train, scale, work)
             D = Dictionary.load(folder)
             s = score(D, x_held)
-            cfg = json.loads((folder / "cfg.json").read_text())
-            if cfg.get("rescale_acts_by_decoder_norm"):  # (SAELens writes its training flag; the norms are folded)
-                norms = D.W_dec.double().norm(dim=1) * D.scale_out
-                if float((norms - 1).abs().max()) > 1e-4:
-                    raise SystemExit(f"error: the {side} dictionary rescales by decoder norms that are not folded in")
             entry = {"tokens": t["tokens"], "steps": t["steps"], "wall_s": round(t["wall_s"], 2),
                      "cpu_s": round(t["cpu_s"], 2), "tokens_per_s": round(t["tokens"] / t["wall_s"], 1),
                      "tokens_per_cpu_s": round(t["tokens"] / t["cpu_s"], 1), **s, "precision": t["precision"],

@@ -90,7 +90,7 @@ def test_save_and_load_round_trip_in_saelens_layout(tmp_path, kind, role):
     if role == "sae":
         assert cfg["metadata"]["hook_name"] == "blocks.1.hook_resid_post"
     else:
-        assert cfg["metadata"]["hook_name"] == "blocks.1.ln2.hook_normalized"
+        assert cfg["metadata"]["hook_name"] == "blocks.1.mlp.hook_in"
         assert cfg["metadata"]["hook_name_out"] == "blocks.1.hook_mlp_out" and cfg["d_out"] == 8
     E = Dictionary.load(tmp_path)
     assert (E.kind, E.role, E.k, E.site, E.model, E.fingerprint, E.info) == \

@@ -27,8 +27,23 @@ The engine (:func:`lenscope.models.engine.run` with ``dictionaries=``) exposes a
 
 Files (:meth:`Dictionary.save`, :func:`load_dictionaries`): a folder with ``cfg.json`` and
 ``sae_weights.safetensors`` as SAELens writes them (``architecture``, ``d_in``, ``d_sae``, ``metadata.hook_name``
-in TransformerLens's hook names, ...), lenscope's own record under ``metadata.lenscope`` (site, kind, role, model
-fingerprint, normalisation); several dictionaries trained together: one subfolder each.
+in TransformerLens's hook names, ...), lenscope's record under ``metadata.lenscope`` (site, kind, role, model
+fingerprint, normalisation); several dictionaries trained together: one subfolder each. A transcoder's input is named
+``blocks.L.mlp.hook_in`` (circuit-tracer's hook on the MLP's input, after the norm and its gain), not
+TransformerLens's ``blocks.L.ln2.hook_normalized``, which holds the activations before the gain.
+
+SAELens's inference settings are honoured by folding them into the one form above, or refused in one line
+(:func:`saelens_form`): ``apply_b_dec_to_input`` false (an SAE that does not subtract ``b_dec``: ``b_enc +=
+b_dec @ W_enc``), ``rescale_acts_by_decoder_norm`` (TopK: pre-activations times the decoder rows' norms, latents
+divided by them before decoding: the norms folded into ``W_enc``, ``b_enc`` and ``W_dec``), ``normalize_activations``
+``expected_average_only_in`` with its factor stored beside the weights (``activation_scaler.json``, as SAELens's
+checkpoints keep it; folded as :meth:`Dictionary.folded`); a per-token normalisation (``constant_norm_rescale``,
+``layer_norm``) or a statistic the folder lacks is refused.
+
+Transcoders also go to circuit-tracer's per-layer layout (:func:`save_circuit_tracer`; read back by
+:func:`load_dictionaries`): ``config.yaml`` and ``layer_{L}.safetensors``. circuit-tracer (0.5) applies a JumpReLU
+where the file holds ``activation_function.threshold`` and a ReLU otherwise; it has no TopK, so a TopK transcoder is
+refused there.
 """
 
 from __future__ import annotations
@@ -50,25 +65,55 @@ ROLES = ("sae", "transcoder", "skip")
 CFG = "cfg.json"
 WEIGHTS = "sae_weights.safetensors"
 
-# TransformerLens's hook names, which SAELens records (``metadata.hook_name``)
+# TransformerLens's hook names, which SAELens records (``metadata.hook_name``). A transcoder reads the MLP's input
+# after its norm, gain included: in TransformerLens (loaded without fold_ln, as circuit-tracer loads it) that is the
+# input of the MLP module, the hook ``mlp.hook_in`` that circuit-tracer's ReplacementModel puts on it (and its output
+# ``mlp.hook_out``, the MLP's output before any post-norm: lenscope's ``mlp_out``); TransformerLens's
+# ``ln2.hook_normalized`` is before the gain (:data:`PRE_GAIN_HOOK`).
 _TL_HOOK = {"resid_pre": "hook_resid_pre", "resid_post": "hook_resid_post", "attn_out": "hook_attn_out",
-            "mlp_out": "hook_mlp_out", "ln_mlp.out": "ln2.hook_normalized", "resid_mid": "hook_resid_mid"}
-_FROM_TL = {v: k for k, v in _TL_HOOK.items()}
+            "mlp_out": "hook_mlp_out", "ln_mlp.out": "mlp.hook_in", "resid_mid": "hook_resid_mid"}
+_FROM_TL = {v: k for k, v in _TL_HOOK.items()} | {"mlp.hook_out": "mlp_out"}
+PRE_GAIN_HOOK = "ln2.hook_normalized"
 
 
 def tl_hook_name(site: str) -> str:
-    """``"resid_post.5"`` -> ``"blocks.5.hook_resid_post"`` (TransformerLens's name, which SAELens records)."""
+    """``"resid_post.5"`` -> ``"blocks.5.hook_resid_post"`` (TransformerLens's name, which SAELens records);
+    ``"ln_mlp.out.5"`` (a transcoder's input) -> ``"blocks.5.mlp.hook_in"``."""
     name, layer = site_key(site)
     return f"blocks.{layer}.{_TL_HOOK[name]}"
 
 
 def site_of_hook(hook: str) -> str:
-    """The inverse of :func:`tl_hook_name`, or an :class:`~lenscope.errors.InputError` naming what is understood."""
+    """The inverse of :func:`tl_hook_name` (``blocks.L.mlp.hook_out`` is ``mlp_out.L`` too), or an
+    :class:`~lenscope.errors.InputError` naming what is understood. ``blocks.L.ln2.hook_normalized`` is refused: it
+    is the MLP's input before the norm's gain, which no lenscope site holds."""
     m = re.fullmatch(r"blocks\.(\d+)\.(.+)", hook or "")
+    if m and m.group(2) == PRE_GAIN_HOOK:
+        L = m.group(1)
+        raise InputError(f"the dictionary reads {hook}, TransformerLens's MLP input before the norm's gain; lenscope "
+                         f"reads the MLP's input after it (blocks.{L}.mlp.hook_in): fold the norm's weights into the "
+                         f"encoder, or, if it was trained after the gain, set its hook_name to blocks.{L}.mlp.hook_in")
     if not m or m.group(2) not in _FROM_TL:
         raise InputError(f"the dictionary's hook {hook!r} names no site lenscope knows; lenscope reads "
                          f"blocks.<i>.{{{', '.join(_FROM_TL)}}}")
     return f"{_FROM_TL[m.group(2)]}.{m.group(1)}"
+
+
+def site_of_hooks(hook_in: str, hook_out: str | None, role: str, where) -> str:
+    """The site of a dictionary from the hooks its file names (no lenscope record): an SAE's own; a transcoder's
+    ``mlp_out.L``, checked against its input hook, which must be the MLP input of that block
+    (``blocks.L.mlp.hook_in``)."""
+    if role == "sae":
+        return site_of_hook(hook_in)
+    name, L = site_key(site_of_hook(hook_in))
+    if name != "ln_mlp.out":
+        raise InputError(f"{where}: the transcoder reads {hook_in}; lenscope's transcoders read the MLP's input "
+                         f"after its norm (blocks.{L}.mlp.hook_in)")
+    site = site_of_hook(hook_out) if hook_out else f"mlp_out.{L}"
+    if site != f"mlp_out.{L}":
+        raise InputError(f"{where}: the transcoder reads blocks.{L}.mlp.hook_in but writes {hook_out}; lenscope's "
+                         f"transcoders write the output of the MLP they read (blocks.{L}.hook_mlp_out)")
+    return site
 
 
 def input_site(site: str, role: str) -> str:
@@ -272,18 +317,24 @@ class Dictionary:
     # -- files ---------------------------------------------------------------------------------------------------
 
     def architecture(self) -> str:
-        """SAELens's name for this dictionary's class (``topk``, ``jumprelu``, ``jumprelu_transcoder``, ...).
-        BatchTopK is stored as its inference form, a JumpReLU. SAELens (6.18) has no TopK transcoder and only
-        a ReLU skip transcoder: those are written ``topk_transcoder``, ``topk_skip_transcoder``,
-        ``jumprelu_skip_transcoder``, names only lenscope reads."""
+        """SAELens's name for this dictionary's class (``topk``, ``jumprelu``, ``jumprelu_transcoder``,
+        ``jumprelu_skip_transcoder``, ...). BatchTopK is stored as its inference form, a JumpReLU. SAELens (6.54) has
+        no TopK transcoder: those are written ``topk_transcoder`` and ``topk_skip_transcoder``, names only lenscope
+        reads."""
         act = "topk" if self.kind == "topk" else "jumprelu"
         return {"sae": act, "transcoder": f"{act}_transcoder", "skip": f"{act}_skip_transcoder"}[self.role]
 
+    def record(self) -> dict:
+        """lenscope's record of this dictionary (``metadata.lenscope`` of its ``cfg.json``)."""
+        return {"kind": self.kind, "role": self.role, "site": self.site, "fingerprint": self.fingerprint,
+                "scale_in": self.scale_in, "scale_out": self.scale_out, "info": self.info}
+
     def config(self) -> dict:
-        """The ``cfg.json`` SAELens reads, lenscope's record under ``metadata.lenscope``."""
+        """The ``cfg.json`` SAELens reads, lenscope's record under ``metadata.lenscope``. Its settings say what the
+        weights compute: an SAE subtracts ``b_dec`` from its input (``apply_b_dec_to_input``), a transcoder does
+        not; no rescaling by the decoder norms; no normalisation (the scales are folded into the weights)."""
         meta = {"model_name": self.model, "hook_name": None, "hook_head_index": None, "prepend_bos": True,
-                "lenscope": {"kind": self.kind, "role": self.role, "site": self.site, "fingerprint": self.fingerprint,
-                             "scale_in": self.scale_in, "scale_out": self.scale_out, "info": self.info}}
+                "lenscope": self.record()}
         if self.site is not None:
             meta["hook_name"] = tl_hook_name(self.input_site)
             if self.transcoder:
@@ -310,7 +361,8 @@ class Dictionary:
 
     @classmethod
     def load(cls, folder: str | Path) -> Dictionary:
-        """Read one dictionary folder (lenscope's or SAELens's layout)."""
+        """Read one dictionary folder (lenscope's or SAELens's layout), SAELens's inference settings honoured or
+        refused in one line (:func:`saelens_form`)."""
         from safetensors.torch import load_file
 
         folder = Path(folder)
@@ -326,13 +378,19 @@ class Dictionary:
         missing = [n for n in ("W_enc", "b_enc", "W_dec", "b_dec") if n not in t]
         if missing:
             raise InputError(f"{folder / WEIGHTS} lacks {', '.join(missing)}")
-        arch = str(cfg.get("architecture", ""))
-        meta = cfg.get("metadata") or {}
+        # SAELens before 6.0 kept the hook and the model at the top level (``hook_point`` before ``hook_name``)
+        flat = {"hook_name": cfg.get("hook_name", cfg.get("hook_point")), "hook_name_out": cfg.get("hook_name_out"),
+                "model_name": cfg.get("model_name")}
+        meta = {**{k: v for k, v in flat.items() if v is not None}, **(cfg.get("metadata") or {})}
         own = meta.get("lenscope") or {}
+        arch = str(cfg.get("architecture", "standard"))
         role = own.get("role") or ("skip" if "skip_transcoder" in arch else "transcoder" if "transcoder" in arch
                                    else "sae")
         base = arch.replace("_skip_transcoder", "").replace("skip_transcoder", "").replace("_transcoder", "") \
             .replace("transcoder", "")
+        k = cfg.get("k")
+        if base == "standard" and cfg.get("activation_fn") == "topk":  # SAELens before 6.0
+            base, k = "topk", (cfg.get("activation_fn_kwargs") or {}).get("k")
         if base in ("", "standard"):  # ReLU: a JumpReLU at threshold 0
             kind = "jumprelu"
             t.setdefault("threshold", torch.zeros_like(t["b_enc"]))
@@ -344,18 +402,17 @@ class Dictionary:
         kind = own.get("kind", kind)
         if kind == "batchtopk" and "threshold" not in t:
             raise InputError(f"{folder / WEIGHTS}: a BatchTopK dictionary needs its threshold")
-        if cfg.get("normalize_activations", "none") not in ("none", None):
-            raise InputError(f"{folder / CFG}: normalize_activations {cfg['normalize_activations']!r} is not folded "
-                             "into the weights; lenscope reads dictionaries with normalize_activations 'none'")
+        # lenscope's own record says the site (its files before the hook was named blocks.L.mlp.hook_in named a
+        # transcoder's input blocks.L.ln2.hook_normalized); another file's hooks say it
         site = own.get("site")
-        if site is None and meta.get("hook_name"):
-            site = site_of_hook(meta.get("hook_name_out") or meta["hook_name"]) if role != "sae" else \
-                site_of_hook(meta["hook_name"])
-        return cls(W_enc=t["W_enc"], b_enc=t["b_enc"], W_dec=t["W_dec"], b_dec=t["b_dec"], kind=kind, role=role,
-                   k=cfg.get("k"), threshold=t.get("threshold") if kind != "topk" else None, W_skip=t.get("W_skip"),
-                   site=site, model=meta.get("model_name"), fingerprint=own.get("fingerprint"),
-                   scale_in=float(own.get("scale_in", 1.0)), scale_out=float(own.get("scale_out", 1.0)),
-                   info=dict(own.get("info") or {}))
+        if not own and meta.get("hook_name"):
+            site = site_of_hooks(meta["hook_name"], meta.get("hook_name_out"), role, folder / CFG)
+        D = cls(W_enc=t["W_enc"], b_enc=t["b_enc"], W_dec=t["W_dec"], b_dec=t["b_dec"], kind=kind, role=role,
+                k=k, threshold=t.get("threshold") if kind != "topk" else None, W_skip=t.get("W_skip"),
+                site=site, model=meta.get("model_name"), fingerprint=own.get("fingerprint"),
+                scale_in=float(own.get("scale_in", 1.0)), scale_out=float(own.get("scale_out", 1.0)),
+                info=dict(own.get("info") or {}))
+        return saelens_form(D, cfg, folder)
 
     def __repr__(self) -> str:
         k = f", k={self.k}" if self.kind == "topk" else ""
@@ -430,12 +487,15 @@ class Attached:
 
 def load_dictionaries(path: str | Path) -> list[Dictionary]:
     """The dictionaries in ``path``: one folder with ``cfg.json``, or a folder of such folders (one per site, as
-    ``lenscope dict train`` writes several sites trained together), in the order of their sites."""
+    ``lenscope dict train`` writes several sites trained together), in the order of their sites; or transcoders in
+    circuit-tracer's layout (a folder with ``config.yaml``: :func:`load_circuit_tracer`)."""
     path = Path(path)
     if not path.exists():
         raise InputError(f"dictionary folder {path} does not exist")
     if (path / CFG).exists():
         return [Dictionary.load(path)]
+    if (path / CT_CONFIG).exists():
+        return load_circuit_tracer(path)
     subs = sorted(p for p in path.iterdir() if p.is_dir() and (p / CFG).exists())
     if not subs:
         raise InputError(f"{path} holds no dictionary: neither {CFG} nor subfolders with one")
@@ -463,5 +523,215 @@ def save_dictionaries(dicts: list[Dictionary], folder: str | Path) -> Path:
     return folder
 
 
-__all__ = ["Attached", "CFG", "DICT_SITES", "Dictionary", "KINDS", "LATENT_SITES", "ROLES", "WEIGHTS", "check_site",
-           "input_site", "load_dictionaries", "save_dictionaries", "site_of_hook", "tl_hook_name"]
+# -- SAELens's inference settings ------------------------------------------------------------------------------
+
+SCALER = "activation_scaler.json"  # where SAELens's checkpoints keep the factor of expected_average_only_in
+
+
+def saelens_form(D: Dictionary, cfg: dict, folder: str | Path | None = None) -> Dictionary:
+    """``D``, read from a SAELens folder (``cfg``: its ``cfg.json``), with SAELens's inference settings honoured by
+    folding them into lenscope's one form (the same function; the folds are listed in ``info["saelens_folded"]``),
+    or an :class:`~lenscope.errors.InputError` (one line) naming the setting and what to do:
+
+    - ``apply_b_dec_to_input``: SAELens's SAE encodes ``x - b_dec`` where it is true (its default) and ``x`` where it
+      is false (Gemma Scope's): ``x @ W_enc + b_enc = (x - b_dec) @ W_enc + (b_enc + b_dec @ W_enc)``. A transcoder's
+      must be false: its ``b_dec`` is in the output's space (SAELens refuses it too).
+    - ``rescale_acts_by_decoder_norm`` (TopK; SAELens's other classes have no such setting and ignore it): SAELens
+      multiplies the pre-activations by the decoder rows' norms ``n`` before taking the top k and divides the latents
+      by them before decoding; ``W_enc * n``, ``b_enc * n`` and ``W_dec / n`` (by rows) compute the same.
+    - ``normalize_activations``: ``none``; ``expected_average_only_in`` (an SAE trained on its input times a fixed
+      factor ``s``, its output divided by it): folded (:meth:`Dictionary.folded`) where the folder holds ``s``
+      (``activation_scaler.json``, as SAELens's checkpoints keep it; a finished SAELens run has folded it and says
+      ``none``), refused otherwise; ``constant_norm_rescale`` and ``layer_norm`` (each token's input scaled, and
+      shifted, by its own statistics, undone on the output) are refused: lenscope's output is linear in the
+      latents, which the engine's edits, attribution and graphs rely on; ``covariance_whitening`` (a statistic
+      SAELens folds at the end of training) is refused.
+
+    The folds run in float64; the result keeps the stored dtype, or float32 where that is narrower."""
+    where = Path(folder) / CFG if folder is not None else CFG
+    done = []
+    sub = cfg.get("apply_b_dec_to_input")
+    if D.role != "sae" and sub:
+        raise InputError(f"{where}: apply_b_dec_to_input is true for a transcoder, whose b_dec is in its output's "
+                         "space (SAELens refuses it too); set it to false")
+    if D.role == "sae" and sub is not None and not sub:
+        done.append("apply_b_dec_to_input: false")
+    rescale = D.kind == "topk" and bool(cfg.get("rescale_acts_by_decoder_norm"))
+    if rescale:
+        done.append("rescale_acts_by_decoder_norm: true")
+    norm = cfg.get("normalize_activations")
+    norm = "none" if norm is None or norm is False else "expected_average_only_in" if norm is True else str(norm)
+    s = None
+    if norm == "expected_average_only_in":
+        s = _stored_scale(D, folder, where)
+        done.append(f"normalize_activations: expected_average_only_in (factor {s!r})")
+    elif norm in ("constant_norm_rescale", "layer_norm"):
+        raise InputError(f"{where}: normalize_activations {norm!r} normalises each token's input by its own statistics "
+                         "and undoes it on the output, so the output is not linear in the latents as lenscope's "
+                         "edits, attributions and graphs need; run this dictionary with SAELens")
+    elif norm == "covariance_whitening":
+        raise InputError(f"{where}: normalize_activations 'covariance_whitening' is not folded into the weights; fold "
+                         "it with SAELens (sae.fold_activation_whitening, as its trainer does when it ends) and save")
+    elif norm != "none":
+        raise InputError(f"{where}: normalize_activations {norm!r} is not one lenscope reads (none, "
+                         "expected_average_only_in with its factor)")
+    if not done:
+        return D
+    t = {n: v.double() for n, v in D.tensors().items()}
+    if "apply_b_dec_to_input: false" in done:
+        t["b_enc"] = t["b_enc"] + t["b_dec"] @ t["W_enc"]
+    if rescale:
+        n = t["W_dec"].norm(dim=-1)
+        t["W_enc"], t["b_enc"] = t["W_enc"] * n, t["b_enc"] * n
+        t["W_dec"] = t["W_dec"] / torch.where(n > 0, n, 1.0)[:, None]
+    E = Dictionary(**t, kind=D.kind, role=D.role, k=D.k, site=D.site, model=D.model, fingerprint=D.fingerprint,
+                   scale_in=D.scale_in, scale_out=D.scale_out, info={**D.info, "saelens_folded": done})
+    if s is not None:
+        E = E.folded(s)
+    return E.to(torch.promote_types(D.W_enc.dtype, torch.float32))
+
+
+def _stored_scale(D: Dictionary, folder, where) -> float:
+    """The factor of ``expected_average_only_in`` that SAELens's checkpoint keeps beside the weights."""
+    lacks = (f"{where}: normalize_activations 'expected_average_only_in': the SAE was trained on its input times a "
+             f"factor this folder does not hold (SAELens keeps it in {SCALER} beside a checkpoint, or as "
+             "norm_scaling_factor in its pretrained_saes.yaml); fold it in with SAELens "
+             "(sae.fold_activation_norm_scaling_factor) and save with normalize_activations 'none'")
+    if D.role != "sae":
+        raise InputError(f"{where}: normalize_activations 'expected_average_only_in' on a transcoder is not a setting "
+                         "SAELens defines; fold the scales into the weights and save with normalize_activations "
+                         "'none'")
+    try:
+        rec = json.loads((Path(folder) / SCALER).read_text()) if folder is not None else {}
+    except (FileNotFoundError, json.JSONDecodeError):
+        rec = {}
+    s = rec.get("scaling_factor") if isinstance(rec, dict) else None
+    if not isinstance(s, (int, float)) or isinstance(s, bool) or not s > 0 or rec.get("has_whitening"):
+        raise InputError(lacks)
+    return float(s)
+
+
+# -- circuit-tracer's per-layer layout -------------------------------------------------------------------------
+
+CT_CONFIG = "config.yaml"
+CT_THRESHOLD = "activation_function.threshold"  # circuit-tracer's JumpReLU threshold, its module's parameter
+CT_OUTPUT_HOOK = "mlp.hook_out"  # circuit-tracer's hook on the MLP's output (before a post-norm): lenscope's mlp_out
+
+
+def save_circuit_tracer(dicts: list[Dictionary], folder: str | Path) -> Path:
+    """Transcoders, one for every block from block 0, in circuit-tracer's per-layer layout (a ``transcoder_set``, as
+    on the Hugging Face hub and in circuit-tracer's cache, which ``circuit_tracer.utils.caching`` and
+    ``load_transcoder_set`` read): ``config.yaml`` (``model_kind: transcoder_set``, ``feature_input_hook:
+    mlp.hook_in``, ``feature_output_hook: mlp.hook_out``, ``model_name``) and ``layer_{L}.safetensors`` holding
+    ``W_enc (width, d_model)``, ``W_dec (width, d_model)``, ``b_enc``, ``b_dec``, ``activation_function.threshold``
+    and ``W_skip (d_model, d_model)``, lenscope's record in each file's metadata.
+
+    circuit-tracer (0.5) computes ``pre * (pre > threshold)`` where a file holds the threshold and ``relu(pre)``
+    otherwise; lenscope's ``relu(pre) * (pre > threshold)`` is the first with the threshold raised to 0 where it is
+    negative, which is what is written. Its files cannot say TopK (it would read a TopK transcoder as a ReLU one):
+    a TopK transcoder is refused."""
+    import yaml
+    from safetensors.torch import save_file
+
+    dicts = sorted(dicts, key=lambda d: (d.layer is None, d.layer or 0))
+    if not dicts:
+        raise InputError("no transcoders to write")
+    for d in dicts:
+        if not d.transcoder or d.site is None:
+            raise InputError(f"circuit-tracer's layout holds transcoders of mlp_out.<block>, one per block; got {d!r}")
+        if d.kind == "topk":
+            raise InputError(f"the transcoder for {d.site} is TopK, which circuit-tracer (0.5) cannot read: its files "
+                             "hold a JumpReLU threshold or nothing (a ReLU), so it would run this one as a ReLU; train "
+                             "--kind batchtopk or jumprelu for circuit-tracer, or keep lenscope's layout "
+                             "(save_dictionaries)")
+    layers = [d.layer for d in dicts]
+    if layers != list(range(len(dicts))):
+        raise InputError(f"circuit-tracer replaces every MLP: it needs one transcoder for each block from 0; these are "
+                         f"for blocks {layers}")
+    if len({d.width for d in dicts}) > 1 or len({d.W_skip is None for d in dicts}) > 1:
+        raise InputError("circuit-tracer's transcoders share one width, and a skip path on all or none of them")
+    folder = Path(folder)
+    stale = sorted(p.name for p in folder.glob("layer_*.safetensors")) if folder.exists() else []
+    stale = [n for n in stale if n not in {f"layer_{L}.safetensors" for L in layers}]
+    if stale:
+        raise InputError(f"{folder} already holds {', '.join(stale)}, which circuit-tracer would read as more "
+                         "layers; write to an empty folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    for d in dicts:
+        t = {"W_enc": d.W_enc.T, "W_dec": d.W_dec, "b_enc": d.b_enc, "b_dec": d.b_dec,
+             CT_THRESHOLD: d.threshold.clamp(min=0)}
+        if d.W_skip is not None:
+            t["W_skip"] = d.W_skip
+        save_file({n: v.detach().contiguous().cpu() for n, v in t.items()},
+                  str(folder / f"layer_{d.layer}.safetensors"),
+                  metadata={"lenscope": json.dumps({**d.record(), "model": d.model})})
+    cfg = {"model_kind": "transcoder_set", "feature_input_hook": _TL_HOOK["ln_mlp.out"],
+           "feature_output_hook": CT_OUTPUT_HOOK}
+    if dicts[0].model:
+        cfg["model_name"] = dicts[0].model
+    (folder / CT_CONFIG).write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return folder
+
+
+def load_circuit_tracer(folder: str | Path) -> list[Dictionary]:
+    """Transcoders in circuit-tracer's per-layer layout (:func:`save_circuit_tracer`, its cache, the hub's
+    ``transcoder_set``): ``config.yaml`` and the local files it lists (``transcoders``) or ``layer_{L}.safetensors``
+    beside it. A JumpReLU where a file holds ``activation_function.threshold``, a ReLU otherwise, as circuit-tracer
+    reads them; the hooks are checked as a SAELens file's (:func:`site_of_hooks`), lenscope's record (a file's
+    metadata) read where present."""
+    import yaml
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    where = folder / CT_CONFIG
+    try:
+        cfg = yaml.safe_load(where.read_text())
+    except yaml.YAMLError as e:
+        raise InputError(f"{where} is not valid YAML ({str(e).splitlines()[0]})") from None
+    cfg = cfg if isinstance(cfg, dict) else {}
+    if cfg.get("model_kind") != "transcoder_set":
+        raise InputError(f"{where}: model_kind {cfg.get('model_kind')!r}; lenscope reads circuit-tracer's per-layer "
+                         "transcoders (transcoder_set), not cross-layer ones")
+    hook_in, hook_out = cfg.get("feature_input_hook"), cfg.get("feature_output_hook")
+    if not hook_in:
+        raise InputError(f"{where} names no feature_input_hook")
+    listed = cfg.get("transcoders")
+    if listed:
+        remote = [p for p in listed if str(p).startswith("hf://")]
+        if remote:
+            raise InputError(f"{where} lists files on the Hugging Face hub ({remote[0]}, ...); lenscope reads local "
+                             "files: download them and list their paths")
+        paths = [Path(p) for p in listed]
+    else:
+        paths = sorted(folder.glob("layer_*.safetensors"), key=lambda p: int(p.stem.split("_")[1]))
+        if [int(p.stem.split("_")[1]) for p in paths] != list(range(len(paths))) or not paths:
+            raise InputError(f"{folder} holds {[p.name for p in paths]}: circuit-tracer's layout needs "
+                             "layer_0.safetensors, layer_1.safetensors, ... one for each block from 0")
+    out = []
+    for L, p in enumerate(paths):
+        if p.suffix != ".safetensors" or not p.exists():
+            raise InputError(f"{where}: transcoder file {p} is not a .safetensors file lenscope can read")
+        with safe_open(str(p), "pt") as f:
+            meta, t = f.metadata() or {}, {n: f.get_tensor(n) for n in f.keys()}
+        missing = [n for n in ("W_enc", "b_enc", "W_dec", "b_dec") if n not in t]
+        if missing:
+            raise InputError(f"{p} lacks {', '.join(missing)}")
+        threshold = t.get(CT_THRESHOLD, torch.zeros_like(t["b_enc"]))
+        if "log_thresholds" in t or bool((threshold < 0).any()):
+            raise InputError(f"{p}: a negative or log threshold; lenscope's JumpReLU zeroes negative "
+                             "pre-activations, circuit-tracer's keeps those above the threshold")
+        own = json.loads(meta["lenscope"]) if "lenscope" in meta else {}
+        site = own.get("site") or site_of_hooks(f"blocks.{L}.{hook_in}", hook_out and f"blocks.{L}.{hook_out}",
+                                                "transcoder", where)
+        out.append(Dictionary(W_enc=t["W_enc"].T.contiguous(), b_enc=t["b_enc"], W_dec=t["W_dec"], b_dec=t["b_dec"],
+                              kind=own.get("kind", "jumprelu"), role="skip" if "W_skip" in t else "transcoder",
+                              threshold=threshold, W_skip=t.get("W_skip"), site=site,
+                              model=own.get("model", cfg.get("model_name")), fingerprint=own.get("fingerprint"),
+                              scale_in=float(own.get("scale_in", 1.0)), scale_out=float(own.get("scale_out", 1.0)),
+                              info=dict(own.get("info") or {})))
+    return out
+
+
+__all__ = ["Attached", "CFG", "CT_CONFIG", "DICT_SITES", "Dictionary", "KINDS", "LATENT_SITES", "PRE_GAIN_HOOK",
+           "ROLES", "SCALER", "WEIGHTS", "check_site", "input_site", "load_circuit_tracer", "load_dictionaries",
+           "saelens_form", "save_circuit_tracer", "save_dictionaries", "site_of_hook", "site_of_hooks", "tl_hook_name"]
