@@ -28,14 +28,14 @@ SUMS = 64  # float32 roundings on the way to each component and through the sum 
 
 
 def test_the_encoder_decoder_families_are_registered():
-    assert SEQ2SEQ == ["bart", "marian", "t5", "t5-gated"]
+    assert SEQ2SEQ == ["bart", "m2m100", "marian", "mbart", "pegasus", "t5", "t5-gated"]
     r = CliRunner().invoke(app, ["models", "--json"])
     fams = {f["family"]: f for f in json.loads(r.stdout) if f["kind"] == "family"}
-    for name, types in (("bart", ["bart", "marian"]), ("t5", ["t5"])):
+    for name, types in (("bart", ["bart", "marian", "mbart", "m2m_100", "pegasus"]), ("t5", ["t5"])):
         f = fams[name]
         assert f["architecture"] == "encoder-decoder" and f["model_types"] == types
         assert "cross-attention" in f["attention"] and f["description"].startswith("encoder-decoder family")
-    assert fams["bart"]["block"] == ["post"] and fams["t5"]["block"] == ["pre"]
+    assert fams["bart"]["block"] == ["post", "pre"] and fams["t5"]["block"] == ["pre"]  # BART / mBART
     assert "relative position bias" in fams["t5"]["attention"] and "learned positions" in fams["bart"]["attention"]
 
 
@@ -206,8 +206,10 @@ def test_the_cli_explains_with_a_source():
 def _variant(name: str):
     """Encoder-decoder models of other shapes than the tiny ones: stacks of different depths, heads and widths
     (T5's ``d_kv`` apart from ``d_model / heads``), T5 v1.1 (gated, untied), BART without embedding scale and with
-    ReLU, Marian with separate embeddings."""
-    from transformers import BartConfig, MarianConfig, T5Config
+    ReLU, Marian with separate embeddings; the Pre-LN layouts: mBART untied with ReLU and no embedding scale,
+    M2M-100 whose padding token is not id 1 (its positions start at ``padding_idx + 1``: here row 5, not BART's 2),
+    Pegasus with GELU and a deeper encoder."""
+    from transformers import BartConfig, M2M100Config, MarianConfig, MBartConfig, PegasusConfig, T5Config
 
     from lenscope.models.families import family_for
     from lenscope.models.load import LoadedModel, random_model
@@ -232,13 +234,30 @@ def _variant(name: str):
                                               encoder_ffn_dim=48, decoder_ffn_dim=64, max_position_embeddings=64,
                                               decoder_start_token_id=tok["pad"], tie_word_embeddings=False,
                                               share_encoder_decoder_embeddings=False),
+        "mbart-relu-untied": lambda: MBartConfig(**ids, d_model=48, encoder_layers=1, decoder_layers=3,
+                                                 encoder_attention_heads=3, decoder_attention_heads=6,
+                                                 encoder_ffn_dim=64, decoder_ffn_dim=80, max_position_embeddings=64,
+                                                 decoder_start_token_id=tok["eos"], forced_eos_token_id=None,
+                                                 activation_function="relu", scale_embedding=False,
+                                                 tie_word_embeddings=False),
+        "m2m100-padding-4": lambda: M2M100Config(**(ids | {"pad_token_id": 4}), d_model=32, encoder_layers=2,
+                                                 decoder_layers=2, encoder_attention_heads=2,
+                                                 decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48,
+                                                 max_position_embeddings=64, decoder_start_token_id=tok["eos"],
+                                                 activation_function="gelu"),
+        "pegasus-deep-encoder": lambda: PegasusConfig(**ids, d_model=32, encoder_layers=3, decoder_layers=1,
+                                                      encoder_attention_heads=4, decoder_attention_heads=2,
+                                                      encoder_ffn_dim=64, decoder_ffn_dim=48,
+                                                      max_position_embeddings=64, scale_embedding=True,
+                                                      decoder_start_token_id=tok["pad"], forced_eos_token_id=None),
     }[name]()
     model = random_model(cfg, kind="encoder-decoder").eval()
     return LoadedModel(model=model, tokenizer=tiny_tokenizer(kind="encoder-decoder"),
                        anatomy=family_for(model).read(model), name=name)
 
 
-@pytest.mark.parametrize("name", ["t5-deep-encoder", "t5-v1.1", "bart-relu", "marian-untied"])
+@pytest.mark.parametrize("name", ["t5-deep-encoder", "t5-v1.1", "bart-relu", "marian-untied", "mbart-relu-untied",
+                                  "m2m100-padding-4", "pegasus-deep-encoder"])
 def test_other_shapes_verify_and_decompose_exactly(name):
     lm = _variant(name)
     assert verify(lm, PREFIX, source=SOURCE).ok
@@ -252,17 +271,28 @@ def test_other_shapes_verify_and_decompose_exactly(name):
     assert e.head_scores.shape[:2] == (lm.anatomy.n_layers, heads)
 
 
-def test_mbart_is_refused_in_one_line(tmp_path):
-    from transformers import MBartConfig, MBartForConditionalGeneration
+@pytest.mark.parametrize("kind", ["prophetnet", "bart-pre-ln"])
+def test_an_encoder_decoder_model_lenscope_does_not_read_is_refused_in_one_line(tmp_path, kind):
+    """A saved folder of an encoder-decoder type no family reads (ProphetNet), and a BART config asking for Pre-LN
+    blocks (``normalize_before``, which transformers' BART does not run: an mBART model is the Pre-LN layout)."""
+    from transformers import AutoModelForSeq2SeqLM, BartConfig, ProphetNetConfig
 
     from lenscope.errors import UnsupportedModelError
     from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
 
     tok = tiny_special_ids()
-    cfg = MBartConfig(vocab_size=tok["vocab_size"], d_model=16, encoder_layers=1, decoder_layers=1,
-                      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32)
-    MBartForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    if kind == "prophetnet":
+        cfg = ProphetNetConfig(vocab_size=tok["vocab_size"], hidden_size=16, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                               num_encoder_layers=1, num_decoder_layers=1, num_encoder_attention_heads=2,
+                               num_decoder_attention_heads=2)
+    else:
+        cfg = BartConfig(vocab_size=tok["vocab_size"], d_model=16, encoder_layers=1, decoder_layers=1,
+                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                         decoder_ffn_dim=32, normalize_before=True)
+    AutoModelForSeq2SeqLM.from_config(cfg).save_pretrained(tmp_path)
     tiny_tokenizer(kind="encoder-decoder").save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModelError) as e:
         lenscope.load(str(tmp_path))
-    assert len(str(e.value).splitlines()) == 1 and "mbart" in str(e.value)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1
+    assert ("model type 'prophetnet'" in msg if kind == "prophetnet" else "normalize_before=True" in msg), msg
