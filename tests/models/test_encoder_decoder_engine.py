@@ -228,7 +228,8 @@ def _seq2seq_tokenizer(template: str):
 def test_texts_become_the_source_and_the_decoders_shifted_target_prefix(kind, template):
     """A target prefix is the decoder's start token, then the target as the tokenizer writes a target, without its
     end token (transformers' labels shifted right); the source keeps its special tokens; an empty prefix is the
-    start token alone (the first target token is then predicted)."""
+    start token and what the tokenizer puts before a target's text (BART's ``<s>``), as in the shifted labels (the
+    first target token is then predicted)."""
     from lenscope.models.load import encode
     from lenscope.models.trace import source_ids
 
@@ -239,7 +240,7 @@ def test_texts_become_the_source_and_the_decoders_shifted_target_prefix(kind, te
     body = tok("the house is small", add_special_tokens=False)["input_ids"]
     lead = [tok.bos_token_id] if template.startswith("<s>") else []
     assert encode(lm, "the house is small").tolist() == [start] + lead + body
-    assert encode(lm, "").tolist() == [start]
+    assert encode(lm, "").tolist() == [start] + lead
     assert source_ids(lm, "the house is small").tolist() == lead + body + [tok.eos_token_id]
 
 

@@ -296,3 +296,53 @@ def test_an_encoder_decoder_model_lenscope_does_not_read_is_refused_in_one_line(
     msg = str(e.value)
     assert len(msg.splitlines()) == 1
     assert ("model type 'prophetnet'" in msg if kind == "prophetnet" else "normalize_before=True" in msg), msg
+
+
+def _lang_tokenizer(kind: str):
+    """A transformers translation tokenizer with language codes (its own class, a character vocabulary): NLLB's
+    (``[<src_lang>] text </s>``, targets ``[<tgt_lang>] text </s>``), mBART-50's (the same form) or mBART-cc25's
+    (``text </s> [<lang>]``)."""
+    from transformers import MBart50Tokenizer, MBartTokenizer, NllbTokenizer
+
+    chars = sorted(set(SOURCE + PREFIX) - {" "})
+    if kind == "nllb":
+        vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", "▁", *chars])}
+        return NllbTokenizer(vocab=vocab, merges=[], src_lang="deu_Latn", tgt_lang="eng_Latn"), "eng_Latn"
+    vocab = [(t, 0.0) for t in ["<s>", "<pad>", "</s>", "<unk>"]] + [(t, -1.0) for t in ["▁", *chars]]
+    if kind == "mbart-50":
+        return MBart50Tokenizer(vocab=vocab, src_lang="de_DE", tgt_lang="en_XX"), "en_XX"
+    return MBartTokenizer(vocab=vocab, src_lang="de_DE", tgt_lang="en_XX"), "en_XX"
+
+
+@pytest.mark.parametrize("kind", ["nllb", "mbart-50", "mbart-cc25"])
+def test_language_codes_start_the_target_prefix(tmp_path, kind):
+    """A folder of an M2M-100 (NLLB) or mBART model with its tokenizer's languages: the source starts with (cc25:
+    ends with) the source language's code, the decoder reads its start token then the target language's code before
+    the prefix (mBART-cc25: the code alone first, mBART's shift of its ``text </s> <lang>`` labels), an empty
+    prefix too; verify and the Logit explanation run on it, the code one of the target-prefix tokens."""
+    from transformers import M2M100Config, MBartConfig
+
+    from lenscope.models.load import encode, random_model
+    from lenscope.models.trace import source_ids
+
+    tok, lang = _lang_tokenizer(kind)
+    code = tok.convert_tokens_to_ids(lang)
+    ids = dict(vocab_size=len(tok), bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+               d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+               encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64)
+    cfg = M2M100Config(**ids) if kind == "nllb" else MBartConfig(**ids, forced_eos_token_id=None)
+    random_model(cfg, kind="encoder-decoder").save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    lm = lenscope.load(str(tmp_path))
+    body = tok(PREFIX, add_special_tokens=False)["input_ids"]
+    want = [code] + body if kind == "mbart-cc25" else [2, code] + body
+    assert encode(lm, PREFIX).tolist() == want
+    assert encode(lm, "").tolist() == want[: len(want) - len(body)]
+    src = source_ids(lm, SOURCE).tolist()
+    src_code = tok.convert_tokens_to_ids("deu_Latn" if kind == "nllb" else "de_DE")
+    assert (src[-1] if kind == "mbart-cc25" else src[0]) == src_code and 2 in src
+    assert verify(lm, PREFIX, source=SOURCE).ok
+    e = lenscope.explain(lm, PREFIX, tok.convert_tokens_to_ids("h"), method="logit", source=SOURCE)
+    assert e.tokens[e.n_source + want.index(code)] == lang
+    size = float(e.head_scores.abs().sum()) + float(e.attention_update.abs().sum()) + abs(e.info["logit"])
+    assert e.invariant_error <= 1e-5 and e.info["completeness_error"] <= SUMS * U32 * size
