@@ -1,6 +1,7 @@
-"""Encoder-decoder models (issue 31, draft; docs/encoder-decoder.md): the BART / Marian and T5 readers' Anatomy
-recomputes every block of the real model, encoder and decoder (self-attention, cross-attention over the encoder's
-output, MLP, the norms; T5's relative position bias), the embeddings and the logits.
+"""Encoder-decoder models (issues 31, 47; docs/encoder-decoder.md): the readers' Anatomy of every tiny
+encoder-decoder model (BART, Marian, mBART, M2M-100, Pegasus, T5, gated T5) recomputes every block of the real
+model, encoder and decoder (self-attention, cross-attention over the encoder's output, MLP, the norms, the final
+norms; T5's relative position bias), the embeddings and the logits.
 
 The models run in float64 and so does lenscope's math, except its attention softmax, which lenscope takes in
 float32 (``Attention.probs``): the two evaluations then differ by the float32 rounding of the probabilities, a few

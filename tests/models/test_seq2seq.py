@@ -1,8 +1,9 @@
-"""Encoder-decoder families as lenscope loads them (issue 31; docs/encoder-decoder.md): ``tiny:bart``,
-``tiny:marian``, ``tiny:t5``, ``tiny:t5-gated`` load, verify (API and CLI, with ``--source``), and are listed by
-``lenscope models``; direct logit attribution with cross-attention components is complete on each (through the
-Post-LN BART and Marian blocks too, each write read along the direction carried back to it); every method that
-does not read them yet refuses with one line.
+"""Encoder-decoder families as lenscope loads them (issues 31, 47; docs/encoder-decoder.md): every tiny
+encoder-decoder model (BART, Marian, mBART, M2M-100, Pegasus, T5, gated T5) loads, verifies (API and CLI, with
+``--source``), and is listed by ``lenscope models``; direct logit attribution with cross-attention components is
+complete on each (through the Post-LN BART and Marian blocks too, each write read along the direction carried back
+to it); translation tokenizers' language codes start the target prefix; every method that does not read them yet
+refuses with one line.
 
 Float32 models: a decomposition's sum differs from the model's logit by float32 rounding of the terms summed
 (``SUMS * U32`` times their sizes), while a part left out or read along the wrong direction is off by a part.
