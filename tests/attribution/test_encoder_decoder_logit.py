@@ -39,6 +39,14 @@ def _runs(A):
     return memory, runs, h
 
 
+def _constant(A, ro, u, target, foil) -> float:
+    """The logit difference's constant term, in float64: the logits' bias and the final LayerNorm's bias (mBART,
+    M2M-100, Pegasus) read along ``u``."""
+    b = 0.0 if ro.b_U is None else float(ro.b_U[target] - ro.b_U[foil])
+    norm = A.final_norm
+    return b + (0.0 if norm is None or norm.bias is None else float(norm.bias.double() @ u[0]))
+
+
 def _gap(parts, rem, want):
     got = parts.sum((1, 2)) + rem
     scale = parts.abs().sum((1, 2)) + rem.abs() + want.abs()
@@ -79,7 +87,7 @@ def test_every_family_logit_difference_splits_into_source_and_target_prefix_part
     ro = Readout.from_anatomy(A)
     target, foil = 7, 30
     u = (ro.W_U[:, target] - ro.W_U[:, foil]).double().expand(len(TGT), -1)
-    b = 0.0 if ro.b_U is None else float(ro.b_U[target] - ro.b_U[foil])
+    b = _constant(A, ro, u, target, foil)
     d = ro.pullback(u, ro.scale(final)).double() if A.final_norm is not None else u
     logits = A.logits(final)
     want = (logits[:, target] - logits[:, foil]).double()
@@ -124,8 +132,7 @@ def test_direct_logit_attribution_with_cross_attention_heads(kind):
     d = ro.pullback(u, ro.scale(final)).double() if A.final_norm is not None else u
     logits = A.logits(final)
     want = (logits[:, target] - logits[:, foil]).double()
-    total = torch.full((len(TGT),), 0.0 if ro.b_U is None else float(ro.b_U[target] - ro.b_U[foil]),
-                       dtype=torch.float64)
+    total = torch.full((len(TGT),), _constant(A, ro, u, target, foil), dtype=torch.float64)
     scale = want.abs().clone()
     for L, r in reversed(list(zip(A.layers, runs))):
         dirs, d, c = block_pullback(L, d, r)

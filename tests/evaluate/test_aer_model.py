@@ -49,7 +49,8 @@ HAND = {
 }
 
 
-@pytest.mark.parametrize(("name", "method"), [("t5", "logit"), ("bart", "logit"), ("marian", "alti-logit")])
+@pytest.mark.parametrize(("name", "method"), [("t5", "logit"), ("bart", "logit"), ("marian", "alti-logit"),
+                                              ("mbart", "alti-logit"), ("m2m100", "logit"), ("pegasus", "alti-logit")])
 def test_alignments_equal_one_explanation_per_target_token(gold_file, name, method):
     """Each target word's link is the source word (summing its tokens' scores, words by hand) with the highest
     score for the target word's first token, one ``explain`` per target word."""

@@ -63,7 +63,7 @@ def test_cross_attention_contributions_are_alti_on_every_part(name):
             assert torch.allclose(y.float(), tr.mlp_in[l], atol=1e-4 * float(y.abs().max()))
 
 
-@pytest.mark.parametrize("name", ["bart", "t5"])
+@pytest.mark.parametrize("name", ["bart", "t5", "mbart"])
 def test_the_decoder_rollout_is_the_full_matrix_product(name):
     """Every decoder layer maps (memory, its input states) to its output states; with the memory's rows fixed to the
     encoder's rollout, the product of the full (source + target) matrices carries each layer's rows as

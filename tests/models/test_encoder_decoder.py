@@ -1,6 +1,7 @@
-"""Encoder-decoder models (issue 31, draft; docs/encoder-decoder.md): the BART / Marian and T5 readers' Anatomy
-recomputes every block of the real model, encoder and decoder (self-attention, cross-attention over the encoder's
-output, MLP, the norms; T5's relative position bias), the embeddings and the logits.
+"""Encoder-decoder models (issues 31, 47; docs/encoder-decoder.md): the readers' Anatomy of every tiny
+encoder-decoder model (BART, Marian, mBART, M2M-100, Pegasus, T5, gated T5) recomputes every block of the real
+model, encoder and decoder (self-attention, cross-attention over the encoder's output, MLP, the norms, the final
+norms; T5's relative position bias), the embeddings and the logits.
 
 The models run in float64 and so does lenscope's math, except its attention softmax, which lenscope takes in
 float32 (``Attention.probs``): the two evaluations then differ by the float32 rounding of the probabilities, a few
@@ -13,26 +14,28 @@ most a few u), lies between the two.
 import pytest
 import torch
 
-from lenscope.models.families import bart, t5
+from lenscope.models.families import bart, tiny_names
+from tests.conftest import SEQ2SEQ
 from tests.tolerances import U32, assert_same_computation, assert_same_ints
 
 TOK = {"vocab_size": 96, "bos": 0, "pad": 1, "eos": 2}
 REL = 16 * U32
 
 
-KINDS = ["bart", "marian", "t5", "t5-gated"]
+KINDS = SEQ2SEQ  # every registered encoder-decoder tiny model
 
 
 def _reader(kind: str):
-    return t5 if kind.startswith("t5") else bart
+    """The family of a tiny name (its ``read``, ``hooks`` and ``tiny`` configs)."""
+    return tiny_names()[kind]
 
 
 def _model(kind: str):
-    from transformers import BartForConditionalGeneration, MarianMTModel, T5ForConditionalGeneration
+    from transformers import AutoModelForSeq2SeqLM
 
     torch.manual_seed(0)
-    cls = {"bart": BartForConditionalGeneration, "marian": MarianMTModel}.get(kind, T5ForConditionalGeneration)
-    model = cls._from_config(_reader(kind).TINY[kind](TOK), attn_implementation="eager").double().eval()
+    cfg = _reader(kind).tiny[kind](TOK)
+    model = AutoModelForSeq2SeqLM.from_config(cfg, attn_implementation="eager").double().eval()
     with torch.no_grad():  # every norm, bias and the logits' bias away from their initial 1 / 0
         g = torch.Generator().manual_seed(1)
         for name, p in model.named_parameters():
@@ -60,7 +63,9 @@ def _modules(model, side: str):
     if hasattr(stack, "block"):  # T5
         return ([(b, b.layer[0].SelfAttention, b.layer[1].EncDecAttention if side == "dec" else None)
                  for b in stack.block], 2, stack.final_layer_norm)
-    return [(b, b.self_attn, getattr(b, "encoder_attn", None)) for b in stack.layers], 1, stack.layers[-1]
+    final = getattr(stack, "layer_norm", None)  # the Pre-LN stacks' final norm (mBART, M2M-100, Pegasus)
+    return ([(b, b.self_attn, getattr(b, "encoder_attn", None)) for b in stack.layers], 1,
+            stack.layers[-1] if final is None else final)
 
 
 class Capture:

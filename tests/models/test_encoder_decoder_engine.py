@@ -243,7 +243,8 @@ def _seq2seq_tokenizer(template: str):
 def test_texts_become_the_source_and_the_decoders_shifted_target_prefix(kind, template):
     """A target prefix is the decoder's start token, then the target as the tokenizer writes a target, without its
     end token (transformers' labels shifted right); the source keeps its special tokens; an empty prefix is the
-    start token alone (the first target token is then predicted)."""
+    start token and what the tokenizer puts before a target's text (BART's ``<s>``), as in the shifted labels (the
+    first target token is then predicted)."""
     from lenscope.models.load import encode
     from lenscope.models.trace import source_ids
 
@@ -254,7 +255,7 @@ def test_texts_become_the_source_and_the_decoders_shifted_target_prefix(kind, te
     body = tok("the house is small", add_special_tokens=False)["input_ids"]
     lead = [tok.bos_token_id] if template.startswith("<s>") else []
     assert_same_ints(encode(lm, "the house is small"), [start] + lead + body)
-    assert_same_ints(encode(lm, ""), [start])
+    assert_same_ints(encode(lm, ""), [start] + lead)
     assert_same_ints(source_ids(lm, "the house is small"), lead + body + [tok.eos_token_id])
 
 

@@ -224,17 +224,18 @@ def test_a_shared_norm_gives_each_branch_its_own_sites(name):
     torch.testing.assert_close(g, want, rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["pegasus", "mamba"])
+@pytest.mark.parametrize("kind", ["prophetnet", "mamba"])
 def test_a_model_type_lenscope_does_not_read_is_one_line(tmp_path, kind):
     """A real random model of an unsupported type, saved to a folder: load and the CLI say what lenscope reads."""
-    from transformers import AutoModel, MambaConfig, PegasusConfig
+    from transformers import AutoModel, MambaConfig, ProphetNetConfig
     from typer.testing import CliRunner
 
     from lenscope.cli import app
 
-    cfg = (PegasusConfig(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-                         decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, vocab_size=64)
-           if kind == "pegasus" else MambaConfig(hidden_size=16, num_hidden_layers=1, vocab_size=64, state_size=4))
+    cfg = (ProphetNetConfig(hidden_size=16, num_encoder_layers=1, num_decoder_layers=1,
+                            num_encoder_attention_heads=2, num_decoder_attention_heads=2, encoder_ffn_dim=32,
+                            decoder_ffn_dim=32, vocab_size=64)
+           if kind == "prophetnet" else MambaConfig(hidden_size=16, num_hidden_layers=1, vocab_size=64, state_size=4))
     AutoModel.from_config(cfg).save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModelError, match=f"model type '{kind}'.* is not supported; supported model "
                                                      "types: .*bart.*falcon.*marian.*t5") as e:

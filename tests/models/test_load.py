@@ -21,7 +21,7 @@ def test_unknown_name_lists_what_is_available():
 
 def test_unknown_tiny_family():
     with pytest.raises(lenscope.UnknownModelError, match="tiny:gpt2"):
-        lenscope.load("tiny:pegasus")
+        lenscope.load("tiny:prophetnet")
 
 
 def test_missing_wheel_says_how_to_install(monkeypatch):
@@ -38,9 +38,10 @@ def test_missing_wheel_says_how_to_install(monkeypatch):
 
 
 def test_unsupported_architecture(tmp_path):
-    from transformers import PegasusConfig
+    from transformers import ProphetNetConfig
 
-    PegasusConfig(d_model=16, encoder_layers=1, decoder_layers=1, vocab_size=64).save_pretrained(tmp_path)
+    ProphetNetConfig(hidden_size=16, num_encoder_layers=1, num_decoder_layers=1,
+                     vocab_size=64).save_pretrained(tmp_path)
     with pytest.raises(lenscope.UnsupportedModelError, match="supported model types"):
         lenscope.load(str(tmp_path))
 

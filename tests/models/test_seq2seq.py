@@ -1,8 +1,9 @@
-"""Encoder-decoder families as lenscope loads them (issue 31; docs/encoder-decoder.md): ``tiny:bart``,
-``tiny:marian``, ``tiny:t5``, ``tiny:t5-gated`` load, verify (API and CLI, with ``--source``), and are listed by
-``lenscope models``; direct logit attribution with cross-attention components is complete on each (through the
-Post-LN BART and Marian blocks too, each write read along the direction carried back to it); every method that
-does not read them yet refuses with one line.
+"""Encoder-decoder families as lenscope loads them (issues 31, 47; docs/encoder-decoder.md): every tiny
+encoder-decoder model (BART, Marian, mBART, M2M-100, Pegasus, T5, gated T5) loads, verifies (API and CLI, with
+``--source``), and is listed by ``lenscope models``; direct logit attribution with cross-attention components is
+complete on each (through the Post-LN BART and Marian blocks too, each write read along the direction carried back
+to it); translation tokenizers' language codes start the target prefix; every method that does not read them yet
+refuses with one line.
 
 Float32 models: a decomposition's sum differs from the model's logit by float32 rounding of the terms summed
 (``SUMS * U32`` times their sizes), while a part left out or read along the wrong direction is off by a part.
@@ -20,7 +21,7 @@ from lenscope.cli import app
 from lenscope.errors import NotApplicableError
 from lenscope.models.verify import verify
 from tests.conftest import SEQ2SEQ, get_model
-from tests.tolerances import U32, assert_same_computation
+from tests.tolerances import U32, assert_same_computation, assert_same_ints
 
 SOURCE = "das Haus ist klein und alt"
 PREFIX = "the house is"
@@ -28,14 +29,14 @@ SUMS = 64  # float32 roundings on the way to each component and through the sum 
 
 
 def test_the_encoder_decoder_families_are_registered():
-    assert SEQ2SEQ == ["bart", "marian", "t5", "t5-gated"]
+    assert SEQ2SEQ == ["bart", "m2m100", "marian", "mbart", "pegasus", "t5", "t5-gated"]
     r = CliRunner().invoke(app, ["models", "--json"])
     fams = {f["family"]: f for f in json.loads(r.stdout) if f["kind"] == "family"}
-    for name, types in (("bart", ["bart", "marian"]), ("t5", ["t5"])):
+    for name, types in (("bart", ["bart", "marian", "mbart", "m2m_100", "pegasus"]), ("t5", ["t5"])):
         f = fams[name]
         assert f["architecture"] == "encoder-decoder" and f["model_types"] == types
         assert "cross-attention" in f["attention"] and f["description"].startswith("encoder-decoder family")
-    assert fams["bart"]["block"] == ["post"] and fams["t5"]["block"] == ["pre"]
+    assert fams["bart"]["block"] == ["post", "pre"] and fams["t5"]["block"] == ["pre"]  # BART / mBART
     assert "relative position bias" in fams["t5"]["attention"] and "learned positions" in fams["bart"]["attention"]
 
 
@@ -207,8 +208,10 @@ def test_the_cli_explains_with_a_source():
 def _variant(name: str):
     """Encoder-decoder models of other shapes than the tiny ones: stacks of different depths, heads and widths
     (T5's ``d_kv`` apart from ``d_model / heads``), T5 v1.1 (gated, untied), BART without embedding scale and with
-    ReLU, Marian with separate embeddings."""
-    from transformers import BartConfig, MarianConfig, T5Config
+    ReLU, Marian with separate embeddings; the Pre-LN layouts: mBART untied with ReLU and no embedding scale,
+    M2M-100 whose padding token is not id 1 (its positions start at ``padding_idx + 1``: here row 5, not BART's 2),
+    Pegasus with GELU and a deeper encoder."""
+    from transformers import BartConfig, M2M100Config, MarianConfig, MBartConfig, PegasusConfig, T5Config
 
     from lenscope.models.families import family_for
     from lenscope.models.load import LoadedModel, random_model
@@ -233,13 +236,30 @@ def _variant(name: str):
                                               encoder_ffn_dim=48, decoder_ffn_dim=64, max_position_embeddings=64,
                                               decoder_start_token_id=tok["pad"], tie_word_embeddings=False,
                                               share_encoder_decoder_embeddings=False),
+        "mbart-relu-untied": lambda: MBartConfig(**ids, d_model=48, encoder_layers=1, decoder_layers=3,
+                                                 encoder_attention_heads=3, decoder_attention_heads=6,
+                                                 encoder_ffn_dim=64, decoder_ffn_dim=80, max_position_embeddings=64,
+                                                 decoder_start_token_id=tok["eos"], forced_eos_token_id=None,
+                                                 activation_function="relu", scale_embedding=False,
+                                                 tie_word_embeddings=False),
+        "m2m100-padding-4": lambda: M2M100Config(**(ids | {"pad_token_id": 4}), d_model=32, encoder_layers=2,
+                                                 decoder_layers=2, encoder_attention_heads=2,
+                                                 decoder_attention_heads=4, encoder_ffn_dim=48, decoder_ffn_dim=48,
+                                                 max_position_embeddings=64, decoder_start_token_id=tok["eos"],
+                                                 activation_function="gelu"),
+        "pegasus-deep-encoder": lambda: PegasusConfig(**ids, d_model=32, encoder_layers=3, decoder_layers=1,
+                                                      encoder_attention_heads=4, decoder_attention_heads=2,
+                                                      encoder_ffn_dim=64, decoder_ffn_dim=48,
+                                                      max_position_embeddings=64, scale_embedding=True,
+                                                      decoder_start_token_id=tok["pad"], forced_eos_token_id=None),
     }[name]()
     model = random_model(cfg, kind="encoder-decoder").eval()
     return LoadedModel(model=model, tokenizer=tiny_tokenizer(kind="encoder-decoder"),
                        anatomy=family_for(model).read(model), name=name)
 
 
-@pytest.mark.parametrize("name", ["t5-deep-encoder", "t5-v1.1", "bart-relu", "marian-untied"])
+@pytest.mark.parametrize("name", ["t5-deep-encoder", "t5-v1.1", "bart-relu", "marian-untied", "mbart-relu-untied",
+                                  "m2m100-padding-4", "pegasus-deep-encoder"])
 def test_other_shapes_verify_and_decompose_exactly(name):
     lm = _variant(name)
     assert verify(lm, PREFIX, source=SOURCE).ok
@@ -253,17 +273,78 @@ def test_other_shapes_verify_and_decompose_exactly(name):
     assert e.head_scores.shape[:2] == (lm.anatomy.n_layers, heads)
 
 
-def test_mbart_is_refused_in_one_line(tmp_path):
-    from transformers import MBartConfig, MBartForConditionalGeneration
+@pytest.mark.parametrize("kind", ["prophetnet", "bart-pre-ln"])
+def test_an_encoder_decoder_model_lenscope_does_not_read_is_refused_in_one_line(tmp_path, kind):
+    """A saved folder of an encoder-decoder type no family reads (ProphetNet), and a BART config asking for Pre-LN
+    blocks (``normalize_before``, which transformers' BART does not run: an mBART model is the Pre-LN layout)."""
+    from transformers import AutoModelForSeq2SeqLM, BartConfig, ProphetNetConfig
 
     from lenscope.errors import UnsupportedModelError
     from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
 
     tok = tiny_special_ids()
-    cfg = MBartConfig(vocab_size=tok["vocab_size"], d_model=16, encoder_layers=1, decoder_layers=1,
-                      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32)
-    MBartForConditionalGeneration(cfg).save_pretrained(tmp_path)
+    if kind == "prophetnet":
+        cfg = ProphetNetConfig(vocab_size=tok["vocab_size"], hidden_size=16, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                               num_encoder_layers=1, num_decoder_layers=1, num_encoder_attention_heads=2,
+                               num_decoder_attention_heads=2)
+    else:
+        cfg = BartConfig(vocab_size=tok["vocab_size"], d_model=16, encoder_layers=1, decoder_layers=1,
+                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                         decoder_ffn_dim=32, normalize_before=True)
+    AutoModelForSeq2SeqLM.from_config(cfg).save_pretrained(tmp_path)
     tiny_tokenizer(kind="encoder-decoder").save_pretrained(tmp_path)
     with pytest.raises(UnsupportedModelError) as e:
         lenscope.load(str(tmp_path))
-    assert len(str(e.value).splitlines()) == 1 and "mbart" in str(e.value)
+    msg = str(e.value)
+    assert len(msg.splitlines()) == 1
+    assert ("model type 'prophetnet'" in msg if kind == "prophetnet" else "normalize_before=True" in msg), msg
+
+
+def _lang_tokenizer(kind: str):
+    """A transformers translation tokenizer with language codes (its own class, a character vocabulary): NLLB's
+    (``[<src_lang>] text </s>``, targets ``[<tgt_lang>] text </s>``), mBART-50's (the same form) or mBART-cc25's
+    (``text </s> [<lang>]``)."""
+    from transformers import MBart50Tokenizer, MBartTokenizer, NllbTokenizer
+
+    chars = sorted(set(SOURCE + PREFIX) - {" "})
+    if kind == "nllb":
+        vocab = {t: i for i, t in enumerate(["<s>", "<pad>", "</s>", "<unk>", "▁", *chars])}
+        return NllbTokenizer(vocab=vocab, merges=[], src_lang="deu_Latn", tgt_lang="eng_Latn"), "eng_Latn"
+    vocab = [(t, 0.0) for t in ["<s>", "<pad>", "</s>", "<unk>"]] + [(t, -1.0) for t in ["▁", *chars]]
+    if kind == "mbart-50":
+        return MBart50Tokenizer(vocab=vocab, src_lang="de_DE", tgt_lang="en_XX"), "en_XX"
+    return MBartTokenizer(vocab=vocab, src_lang="de_DE", tgt_lang="en_XX"), "en_XX"
+
+
+@pytest.mark.parametrize("kind", ["nllb", "mbart-50", "mbart-cc25"])
+def test_language_codes_start_the_target_prefix(tmp_path, kind):
+    """A folder of an M2M-100 (NLLB) or mBART model with its tokenizer's languages: the source starts with (cc25:
+    ends with) the source language's code, the decoder reads its start token then the target language's code before
+    the prefix (mBART-cc25: the code alone first, mBART's shift of its ``text </s> <lang>`` labels), an empty
+    prefix too; verify and the Logit explanation run on it, the code one of the target-prefix tokens."""
+    from transformers import M2M100Config, MBartConfig
+
+    from lenscope.models.load import encode, random_model
+    from lenscope.models.trace import source_ids
+
+    tok, lang = _lang_tokenizer(kind)
+    code = tok.convert_tokens_to_ids(lang)
+    ids = dict(vocab_size=len(tok), bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2,
+               d_model=32, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2, decoder_attention_heads=2,
+               encoder_ffn_dim=48, decoder_ffn_dim=48, max_position_embeddings=64)
+    cfg = M2M100Config(**ids) if kind == "nllb" else MBartConfig(**ids, forced_eos_token_id=None)
+    random_model(cfg, kind="encoder-decoder").save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    lm = lenscope.load(str(tmp_path))
+    body = tok(PREFIX, add_special_tokens=False)["input_ids"]
+    want = [code] + body if kind == "mbart-cc25" else [2, code] + body
+    assert_same_ints(encode(lm, PREFIX), want)
+    assert_same_ints(encode(lm, ""), want[: len(want) - len(body)])
+    src = source_ids(lm, SOURCE).tolist()
+    src_code = tok.convert_tokens_to_ids("deu_Latn" if kind == "nllb" else "de_DE")
+    assert (src[-1] if kind == "mbart-cc25" else src[0]) == src_code and 2 in src
+    assert verify(lm, PREFIX, source=SOURCE).ok
+    e = lenscope.explain(lm, PREFIX, tok.convert_tokens_to_ids("h"), method="logit", source=SOURCE)
+    assert e.tokens[e.n_source + want.index(code)] == lang
+    size = float(e.head_scores.abs().sum()) + float(e.attention_update.abs().sum()) + abs(e.info["logit"])
+    assert e.invariant_error <= 1e-5 and e.info["completeness_error"] <= SUMS * U32 * size

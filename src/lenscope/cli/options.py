@@ -24,7 +24,7 @@ SEQ_LEN_OPTION = typer.Option(None, "--seq-len", help="Tokens per sequence of te
                                                      "context when that is shorter).")
 EVAL_PART_OPTION = typer.Option("eval", "--part", help="eval (last 20% of the file, default), train or all.")
 SOURCE_OPTION = typer.Option(None, "--source", help=(
-    "Encoder-decoder models (T5, BART, Marian): the source text; the text argument is then the target prefix."))
+    "Encoder-decoder models (T5, BART, mBART, ...): the source text; the text argument is then the target prefix."))
 # the training commands (lens train, dict train)
 RESUME_OPTION = typer.Option(False, "--resume", help="Continue an interrupted run from its checkpoint in --out.")
 SEED_OPTION = typer.Option(0, "--seed")

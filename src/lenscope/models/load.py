@@ -428,17 +428,23 @@ def encode(lm: LoadedModel, text: str) -> torch.Tensor:
 
 def target_prefix_ids(lm: LoadedModel, text: str) -> torch.Tensor:
     """An encoder-decoder model's decoder input for the target prefix ``text`` (may be empty: the first target
-    token is then predicted): the decoder's start token, then the target's tokens as the tokenizer writes a target
-    (``text_target``) without its end token, as transformers shifts the labels right (BART: ``[eos, bos, ...]``;
-    T5, Marian: ``[pad, ...]``)."""
+    token is then predicted), as transformers shifts the labels right: the decoder's start token, then the target's
+    tokens as the tokenizer writes a target (``text_target``, with the special tokens it puts first) without its end
+    token. BART: ``[eos, bos, ...]``; T5, Marian, Pegasus: ``[pad, ...]``; M2M-100, NLLB and mBART-50, whose
+    tokenizers start a target with its language code (``tgt_lang``): ``[eos, <tgt_lang>, ...]``, so an empty
+    prefix reads the language code too. mBART-cc25's tokenizer ends a target with ``</s> <tgt_lang>``, and mBART's
+    shift puts that last token first: ``[<tgt_lang>, ...]``."""
     if not isinstance(text, str):
         raise InputError(f"give the target prefix as a text, not {type(text).__name__}")
+    ids = list(lm.tokenizer(text_target=text)["input_ids"])
+    eos = lm.tokenizer.eos_token_id
     start = getattr(lm.model.config, "decoder_start_token_id", None)
+    if lm.anatomy.model_type == "mbart" and len(ids) >= 2 and ids[-2] == eos and ids[-1] != eos:
+        start, ids = ids[-1], ids[:-2]  # mBART's shift_tokens_right: the last token (the language code) first
+    elif ids and ids[-1] == eos:
+        ids = ids[:-1]
     if start is None:
         raise UnsupportedModelError(f"{lm.anatomy.model_type}'s config has no decoder_start_token_id")
-    ids = list(lm.tokenizer(text_target=text)["input_ids"]) if text else []
-    if ids and ids[-1] == lm.tokenizer.eos_token_id:
-        ids = ids[:-1]
     if 1 + len(ids) > lm.anatomy.n_ctx:
         raise InputError(f"the target prefix is {1 + len(ids)} tokens long, more than the decoder's context of "
                          f"{lm.anatomy.n_ctx} tokens; shorten it")

@@ -121,7 +121,7 @@ class Family:
     hooks: Callable[[nn.Module], ModelHooks]
     tiny: dict[str, Callable[[dict], object]] = field(default_factory=dict)
     encoder: bool = False  # an encoder-only model (BERT, RoBERTa)
-    encoder_decoder: bool = False  # an encoder and a decoder with cross-attention (T5, BART, Marian)
+    encoder_decoder: bool = False  # an encoder and a decoder with cross-attention (T5, BART, mBART, M2M-100, ...)
     notes: str = ""
 
     @property
