@@ -28,7 +28,7 @@ import dataclasses
 import torch
 from torch import Tensor
 
-from ..errors import InputError
+from ..errors import InputError, InvariantError
 from ..models.anatomy import Norm
 from ..models.dictionary import Dictionary
 from ..models.load import LoadedModel
@@ -215,6 +215,44 @@ def node_logits(z: Tensor, ids: Tensor, foil: int | None = None) -> Tensor:
     """What the logit nodes of tokens ``ids`` read from logits ``z (vocab,)`` (before any soft-cap): each logit minus
     the mean logit, or minus the ``foil``'s (a contrastive node)."""
     return z[ids] - (z[foil] if foil is not None else z.mean())
+
+
+U32 = 2.0**-24  # float32's unit roundoff
+
+
+def parts_rounding(n_layers: int) -> float:
+    """How far float32 may leave a quantity of the frozen model from the sum of its parts, relative to the sizes of
+    the parts (``|quantity - sum(parts)| <= parts_rounding(n_layers) * size``): a node's input and its edges plus
+    bias terms (:mod:`~lenscope.features.graph`), an edge and its heads' parts (:mod:`~lenscope.features.graph_heads`),
+    a query or key and its nodes' parts (:mod:`~lenscope.features.graph_qk`).
+
+    The frozen model is linear in its nodes and runs in float32 whatever the model's dtype (a bfloat16 model's
+    weights are read in float32), so both sides are float32 evaluations of one linear map, by different passes: the
+    quantity by a forward pass, each part by a backward (or forward-mode) pass read against its source's value (the
+    sides are then summed in float64, which adds nothing). A float32 pass rounds each block's matrix products to a
+    few ``u = 2^-24`` of the sizes of what they multiply, and those sizes reach the quantity as its parts: we allow
+    16 u per block plus 16 u for the embedding and the readout, per pass, for two passes: ``32 (n_layers + 1) u``,
+    times ``size``, the sum of the parts' absolute values (and, where a part is itself a dot product, of its
+    products' absolute values). The model's dtype does not enter: it only sets how far the frozen model is from the
+    real run, which :func:`~lenscope.models.verify.completeness_tolerance` bounds. Measured on every tiny decoder
+    family (2 or 3 blocks, bound 96 or 128 u): a graph's node sums at most 18.4 u (bloom), the head splits at most
+    3.2 u, the queries' and keys' parts at most 2.1 u."""
+    return 32 * U32 * (n_layers + 1)
+
+
+def check_parts(what: str, gap: Tensor, size: Tensor, n_layers: int) -> float:
+    """Raise :class:`~lenscope.errors.InvariantError` (naming ``what``) where ``|gap|`` (quantity minus the sum of
+    its parts, elementwise) exceeds :func:`parts_rounding` times ``size`` (the sizes of its parts, elementwise; NaN
+    never passes); return the largest ``|gap| / size`` (0 where both are 0)."""
+    gap, size = gap.double().abs(), size.double()
+    ok = gap <= parts_rounding(n_layers) * size
+    if not bool(ok.all()):
+        i = int((~ok).nonzero()[0, 0])
+        raise InvariantError(f"{what} by {float(gap.flatten()[i]):.2e}, more than float32 allows "
+                             f"({parts_rounding(n_layers):.1e} of its parts' size {float(size.flatten()[i]):.2e}); "
+                             "please report it with the model and the prompt")
+    ratio = torch.where(gap > 0, gap / size.clamp_min(torch.finfo(torch.float64).tiny), torch.zeros_like(gap))
+    return float(ratio.max()) if ratio.numel() else 0.0
 
 
 def transcoders_by_layer(lm: LoadedModel, dictionaries) -> dict[int, Dictionary]:
