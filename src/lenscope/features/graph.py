@@ -17,9 +17,11 @@ batch of targets, each row of the batch one target). ``bias_t`` holds everything
 position's MLP outputs when the prompt opens with a special token, the features left out by
 ``max_feature_nodes``: :attr:`AttributionGraph.dropped`).
 
-Checked on every call (:class:`~lenscope.errors.InvariantError` beyond the tolerance): every target's input equals
-the sum of its incoming edges plus its bias terms, and the frozen model reproduces the real run's pre-activations
-and logits (both relative to the size of the node's terms).
+Checked on every call (:class:`~lenscope.errors.InvariantError` beyond the bound): every target's input equals
+the sum of its incoming edges plus its bias terms to float32's rounding of the sum of its terms' sizes
+(:func:`~lenscope.features.replacement.parts_rounding`; the frozen model runs in float32 whatever the model's
+dtype), and the frozen model reproduces the real run's pre-activations and logits to the model dtype's rounding
+(:func:`~lenscope.models.verify.completeness_tolerance`, relative to the node's largest term).
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ class AttributionGraph(ReportView, Result):
     ``adjacency (node, node)``: ``A[target, source]``; ``inputs (node,)``: each feature's pre-activation and each
     logit's demeaned logit as the frozen model computes them (0 for errors and tokens); ``biases (node,)``: their
     bias terms; ``dropped (node,)``: what the features left out by ``max_feature_nodes`` add (part of the bias terms);
-    ``exactness_error``: the largest ``|input - sum(A row) - bias|`` relative to the node's largest term;
-    ``real_error``: the frozen model against the real run, the same way."""
+    ``exactness_error``: the largest ``|input - sum(A row) - bias|`` relative to the sum of the sizes of the node's
+    terms (at most ``parts_rounding(n_layers)``); ``real_error``: the frozen model against the real run, relative to
+    the node's largest term (at most ``tolerance``, the model dtype's bound)."""
 
     VIEW = "graph"  # its view: drawn by viz/report/assets/graph.js (lenscope.viz.views)
 
@@ -412,9 +415,8 @@ def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, foil=
     A_t = adj[targets].double()
     gap = inputs[targets].double() - A_t.sum(1) - biases[targets].double()
     size = torch.cat([R_feat, R_logit]).double().abs().sum(1) + torch.cat([b_f, b_l]).double().abs()
-    check_parts("attribution graph: a node's edges and bias terms miss its input", gap, size, fz.n_layers)
+    exact = check_parts("attribution graph: a node's edges and bias terms miss its input", gap, size, fz.n_layers)
     scale = torch.maximum(A_t.abs().amax(1), biases[targets].double().abs()).clamp_min(1.0)
-    exact = float((gap.abs() / scale).max())
     real_err = float(((inputs[targets] - real[targets]).double().abs() / scale).max())
     tol = completeness_tolerance(lm)
     if not real_err <= tol:

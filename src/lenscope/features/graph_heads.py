@@ -34,7 +34,8 @@ from .replacement import Frozen, check_parts, transcoders_by_layer
 class EdgeHeads:
     """The head split of edges ``edges (n, 2)`` (``[target, source]`` node indices of the graph): ``heads (n, layer,
     head)`` the part each head carries as the last attention step, ``residual (n,)`` the part without attention;
-    ``error``: the largest ``|A - residual - sum(heads)|`` relative to the edge's largest part."""
+    ``error``: the largest ``|A - residual - sum(heads)|`` relative to the sizes of what was summed (at most
+    :func:`~lenscope.features.replacement.parts_rounding`)."""
 
     edges: Tensor
     heads: Tensor
@@ -154,9 +155,7 @@ def edge_heads(lm: LoadedModel, g, dictionaries, edges: Tensor | None = None, *,
         # the sizes of all its terms, the last products the sizes of theirs
         node_size = g.adjacency.double().abs().sum(1) + g.biases.double().abs()
         size = size + node_size[edges[:, 0]] + residual.double().abs() + A.abs()
-        check_parts("heads on the edges: an edge's head parts miss it", gap, size, L)
-        scale = torch.maximum(parts.abs().amax(1), A.abs()).clamp_min(1e-6)
-        err = float((gap.abs() / scale).max())
+        err = check_parts("heads on the edges: an edge's head parts miss it", gap, size, L)
     else:
         err = 0.0
     return EdgeHeads(edges=edges, heads=out_heads.float(), residual=residual.float(), error=err)

@@ -25,9 +25,9 @@ from torch import Tensor
 from ..errors import InputError, InvariantError
 from ..models.load import LoadedModel
 from ..models.trace import trace
+from ..models.verify import completeness_tolerance
 from ..results import Result
 from .graph import Rows
-from ..models.verify import completeness_tolerance
 from .replacement import Frozen, FrozenNorm, check_parts, transcoders_by_layer
 
 

@@ -217,7 +217,7 @@ def node_logits(z: Tensor, ids: Tensor, foil: int | None = None) -> Tensor:
     return z[ids] - (z[foil] if foil is not None else z.mean())
 
 
-U32 = 2.0**-24  # float32's unit roundoff
+U32 = float(torch.finfo(torch.float32).eps) / 2  # float32's unit roundoff, 2^-24
 
 
 def parts_rounding(n_layers: int) -> float:
