@@ -175,6 +175,23 @@ def test_pruning_and_scores_follow_circuit_tracers_equations_on_a_hand_made_grap
         prune(g, node_threshold=1.5)
 
 
+@pytest.mark.parametrize("node_threshold, edge_threshold, nodes, edges", [
+    # influence by hand (An = |A| / rowsum, w = 0.6 on the logit): f1 .439, t0 .293, t1 .234, f0 = e01 .073, e00 0;
+    # half the total is reached at t0: f0, e00, e01 dropped; every positive edge among the rest kept
+    (0.5, 1.0, [1, 4, 5, 6], [(1, 4), (1, 5), (6, 1), (6, 5)]),
+    # 0.9 of the total reaches f0 and e01 (e00, no influence, stays out); edge scores An[t, s] (inf_t + w_t):
+    # logit<-f1 .439, f1<-t0 = f1<-t1 .220, f0<-t0 = logit<-f0 = logit<-e01 .073, logit<-t1 .015; half of their
+    # total is reached at .220: f0 and e01 lose their only outgoing edges and go
+    (0.9, 0.5, [1, 4, 5, 6], [(1, 4), (1, 5), (6, 1)]),
+    # 0.99 of the edge scores keeps all seven edges, and so f0 and e01
+    (0.9, 0.99, [0, 1, 3, 4, 5, 6], [(0, 4), (1, 4), (1, 5), (6, 0), (6, 1), (6, 3), (6, 5)]),
+])
+def test_pruning_keeps_exactly_the_nodes_and_edges_worked_out_by_hand(node_threshold, edge_threshold, nodes, edges):
+    pr = prune(_hand_graph(), node_threshold=node_threshold, edge_threshold=edge_threshold)
+    assert pr.node_mask.nonzero()[:, 0].tolist() == nodes
+    assert [tuple(e) for e in pr.edge_mask.nonzero().tolist()] == edges
+
+
 def test_export_follows_circuit_tracers_layout_and_save_load_round_trips(tmp_path):
     g = _hand_graph()
     assert [node_id(g, i) for i in range(7)] == ["0_3_0", "0_7_1", "0_-1_0", "0_-1_1", "E_5_0", "E_6_1", "2_9_1"]
