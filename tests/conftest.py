@@ -86,37 +86,6 @@ def with_module_output(o, new):
     return (new,) + tuple(o[1:]) if isinstance(o, tuple) else new
 
 
-# Results of different processes (Ray workers, a resumed run) are equal only up to float rounding: a worker may
-# run other kernels or another thread count (issue 18: AMD EPYC workers differed in the 8th-9th digit).
-# They are compared with this stated tolerance, never byte for byte; the docs say "equal to 1e-6".
-CROSS_PROCESS_REL = 1e-6
-CROSS_PROCESS_ABS = 1e-6  # also covers values the records round to 7 decimals
-
-
-def assert_json_close(a, b, rel: float = CROSS_PROCESS_REL, abs_: float = CROSS_PROCESS_ABS, path: str = "$"):
-    """``a == b`` for JSON-like data (dicts, lists, tuples, strings, numbers, None), numbers within
-    ``abs_ + rel * |b|``; the assertion names the first differing path."""
-    import math
-
-    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None or isinstance(a, str):
-        assert a == b, f"{path}: {a!r} != {b!r}"
-    elif isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        if math.isnan(a) or math.isnan(b):
-            assert math.isnan(a) and math.isnan(b), f"{path}: {a!r} != {b!r}"
-        else:
-            assert abs(a - b) <= abs_ + rel * abs(b), f"{path}: {a!r} != {b!r} (rel {rel}, abs {abs_})"
-    elif isinstance(a, dict) and isinstance(b, dict):
-        assert set(a) == set(b), f"{path}: keys {sorted(set(a) ^ set(b))} differ"
-        for k in a:
-            assert_json_close(a[k], b[k], rel, abs_, f"{path}.{k}")
-    elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        assert len(a) == len(b), f"{path}: lengths {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_json_close(x, y, rel, abs_, f"{path}[{i}]")
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
-
-
 def jsonl_records(path) -> list:
     """The records of a ``records.jsonl`` file, parsed."""
     import json

@@ -97,6 +97,7 @@ def _same(a, b, path: str) -> str | None:
             if torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0)):
                 return None
             d = (a.double() - b.double()).abs().nan_to_num(float("inf"))
+            d[a.isnan() & b.isnan()] = 0.0  # NaN where NaN is the same
             return f"{path}: differ at {int((d > 0).sum())} of {a.numel()} entries, by up to {float(d.max()):.3g}"
         return f"{path}: differ at {int((a != b).sum())} of {a.numel()} entries"
     if isinstance(a, dict) and isinstance(b, dict):
@@ -155,12 +156,7 @@ def _ints_differ(a, b, path: str) -> str | None:
         a, b = (torch.as_tensor(v) if not isinstance(v, torch.Tensor) else v for v in (a, b))
         if a.shape != b.shape:
             return f"{path}: shapes {tuple(a.shape)} and {tuple(b.shape)}"
-        a, b = a.cpu().long(), b.cpu().long()
-        if torch.equal(a, b):
-            return None
-        at = (a != b).nonzero()[0].tolist()
-        return f"{path}: differ at {int((a != b).sum())} of {a.numel()} entries, first at {at}: {a[tuple(at)]} != " \
-               f"{b[tuple(at)]}"
+        return _same(a.cpu().long(), b.cpu().long(), path)  # integers of any width compared as int64
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
             return f"{path}: lengths {len(a)} != {len(b)}"
@@ -241,22 +237,31 @@ def moe_rounding(moe, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return (16 + moe.top_k - 1) * u * S
 
 
-def assert_close_nested(a, b, atol: float, path: str = "$") -> None:
+# Results of different processes (Ray workers, a resumed run) are equal only up to float rounding: a worker may
+# run other kernels or another thread count (issue 18: AMD EPYC workers differed in the 8th-9th digit). They are
+# compared within this stated tolerance (assert_close_nested), never byte for byte; the docs say "equal to 1e-6".
+CROSS_PROCESS_REL = 1e-6
+CROSS_PROCESS_ABS = 1e-6  # also covers values the records round to 7 decimals
+
+
+def assert_close_nested(a, b, atol: float, rel: float = 0.0, path: str = "$") -> None:
     """``a`` and ``b`` (numbers, strings, None, tensors and nested lists, tuples and dicts of them, as a result's
     ``to_dict()`` or its JSON holds them) have the same structure, the same strings, booleans and integers, and
-    floats within ``atol`` (NaN where NaN): results whose floats come from two different computations (another
-    batch, a resume that recomputed some of them), ``atol`` derived from that computation."""
+    floats within ``atol + rel * |b|`` (NaN where NaN): results whose floats come from two different computations
+    (another batch, a resume that recomputed some of them, another process: :data:`CROSS_PROCESS_ABS`,
+    :data:`CROSS_PROCESS_REL`), the tolerance derived from that computation. The assertion names the first
+    differing path."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         a, b = (x.tolist() if isinstance(x, torch.Tensor) else x for x in (a, b))
     if isinstance(a, dict) and isinstance(b, dict):
         assert set(a) == set(b), f"{path}: keys {sorted(map(str, set(a) ^ set(b)))} differ"
         for k in a:
-            assert_close_nested(a[k], b[k], atol, f"{path}.{k}")
+            assert_close_nested(a[k], b[k], atol, rel, f"{path}.{k}")
         return
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         assert len(a) == len(b), f"{path}: lengths {len(a)} != {len(b)}"
         for i, (x, y) in enumerate(zip(a, b)):
-            assert_close_nested(x, y, atol, f"{path}[{i}]")
+            assert_close_nested(x, y, atol, rel, f"{path}[{i}]")
         return
     if isinstance(a, float) or isinstance(b, float):
         assert isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
@@ -264,9 +269,16 @@ def assert_close_nested(a, b, atol: float, path: str = "$") -> None:
         if math.isnan(a) or math.isnan(b):
             assert math.isnan(a) and math.isnan(b), f"{path}: {a!r} != {b!r}"
             return
-        assert abs(a - b) <= atol, f"{path}: {a!r} and {b!r} differ by {abs(a - b):.3g} > {atol:.3g}"
+        assert abs(a - b) <= atol + rel * abs(b), f"{path}: {a!r} and {b!r} differ by {abs(a - b):.3g} > " \
+            f"{atol:.3g} + {rel:.3g} |b|"
         return
     assert type(a) is type(b) and a == b, f"{path}: {a!r} != {b!r}"
+
+
+def assert_cross_process(a, b) -> None:
+    """:func:`assert_close_nested` within :data:`CROSS_PROCESS_ABS` + :data:`CROSS_PROCESS_REL` ``|b|``: the results
+    of two processes (Ray workers, a resumed run) against one run."""
+    assert_close_nested(a, b, CROSS_PROCESS_ABS, CROSS_PROCESS_REL)
 
 
 def alignment_rounding(scores_a, scores_b, rankable=None, decimals: int | None = None) -> float:

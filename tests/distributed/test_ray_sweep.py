@@ -14,7 +14,8 @@ from lenscope.cli import app
 from lenscope.distributed import run_sweep
 from lenscope.sweeps.mixing_study import mixing_study
 
-from ..conftest import assert_json_close, get_model, jsonl_records
+from ..conftest import get_model, jsonl_records
+from ..tolerances import assert_cross_process
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'ray>=2.9' (./dev test installs it)")
 
@@ -44,8 +45,8 @@ def test_run_sweep_is_ordered_and_equal_to_sequential():
     par = list(run_sweep(_job, texts, lm=lm, ray=True, workers=2))
     assert [i for i, _ in par] == list(range(len(texts)))
     # the same numbers up to float rounding (the workers may run other kernels or thread counts)
-    assert_json_close(par, seq)
-    assert_json_close(list(run_sweep(_job, texts, lm=lm, ray=True, workers=2, start=3)), seq[3:])
+    assert_cross_process(par, seq)
+    assert_cross_process(list(run_sweep(_job, texts, lm=lm, ray=True, workers=2, start=3)), seq[3:])
 
 
 def test_mixing_study_on_ray_writes_the_same_files(tmp_path):
@@ -53,8 +54,8 @@ def test_mixing_study_on_ray_writes_the_same_files(tmp_path):
     a, b = tmp_path / "seq", tmp_path / "ray"
     s1 = mixing_study(lm, SENTS, a, dataset="t", max_tokens=20, progress=False)
     s2 = mixing_study(lm, SENTS, b, dataset="t", max_tokens=20, progress=False, ray=True, workers=2)
-    assert_json_close(jsonl_records(b / "records.jsonl"), jsonl_records(a / "records.jsonl"))
-    assert_json_close(s2.to_dict(), s1.to_dict())
+    assert_cross_process(jsonl_records(b / "records.jsonl"), jsonl_records(a / "records.jsonl"))
+    assert_cross_process(s2.to_dict(), s1.to_dict())
     assert s1.skipped == 2
     # an interrupted Ray run resumes: keep 3 records, resume on Ray, get the same files
     lines = (b / "records.jsonl").read_text().splitlines()[:3]
@@ -70,8 +71,8 @@ def test_mixing_study_on_ray_writes_the_same_files(tmp_path):
     st["meta"]["n"] = len(SENTS)
     (b / "state.json").write_text(json.dumps(st))
     s4 = mixing_study(lm, SENTS, b, dataset="t", max_tokens=20, progress=False, resume=True, ray=True, workers=2)
-    assert_json_close(jsonl_records(b / "records.jsonl"), jsonl_records(a / "records.jsonl"))
-    assert_json_close(s4.to_dict(), s1.to_dict())
+    assert_cross_process(jsonl_records(b / "records.jsonl"), jsonl_records(a / "records.jsonl"))
+    assert_cross_process(s4.to_dict(), s1.to_dict())
     assert s3.n_sentences + s3.skipped == 3
 
 
@@ -84,7 +85,7 @@ def test_cli_mixing_study_ray(tmp_path):
     r2 = runner.invoke(app, ["mixing", "study", "--model", "tiny:gpt2", "--data", str(data), "--out",
                              str(tmp_path / "b"), "--ray", "--workers", "2", "--json"])
     assert r1.exit_code == 0 and r2.exit_code == 0, r2.output
-    assert_json_close(json.loads(r2.stdout), json.loads(r1.stdout))
+    assert_cross_process(json.loads(r2.stdout), json.loads(r1.stdout))
 
 
 def test_without_ray_nothing_imports_it(tmp_path):
@@ -137,9 +138,9 @@ def test_eval_alignment_on_ray_matches(tmp_path):
                 r.pop(k)
         return recs
 
-    assert_json_close(strip(tmp_path / "b"), strip(tmp_path / "a"))
+    assert_cross_process(strip(tmp_path / "b"), strip(tmp_path / "a"))
     da, db = a.to_dict(), b.to_dict()
     for d in (da, db):
         d.pop("timing", None)
         d.pop("info", None)
-    assert_json_close(db, da)
+    assert_cross_process(db, da)

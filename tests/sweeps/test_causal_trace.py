@@ -14,8 +14,8 @@ from lenscope.cli import app
 from lenscope.interventions import causal_trace
 from lenscope.sweeps.causal_trace import GROUPS, causal_trace_sweep, grouped, load_facts, position_groups
 
-from ..conftest import assert_json_close, get_model, jsonl_records
-from ..tolerances import assert_same_computation
+from ..conftest import get_model, jsonl_records
+from ..tolerances import assert_cross_process, assert_same_computation
 
 FACTS = [{"prompt": "The capital of France is", "subject": "France", "target": " the", "relation": "capital"},
          {"prompt": "The Eiffel Tower is in the city of", "subject": "The Eiffel Tower", "target": " the",
@@ -80,7 +80,7 @@ def test_sweep_on_ray_matches(tmp_path):
     kw = dict(samples=2, window=1, noise=0.5, seed=0, progress=False)
     causal_trace_sweep(lm, FACTS, tmp_path / "a", **kw)
     causal_trace_sweep(lm, FACTS, tmp_path / "b", ray=True, workers=2, **kw)
-    assert_json_close(jsonl_records(tmp_path / "b" / "records.jsonl"), jsonl_records(tmp_path / "a" / "records.jsonl"))
+    assert_cross_process(*(jsonl_records(tmp_path / x / "records.jsonl") for x in "ba"))
 
 
 def test_cli_sweep_json(tmp_path):
