@@ -12,6 +12,7 @@ import torch
 
 from lenscope.errors import InputError
 from lenscope.features.graph import attribution_graph, graph_memory, nbytes
+from lenscope.features.replacement import active_counts
 from lenscope.memory import format_bytes, parse_size
 from lenscope.models.trace import trace
 from tests.conftest import get_model
@@ -37,6 +38,9 @@ def setup():
 def test_the_estimate_holds_the_graphs_sizes_and_grows_with_nodes_and_batch(setup):
     lm, ds, g, est = setup
     assert g.n_features == g.n_active > 20
+    # the counts the estimate is made from, before the frozen model exists, are the frozen model's active features
+    counts = active_counts(trace(lm, TEXT), {d.layer: d for d in ds})
+    assert_same_ints(list(counts.values()), torch.bincount(g.feature_layer, minlength=g.n_layers).tolist())
     e = est(g.n_features, 256)
     assert_same_ints(e.adjacency, g.adjacency.numel() * g.adjacency.element_size())
     n_src = g.n_active + g.n_layers * g.n_pos + g.n_pos

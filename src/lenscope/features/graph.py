@@ -40,7 +40,7 @@ from ..models.trace import trace
 from ..models.verify import completeness_tolerance
 from ..results import Result, axis_size
 from ..viz.notebook import ReportView
-from .replacement import Frozen, node_logits, transcoders_by_layer
+from .replacement import Frozen, active_counts, node_logits, transcoders_by_layer
 
 KINDS = ("feature", "error", "token", "logit")
 CHUNK = 1024  # rows at a time where the graph is assembled and checked
@@ -370,32 +370,41 @@ def graph_memory(*, n_pos: int, n_layers: int, d_model: int, n_heads: int, n_act
         batch_size=max(batch_size, n_logits), grows=n_features < n_active)
 
 
-def nbytes(x) -> int:
-    """The bytes of the tensors in ``x`` (a tensor, a dataclass such as a Trace, a dict, list or tuple of them)."""
+def nbytes(x, _seen: set | None = None) -> int:
+    """The bytes of the tensors in ``x`` (a tensor, a dataclass such as a Trace, a dict, list or tuple of them),
+    each storage counted once (a lean trace's shared copies, views)."""
+    seen = set() if _seen is None else _seen
     if isinstance(x, Tensor):
-        return x.numel() * x.element_size()
+        st = x.untyped_storage()
+        if st.data_ptr() in seen:
+            return 0
+        seen.add(st.data_ptr())
+        return st.nbytes()
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return sum(nbytes(getattr(x, f.name)) for f in dataclasses.fields(x))
+        return sum(nbytes(getattr(x, f.name), seen) for f in dataclasses.fields(x))
     if isinstance(x, dict):
-        return sum(nbytes(v) for v in x.values())
+        return sum(nbytes(v, seen) for v in x.values())
     if isinstance(x, (list, tuple)):
-        return sum(nbytes(v) for v in x)
+        return sum(nbytes(v, seen) for v in x)
     return 0
 
 
-def _fit_memory(fz: Frozen, trace_bytes: int, cap: int, n_logits: int, batch_size: int, max_memory: int, log) -> int:
+def _fit_memory(lm: LoadedModel, tr, counts: dict[int, int], max_feature_nodes: int | None, n_logits: int,
+                batch_size: int, max_memory: int, log) -> int:
     """The batch size the graph's rows are computed with: ``batch_size``, lowered as far as needed to fit
-    ``max_memory`` (:class:`GraphMemory`); an :class:`~lenscope.errors.InputError` when even one row a pass does
-    not fit, naming the most feature nodes that do."""
+    ``max_memory`` (:class:`GraphMemory`; ``counts``: each block's active features); an
+    :class:`~lenscope.errors.InputError` when even one row a pass does not fit, naming the most feature nodes that
+    do."""
     from ..memory import format_bytes
 
-    counts = torch.bincount(fz.layer, minlength=1) if fz.n_active else torch.zeros(1, dtype=torch.long)
-    n_heads = max(p.shape[0] for p in fz.probs)
+    A, n_active = lm.anatomy, sum(counts.values())
+    cap = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
+    dims = dict(n_pos=len(tr.tokens), n_layers=A.n_layers, d_model=A.d_model, n_active=n_active,
+                n_heads=max(layer.attn.n_heads for layer in A.layers), block_active=max(counts.values(), default=0),
+                n_logits=n_logits, trace_bytes=nbytes(tr))
 
     def est(n: int, b: int) -> GraphMemory:
-        return graph_memory(n_pos=fz.P, n_layers=fz.n_layers, d_model=fz.emb.shape[-1], n_heads=n_heads,
-                            n_active=fz.n_active, block_active=int(counts.max()), n_features=n, n_logits=n_logits,
-                            batch_size=b, trace_bytes=trace_bytes)
+        return graph_memory(n_features=n, batch_size=b, **dims)
 
     want = est(cap, batch_size)
     if want.total <= max_memory:
@@ -416,8 +425,8 @@ def _fit_memory(fz: Frozen, trace_bytes: int, cap: int, n_logits: int, batch_siz
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if est(mid, 1).total <= max_memory else (lo, mid - 1)
     fix = (f"use --max-feature-nodes {lo} (the most that fit)" if lo >= 0 else
-           f"even --max-feature-nodes 0 needs {format_bytes(est(0, 1).total)} ({fz.P} tokens, {fz.n_active} active "
-           "features): shorten the prompt")
+           f"even --max-feature-nodes 0 needs {format_bytes(est(0, 1).total)} ({dims['n_pos']} tokens, {n_active} "
+           "active features): shorten the prompt")
     raise InputError(f"attribution graph: {cap} feature nodes need about {format_bytes(want.total)}, more than the "
                      f"memory budget of {format_bytes(max_memory)}; {fix}, or raise --max-memory")
 
@@ -475,12 +484,15 @@ def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, foil=
     special = set(getattr(lm.tokenizer, "all_special_ids", []) or [])
     skip_first = bool(zero_bos and P > 1 and int(ids[0]) in special)
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
-    fz = Frozen(lm, tr, dicts, skip_first=skip_first)
     foil_id = None if foil is None else Request.of(lm, target, foil, distinct=True).foil
     logit_ids = _logit_nodes(lm, tr.logits[last], target, max_logits, logit_prob)
     probs = tr.logits[last].float().softmax(-1)[logit_ids]
+    # the memory it will take, from the active features' counts, before the frozen model holds anything
+    batch = _fit_memory(lm, tr, active_counts(tr, dicts, skip_first=skip_first), max_feature_nodes,
+                        logit_ids.numel(), batch_size, limit, log)
+    fz = Frozen(lm, tr, dicts, skip_first=skip_first)
     cap = fz.n_active if max_feature_nodes is None else min(max_feature_nodes, fz.n_active)
-    rows = Rows(fz, last, _fit_memory(fz, nbytes(tr), cap, logit_ids.numel(), batch_size, limit, log))
+    rows = Rows(fz, last, batch)
     n_err, n_src = fz.n_layers * P, fz.n_active + fz.n_layers * P + P
     log(f"attribution graph: {P} tokens, {fz.n_active} active features, {logit_ids.numel()} logits")
     R_logit = rows.logits(logit_ids, foil_id)
