@@ -6,6 +6,7 @@ smaller batch lowers the batch and gives the same graph, within its tolerance.""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,3 +98,19 @@ def test_sizes_parse_and_print():
             parse_size(bad)
     assert format_bytes(21.7e9) == "21.7 GB" and format_bytes(512_000) == "512 kB" and format_bytes(12) == "12 B"
     assert_same_ints(parse_size(format_bytes(21.7e9).replace(" ", "")), 21_700_000_000)
+
+
+def test_the_default_budget_is_a_share_of_the_available_memory(monkeypatch):
+    import lenscope.memory as mem
+
+    free = mem.available_memory()
+    path = Path("/proc/meminfo")
+    meminfo = path.read_text() if path.exists() else ""
+    if "MemAvailable:" in meminfo:  # Linux: read back, at most what /proc/meminfo says (a cgroup may leave less)
+        kb = int(meminfo.split("MemAvailable:")[1].split()[0])
+        assert 0 < free <= kb * 1024
+    monkeypatch.setattr(mem, "available_memory", lambda: 10**9)
+    assert_same_ints([mem.default_budget(), mem.budget(None), mem.budget("2GB"), mem.budget(5)],
+                     [int(mem.SAFE_SHARE * 10**9), int(mem.SAFE_SHARE * 10**9), 2 * 10**9, 5])
+    monkeypatch.setattr(mem, "available_memory", lambda: None)
+    assert_same_ints(mem.default_budget(), mem.FALLBACK)

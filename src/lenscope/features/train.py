@@ -59,6 +59,7 @@ from ..errors import InputError
 from ..models.dictionary import KINDS, ROLES, Dictionary
 from ..results import axis_size
 from .sources import Target
+from .train_memory import check_train_memory, train_memory
 
 AUX_COEF = 1 / 32
 THRESHOLD_LR = 0.01
@@ -362,43 +363,6 @@ class RunState:
     history: list = field(default_factory=list)  # [step, tokens, seconds, mean explained variance, mean L0]
 
 
-def train_memory(s: DictSettings, *, d: int, sites: int, roles: list[str]) -> dict[str, int]:
-    """The estimated peak memory of :func:`train_dictionaries` in bytes, by term (float32: 4 bytes a number; ``d``
-    the activations' width, ``sites`` the sites a row holds, one dictionary per entry of ``roles``):
-
-    - ``buffer``: the shuffle buffer, ``4 buffer sites d``, three times while the next block is read (the block in
-      use, the new block's parts and their concatenation);
-    - ``weights``: each dictionary's parameters (encoder and decoder ``2 d width``, biases, a skip transcoder's
-      ``d^2``, JumpReLU's thresholds) five times: the parameters, their gradients, Adam's two moments and the
-      dictionary returned at the end, ``4 * 5 * parameters``;
-    - ``latents``: one dictionary's step on a batch, ``4 batch_size (6 width + 8 d)``: the pre-activations,
-      activations and their gradients (with the auxiliary loss's copies), the batch's inputs, targets, outputs and
-      errors.
-
-    ``total``: their sum."""
-    per = [2 * d * s.width + s.width + d + (d * d if r == "skip" else 0) + (s.width if s.kind == "jumprelu" else 0)
-           for r in roles]
-    out = {"buffer": 3 * 4 * s.buffer * sites * d, "weights": 4 * 5 * sum(per),
-           "latents": 4 * s.batch_size * (6 * s.width + 8 * d)}
-    out["total"] = sum(out.values())
-    return out
-
-
-def _check_memory(s: DictSettings, max_memory, *, d: int, sites: int, roles: list[str]) -> None:
-    """An :class:`~lenscope.errors.InputError` in one line when :func:`train_memory` exceeds the budget
-    (:func:`lenscope.memory.budget`), naming the option that lowers each term."""
-    from ..memory import budget, format_bytes
-
-    limit = budget(max_memory)
-    m = train_memory(s, d=d, sites=sites, roles=roles)
-    if m["total"] > limit:
-        raise InputError(f"dict train: needs about {format_bytes(m['total'])} (shuffle buffer "
-                         f"{format_bytes(m['buffer'])}: --buffer; {len(roles)} dictionar"
-                         f"{'y' if len(roles) == 1 else 'ies'} with Adam's states {format_bytes(m['weights'])}: "
-                         f"--width; a batch's latents {format_bytes(m['latents'])}: --batch-size), more than the "
-                         f"memory budget of {format_bytes(limit)}; lower those or raise --max-memory")
-
-
 def _scale(v: Tensor) -> float:
     """The factor making the mean squared norm of rows ``v`` equal ``d`` (SAELens's ``expected_average_only_in``
     makes the mean norm ``√d``)."""
@@ -411,9 +375,8 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
                        max_memory: int | str | None = None) -> list[Dictionary] | None:
     """Train one dictionary per target on the rows of ``source`` (see the module's docstring). Returns the
     trained dictionaries (the normalisation folded in, the record in ``info``), or None when stopped by
-    ``max_steps`` (a checkpoint is then in ``out``). ``resume``: continue from ``out``'s checkpoint.
-    ``max_memory``: the memory budget (bytes or a size such as ``"8GB"``; default: :func:`lenscope.memory.budget`'s);
-    when :func:`train_memory` exceeds it, an :class:`~lenscope.errors.InputError` before anything is allocated."""
+    ``max_steps`` (a checkpoint is then in ``out``). ``resume``: continue from ``out``'s checkpoint. ``max_memory``:
+    the budget (:func:`lenscope.memory.budget`) :func:`train_memory` must meet, else a one-line InputError."""
     from ..lenses.training.plan import Planner
     from ..lenses.training.settings import TrainSettings, TrainState
 
@@ -424,7 +387,7 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
     mm = torch.bfloat16 if prec["bf16"] else torch.float32
     gen = torch.Generator().manual_seed(s.seed)
     S = max(max(t.i_in, t.i_out) for t in targets) + 1
-    _check_memory(s, max_memory, d=source.d, sites=S, roles=[t.like.role for t in targets])
+    check_train_memory(s, max_memory, d=source.d, sites=S, roles=[t.like.role for t in targets])
     trainables = []
     for i, t in enumerate(targets):
         D = Dictionary.init(source.d, s.width, kind=s.kind, role=t.like.role, k=s.k, site=t.like.site,
@@ -610,12 +573,11 @@ def _load(path: Path, ms: list[Trainable], opts, s: DictSettings) -> tuple[RunSt
 def train(s: DictSettings, *, lm=None, sites: str | list[str] | None = None, data: str | Path | None = None,
           activations: str | Path | None = None, part: str = "train", seq_len: int | None = None,
           forward_batch: int = 8, out: str | Path | None = None, resume: bool = False, progress: bool = True,
-          max_steps: int | None = None, dist: ddp.Dist = ddp.SINGLE,
-          max_memory: int | str | None = None) -> list[Dictionary] | None:
+          max_steps: int | None = None, dist: ddp.Dist = ddp.SINGLE, max_memory=None) -> list[Dictionary] | None:
     """Train ``s.role`` dictionaries at ``sites`` of ``lm`` on the ``part`` of the text ``data`` (streamed, one
     forward pass for all of them), or one on the ``activations`` file; saved into ``out`` when given (one folder,
     or a subfolder per site: :func:`~lenscope.models.dictionary.save_dictionaries`). Bad input, or an estimate over
-    ``max_memory`` (:func:`train_memory`): a one-line :class:`~lenscope.errors.InputError`."""
+    ``max_memory``: a one-line :class:`~lenscope.errors.InputError`."""
     from .sources import sources
 
     s.check()
