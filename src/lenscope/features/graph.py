@@ -324,11 +324,12 @@ class GraphMemory:
     - ``rows``: the computed rows over every source, ``s rows n_src`` (held twice while they grow in order of
       influence, ``max_feature_nodes`` below the active count: the rows so far and their concatenation);
     - ``adjacency``: the dense graph, ``s N^2``;
-    - ``check``: the assembly and the exactness check, :data:`CHUNK` rows at a time: a chunk's columns gathered and
-      its float64 copy and absolute values, ``4 s min(rows, CHUNK) N``;
+    - ``check``: the assembly and the exactness check, :data:`CHUNK` rows at a time: a chunk's rows gathered, their
+      float64 copy and its absolute values, ``5 s min(rows, CHUNK) N``;
     - ``per_row``: one row of a backward batch: the gradients of the error nodes, stacked and weighted (``3 L P
       d``), a block's per-head and residual gradients (``(H + 8) P d``), the gradient of a block's decoded writes
-      (``block_active d``), the feature gradients and the row (``3 n_active + 2 n_src``), times ``s``;
+      and its product with the decoder rows (``2 block_active d``), the feature gradients and the row (``3 n_active
+      + 2 n_src``), times ``s``;
     - ``backward``: ``per_row`` times the rows of a pass, ``max(batch_size, logits)`` (the logit rows are one pass).
 
     The peak: ``total = trace + frozen + max(k rows + backward, rows + adjacency + check)`` (``k`` = 2 when the rows
@@ -365,8 +366,8 @@ def graph_memory(*, n_pos: int, n_layers: int, d_model: int, n_heads: int, n_act
     return GraphMemory(
         trace=int(trace_bytes),
         frozen=s * (L * H * P * P + P * n_active + 2 * n_active * d + L * H * P * d + 16 * L * P * d),
-        rows=s * rows * n_src, adjacency=s * N * N, check=4 * s * min(rows, CHUNK) * N,
-        per_row=s * (3 * L * P * d + (H + 8) * P * d + block_active * d + 3 * n_active + 2 * n_src),
+        rows=s * rows * n_src, adjacency=s * N * N, check=5 * s * min(rows, CHUNK) * N,
+        per_row=s * (3 * L * P * d + (H + 8) * P * d + 2 * block_active * d + 3 * n_active + 2 * n_src),
         batch_size=max(batch_size, n_logits), grows=n_features < n_active)
 
 
