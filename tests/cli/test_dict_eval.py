@@ -82,3 +82,15 @@ def test_errors_one_line_exit_2(tmp_path):
         r = run("dict", "eval", "--model", "tiny:llama", "--seq-len", 32, *args)
         assert r.exit_code == 2, (args, r.output)
         assert msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_eval_over_the_memory_budget_is_one_line(tmp_path):
+    lm = get_model("tiny:llama")
+    data = write_corpus(tmp_path / "docs.txt")
+    folder = _sae(lm).save(tmp_path / "sae")
+    r = run("dict", "eval", "--model", "tiny:llama", "--dict", folder, "--data", data, "--tokens", 100, "--seq-len",
+            32, "--batch-size", 2, "--max-memory", "10kB")
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip()
+    assert err.startswith("error: dict eval: needs about ") and "\n" not in err and "Traceback" not in r.output
+    assert "--batch-size" in err and "--seq-len" in err and "--max-memory" in err

@@ -93,3 +93,17 @@ def test_a_bad_activations_file_exits_2(tmp_path, tensor, msg):
 def test_neither_data_nor_activations(tmp_path):
     r = run("dict", "train", "--width", 16, "--k", 2, "--out", tmp_path / "o")
     assert r.exit_code == 2 and "exactly one of" in r.stderr
+
+
+def test_train_over_the_memory_budget_is_one_line(tmp_path, text):
+    r = run("dict", "train", "--model", "tiny:llama", "--site", "mlp_out.*", "--transcoder", "--width", 32, "--k", 4,
+            "--data", text, "--tokens", 2048, "--batch-size", 256, "--buffer", 512, "--seq-len", 32, "--out",
+            tmp_path / "tc", "--max-memory", "10kB")
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip()
+    assert err.startswith("error: dict train: needs about ") and "\n" not in err and "Traceback" not in r.output
+    assert "--buffer" in err and "--batch-size" in err and "--max-memory" in err and "10 kB" in err
+    assert not (tmp_path / "tc").exists()
+    r = run("dict", "train", "--activations", tmp_path / "none.safetensors", "--width", 32, "--k", 4, "--out",
+            tmp_path / "x", "--max-memory", "much")
+    assert r.exit_code == 2 and r.stderr.startswith("error: a memory size"), r.output

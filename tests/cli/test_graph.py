@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from lenscope.cli import app
-from lenscope.features.graph import AttributionGraph, attribution_graph
+from lenscope.features.graph import AttributionGraph, attribution_graph, graph_memory, nbytes
 from lenscope.models.dictionary import save_dictionaries
 from lenscope.models.summary import fingerprint
+from lenscope.models.trace import trace
 from tests.conftest import get_model
 from tests.models.test_dictionary import _random
-from tests.tolerances import assert_same_computation
+from tests.tolerances import assert_same_computation, assert_same_ints
 
 runner = CliRunner()
 TEXT = "The cat sat on the mat"
@@ -78,6 +80,7 @@ def test_graph_with_a_foil_has_one_contrastive_logit_node(dict_dir):
     (["--foil", " a"], "foil needs a target"),
     (["--node-threshold", "1.5"], "[0, 1]"),
     (["--max-feature-nodes", "-1"], "at least 0"),
+    (["--max-memory", "lots"], "memory size"),
 ])
 def test_graph_bad_input_one_line(dict_dir, extra, msg):
     folder, _ = dict_dir
@@ -85,6 +88,32 @@ def test_graph_bad_input_one_line(dict_dir, extra, msg):
     assert r.exit_code == 2, r.output
     err = r.stderr.strip()
     assert err.startswith("error: ") and "\n" not in err and msg in err
+
+
+def test_graph_over_the_memory_budget_is_one_line_naming_the_options(dict_dir):
+    folder, ds = dict_dir
+    r = run("graph", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--max-memory", "1MB")
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip()
+    assert err.startswith("error: attribution graph: ") and "\n" not in err and "Traceback" not in r.output
+    assert "--max-feature-nodes" in err and "--max-memory" in err and "1 MB" in err
+    # a budget between no feature node and all of them: the number named runs within it
+    lm = get_model("tiny:llama")
+    g = attribution_graph(lm, TEXT, ds)
+    dims = dict(n_pos=g.n_pos, n_layers=g.n_layers, d_model=lm.anatomy.d_model,
+                n_heads=max(layer.attn.n_heads for layer in lm.anatomy.layers), n_active=g.n_active,
+                block_active=int(torch.bincount(g.feature_layer).max()), n_logits=g.n_logits, batch_size=1,
+                trace_bytes=nbytes(trace(lm, TEXT)))
+    budget = (graph_memory(n_features=0, **dims).total + graph_memory(n_features=g.n_active, **dims).total) // 2
+    common = ["graph", TEXT, "--model", "tiny:llama", "--dict", str(folder), "--max-memory", str(budget), "--json",
+              "--no-heads"]
+    r = run(*common)
+    assert r.exit_code == 2 and "--max-feature-nodes " in r.stderr, r.stderr
+    n = r.stderr.split("--max-feature-nodes ")[1].split()[0]
+    r = run(*common, "--max-feature-nodes", n)
+    assert r.exit_code == 0, r.stderr
+    assert_same_ints(json.loads(r.stdout)["n_feature_nodes"], int(n))
+    assert 0 < int(n) < g.n_active
 
 
 def test_graph_refuses_another_models_dictionary_and_long_text(dict_dir):

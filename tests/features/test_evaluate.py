@@ -18,6 +18,7 @@ from lenscope.errors import InputError
 from lenscope.features.evaluate import (
     DEAD_TOKENS,
     DictionaryEvaluation,
+    eval_memory,
     evaluate_dictionaries,
     fit_linear,
     fit_pca,
@@ -348,3 +349,22 @@ def test_bad_input(corpus):
         evaluate_dictionaries(lm, other, corpus, tokens=10, seq_len=SEQ)
     with pytest.raises(InputError, match="two dictionaries"):
         evaluate_dictionaries(lm, [D, random_sae(d, 64, "resid_post.0", seed=3)], corpus, tokens=10, seq_len=SEQ)
+
+
+def test_the_memory_estimate_counts_the_logits_and_a_small_budget_names_a_batch_that_fits(corpus):
+    lm = get_model("tiny:llama")
+    D = random_sae(lm.anatomy.d_model, 64, "resid_post.0")
+    m = eval_memory(lm, [D], seq_len=SEQ, batch_size=BATCH)
+    ids = heldout_ids(lm, corpus)[:BATCH, :SEQ]
+    logits = run(lm, ids).logits.float()
+    assert_same_ints(m["logits"], 7 * logits.numel() * logits.element_size())  # a pass's logits, seven times
+    assert_same_ints(m["captures"], ids.numel() * lm.anatomy.d_model * 4)  # an SAE reads and writes one site
+    one = eval_memory(lm, [D], seq_len=SEQ, batch_size=1)["total"]
+    with pytest.raises(InputError) as e:
+        evaluate_dictionaries(lm, D, corpus, tokens=60, seq_len=SEQ, batch_size=BATCH, max_memory=one)
+    msg = str(e.value)
+    assert "\n" not in msg and "--max-memory" in msg and "use --batch-size 1," in msg
+    ev = evaluate_dictionaries(lm, D, corpus, tokens=60, seq_len=SEQ, batch_size=1, max_memory=one)
+    assert_same_ints(ev.tokens, ev.dictionaries[0].tokens)
+    with pytest.raises(InputError, match="even --batch-size 1 does not fit: lower --seq-len"):
+        evaluate_dictionaries(lm, D, corpus, tokens=60, seq_len=SEQ, batch_size=BATCH, max_memory=one - 1)

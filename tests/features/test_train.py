@@ -18,10 +18,10 @@ from safetensors.torch import save_file
 from lenscope.errors import InputError
 from lenscope.features import sources as src_mod
 from lenscope.features.sources import FileSource, StreamSource, Target, last_site, load_activations
-from lenscope.features.train import DictSettings, Trainable, train, train_dictionaries
+from lenscope.features.train import DictSettings, Trainable, train, train_dictionaries, train_memory
 from lenscope.models.dictionary import Dictionary, load_dictionaries
 from tests.conftest import get_model
-from tests.tolerances import assert_same_computation
+from tests.tolerances import assert_same_computation, assert_same_ints
 
 D, TRUE_W, TRUE_K = 32, 64, 4
 
@@ -393,3 +393,26 @@ def test_default_learning_rates_by_role():
     assert DictSettings(role="skip", width=4 * 4608).base_lr() == pytest.approx(4e-3)
     assert_same_computation(DictSettings(role="transcoder", width=4608, lr=1e-3).base_lr(), 1e-3,
                             why="the option, returned as it is")
+
+
+def test_the_memory_estimate_counts_the_block_and_parameters_and_a_small_budget_is_refused(tmp_path):
+    pairs, _ = _synthetic(4_000, pairs=True)
+    s = _settings("jumprelu", "skip", tokens=4_096, buffer=2048, batch_size=256)
+    m = train_memory(s, d=D, sites=2, roles=["skip"])
+    # the shuffle block a FileSource returns, three times; the parameters Trainable trains, five times
+    block, _ = FileSource(pairs).read(0, s.buffer)
+    assert_same_ints(m["buffer"], 3 * block.numel() * block.element_size())
+    T = Trainable(Dictionary.init(D, s.width, kind=s.kind, role="skip", k=s.k), s)
+    assert_same_ints(m["weights"], 5 * sum(p.numel() * p.element_size() for p in T.parameters()))
+    bigger = [train_memory(DictSettings(**{**vars(s), key: 2 * getattr(s, key)}), d=D, sites=2, roles=["skip"])
+              for key in ("buffer", "batch_size", "width")]
+    assert all(b["total"] > m["total"] for b in bigger)
+    save_file({"activations": pairs}, str(tmp_path / "p.safetensors"))
+    with pytest.raises(InputError) as e:
+        train(s, activations=tmp_path / "p.safetensors", out=tmp_path / "d", progress=False,
+              max_memory=m["total"] - 1)
+    msg = str(e.value)
+    assert "\n" not in msg and all(o in msg for o in ("--buffer", "--batch-size", "--width", "--max-memory"))
+    assert not (tmp_path / "d").exists()
+    (D_,) = train(s, activations=tmp_path / "p.safetensors", progress=False, max_memory=m["total"])
+    assert D_.role == "skip"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from .common import handle_errors, load_model, print_json
-from .options import JSON_OPTION, MODEL_OPTION, SEQ_LEN_OPTION
+from .options import JSON_OPTION, MAX_MEMORY_OPTION, MODEL_OPTION, SEQ_LEN_OPTION
 
 
 @handle_errors
@@ -30,6 +30,7 @@ def eval_cmd(
                                                                             "baselines beside each dictionary."),
     save: str = typer.Option(None, "--save", help="Write the evaluation as JSON (every latent's firing count too)."),
     progress: bool = typer.Option(False, "--progress", help="Progress on stderr."),
+    max_memory: str = MAX_MEMORY_OPTION,
     as_json: bool = JSON_OPTION,
 ):
     """Explained variance, L0, dead latents and, spliced into the model, delta loss, loss recovered and KL, on
@@ -37,17 +38,19 @@ def eval_cmd(
     transcoders."""
     from ..errors import InputError
     from ..features.evaluate import evaluate_dictionaries
+    from ..memory import parse_size
     from ..models.dictionary import load_dictionaries
 
     for name, v in (("--tokens", tokens), ("--splice-tokens", splice_tokens), ("--fit-tokens", fit_tokens),
                     ("--seq-len", seq_len), ("--batch-size", batch_size)):
         if v is not None and v < 1:
             raise InputError(f"{name} must be at least 1; got {v}")
+    limit = parse_size(max_memory) if max_memory is not None else None
     dicts = load_dictionaries(dict_dir)
     lm = load_model(model)
     ev = evaluate_dictionaries(lm, dicts, data, tokens=tokens, seq_len=seq_len, batch_size=batch_size,
                                baselines=baselines, fit_tokens=fit_tokens, splice_tokens=splice_tokens,
-                               progress=progress)
+                               progress=progress, max_memory=limit)
     if save:
         ev.save(save)
     if as_json:

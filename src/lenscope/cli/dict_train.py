@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from .common import MODEL_HELP, handle_errors, load_model, print_json
-from .options import DTYPE_OPTION, JSON_SUMMARY_OPTION, RESUME_OPTION, SEED_OPTION, SEQ_LEN_OPTION
+from .options import DTYPE_OPTION, JSON_SUMMARY_OPTION, MAX_MEMORY_OPTION, RESUME_OPTION, SEED_OPTION, SEQ_LEN_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -48,6 +48,7 @@ def register(app: typer.Typer) -> None:
                                                                   "(bfloat16 only where the CPU runs it natively), "
                                                                   "bf16 or fp32."),
         resume: bool = RESUME_OPTION,
+        max_memory: str = MAX_MEMORY_OPTION,
         dtype: str = DTYPE_OPTION,
         seed: int = SEED_OPTION,
         as_json: bool = JSON_SUMMARY_OPTION,
@@ -56,6 +57,7 @@ def register(app: typer.Typer) -> None:
         from ..distributed import ddp
         from ..errors import InputError
         from ..features.train import DictSettings, train
+        from ..memory import parse_size
 
         if transcoder and skip:
             raise InputError("give --transcoder or --skip, not both")
@@ -66,6 +68,7 @@ def register(app: typer.Typer) -> None:
         if precision not in ("auto", "bf16", "fp32"):
             raise InputError(f"--precision is auto, bf16 or fp32, not {precision!r}")
         role = "skip" if skip else "transcoder" if transcoder else "sae"
+        limit = parse_size(max_memory) if max_memory is not None else None
         n_sites = max(1, len(site.split(","))) if site else 1
         lm = load_model(model, dtype=dtype) if model is not None else None
         if lm is not None and site and "*" in site:
@@ -80,7 +83,7 @@ def register(app: typer.Typer) -> None:
                          bf16={"auto": None, "bf16": True, "fp32": False}[precision])
         dist = ddp.from_env()
         dicts = train(s, lm=lm, sites=site, data=data, activations=activations, seq_len=seq_len,
-                      forward_batch=forward_batch, out=out, resume=resume, dist=dist)
+                      forward_batch=forward_batch, out=out, resume=resume, dist=dist, max_memory=limit)
         if as_json and dist.main and dicts:
             tr = [D.info["training"] for D in dicts]
             print_json({"out": out, "kind": kind, "role": role, "width": width, "k": k,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .common import fail, handle_errors, load_model, print_json
-from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MODEL_OPTION
+from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MAX_MEMORY_OPTION, MODEL_OPTION
 
 
 def register(app: typer.Typer) -> None:
@@ -27,7 +27,9 @@ def register(app: typer.Typer) -> None:
                                              "share of the influence on the logits."),
         edge_threshold: float = typer.Option(0.98, "--edge-threshold", help="Pruning: keep the edges making up this "
                                              "share of the edge influence."),
-        batch_size: int = typer.Option(256, "--batch-size", help="Targets per backward pass."),
+        batch_size: int = typer.Option(256, "--batch-size", help="Targets per backward pass (lowered as far as "
+                                       "--max-memory needs)."),
+        max_memory: str = MAX_MEMORY_OPTION,
         heads: bool = typer.Option(True, "--heads/--no-heads", help="Split each kept edge over the attention heads "
                                    "that carry it (exact; each link's `heads`)."),
         as_json: bool = JSON_OPTION,
@@ -46,6 +48,7 @@ def register(app: typer.Typer) -> None:
 
         from ..features.graph import attribution_graph
         from ..features.graph_export import write_circuit_tracer
+        from ..memory import parse_size
         from ..models.dictionary import load_dictionaries
 
         for name, v in (("--node-threshold", node_threshold), ("--edge-threshold", edge_threshold)):
@@ -53,10 +56,11 @@ def register(app: typer.Typer) -> None:
                 fail(f"{name} must lie in [0, 1]; got {v}")
         if max_feature_nodes < 0 or batch_size < 1:
             fail("--max-feature-nodes must be at least 0 and --batch-size at least 1")
+        budget = parse_size(max_memory) if max_memory is not None else None
         dicts = load_dictionaries(dict_dir)
         lm = load_model(model, dtype=dtype, device_map=device_map)
         g = attribution_graph(lm, text, dicts, target=target, foil=foil, max_feature_nodes=max_feature_nodes,
-                              batch_size=batch_size, progress=not as_json)
+                              batch_size=batch_size, max_memory=budget, progress=not as_json)
         th = {"node_threshold": node_threshold, "edge_threshold": edge_threshold}
         if heads:
             from ..features.graph_heads import edge_heads

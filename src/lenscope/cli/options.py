@@ -29,3 +29,7 @@ SOURCE_OPTION = typer.Option(None, "--source", help=(
 RESUME_OPTION = typer.Option(False, "--resume", help="Continue an interrupted run from its checkpoint in --out.")
 SEED_OPTION = typer.Option(0, "--seed")
 JSON_SUMMARY_OPTION = typer.Option(False, "--json", help="Print a JSON summary.")
+# the commands that estimate their memory first (graph, dict train, dict eval; lenscope.memory)
+MAX_MEMORY_OPTION = typer.Option(None, "--max-memory", metavar="SIZE", help=(
+    "Memory budget, e.g. 8GB or 500MB (default: 0.8 of the memory available now). The command estimates its peak "
+    "first and refuses in one line, naming what to lower, when the estimate exceeds it."))

@@ -389,15 +389,43 @@ def _as_list(dicts) -> list[Dictionary]:
     return list(dicts)
 
 
+def eval_memory(lm: LoadedModel, dicts: list[Dictionary], *, seq_len: int, batch_size: int,
+                baselines: bool = True) -> dict[str, int]:
+    """The estimated peak memory of :func:`evaluate_dictionaries` in bytes, by term (float32: 4 bytes a number;
+    ``T = batch_size * seq_len`` tokens a pass, ``V`` the vocabulary, ``d`` = d_model, ``H`` heads):
+
+    - ``forward``: one pass of the model, ``4 (2 batch_size H seq_len^2 + 12 T d)`` (a block's attention
+      probabilities and the hidden states it works on);
+    - ``captures``: the sites the dictionaries read and write, ``4 T d`` each;
+    - ``latents``: one dictionary on a batch, ``T (9 width + 24 d)``: its pre-activations and latents (float32),
+      which fired (bool), its output and the float64 sums' copies;
+    - ``logits``: the splices' logits and log-probabilities, clean and spliced, with the KL's temporaries,
+      ``4 * 7 T V``;
+    - ``baselines``: each dictionary's moments and fit in float64, ``8 * 2 (d_in + d_out)^2`` (with ``baselines``).
+
+    ``total = baselines + forward + captures + max(latents, logits)``: the statistics and the splices are separate
+    passes."""
+    A = lm.anatomy
+    T, H, d = batch_size * seq_len, max(layer.attn.n_heads for layer in A.layers), A.d_model
+    out = {"forward": 4 * (2 * batch_size * H * seq_len**2 + 12 * T * d), "captures": 4 * T * d * len(_sites(dicts)),
+           "latents": max(T * (9 * D.width + 24 * D.d_out) for D in dicts), "logits": 4 * 7 * T * A.vocab_size,
+           "baselines": sum(16 * (D.d_in + D.d_out) ** 2 for D in dicts) if baselines else 0}
+    out["total"] = out["baselines"] + out["forward"] + out["captures"] + max(out["latents"], out["logits"])
+    return out
+
+
 def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TOKENS, seq_len: int | None = None,
                           batch_size: int = 4, baselines: bool = True, fit_tokens: int | None = None,
-                          splice_tokens: int | None = None, progress: bool = False) -> DictionaryEvaluation:
+                          splice_tokens: int | None = None, progress: bool = False,
+                          max_memory: int | str | None = None) -> DictionaryEvaluation:
     """Evaluate ``dicts`` (a :class:`~lenscope.models.dictionary.Dictionary`, a list, or a dictionary folder) on
     about ``tokens`` held-out tokens of ``data`` (a text file or folder, :mod:`lenscope.data.corpus`), beside
     their baselines (``baselines=True``: fitted on ``fit_tokens`` train tokens, default
     ``min(tokens, FIT_TOKENS)``). The splice metrics use the first ``splice_tokens`` of those tokens (default
     ``min(tokens, SPLICE_TOKENS)``: each variant is a full forward pass, where the statistics stop at the last
-    site). See the module's docstring."""
+    site). ``max_memory``: the memory budget (bytes or a size such as ``"8GB"``; default:
+    :func:`lenscope.memory.budget`'s); when :func:`eval_memory` exceeds it, a one-line
+    :class:`~lenscope.errors.InputError` naming the ``--batch-size`` that fits. See the module's docstring."""
     D = _as_list(dicts)
     if not D:
         raise InputError("no dictionary to evaluate")
@@ -420,6 +448,7 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
         raise InputError(f"{data} has no held-out text: one document in {HOLDOUT_EVERY} is held out (documents "
                          f"are separated by <|endoftext|> lines, or cut every ~{PSEUDO_DOC_CHARS} characters); give "
                          f"at least {HOLDOUT_EVERY} documents")
+    _check_memory(lm, D, seq_len, batch_size, baselines, max_memory)
     sites = _sites(D)
     say = _progress(progress)
 
@@ -521,6 +550,21 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
                                 dictionaries=scores, replacement=replacement)
 
 
+def _check_memory(lm: LoadedModel, D: list[Dictionary], seq_len: int, batch_size: int, baselines: bool,
+                  max_memory) -> None:
+    from ..memory import budget, format_bytes
+
+    limit = budget(max_memory)
+    need = eval_memory(lm, D, seq_len=seq_len, batch_size=batch_size, baselines=baselines)["total"]
+    if need <= limit:
+        return
+    fits = [b for b in range(1, batch_size) if eval_memory(lm, D, seq_len=seq_len, batch_size=b,
+                                                           baselines=baselines)["total"] <= limit]
+    fix = f"use --batch-size {fits[-1]}" if fits else "even --batch-size 1 does not fit: lower --seq-len"
+    raise InputError(f"dict eval: needs about {format_bytes(need)} ({batch_size} sequences of {seq_len} tokens a "
+                     f"pass), more than the memory budget of {format_bytes(limit)}; {fix}, or raise --max-memory")
+
+
 def _progress(on: bool):
     import sys
 
@@ -532,4 +576,4 @@ def _progress(on: bool):
 
 
 __all__ = ["DEAD_TOKENS", "FIT_TOKENS", "SPLICE_TOKENS", "DictionaryEvaluation", "DictionaryScore", "Linear", "PCA",
-           "density", "evaluate_dictionaries", "fit_linear", "fit_pca"]
+           "density", "eval_memory", "evaluate_dictionaries", "fit_linear", "fit_pca"]

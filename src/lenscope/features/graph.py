@@ -26,6 +26,7 @@ dtype), and the frozen model reproduces the real run's pre-activations and logit
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,9 +42,10 @@ from ..models.trace import trace
 from ..models.verify import completeness_tolerance
 from ..results import Result, axis_size
 from ..viz.notebook import ReportView
-from .replacement import Frozen, check_parts, node_logits, transcoders_by_layer
+from .replacement import Frozen, active_counts, check_parts, node_logits, transcoders_by_layer
 
 KINDS = ("feature", "error", "token", "logit")
+CHUNK = 1024  # rows at a time where the graph is assembled and checked
 
 
 @dataclass(repr=False)
@@ -308,6 +310,131 @@ class Rows:
         return self._edges(self.final, G)
 
 
+@dataclass(frozen=True)
+class GraphMemory:
+    """The estimated peak memory of :func:`attribution_graph` in bytes (float32: 4 bytes a number, ``s`` below), by
+    term, with ``P`` tokens, ``L`` blocks, ``H`` heads, ``d`` = d_model, ``n_active`` active features (at most
+    ``block_active`` in one block), ``n_src = n_active + L P + P`` sources, ``rows`` = feature rows computed + logit
+    rows, ``N = features + L P + P + logits`` nodes:
+
+    - ``trace``: the real run's trace (its logits, patterns, residual streams, MLP activations), measured: the bytes
+      of its tensors;
+    - ``frozen``: the frozen model, held throughout: its attention patterns (``L H P^2``), each block's one-hot
+      placement of its active features (``P n_active``), their decoder rows and decoded writes (``2 n_active d``),
+      the per-head outputs of the retained forward graph (``L H P d``) and about 16 ``(P, d)`` tensors per block
+      (the error nodes, the forward graph's activations): ``s (L H P^2 + P n_active + 2 n_active d + L H P d + 16 L
+      P d)``;
+    - ``rows``: the computed rows over every source, ``s rows n_src`` (held twice while they grow in order of
+      influence, ``max_feature_nodes`` below the active count: the rows so far and their concatenation);
+    - ``adjacency``: the dense graph, ``s N^2``;
+    - ``check``: the assembly and the exactness check, :data:`CHUNK` rows at a time: a chunk's rows gathered, their
+      float64 copy and its absolute values, ``5 s min(rows, CHUNK) N``;
+    - ``per_row``: one row of a backward batch: the gradients of the error nodes, stacked and weighted (``3 L P
+      d``), a block's per-head and residual gradients (``(H + 8) P d``), the gradient of a block's decoded writes
+      and its product with the decoder rows (``2 block_active d``), the feature gradients and the row (``3 n_active
+      + 2 n_src``), times ``s``;
+    - ``backward``: ``per_row`` times the rows of a pass, ``max(batch_size, logits)`` (the logit rows are one pass).
+
+    The peak: ``total = trace + frozen + max(k rows + backward, rows + adjacency + check)`` (``k`` = 2 when the rows
+    grow in order of influence, else 1): the backward passes come first, the graph after them. An estimate: the
+    allocator's own overhead and the interpreter are not in it; the default budget's share leaves room for them."""
+
+    trace: int
+    frozen: int
+    rows: int
+    adjacency: int
+    check: int
+    per_row: int
+    batch_size: int
+    grows: bool
+
+    @property
+    def backward(self) -> int:
+        return self.per_row * self.batch_size
+
+    @property
+    def total(self) -> int:
+        return self.trace + self.frozen + max((2 if self.grows else 1) * self.rows + self.backward,
+                                 self.rows + self.adjacency + self.check)
+
+
+def graph_memory(*, n_pos: int, n_layers: int, d_model: int, n_heads: int, n_active: int, block_active: int,
+                 n_features: int, n_logits: int, batch_size: int, trace_bytes: int = 0) -> GraphMemory:
+    """:class:`GraphMemory` of a graph with ``n_features`` feature rows of ``n_active`` active features (see there
+    for the terms; ``trace_bytes``: the trace's, :func:`nbytes`)."""
+    s, P, L, d, H = 4, n_pos, n_layers, d_model, n_heads
+    n_src = n_active + L * P + P
+    rows = n_features + n_logits
+    N = n_features + L * P + P + n_logits
+    return GraphMemory(
+        trace=int(trace_bytes),
+        frozen=s * (L * H * P * P + P * n_active + 2 * n_active * d + L * H * P * d + 16 * L * P * d),
+        rows=s * rows * n_src, adjacency=s * N * N, check=5 * s * min(rows, CHUNK) * N,
+        per_row=s * (3 * L * P * d + (H + 8) * P * d + 2 * block_active * d + 3 * n_active + 2 * n_src),
+        batch_size=max(batch_size, n_logits), grows=n_features < n_active)
+
+
+def nbytes(x, _seen: set | None = None) -> int:
+    """The bytes of the tensors in ``x`` (a tensor, a dataclass such as a Trace, a dict, list or tuple of them),
+    each storage counted once (a lean trace's shared copies, views)."""
+    seen = set() if _seen is None else _seen
+    if isinstance(x, Tensor):
+        st = x.untyped_storage()
+        if st.data_ptr() in seen:
+            return 0
+        seen.add(st.data_ptr())
+        return st.nbytes()
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return sum(nbytes(getattr(x, f.name), seen) for f in dataclasses.fields(x))
+    if isinstance(x, dict):
+        return sum(nbytes(v, seen) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return sum(nbytes(v, seen) for v in x)
+    return 0
+
+
+def _fit_memory(lm: LoadedModel, tr, counts: dict[int, int], max_feature_nodes: int | None, n_logits: int,
+                batch_size: int, max_memory: int, log) -> int:
+    """The batch size the graph's rows are computed with: ``batch_size``, lowered as far as needed to fit
+    ``max_memory`` (:class:`GraphMemory`; ``counts``: each block's active features); an
+    :class:`~lenscope.errors.InputError` when even one row a pass does not fit, naming the most feature nodes that
+    do."""
+    from ..memory import format_bytes
+
+    A, n_active = lm.anatomy, sum(counts.values())
+    cap = n_active if max_feature_nodes is None else min(max_feature_nodes, n_active)
+    dims = dict(n_pos=len(tr.tokens), n_layers=A.n_layers, d_model=A.d_model, n_active=n_active,
+                n_heads=max(layer.attn.n_heads for layer in A.layers), block_active=max(counts.values(), default=0),
+                n_logits=n_logits, trace_bytes=nbytes(tr))
+
+    def est(n: int, b: int) -> GraphMemory:
+        return graph_memory(n_features=n, batch_size=b, **dims)
+
+    want = est(cap, batch_size)
+    if want.total <= max_memory:
+        return batch_size
+    lo, hi = 1, batch_size  # the largest batch that fits, if any (the estimate grows with the batch)
+    if est(cap, 1).total <= max_memory:
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if est(cap, mid).total <= max_memory else (lo, mid - 1)
+        log(f"attribution graph: batch size lowered from {batch_size} to {lo} to fit the memory budget "
+            f"{format_bytes(max_memory)} (estimated {format_bytes(est(cap, lo).total)})")
+        return lo
+    lo, hi = 0, cap  # the most feature rows that fit with one row a pass (-1: not even none)
+    if est(0, 1).total > max_memory:
+        lo = -1
+    else:
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if est(mid, 1).total <= max_memory else (lo, mid - 1)
+    fix = (f"use --max-feature-nodes {lo} (the most that fit)" if lo >= 0 else
+           f"even --max-feature-nodes 0 needs {format_bytes(est(0, 1).total)} ({dims['n_pos']} tokens, {n_active} "
+           "active features): shorten the prompt")
+    raise InputError(f"attribution graph: {cap} feature nodes need about {format_bytes(want.total)}, more than the "
+                     f"memory budget of {format_bytes(max_memory)}; {fix}, or raise --max-memory")
+
+
 def _partial_influence(rows_f: Tensor, row_nodes: Tensor, rows_l: Tensor, probs: Tensor, n_src: int,
                        iters: int = 128) -> Tensor:
     """circuit-tracer's influence estimate over the rows computed so far: ``w M + w M^2 + ...`` with ``M`` the
@@ -331,7 +458,8 @@ def _partial_influence(rows_f: Tensor, row_nodes: Tensor, rows_l: Tensor, probs:
 
 def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, foil=None, max_logits: int = 10,
                       logit_prob: float = 0.95, max_feature_nodes: int | None = None, batch_size: int = 256,
-                      zero_bos: bool = True, progress: bool = False) -> AttributionGraph:
+                      zero_bos: bool = True, max_memory: int | str | None = None,
+                      progress: bool = False) -> AttributionGraph:
     """The attribution graph of the next-token prediction after ``text`` (a string or token ids), with
     ``dictionaries`` (transcoders, at most one per block; blocks without one: their MLP output is an error node).
     ``target``: one token (text, ``"#ID"`` or id) as the only logit node; default the most probable tokens up to
@@ -339,8 +467,15 @@ def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, foil=
     logit minus the foil's (IOI's `` Mary`` vs `` John``), whose edges are the target's minus the foil's.
     ``max_feature_nodes``: compute the rows of at most that many features,
     chosen by their influence on the logits as the rows come in (circuit-tracer's order); the others' effects stay
-    in the bias terms. ``zero_bos``: a first token that is a special token (BOS) gets no feature nodes."""
+    in the bias terms. ``zero_bos``: a first token that is a special token (BOS) gets no feature nodes.
+    ``max_memory``: the memory budget (bytes or a size such as ``"8GB"``; default: :func:`lenscope.memory.budget`'s,
+    a safe share of the memory available at the call): once the active features are known, the peak is estimated
+    (:class:`GraphMemory`); over the budget, ``batch_size`` is lowered as far as needed, and where even one row a
+    pass does not fit, an :class:`~lenscope.errors.InputError` names the most feature nodes that do."""
+    from ..memory import budget
+
     t0 = time.perf_counter()
+    limit = budget(max_memory)
     require_decoder(lm, "an attribution graph", causal=True, instead="use a causal decoder (e.g. smollm2)")
     dicts = transcoders_by_layer(lm, list(dictionaries))
     if not dicts:
@@ -353,16 +488,19 @@ def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, foil=
     special = set(getattr(lm.tokenizer, "all_special_ids", []) or [])
     skip_first = bool(zero_bos and P > 1 and int(ids[0]) in special)
     log = (lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None)
-    fz = Frozen(lm, tr, dicts, skip_first=skip_first)
     foil_id = None if foil is None else Request.of(lm, target, foil, distinct=True).foil
     logit_ids = _logit_nodes(lm, tr.logits[last], target, max_logits, logit_prob)
     probs = tr.logits[last].float().softmax(-1)[logit_ids]
-    rows = Rows(fz, last, batch_size)
+    # the memory it will take, from the active features' counts, before the frozen model holds anything
+    batch = _fit_memory(lm, tr, active_counts(tr, dicts, skip_first=skip_first), max_feature_nodes,
+                        logit_ids.numel(), batch_size, limit, log)
+    fz = Frozen(lm, tr, dicts, skip_first=skip_first)
+    cap = fz.n_active if max_feature_nodes is None else min(max_feature_nodes, fz.n_active)
+    rows = Rows(fz, last, batch)
     n_err, n_src = fz.n_layers * P, fz.n_active + fz.n_layers * P + P
     log(f"attribution graph: {P} tokens, {fz.n_active} active features, {logit_ids.numel()} logits")
     R_logit = rows.logits(logit_ids, foil_id)
 
-    cap = fz.n_active if max_feature_nodes is None else min(max_feature_nodes, fz.n_active)
     if cap == fz.n_active:
         chosen = torch.arange(fz.n_active)
         R_feat = rows.features(chosen) if cap else torch.zeros(0, n_src)
@@ -377,7 +515,9 @@ def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, foil=
             parts.append(rows.features(pick))
             chosen = torch.cat([chosen, pick])
             R_feat = torch.cat(parts)
+            parts = [R_feat]  # one copy of the rows so far (GraphMemory's ``rows``, twice while they grow)
             log(f"  {chosen.numel()} of {cap} feature rows")
+        del parts
         order = chosen.argsort()
         chosen, R_feat = chosen[order], R_feat[order]
 
@@ -396,12 +536,14 @@ def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, foil=
     N = n_f + n_err + P + n_l
     adj = torch.zeros(N, N, dtype=torch.float32)
     src = slice(0, n_f + n_err + P)
-    adj[:n_f, src] = R_feat[:, keep_cols]
-    adj[N - n_l:, src] = R_logit[:, keep_cols]
     other = torch.ones(fz.n_active, dtype=torch.bool)
     other[chosen] = False
     dropped = torch.zeros(N)
-    dropped[:n_f] = R_feat[:, : fz.n_active][:, other].sum(1)
+    for a in range(0, n_f, CHUNK):  # a chunk of rows at a time: no copy of every row (GraphMemory's ``check``)
+        b = min(a + CHUNK, n_f)
+        adj[a:b, src] = R_feat[a:b, keep_cols]
+        dropped[a:b] = R_feat[a:b, : fz.n_active][:, other].sum(1)
+    adj[N - n_l:, src] = R_logit[:, keep_cols]
     dropped[N - n_l:] = R_logit[:, : fz.n_active][:, other].sum(1)
     inputs, biases, real = torch.zeros(N), torch.zeros(N), torch.zeros(N)
     for vec, f_part, l_part in ((inputs, in_f, in_l), (biases, b_f, b_l), (real, real_f, real_l)):
@@ -412,12 +554,19 @@ def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, foil=
     # source's, the dropped features' included: replacement.parts_rounding), whatever the model's dtype; the frozen
     # model against the real run: to the model dtype's rounding (completeness_tolerance)
     targets = torch.cat([torch.arange(n_f), torch.arange(N - n_l, N)])
-    A_t = adj[targets].double()
-    gap = inputs[targets].double() - A_t.sum(1) - biases[targets].double()
-    size = torch.cat([R_feat, R_logit]).double().abs().sum(1) + torch.cat([b_f, b_l]).double().abs()
-    exact = check_parts("attribution graph: a node's edges and bias terms miss its input", gap, size, fz.n_layers)
-    scale = torch.maximum(A_t.abs().amax(1), biases[targets].double().abs()).clamp_min(1.0)
-    real_err = float(((inputs[targets] - real[targets]).double().abs() / scale).max())
+    # the sizes of every target's terms: all its sources' edges (the dropped features' too) and its bias terms
+    rows_abs = [R_feat[a: a + CHUNK].double().abs().sum(1) for a in range(0, n_f, CHUNK)]
+    size = torch.cat([*rows_abs, R_logit.double().abs().sum(1)]) + torch.cat([b_f, b_l]).double().abs()
+    ratios, reals = [], []
+    for a in range(0, targets.numel(), CHUNK):
+        t = targets[a: a + CHUNK]
+        A_t = adj[t].double()
+        gap = inputs[t].double() - A_t.sum(1) - biases[t].double()
+        ratios.append(check_parts("attribution graph: a node's edges and bias terms miss its input", gap,
+                                  size[a: a + CHUNK], fz.n_layers))
+        scale = torch.maximum(A_t.abs().amax(1), biases[t].double().abs()).clamp_min(1.0)
+        reals.append(((inputs[t] - real[t]).double().abs() / scale).max())
+    exact, real_err = max(ratios), float(torch.stack(reals).max())  # a NaN stays NaN (check_parts raises on one)
     tol = completeness_tolerance(lm)
     if not real_err <= tol:
         raise InvariantError(f"attribution graph: the frozen replacement model misses the real run by {real_err:.2e}"
@@ -436,4 +585,4 @@ def attribution_graph(lm: LoadedModel, text, dictionaries, *, target=None, foil=
         skip_first=skip_first, foil_id=foil_id)
 
 
-__all__ = ["AttributionGraph", "attribution_graph", "node_id"]
+__all__ = ["AttributionGraph", "GraphMemory", "attribution_graph", "graph_memory", "node_id"]

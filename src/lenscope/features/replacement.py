@@ -87,10 +87,7 @@ class Frozen:
         errs = tr.mlp_out.to(dtype).clone()
         for L, d in sorted(self.dicts.items()):
             x = mlp_in[L].to(dtype)
-            pre = d.pre(x)
-            z = d.activate(pre)
-            if skip_first:  # a special first token (BOS): no feature nodes there (its MLP output: a constant)
-                z[0] = 0
+            pre, z = _latents(d, x, skip_first)
             p, f = z.nonzero(as_tuple=True)
             layers.append(torch.full_like(p, L))
             pos.append(p)
@@ -209,6 +206,25 @@ class Frozen:
         ``pos``."""
         u, _ = self.logit_dirs(ids, foil)
         return self.readout.pullback(u, self.final_scale[pos].expand(u.shape[0]))
+
+
+def _latents(d: Dictionary, x: Tensor, skip_first: bool) -> tuple[Tensor, Tensor]:
+    """A transcoder's pre-activations and latents ``(pos, width)`` on its MLP input ``x``; with ``skip_first`` (a
+    special first token, BOS) none at the first position (its MLP output: a constant)."""
+    pre = d.pre(x)
+    z = d.activate(pre)
+    if skip_first:
+        z[0] = 0
+    return pre, z
+
+
+def active_counts(tr: Trace, dicts: dict[int, Dictionary], *, dtype=torch.float32,
+                  skip_first: bool = False) -> dict[int, int]:
+    """How many latents of each block's transcoder are active on the prompt of ``tr``: the feature nodes
+    :class:`Frozen` would hold (the same computation), known before it allocates anything."""
+    mlp_in = tr.mlp_in
+    return {L: int(_latents(d.to(dtype), mlp_in[L].to(dtype), skip_first)[1].count_nonzero())
+            for L, d in sorted(dicts.items())}
 
 
 def node_logits(z: Tensor, ids: Tensor, foil: int | None = None) -> Tensor:

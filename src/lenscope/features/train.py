@@ -59,6 +59,7 @@ from ..errors import InputError
 from ..models.dictionary import KINDS, ROLES, Dictionary
 from ..results import axis_size
 from .sources import Target
+from .train_memory import check_train_memory, train_memory
 
 AUX_COEF = 1 / 32
 THRESHOLD_LR = 0.01
@@ -370,10 +371,12 @@ def _scale(v: Tensor) -> float:
 
 def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: str | Path | None = None,
                        resume: bool = False, progress: bool = True, max_steps: int | None = None,
-                       dist: ddp.Dist = ddp.SINGLE, clock=time.perf_counter) -> list[Dictionary] | None:
+                       dist: ddp.Dist = ddp.SINGLE, clock=time.perf_counter,
+                       max_memory: int | str | None = None) -> list[Dictionary] | None:
     """Train one dictionary per target on the rows of ``source`` (see the module's docstring). Returns the
     trained dictionaries (the normalisation folded in, the record in ``info``), or None when stopped by
-    ``max_steps`` (a checkpoint is then in ``out``). ``resume``: continue from ``out``'s checkpoint."""
+    ``max_steps`` (a checkpoint is then in ``out``). ``resume``: continue from ``out``'s checkpoint. ``max_memory``:
+    the budget (:func:`lenscope.memory.budget`) :func:`train_memory` must meet, else a one-line InputError."""
     from ..lenses.training.plan import Planner
     from ..lenses.training.settings import TrainSettings, TrainState
 
@@ -383,6 +386,8 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
     prec = precision(s.bf16)
     mm = torch.bfloat16 if prec["bf16"] else torch.float32
     gen = torch.Generator().manual_seed(s.seed)
+    S = max(max(t.i_in, t.i_out) for t in targets) + 1
+    check_train_memory(s, max_memory, d=source.d, sites=S, roles=[t.like.role for t in targets])
     trainables = []
     for i, t in enumerate(targets):
         D = Dictionary.init(source.d, s.width, kind=s.kind, role=t.like.role, k=s.k, site=t.like.site,
@@ -408,7 +413,6 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
     if not tstate.warm:
         from ..lenses.training.plan import warmup_steps
         tstate.warm = warmup_steps(tstate.n_steps, ts)
-    S = max(max(t.i_in, t.i_out) for t in targets) + 1
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress and dist.main else (lambda msg: None)
     log(f"dict train: {len(targets)} {s.kind} dictionar{'y' if len(targets) == 1 else 'ies'} of width {s.width}, "
         f"k {s.k}; shuffle buffer {s.buffer} rows x {S} sites x {source.d} = "
@@ -569,18 +573,18 @@ def _load(path: Path, ms: list[Trainable], opts, s: DictSettings) -> tuple[RunSt
 def train(s: DictSettings, *, lm=None, sites: str | list[str] | None = None, data: str | Path | None = None,
           activations: str | Path | None = None, part: str = "train", seq_len: int | None = None,
           forward_batch: int = 8, out: str | Path | None = None, resume: bool = False, progress: bool = True,
-          max_steps: int | None = None, dist: ddp.Dist = ddp.SINGLE) -> list[Dictionary] | None:
+          max_steps: int | None = None, dist: ddp.Dist = ddp.SINGLE, max_memory=None) -> list[Dictionary] | None:
     """Train ``s.role`` dictionaries at ``sites`` of ``lm`` on the ``part`` of the text ``data`` (streamed, one
     forward pass for all of them), or one on the ``activations`` file; saved into ``out`` when given (one folder,
-    or a subfolder per site: :func:`~lenscope.models.dictionary.save_dictionaries`). Bad input: a one-line
-    :class:`~lenscope.errors.InputError`."""
+    or a subfolder per site: :func:`~lenscope.models.dictionary.save_dictionaries`). Bad input, or an estimate over
+    ``max_memory``: a one-line :class:`~lenscope.errors.InputError`."""
     from .sources import sources
 
     s.check()
     source, targets = sources(s.role, lm=lm, sites=sites, data=data, activations=activations, part=part,
                               seq_len=seq_len, forward_batch=forward_batch, dist=dist)
     dicts = train_dictionaries(source, targets, s, out=out, resume=resume, progress=progress, max_steps=max_steps,
-                               dist=dist)
+                               dist=dist, max_memory=max_memory)
     if dicts is not None and out is not None and dist.main:
         import shutil
 
@@ -593,4 +597,4 @@ def train(s: DictSettings, *, lm=None, sites: str | list[str] | None = None, dat
     return dicts
 
 
-__all__ = ["DictSettings", "Trainable", "precision", "train", "train_dictionaries"]
+__all__ = ["DictSettings", "Trainable", "precision", "train", "train_dictionaries", "train_memory"]
