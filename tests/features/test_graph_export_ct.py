@@ -63,9 +63,11 @@ def test_the_same_nodes_as_circuit_tracers_file_with_error_ids_mapped(docs):
             assert n["feature"] == cantor(layer, latent) and n["ctx_idx"] == pos
         if n["feature_type"] == ERROR:
             assert n["node_id"] == f"0_{n['layer']}_{n['ctx_idx']}" and i == f"{n['layer']}_-1_{n['ctx_idx']}"
-    # the error ids lenscope writes are distinct from every feature id; circuit-tracer's are not in general
-    feats = {i for i, n in mine.items() if n["feature_type"] == "cross layer transcoder"}
-    assert not feats & {i for i, n in mine.items() if n["feature_type"] == ERROR}
+    # circuit-tracer's file uses one id twice (the layer-0 feature 26 at position 5 and the error of block 26
+    # there); lenscope's ids are all distinct
+    ct_ids = [n["node_id"] for n in ct["nodes"]]
+    assert sorted({i for i in ct_ids if ct_ids.count(i) > 1}) == ["0_26_5"]
+    assert {"0_26_5", "26_-1_5"} <= set(mine) and len(ours["nodes"]) == len(mine)
 
 
 def test_the_same_links_within_float32_rounding_of_the_largest(docs):
@@ -74,7 +76,8 @@ def test_the_same_links_within_float32_rounding_of_the_largest(docs):
     lenscope's and circuit-tracer's weights can differ by :func:`parts_rounding` (32 (n_layers + 1) u: two passes)
     times the sizes summed into a weight, once per program. The sizes are bounded by the largest link weight
     times the number of nodes summed into one row, which would be loose; we allow ``2 parts_rounding(n_layers)``
-    of the largest weight, i.e. each program within its own bound of the largest link (measured: see the assert)."""
+    of the largest weight (1984 u for 30 blocks), i.e. each program within its own bound of the largest link.
+    Measured: 28 u of the largest weight (9.87) at most, over 2948 links; 4e-5 relative to the link itself."""
     ct, ours, g = docs
     theirs = {_lenscope_id(n): n for n in ct["nodes"]}
     by_ct_id: dict[str, list[str]] = {}
