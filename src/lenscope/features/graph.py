@@ -231,7 +231,8 @@ class AttributionGraph(ReportView, Result):
 
 
 def node_id(g: AttributionGraph, i: int, rec: dict | None = None) -> str:
-    """circuit-tracer's node id: ``"{layer}_{latent}_{pos}"`` (feature), ``"{layer}_-1_{pos}"`` (error),
+    """circuit-tracer's node id: ``"{layer}_{latent}_{pos}"`` (feature), ``"{layer}_-1_{pos}"`` (error; circuit-tracer
+    0.5 writes ``"0_{layer}_{pos}"``, which is also the id of the layer-0 feature ``{layer}`` at ``{pos}``),
     ``"E_{token id}_{pos}"`` (token), ``"{n_layers + 1}_{token id}_{pos}"`` (logit; circuit-tracer numbers the
     logits' layer one past the embedding's)."""
     rec = rec or g.node(i)

@@ -1,9 +1,13 @@
 """An attribution graph in circuit-tracer's JSON (``metadata``, ``qParams``, ``nodes``, ``links``; schema version
 1), which circuit-tracer's local viewer and Neuronpedia open.
 
-Node ids as circuit-tracer writes them (:func:`lenscope.features.graph.node_id`); a feature's ``feature`` field is
+Node ids as circuit-tracer writes them (:func:`lenscope.features.graph.node_id`) except an error node's,
+``"{layer}_-1_{pos}"`` where circuit-tracer 0.5 writes ``"0_{layer}_{pos}"``, the id of the layer-0 feature
+``{layer}`` at ``{pos}`` too; ``metadata.scan`` is the model's name and ``metadata.transcoder_list`` the sites of the
+transcoders (circuit-tracer's: the transcoder set's name, its files). A feature's ``feature`` field is
 the Cantor pairing of its layer and latent, an error's -1, a token's its position, a logit's its token id; the
-logits' ``layer`` is one past the last block (``n_layers + 1``), the tokens' ``"E"``. The graph is pruned with the
+logits' ``layer`` is one past the last block (``n_layers + 1``), the tokens' ``"E"``. Checked against a file
+circuit-tracer wrote (``tests/features/test_graph_export_ct.py``). The graph is pruned with the
 given thresholds first (:func:`lenscope.features.graph_prune.prune`); ``influence`` is each node's cumulative share
 of the total influence at its rank; supernodes (:meth:`AttributionGraph.group`) go to ``qParams.supernodes``.
 Everything else (the bias terms, the checks) stays in lenscope's own file (:meth:`AttributionGraph.save`).
