@@ -34,11 +34,11 @@ TransformerLens's ``blocks.L.ln2.hook_normalized``, which holds the activations 
 
 SAELens's inference settings are honoured by folding them into the one form above, or refused in one line
 (:func:`~lenscope.models.dictionary_formats.saelens_form`): ``apply_b_dec_to_input`` false (an SAE that does not
-subtract ``b_dec``: ``b_enc += b_dec @ W_enc``), ``rescale_acts_by_decoder_norm`` (TopK: pre-activations times the decoder rows' norms, latents
-divided by them before decoding: the norms folded into ``W_enc``, ``b_enc`` and ``W_dec``), ``normalize_activations``
-``expected_average_only_in`` with its factor stored beside the weights (``activation_scaler.json``, as SAELens's
-checkpoints keep it; folded as :meth:`Dictionary.folded`); a per-token normalisation (``constant_norm_rescale``,
-``layer_norm``) or a statistic the folder lacks is refused.
+subtract ``b_dec``: ``b_enc += b_dec @ W_enc``), ``rescale_acts_by_decoder_norm`` (TopK: pre-activations times the
+decoder rows' norms, latents divided by them before decoding: the norms folded into ``W_enc``, ``b_enc`` and
+``W_dec``), ``normalize_activations`` ``expected_average_only_in`` with its factor stored beside the weights
+(``activation_scaler.json``, as SAELens's checkpoints keep it; folded as :meth:`Dictionary.folded`); a per-token
+normalisation (``constant_norm_rescale``, ``layer_norm``) or a statistic the folder lacks is refused.
 
 Transcoders also go to circuit-tracer's per-layer layout (:func:`save_circuit_tracer`; read back by
 :func:`load_dictionaries`): ``config.yaml`` and ``layer_{L}.safetensors``. circuit-tracer (0.5) applies a JumpReLU
