@@ -21,6 +21,9 @@ def test_assert_same_computation_fails_one_ulp_apart_and_asks_why():
         assert_same_computation(a, a.double(), why="another dtype on purpose")
     with pytest.raises(ValueError, match="why"):
         assert_same_computation(a, a, why="same")
+    assert_same_computation({"v": torch.__version__}, {"v": str(torch.__version__)}, why="a str subclass as str")
+    with pytest.raises(AssertionError, match=r"\$\.v"):
+        assert_same_computation({"v": "1"}, {"v": 1}, why="a string against a number")
     with pytest.raises(AssertionError, match=r"\$\.x\[1\]"):
         assert_same_computation({"x": [0.1, 0.2]}, {"x": [0.1, 0.2 + 2**-54 * 4]}, why="nested on purpose")
 
