@@ -125,53 +125,39 @@ def hooks(model) -> ModelHooks:
     return out
 
 
-def _tiny_bart(tok: dict):
-    from transformers import BartConfig
+# the sizes every tiny encoder-decoder of this file shares
+_TINY_SIZES = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                   encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=128)
 
-    return BartConfig(vocab_size=tok["vocab_size"], d_model=64, encoder_layers=2, decoder_layers=2,
-                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                      max_position_embeddings=128, scale_embedding=True, pad_token_id=tok["pad"],
-                      bos_token_id=tok["bos"], eos_token_id=tok["eos"], decoder_start_token_id=tok["eos"],
-                      forced_eos_token_id=None)
+
+def _tiny(config: str, tok: dict, **kw):
+    import transformers
+
+    return getattr(transformers, config)(vocab_size=tok["vocab_size"], pad_token_id=tok["pad"],
+                                         eos_token_id=tok["eos"], **_TINY_SIZES, **kw)
+
+
+def _tiny_bart(tok: dict):
+    return _tiny("BartConfig", tok, scale_embedding=True, bos_token_id=tok["bos"], decoder_start_token_id=tok["eos"],
+                 forced_eos_token_id=None)
 
 
 def _tiny_marian(tok: dict):
-    from transformers import MarianConfig
-
-    return MarianConfig(vocab_size=tok["vocab_size"], d_model=64, encoder_layers=2, decoder_layers=2,
-                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-                        decoder_ffn_dim=128, max_position_embeddings=128, pad_token_id=tok["pad"],
-                        eos_token_id=tok["eos"], decoder_start_token_id=tok["pad"])
+    return _tiny("MarianConfig", tok, decoder_start_token_id=tok["pad"])
 
 
 def _tiny_mbart(tok: dict):
-    from transformers import MBartConfig
-
-    return MBartConfig(vocab_size=tok["vocab_size"], d_model=64, encoder_layers=2, decoder_layers=2,
-                       encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                       max_position_embeddings=128, scale_embedding=True, pad_token_id=tok["pad"],
-                       bos_token_id=tok["bos"], eos_token_id=tok["eos"], decoder_start_token_id=tok["eos"],
-                       forced_eos_token_id=None)
+    return _tiny("MBartConfig", tok, scale_embedding=True, bos_token_id=tok["bos"], decoder_start_token_id=tok["eos"],
+                 forced_eos_token_id=None)
 
 
 def _tiny_m2m100(tok: dict):
-    from transformers import M2M100Config
-
-    return M2M100Config(vocab_size=tok["vocab_size"], d_model=64, encoder_layers=2, decoder_layers=2,
-                        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-                        decoder_ffn_dim=128, max_position_embeddings=128, scale_embedding=True,
-                        pad_token_id=tok["pad"], bos_token_id=tok["bos"], eos_token_id=tok["eos"],
-                        decoder_start_token_id=tok["eos"])
+    return _tiny("M2M100Config", tok, scale_embedding=True, bos_token_id=tok["bos"], decoder_start_token_id=tok["eos"])
 
 
 def _tiny_pegasus(tok: dict):
-    from transformers import PegasusConfig
-
-    return PegasusConfig(vocab_size=tok["vocab_size"], d_model=64, encoder_layers=2, decoder_layers=2,
-                         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-                         decoder_ffn_dim=128, max_position_embeddings=128, scale_embedding=True,
-                         pad_token_id=tok["pad"], eos_token_id=tok["eos"], decoder_start_token_id=tok["pad"],
-                         forced_eos_token_id=None)
+    return _tiny("PegasusConfig", tok, scale_embedding=True, decoder_start_token_id=tok["pad"],
+                 forced_eos_token_id=None)
 
 
 TINY = {"bart": _tiny_bart, "marian": _tiny_marian, "mbart": _tiny_mbart, "m2m100": _tiny_m2m100,
