@@ -175,6 +175,24 @@ def test_pruning_and_scores_follow_circuit_tracers_equations_on_a_hand_made_grap
         prune(g, node_threshold=1.5)
 
 
+def test_the_threshold_is_a_sorts_over_blocks_and_leaves_its_input_alone():
+    """threshold_of sums the sorted scores a block of 2^20 at a time: over three blocks it picks what a whole sort
+    and cumulative sum pick (another order of float64 additions: compared as the position in the sorted scores,
+    within one), at fractions 0 to 1; the input stays as it was."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(3 * 2**20 + 17, dtype=torch.float64, generator=g)
+    before = x.clone()
+    s = x.sort(descending=True).values
+    cum = s.cumsum(0) / s.sum()
+    for f in (0.0, 0.3, 0.8, 0.98, 1.0):
+        got = threshold_of(x, f)
+        i = min(int(torch.searchsorted(cum, torch.tensor(f, dtype=torch.float64))), s.numel() - 1)
+        j = int((s > got).sum())  # where the picked value sits in the sorted (distinct) scores
+        assert abs(j - i) <= 1, f  # the blocked sum's rounding may move the crossing by one score, no further
+    assert_same_computation(x, before, why="the input, untouched (threshold_of sorts a copy)")
+    assert math.isinf(threshold_of(torch.zeros(0), 0.5)) and math.isinf(threshold_of(torch.zeros(3), 0.5))
+
+
 @pytest.mark.parametrize("node_threshold, edge_threshold, nodes, edges", [
     # influence by hand (An = |A| / rowsum, w = 0.6 on the logit): f1 .439, t0 .293, t1 .234, f0 = e01 .073, e00 0;
     # half the total is reached at t0: f0, e00, e01 dropped; every positive edge among the rest kept

@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         if heads:
             from ..features.graph_heads import edge_heads
 
-            g.set_heads(edge_heads(lm, g, dicts, **th))
+            g.set_heads(edge_heads(lm, g, dicts, max_memory=budget, progress=not as_json, **th))
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
             g.save(Path(out) / "graph.safetensors")

@@ -42,6 +42,7 @@ from ..models.trace import trace
 from ..models.verify import completeness_tolerance
 from ..results import Result, axis_size
 from ..viz.notebook import ReportView
+from .graph_prune import prune_memory
 from .replacement import Frozen, active_counts, check_parts, node_logits, transcoders_by_layer
 
 KINDS = ("feature", "error", "token", "logit")
@@ -334,11 +335,14 @@ class GraphMemory:
       d``), a block's per-head and residual gradients (``(H + 8) P d``), the gradient of a block's decoded writes
       and its product with the decoder rows (``2 block_active d``), the feature gradients and the row (``3 n_active
       + 2 n_src``), times ``s``;
-    - ``backward``: ``per_row`` times the rows of a pass, ``max(batch_size, logits)`` (the logit rows are one pass).
+    - ``backward``: ``per_row`` times the rows of a pass, ``max(batch_size, logits)`` (the logit rows are one pass);
+    - ``prune``: pruning the graph (its JSON, page and export; :func:`~lenscope.features.graph_prune.prune_memory`
+      with every node kept, the most it can take).
 
-    The peak: ``total = trace + frozen + max(k rows + backward, rows + adjacency + check)`` (``k`` = 2 when the rows
-    grow in order of influence, else 1): the backward passes come first, the graph after them. An estimate: the
-    allocator's own overhead and the interpreter are not in it; the default budget's share leaves room for them."""
+    The peak: ``total = trace + frozen + max(k rows + backward, rows + adjacency + check, adjacency + prune)``
+    (``k`` = 2 when the rows grow in order of influence, else 1): the backward passes come first, the graph after
+    them, its pruning last. An estimate: the allocator's own overhead and the interpreter are not in it; the default
+    budget's share leaves room for them."""
 
     trace: int
     frozen: int
@@ -348,6 +352,7 @@ class GraphMemory:
     per_row: int
     batch_size: int
     grows: bool
+    prune: int = 0
 
     @property
     def backward(self) -> int:
@@ -356,7 +361,7 @@ class GraphMemory:
     @property
     def total(self) -> int:
         return self.trace + self.frozen + max((2 if self.grows else 1) * self.rows + self.backward,
-                                 self.rows + self.adjacency + self.check)
+                                              self.rows + self.adjacency + self.check, self.adjacency + self.prune)
 
 
 def graph_memory(*, n_pos: int, n_layers: int, d_model: int, n_heads: int, n_active: int, block_active: int,
@@ -372,7 +377,7 @@ def graph_memory(*, n_pos: int, n_layers: int, d_model: int, n_heads: int, n_act
         frozen=s * (L * H * P * P + P * n_active + 2 * n_active * d + L * H * P * d + 16 * L * P * d),
         rows=s * rows * n_src, adjacency=s * N * N, check=5 * s * min(rows, CHUNK) * N,
         per_row=s * (3 * L * P * d + (H + 8) * P * d + 2 * block_active * d + 3 * n_active + 2 * n_src),
-        batch_size=max(batch_size, n_logits), grows=n_features < n_active)
+        batch_size=max(batch_size, n_logits), grows=n_features < n_active, prune=prune_memory(N))
 
 
 def nbytes(x, _seen: set | None = None) -> int:
@@ -413,6 +418,8 @@ def _fit_memory(lm: LoadedModel, tr, counts: dict[int, int], max_feature_nodes: 
 
     want = est(cap, batch_size)
     if want.total <= max_memory:
+        log(f"attribution graph: estimated peak {format_bytes(want.total)} of the memory budget "
+            f"{format_bytes(max_memory)}")
         return batch_size
     lo, hi = 1, batch_size  # the largest batch that fits, if any (the estimate grows with the batch)
     if est(cap, 1).total <= max_memory:

@@ -18,6 +18,7 @@ relative to the edge's largest part.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -59,24 +60,104 @@ def _sources(g, fz: Frozen) -> tuple[Tensor, Tensor]:
     return kind, idx
 
 
+@dataclass(frozen=True)
+class HeadsMemory:
+    """The estimated peak memory of :func:`edge_heads` in bytes (float32, ``s`` = 4 bytes a number), with ``P``
+    tokens, ``L`` blocks, ``H`` heads, ``d`` = d_model, ``T`` targets, ``E`` edges, ``n_src`` source nodes, ``B``
+    sources a forward-mode pass:
+
+    - ``held``: what is held before it starts and throughout: the graph (the bytes of its tensors), the trace and
+      the frozen model (:class:`~lenscope.features.graph.GraphMemory`'s ``trace`` and ``frozen``);
+    - ``fixed``: the targets' gradients and attention-cut edges ``s T (L d + n_src)``, the retained attention-cut
+      forward graph ``s (16 L P d + L H P d)``, the edges' head parts and their float64 copies ``12 E (L H + 1)``;
+    - ``per_source``: one source of a pass: every head's output tangent, kept and stacked (``2 L H P d``), the
+      tangents live while the frozen model runs forward (``4 L P d``) and its one-hot input (``n_active + 2
+      n_src``), times ``s``;
+    - ``edge_chunk``: the head tangents of a chunk of edges gathered at their targets' positions, their absolute
+      values and products, ``3 s min(B P, E) L H d`` (a chunk holds at most ``P`` edges a source).
+
+    - ``prune``: pruning the graph first, when no edges are given
+      (:func:`~lenscope.features.graph_prune.prune_memory` with every node kept), freed before the rest.
+
+    ``total = held + max(prune, fixed + B per_source + edge_chunk)``."""
+
+    held: int
+    fixed: int
+    per_source: int
+    edge_chunk: int
+    batch_size: int
+    prune: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.held + max(self.prune, self.fixed + self.per_source * self.batch_size + self.edge_chunk)
+
+
+def heads_memory(*, n_pos: int, n_layers: int, d_model: int, n_heads: int, n_active: int, n_targets: int,
+                 n_edges: int, batch_size: int, held: int, prune: int = 0) -> HeadsMemory:
+    """:class:`HeadsMemory` of splitting ``n_edges`` edges into ``n_targets`` targets over the heads (see there)."""
+    s, P, L, d, H = 4, n_pos, n_layers, d_model, n_heads
+    n_src = n_active + L * P + P
+    return HeadsMemory(held=int(held),
+                       fixed=s * (n_targets * (L * d + n_src) + 16 * L * P * d + L * H * P * d)
+                       + 12 * n_edges * (L * H + 1),
+                       per_source=s * (2 * L * H * P * d + 4 * L * P * d + n_active + 2 * n_src),
+                       edge_chunk=3 * s * min(batch_size * P, n_edges) * L * H * d, batch_size=batch_size,
+                       prune=prune)
+
+
 def edge_heads(lm: LoadedModel, g, dictionaries, edges: Tensor | None = None, *, node_threshold: float = 0.8,
-               edge_threshold: float = 0.98, batch_size: int = 32) -> EdgeHeads:
+               edge_threshold: float = 0.98, batch_size: int = 32, max_memory: int | str | None = None,
+               progress: bool = False) -> EdgeHeads:
     """Split ``edges`` (``(n, 2)`` ``[target, source]`` node indices; default: the edges of ``g`` pruned at the
     thresholds) of graph ``g`` over the heads that carry them (see the module's docstring); ``dictionaries``: the
-    transcoders ``g`` was built with. Checked on every call."""
-    from .graph_prune import prune
+    transcoders ``g`` was built with. Checked on every call. ``max_memory``: the budget for the whole process
+    (bytes or a size such as ``"8GB"``; default: :func:`lenscope.memory.default_budget` now plus what ``g`` holds):
+    the peak is estimated first (:class:`HeadsMemory`) and ``batch_size`` (sources a forward-mode pass) lowered as
+    far as needed; where even one source a pass does not fit, an :class:`~lenscope.errors.InputError` says so."""
+    from ..memory import default_budget, format_bytes, parse_size
+    from .graph import graph_memory, nbytes
+    from .graph_prune import prune, prune_memory
 
     dicts = transcoders_by_layer(lm, list(dictionaries))
     if sorted(d.site for d in dicts.values()) != sorted(g.sites):
         raise InputError(f"the graph was built with transcoders at {', '.join(g.sites)}; give those")
-    if edges is None:
+    pruned = edges is None
+    if pruned:
         edges = prune(g, node_threshold, edge_threshold).edge_mask.nonzero()
     edges = torch.as_tensor(edges).long().reshape(-1, 2)
     o = g.offsets()
     if edges.numel() and (bool((edges[:, 1] >= o["logit"]).any()) or
                           bool(((edges[:, 0] >= o["error"]) & (edges[:, 0] < o["logit"])).any())):
         raise InputError("an edge's target is a feature or a logit node, its source a feature, error or token node")
+    if batch_size < 1:
+        raise InputError("batch_size must be at least 1")
     tr = trace(lm, torch.tensor(g.input_ids))
+    A = lm.anatomy
+    dims = dict(n_pos=g.n_pos, n_layers=A.n_layers, d_model=A.d_model,
+                n_heads=max(layer.attn.n_heads for layer in A.layers), n_active=g.n_active)
+    g_bytes = nbytes(g)
+    frozen = graph_memory(n_features=0, n_logits=0, batch_size=0, block_active=0, **dims).frozen
+    limit = default_budget() + g_bytes if max_memory is None else parse_size(max_memory)
+
+    def est(b: int) -> HeadsMemory:
+        return heads_memory(n_targets=int(edges[:, 0].unique().numel()), n_edges=edges.shape[0], batch_size=b,
+                            held=g_bytes + nbytes(tr) + frozen, prune=prune_memory(g.n_nodes) if pruned else 0,
+                            **dims)
+
+    if est(batch_size).total > limit:
+        if est(1).total > limit:
+            raise InputError(f"heads on the edges: {edges.shape[0]} edges need about {format_bytes(est(1).total)} "
+                             f"even one source a pass, more than the memory budget of {format_bytes(limit)}; "
+                             "leave the heads out (--no-heads), prune harder (--edge-threshold) or raise --max-memory")
+        lo, hi = 1, batch_size
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if est(mid).total <= limit else (lo, mid - 1)
+        if progress:
+            print(f"heads on the edges: batch size lowered from {batch_size} to {lo} to fit the memory budget "
+                  f"{format_bytes(limit)} (estimated {format_bytes(est(lo).total)})", file=sys.stderr, flush=True)
+        batch_size = lo
     fz = Frozen(lm, tr, dicts, skip_first=g.skip_first)
     if fz.n_active != g.n_active:
         raise InputError("the graph's features are not active in this model with these dictionaries")
@@ -141,11 +222,14 @@ def edge_heads(lm: LoadedModel, g, dictionaries, edges: Tensor | None = None, *,
             else:
                 te[b, i] = fz.emb[i]
         J = torch.func.vmap(lambda x, y, z: torch.func.jvp(heads_of, primals, (x, y, z))[1])(te, ta, tr_)
-        es = torch.isin(edges[:, 1], chunk).nonzero()[:, 0]  # the edges from this chunk's sources, all at once
-        b, k = torch.searchsorted(chunk, edges[es, 1].contiguous()), t_row[es]
-        J_e = J[b, :, :, t_pos[k]]
-        out_heads[es] = torch.einsum("elhd,eld->elh", J_e, G[k])
-        size[es] = torch.einsum("elhd,eld->e", J_e.abs(), G[k].abs()).double()
+        es_all = torch.isin(edges[:, 1], chunk).nonzero()[:, 0]  # the edges from this chunk's sources
+        for c in range(0, es_all.numel(), B * P):  # at most P edges a source at a time (HeadsMemory)
+            es = es_all[c: c + B * P]
+            b, k = torch.searchsorted(chunk, edges[es, 1].contiguous()), t_row[es]
+            J_e = J[b, :, :, t_pos[k]]
+            out_heads[es] = torch.einsum("elhd,eld->elh", J_e, G[k])
+            size[es] = torch.einsum("elhd,eld->e", J_e.abs(), G[k].abs()).double()
+        del J
     residual = R_t[t_row, edges[:, 1]]
     A = g.adjacency[edges[:, 0], edges[:, 1]].double() if edges.numel() else torch.zeros(0, dtype=torch.float64)
     parts = torch.cat([out_heads.reshape(edges.shape[0], -1).double(), residual[:, None].double()], 1)
@@ -161,4 +245,4 @@ def edge_heads(lm: LoadedModel, g, dictionaries, edges: Tensor | None = None, *,
     return EdgeHeads(edges=edges, heads=out_heads.float(), residual=residual.float(), error=err)
 
 
-__all__ = ["EdgeHeads", "edge_heads"]
+__all__ = ["EdgeHeads", "HeadsMemory", "edge_heads", "heads_memory"]
