@@ -20,6 +20,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+# the model, random transcoders on every block and the prompt, shared by both measurements (family, reps given)
+SETUP = """import lenscope, torch
+from lenscope.models.dictionary import Dictionary
+lm = lenscope.load(f"tiny:{family}")
+A = lm.anatomy
+ds = []
+for L in range(A.n_layers):
+    D = Dictionary.init(A.d_model, 40, kind="topk", role="transcoder", k=6, site=f"mlp_out.{L}", seed=L + 1)
+    D.b_enc = torch.randn(40, generator=torch.Generator().manual_seed(L)) * 0.1
+    ds.append(D)
+text = "The cat sat on the mat because it was warm. " * reps
+"""
+
 ONE = r"""
 import gc, json, resource, sys
 import torch
@@ -29,15 +42,7 @@ from lenscope.models.dictionary import Dictionary
 from lenscope.models.trace import trace
 
 family, reps, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-lm = lenscope.load(f"tiny:{family}")
-A = lm.anatomy
-ds = []
-for L in range(A.n_layers):
-    D = Dictionary.init(A.d_model, 40, kind="topk", role="transcoder", k=6, site=f"mlp_out.{L}", seed=L + 1)
-    D.b_enc = torch.randn(40, generator=torch.Generator().manual_seed(L)) * 0.1
-    ds.append(D)
-text = "The cat sat on the mat because it was warm. " * reps
-attribution_graph(lm, "The cat", ds, max_memory=10**12)  # warm: every code path loaded once
+""" + SETUP + r"""attribution_graph(lm, "The cat", ds, max_memory=10**12)  # warm: every code path loaded once
 gc.collect()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 g = attribution_graph(lm, text, ds, batch_size=batch, max_memory=10**12)
@@ -62,15 +67,7 @@ from lenscope.features.graph_prune import prune
 from lenscope.models.dictionary import Dictionary
 
 family, reps, batch, path, build = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
-lm = lenscope.load(f"tiny:{family}")
-A = lm.anatomy
-ds = []
-for L in range(A.n_layers):
-    D = Dictionary.init(A.d_model, 40, kind="topk", role="transcoder", k=6, site=f"mlp_out.{L}", seed=L + 1)
-    D.b_enc = torch.randn(40, generator=torch.Generator().manual_seed(L)) * 0.1
-    ds.append(D)
-text = "The cat sat on the mat because it was warm. " * reps
-if build:
+""" + SETUP + r"""if build:
     attribution_graph(lm, text, ds, max_memory=10**12).save(path)
     sys.exit()
 small = attribution_graph(lm, "The cat", ds, max_memory=10**12)
@@ -132,7 +129,8 @@ def main() -> None:
     h_ratios = [r["estimate_over_growth"] for r in heads.values() if r["rss_growth_mb"] >= RESOLUTION_MB]
     res = {"machine": record(), "model": f"tiny:{a.family}", "runs": runs, "min_estimate_over_growth": min(ratios),
            "max_estimate_over_growth": max(ratios), "heads": heads,
-           "heads_min_estimate_over_growth": min(h_ratios), "heads_max_estimate_over_growth": max(h_ratios),
+           "heads_min_estimate_over_growth": min(h_ratios, default=None),
+           "heads_max_estimate_over_growth": max(h_ratios, default=None),
            "heads_ratio_from_growth_of_at_least_mb": RESOLUTION_MB}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")

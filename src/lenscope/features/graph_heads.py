@@ -140,10 +140,11 @@ def edge_heads(lm: LoadedModel, g, dictionaries, edges: Tensor | None = None, *,
     frozen = graph_memory(n_features=0, n_logits=0, batch_size=0, block_active=0, **dims).frozen
     limit = default_budget() + g_bytes if max_memory is None else parse_size(max_memory)
 
+    sizes = dict(n_targets=int(edges[:, 0].unique().numel()), n_edges=edges.shape[0],
+                 held=g_bytes + nbytes(tr) + frozen, prune=prune_memory(g.n_nodes) if pruned else 0, **dims)
+
     def est(b: int) -> HeadsMemory:
-        return heads_memory(n_targets=int(edges[:, 0].unique().numel()), n_edges=edges.shape[0], batch_size=b,
-                            held=g_bytes + nbytes(tr) + frozen, prune=prune_memory(g.n_nodes) if pruned else 0,
-                            **dims)
+        return heads_memory(batch_size=b, **sizes)
 
     if est(batch_size).total > limit:
         if est(1).total > limit:
