@@ -17,7 +17,7 @@ DEFAULT_METHODS = "logit,alti-logit,grad-norm,grad-x-input,ig,erasure,first,rece
 
 
 def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: str, out: str | None,
-              as_json: bool, progress: bool) -> None:
+              as_json: bool, progress: bool, batch_size: int = 16) -> None:
     """``eval alignment --gold``: each method's word alignments on the gold pairs and their AER."""
     from pathlib import Path
 
@@ -34,10 +34,10 @@ def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: 
         fail(f"unknown --target-token {target_token!r}; choose first or mean")
     lm = model.load()
     done = {}
-    for name in names:
-        show = stage_progress("eval alignment --gold") if progress else None
-        links = model_alignments(lm, rows, name, target_token=target_token,
-                                 progress=None if show is None else lambda i, n, m=name: show(m, i, n))
+    show = stage_progress("eval alignment --gold") if progress else None
+    every = model_alignments(lm, rows, names, target_token=target_token, batch_size=batch_size,
+                             progress=None if show is None else lambda i, n: show("sentence pairs", i, n))
+    for name, links in every.items():
         done[name] = alignment_error_rate(rows, links, method=name)
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
@@ -88,7 +88,8 @@ def register(app: typer.Typer) -> None:
                                      "embedding over the vocabulary)."),
         force: bool = typer.Option(False, "--force", help="Resume into a folder whose records were written by "
                                    "another code version (the table then mixes versions)."),
-        batch_size: int = typer.Option(16, "--batch-size", help="Examples of equal length per batched pass."),
+        batch_size: int = typer.Option(16, "--batch-size", help="Examples of equal length per batched pass (--gold: "
+                                       "sentence pairs, padded)."),
         block: int = typer.Option(50, "--block", help="Rows per round: rows 0..BLOCK-1 of every dataset run first, "
                                   "so an interrupted run holds complete --limit BLOCK, 2*BLOCK, ... prefixes."),
         ray: bool = ray_option(),
@@ -106,8 +107,9 @@ def register(app: typer.Typer) -> None:
         if gold is not None:
             if dataset:
                 fail("--gold and --dataset are two evaluations; give one of them")
+            at_least_one(batch_size=batch_size)
             _gold_aer(model, gold, None if methods == DEFAULT_METHODS else methods, target_token, out, as_json,
-                      progress)
+                      progress, batch_size)
             return
 
         if not dataset:

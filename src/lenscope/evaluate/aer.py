@@ -213,41 +213,90 @@ def _tokens_of(lm, text: str, words: Sequence[str], side: str, ids: Tensor) -> l
     return _token_words(offsets[: len(ids)], words)
 
 
-def model_alignments(lm, gold: Sequence[AlignedPair], method: str = "logit", *, target_token: str = "first",
-                     progress=None) -> dict[str, frozenset[Link]]:
-    """Word alignments of an encoder-decoder model ``lm`` on each gold sentence pair (its ``source`` and
-    ``target`` words, joined by spaces), by the attribution ``method`` (one that reads a source: ``logit``): the
-    model is run once per pair on the source and the whole target (teacher forcing); each target token's
-    prediction is explained (the logit of that reference token), its scores over the source tokens summed into
-    source words and read at the target word's first token (:func:`word_scores`), and each target word linked to
-    its highest-scoring source word (:func:`word_alignment`). ``progress(done, total)`` after each pair."""
+@dataclass
+class PairScores:
+    """One sentence pair's token-level explanations from one teacher-forced pass: ``scores[method]`` is ``(target
+    token, source token + target-prefix token)``, row ``i`` the explanation of the prediction of target token
+    ``decoder_ids[i + 1]`` (the logit of that reference token), over the ``n_source`` source tokens first, then the
+    decoder's input tokens ``decoder_ids`` (start token and target prefix; a token's own and later columns are 0)."""
+
+    id: object
+    source_ids: Tensor
+    decoder_ids: Tensor
+    scores: dict[str, Tensor]
+
+    @property
+    def n_source(self) -> int:
+        return len(self.source_ids)
+
+
+def pair_scores(lm, pairs: Sequence[tuple[str, str]], methods=("logit",), *, ids: Sequence | None = None,
+                batch_size: int = 16, progress=None) -> list[PairScores]:
+    """Every target token of each ``(source text, target text)`` pair explained by each method that reads a source
+    (:func:`lenscope.attribution.methods.source_readers`), the pairs ``batch_size`` at a time through one padded
+    forward pass (:func:`lenscope.models.trace.batch_traces`; pairs of similar lengths share a batch), each pair's
+    methods through the method table's rows from its own trace (the invariants checked). ``ids``: the pairs' ids
+    (default their index). ``progress(done, total)`` after each batch."""
     from ..attribution import methods as table
     from ..attribution.context import check_rows
     from ..models.load import require_decoder, target_prefix_ids
-    from ..models.trace import source_ids, trace
+    from ..models.trace import batch_traces, source_ids
 
-    m = table.get(method)
-    if not m.reads_source or m.rows is None:
-        raise InputError(f"--method {method} does not explain an encoder-decoder model's source; use "
-                         f"{', '.join(table.source_readers())}")
-    require_decoder(lm, f"word alignments by {method}", encoder_decoder=True, instead="use a translation model")
+    methods = [methods] if isinstance(methods, str) else list(methods)
+    chosen = [table.get(m) for m in methods]
+    for m in chosen:
+        if not m.reads_source or m.rows is None:
+            raise InputError(f"--method {m.name} does not explain an encoder-decoder model's source; use "
+                             f"{', '.join(table.source_readers())}")
+    require_decoder(lm, f"word alignments by {', '.join(methods)}", encoder_decoder=True,
+                    instead="use a translation model")
     if not lm.anatomy.is_encoder_decoder:
         raise InputError(f"word alignments from a model need an encoder-decoder (translation) model; {lm.name} is "
                          f"a {lm.anatomy.family} decoder")
-    out = {}
-    for n, g in enumerate(gold):
-        src_text, tgt_text = " ".join(g.source), " ".join(g.target)
-        src = source_ids(lm, src_text)
-        dec = target_prefix_ids(lm, tgt_text)  # the start token, then the target's tokens
-        tr = trace(lm, dec, source=src)
-        rows = torch.arange(len(dec) - 1)  # the prediction of each target token dec[1:]
-        job = table.Rows(lm=lm, tr=tr, ids=dec, rows=rows, tok=dec[1:], foils=None)
-        scores, inv = m.generation_rows(job)  # (target token, source + target-prefix tokens)
-        check_rows(method, inv, lm, [f"sentence {g.id!r}, target token {i}" for i in range(len(rows))])
-        src_words = _tokens_of(lm, src_text, g.source, "source", src)
-        tgt_words = _tokens_of(lm, tgt_text, g.target, "target", dec[1:])
-        words = word_scores(scores[:, : len(src)], src_words, tgt_words, target_token)
-        out[g.id] = word_alignment(words)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise InputError(f"batch_size must be a positive integer, not {batch_size!r}")
+    ids = list(range(len(pairs))) if ids is None else list(ids)
+    srcs = [source_ids(lm, s) for s, _ in pairs]
+    decs = [target_prefix_ids(lm, t) for _, t in pairs]  # the start token, then the target's tokens
+    for i, d in zip(ids, decs):
+        if len(d) < 2:
+            raise InputError(f"sentence {i!r}: the target has no token to explain")
+    order = sorted(range(len(pairs)), key=lambda k: (len(decs[k]), len(srcs[k])))  # little padding per batch
+    out: list[PairScores | None] = [None] * len(pairs)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start: start + batch_size]
+        trs = batch_traces(lm, [decs[k] for k in chunk], source=[srcs[k] for k in chunk])
+        for k, tr in zip(chunk, trs):
+            dec = decs[k]
+            rows = torch.arange(len(dec) - 1)  # the prediction of each target token dec[1:]
+            job = table.Rows(lm=lm, tr=tr, ids=dec, rows=rows, tok=dec[1:], foils=None)
+            scores = {}
+            for m in chosen:
+                scores[m.name], inv = m.generation_rows(job)
+                check_rows(m.name, inv, lm, [f"sentence {ids[k]!r}, target token {i}" for i in range(len(rows))])
+            out[k] = PairScores(ids[k], srcs[k], dec, scores)
         if progress is not None:
-            progress(n + 1, len(gold))
+            progress(min(start + batch_size, len(order)), len(order))
+    return out
+
+
+def model_alignments(lm, gold: Sequence[AlignedPair], methods=("logit",), *, target_token: str = "first",
+                     batch_size: int = 16, progress=None) -> dict[str, dict[object, frozenset[Link]]]:
+    """Word alignments of an encoder-decoder model ``lm`` on each gold sentence pair (its ``source`` and
+    ``target`` words, joined by spaces), ``{method: {pair id: links}}`` for each attribution method that reads a
+    source (``logit``, ``alti-logit``): one teacher-forced run of the source and the whole target per pair, batched
+    (:func:`pair_scores`); each target token's prediction is explained (the logit of that reference token), its
+    scores over the source tokens summed into source words and read at the target word's first token
+    (:func:`word_scores`), and each target word linked to its highest-scoring source word
+    (:func:`word_alignment`). ``progress(done, total)`` after each batch."""
+    methods = [methods] if isinstance(methods, str) else list(methods)
+    texts = [(" ".join(g.source), " ".join(g.target)) for g in gold]
+    scored = pair_scores(lm, texts, methods, ids=[g.id for g in gold], batch_size=batch_size, progress=progress)
+    out: dict[str, dict] = {m: {} for m in methods}
+    for g, (src_text, tgt_text), ps in zip(gold, texts, scored):
+        src_words = _tokens_of(lm, src_text, g.source, "source", ps.source_ids)
+        tgt_words = _tokens_of(lm, tgt_text, g.target, "target", ps.decoder_ids[1:])
+        for m in methods:
+            words = word_scores(ps.scores[m][:, : ps.n_source], src_words, tgt_words, target_token)
+            out[m][g.id] = word_alignment(words)
     return out

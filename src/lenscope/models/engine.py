@@ -55,16 +55,35 @@ class Run(NamedTuple):
 
 def forward_kwargs(lm: LoadedModel, ids: Tensor | None = None, *, inputs_embeds: Tensor | None = None,
                    attention_mask: Tensor | None = None, last_only: bool = False, past=None,
-                   source: Tensor | None = None) -> dict:
+                   source: Tensor | None = None, source_mask: Tensor | None = None,
+                   source_embeds: Tensor | None = None) -> dict:
     """The keyword arguments of the real model's forward pass (the only place they are built): inputs on the
     model's input device, an all-ones mask unless one is given, no cache for causal models unless ``past`` (a
     key/value cache of the earlier positions, :func:`new_cache`) is given, and (causal models) only the last
-    position's logits when ``last_only``."""
+    position's logits when ``last_only``.
+
+    An encoder-decoder model: ``source (b, s)`` ids (or ``source_embeds (b, s, d_model)``: what the encoder's
+    blocks add positions to, i.e. the token embeddings already times the stack's embedding scale, which Marian and
+    Pegasus apply to ids only) into the encoder with ``source_mask`` (``1`` = real token; default all ones), ``ids``
+    (or ``inputs_embeds``, likewise scaled) into the decoder with ``attention_mask`` as its
+    ``decoder_attention_mask``; never a cache."""
     device = main_device(lm.model)  # accelerate's execution device of a split model, never "meta"
-    if source is not None:  # an encoder-decoder model: the source into the encoder, ids into the decoder
-        return {"input_ids": source.to(device), "attention_mask": torch.ones(source.shape, dtype=torch.long,
-                                                                             device=device),
-                "decoder_input_ids": ids.to(device), "use_cache": False}
+    if source is not None or source_embeds is not None:
+        src = source if source is not None else source_embeds
+        if source_mask is None:
+            source_mask = torch.ones(src.shape[:2], dtype=torch.long)
+        kw = {"attention_mask": source_mask.to(device), "use_cache": False}
+        if source is not None:
+            kw["input_ids"] = source.to(device)
+        else:
+            kw["inputs_embeds"] = source_embeds.to(device)
+        if ids is not None:
+            kw["decoder_input_ids"] = ids.to(device)
+        else:
+            kw["decoder_inputs_embeds"] = inputs_embeds.to(device)
+        if attention_mask is not None:
+            kw["decoder_attention_mask"] = attention_mask.to(device)
+        return kw
     x = ids if ids is not None else inputs_embeds
     start = 0 if past is None else past.get_seq_length()
     if attention_mask is None:
@@ -95,8 +114,10 @@ def _what(name: str) -> str:
     return "encoder" if stack_of(name)[0] else "model"
 
 
-def _check_source(lm: LoadedModel, source: Tensor | None, B: int, other_inputs: bool) -> int:
-    """The number of source positions (0 without a source), the source checked against the model."""
+def _check_source(lm: LoadedModel, source: Tensor | None, B: int, other_inputs: bool,
+                  source_mask: Tensor | None = None) -> int:
+    """The number of source positions (0 without a source), the source (and its padding mask) checked against the
+    model."""
     A = lm.anatomy
     if A.encoder is None:
         if source is not None:
@@ -106,7 +127,7 @@ def _check_source(lm: LoadedModel, source: Tensor | None, B: int, other_inputs: 
         raise InputError(f"{A.model_type} is an encoder-decoder model: run it with the source (source=...; the CLI's "
                          f"--source; what reads one: {ENCODER_DECODER_METHODS}; docs/encoder-decoder.md)")
     if other_inputs:
-        raise NotApplicableError("an encoder-decoder model runs from token ids, without padding or a cache (yet)")
+        raise NotApplicableError("an encoder-decoder model runs from token ids, without a key/value cache (yet)")
     if source.dim() != 2 or source.shape[0] != B or source.shape[1] == 0:
         raise InputError(f"the source must be (b, s) token ids with the same {B} rows as the target prefix, at "
                          f"least one token each; got shape {tuple(source.shape)}")
@@ -115,7 +136,19 @@ def _check_source(lm: LoadedModel, source: Tensor | None, B: int, other_inputs: 
                          f"{A.encoder.n_ctx}; shorten the source")
     if int(source.min()) < 0 or int(source.max()) >= A.encoder.vocab_size:
         raise InputError(f"source token ids must lie in 0..{A.encoder.vocab_size - 1}")
+    if source_mask is not None:
+        _check_mask(source_mask, source.shape, "source_mask")
     return int(source.shape[1])
+
+
+def _check_mask(mask: Tensor, shape, what: str) -> None:
+    """A padding mask: the inputs' shape, ``1`` on real tokens then ``0`` on padding (right padding), at least one
+    real token per row."""
+    if tuple(mask.shape) != tuple(shape):
+        raise InputError(f"{what} must have the inputs' shape {tuple(shape)}, not {tuple(mask.shape)}")
+    m = mask.to(torch.long).cpu()
+    if bool(((m != 0) & (m != 1)).any()) or bool((m[:, 1:] > m[:, :-1]).any()) or bool((m[:, 0] == 0).any()):
+        raise InputError(f"{what} must be 1 on each row's tokens, then 0 on its padding at the end (right padding)")
 
 
 class _Stop(Exception):
@@ -319,12 +352,15 @@ def _mid_needs(lm: LoadedModel, prefix: str, i: int) -> list[tuple]:
 def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), capture: Iterable = (), *,
         inputs_embeds: Tensor | None = None, attention_mask: Tensor | None = None, stop_after=None,
         logits: bool = True, last_only: bool = False, grad: bool = False, device=None, upcast: bool = False,
-        past=None, dictionaries: Iterable = (), splice: bool = False, source: Tensor | None = None) -> Run:
+        past=None, dictionaries: Iterable = (), splice: bool = False, source: Tensor | None = None,
+        source_mask: Tensor | None = None) -> Run:
     """Run the real model on ``ids (b, p)`` (or ``inputs_embeds (b, p, d_model)``) with ``edits`` applied and the
     sites in ``capture`` kept (see the module's site table). Returns :class:`Run` ``(logits, captured)``.
 
     - ``source (b, s)``: an encoder-decoder model's encoder input (``ids``: the decoder's, the target prefix from
-      the decoder's start token); its encoder's sites are ``"enc.<site>"``.
+      the decoder's start token); its encoder's sites are ``"enc.<site>"``. ``source_mask (b, s)``: the source's
+      padding (``0``, after each row's tokens: right padding, as ``attention_mask`` then is for the target
+      prefixes); captured source positions there (the ``enc.`` sites, ``cross_k``, ``cross_v``) are NaN.
 
     - ``attention_mask (b, p)``: padding (``0``); captured positions there are NaN.
     - ``stop_after``: a site; the pass ends as soon as it is reached (cheap reads of early activations).
@@ -369,7 +405,11 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
         raise InputError(f"{start + P} positions are more than the model's context of {A.n_ctx}; shorten the input")
     if ids is not None and (int(ids.min()) < 0 or int(ids.max()) >= A.vocab_size):
         raise InputError(f"token ids must lie in 0..{A.vocab_size - 1}; got {int(ids.min())}..{int(ids.max())}")
-    P_src = _check_source(lm, source, B, inputs_embeds is not None or attention_mask is not None or past is not None)
+    P_src = _check_source(lm, source, B, inputs_embeds is not None or past is not None, source_mask)
+    if source is not None and attention_mask is not None:
+        _check_mask(torch.as_tensor(attention_mask), (B, P), "attention_mask")
+    if source_mask is not None and source is None:
+        raise InputError("source_mask is the padding of a source; give the source too")
     requested = [site_key(c) for c in capture]
     mids = sorted({(stack_of(name)[0], layer) for name, layer in requested if stack_of(name)[1] == "resid_mid"})
     if mids and grad:
@@ -385,7 +425,8 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
         register(s, hooks, handles)
         with torch.set_grad_enabled(grad):
             out = model(**forward_kwargs(lm, ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                         last_only=last_only, past=past, source=source))
+                                         last_only=last_only, past=past, source=source,
+                                         source_mask=source_mask))
     except _Stop:
         pass
     finally:
@@ -404,8 +445,8 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
     if ("logits", None) in requested and lg is not None:
         x = lg if device is None else lg.to(device)
         cap[("logits", None)] = x.to(compute_dtype(x.dtype)) if upcast else x
-    if attention_mask is not None:
-        _blank_padding(cap, attention_mask)
+    if attention_mask is not None or source_mask is not None:
+        _blank_padding(cap, attention_mask, source_mask)
     return Run(lg if logits else None, cap)
 
 
@@ -417,22 +458,27 @@ def capture(lm: LoadedModel, ids: Tensor, sites: Iterable, **kw) -> Captures:
     return run(lm, ids, capture=sites, logits=False, **kw).captured
 
 
-def _blank_padding(cap: Captures, mask: Tensor) -> None:
-    """NaN at the positions ``mask`` marks as padding, in every capture (rows of patterns)."""
-    pad = mask.to(torch.bool).logical_not()
-    if not pad.any():
-        return
+def _blank_padding(cap: Captures, mask: Tensor | None, source_mask: Tensor | None = None) -> None:
+    """NaN at the positions ``mask`` marks as padding, in every capture (rows of patterns); ``source_mask``: the
+    same for an encoder-decoder model's source positions (the encoder's sites, cross-attention's keys and
+    values)."""
+    pads = {False: None if mask is None else mask.to(torch.bool).logical_not(),
+            True: None if source_mask is None else source_mask.to(torch.bool).logical_not()}
     done = set()
     for key, x in list(cap.items()):
         if not x.is_floating_point():
             continue
         name = key[0]
+        prefix, bare = stack_of(name)
+        pad = pads[bool(prefix) or bare in ("cross_k", "cross_v")]
+        if pad is None or not pad.any():
+            continue
         base = cap._bufs.get(name)
         target = base[1] if base is not None else x
         if id(target) in done:
             continue
         done.add(id(target))
-        if name == "pattern":  # (layer, b, h, p, s): padded query rows
+        if bare in ("pattern", "cross_pattern"):  # (layer, b, h, p, s): padded query rows
             m = pad.to(target.device)[None, :, None, :, None] if base is not None else pad[:, None, :, None]
         else:
             m = pad.to(target.device)

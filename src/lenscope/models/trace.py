@@ -432,9 +432,16 @@ def source_ids(lm: LoadedModel, source) -> Tensor | None:
 
 
 @torch.no_grad()
-def batch_traces(lm: LoadedModel, ids: Tensor) -> list[Trace]:
+def batch_traces(lm: LoadedModel, ids, *, source=None) -> list[Trace]:
     """One :class:`Trace` per row of ``ids (batch, pos)`` from a single forward pass (rows of equal length; the
-    same sites as :func:`trace`). ``logits`` hold the last position only; earlier positions are NaN."""
+    same sites as :func:`trace`). ``logits`` hold the last position only; earlier positions are NaN.
+
+    An encoder-decoder model: ``source``, one source per row; the rows (target prefixes from the decoder's start
+    token) and the sources may be lists of 1-D ids of any lengths, padded on the right for the pass (the engine's
+    ``attention_mask`` and ``source_mask``), and each row's Trace holds its own positions only (every position's
+    logits), as :func:`trace` of that row alone would, up to the rounding of another batch shape."""
+    if source is not None:
+        return _seq2seq_traces(lm, ids, source)
     ids = torch.as_tensor(ids, dtype=torch.long)
     B, n = ids.shape
     logits, cap = run(lm, ids, capture=trace_sites(lm), last_only=True)
@@ -444,6 +451,57 @@ def batch_traces(lm: LoadedModel, ids: Tensor) -> list[Trace]:
         lg = last.new_full((n, last.shape[-1]), float("nan"))
         lg[-1] = last[b]
         out.append(_view(lm, cap, ids[b], b, lg))
+    return out
+
+
+def _padded(rows: list[Tensor], pad: int) -> tuple[Tensor, Tensor]:
+    """Rows of ids padded on the right: ``(ids, mask)``, both ``(batch, longest)``."""
+    n = max(len(r) for r in rows)
+    ids = torch.full((len(rows), n), int(pad), dtype=torch.long)
+    mask = torch.zeros((len(rows), n), dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, : len(r)], mask[b, : len(r)] = r, 1
+    return ids, mask
+
+
+def _seq2seq_traces(lm: LoadedModel, ids, source) -> list[Trace]:
+    rows = [torch.as_tensor(r, dtype=torch.long).reshape(-1) for r in ids]
+    srcs = [source_ids(lm, s) for s in source]
+    if len(srcs) != len(rows) or not rows:
+        raise InputError(f"give one source per target prefix; got {len(srcs)} sources for {len(rows)} rows")
+    if any(len(r) == 0 for r in rows + srcs):
+        raise InputError("every target prefix (from the decoder's start token) and source needs a token")
+    pad = lm.tokenizer.pad_token_id if lm.tokenizer is not None and lm.tokenizer.pad_token_id is not None else 0
+    dec, mask = _padded(rows, pad)
+    src, src_mask = _padded(srcs, pad)
+    logits, cap = run(lm, dec, capture=trace_sites(lm), device=_math_device(lm, None), upcast=True, source=src,
+                      attention_mask=mask, source_mask=src_mask)
+    return [_view(lm, _row_captures(cap, b, len(r), len(s)), r, 0, logits[b, : len(r)], source=s)
+            for b, (r, s) in enumerate(zip(rows, srcs))]
+
+
+def _row_captures(cap, row: int, n: int, n_src: int):
+    """Row ``row`` of a padded batch's captures, cut to its ``n`` target and ``n_src`` source positions (views)."""
+    from .sites import Captures
+
+    def cut(name, x, lead):  # lead: the axes before the batch's (a buffer's block axis)
+        prefix, bare = stack_of(name)
+        own = n_src if prefix or bare in ("cross_k", "cross_v") else n
+        x = x.narrow(lead, row, 1)
+        if bare in ("pattern", "cross_pattern"):  # (b, h, p, s)
+            keys = n_src if prefix or bare == "cross_pattern" else n
+            return x.narrow(lead + 2, 0, own).narrow(lead + 3, 0, keys)
+        return x.narrow(lead + 1, 0, own)
+
+    out = Captures()
+    for name, (layers, buf) in cap._bufs.items():
+        part = cut(name, buf, 1)
+        out._bufs[name] = (layers, part)
+        for j, layer in enumerate(layers):
+            out[(name, layer)] = part[j]
+    for key, x in cap.items():
+        if key not in out:
+            out[key] = cut(key[0], x, 0)
     return out
 
 
