@@ -7,6 +7,7 @@ docs/devices.md for what this does not cover.
 """
 
 import json
+import os
 
 import pytest
 import torch
@@ -411,3 +412,24 @@ def test_a_device_map_naming_an_unknown_module_is_a_clear_error():
 
     with pytest.raises(lenscope.InputError, match="does not have: model.nope"):
         lenscope.load("tiny:llama", device_map={"model.nope": "disk"})
+
+
+def test_offload_folders_of_processes_that_no_longer_run_are_removed(tmp_path):
+    """A killed process leaves its offload folder (its weights) behind: the next one removes the folders whose
+    process is gone, and keeps a running process's and the folders without a process id in their name."""
+    import subprocess
+    import sys
+
+    from lenscope.models.devices import OFFLOAD_PREFIX, sweep_offload_dirs
+
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(p.stdout)  # that process has exited
+    gone = tmp_path / f"{OFFLOAD_PREFIX}{dead}-abc"
+    live = tmp_path / f"{OFFLOAD_PREFIX}{os.getpid()}-def"
+    parent = tmp_path / f"{OFFLOAD_PREFIX}{os.getppid()}-ghi"
+    old = tmp_path / f"{OFFLOAD_PREFIX}x1y2z3"
+    for d in (gone, live, parent, old):
+        d.mkdir()
+        (d / "w.dat").write_bytes(b"0" * 16)
+    assert sweep_offload_dirs(str(tmp_path)) == [str(gone)]
+    assert not gone.exists() and live.exists() and parent.exists() and old.exists()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import os
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -101,10 +102,40 @@ def _normalise_map(m: dict) -> dict:
     return out
 
 
+OFFLOAD_PREFIX = "lenscope-offload-"
+
+
 def _offload_dir() -> str:
-    d = tempfile.mkdtemp(prefix="lenscope-offload-")
+    """A temporary folder for the weights accelerate offloads to disk, named after this process
+    (``lenscope-offload-<pid>-*``) and removed at exit. A process that was killed leaves its folder behind (GBs of
+    weights): the folders of processes that no longer run are removed first (:func:`sweep_offload_dirs`)."""
+    sweep_offload_dirs()
+    d = tempfile.mkdtemp(prefix=f"{OFFLOAD_PREFIX}{os.getpid()}-")
     atexit.register(shutil.rmtree, d, ignore_errors=True)
     return d
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def sweep_offload_dirs(root: str | None = None) -> list[str]:
+    """Remove the offload folders under ``root`` (the temporary folder) whose process no longer runs; returns
+    them. A folder whose name holds no process id (made before they did) is left alone."""
+    gone = []
+    base = Path(root or tempfile.gettempdir())
+    for d in base.glob(f"{OFFLOAD_PREFIX}*-*"):
+        pid = d.name[len(OFFLOAD_PREFIX):].split("-", 1)[0]
+        if d.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(str(d))
+    return gone
 
 
 def needs_offload_folder(device_map: Any, max_memory: dict | None) -> bool:
