@@ -171,6 +171,8 @@ def test_word_alignment_from_token_scores():
     torch.testing.assert_close(mean[1], torch.tensor([0.5, 0.3], dtype=torch.float64))
     assert word_alignment(mean) == {(0, 0), (0, 1)}
     assert word_alignment(torch.tensor([[1.0, 1.0]])) == {(0, 0)}  # ties: the first source word
+    # a null column (the source's end token): a target word it wins gets no link; the others keep theirs
+    assert word_alignment(torch.tensor([[0.1, 0.2, 0.7], [0.5, 0.2, 0.3]]), null=2) == {(0, 1)}
     with pytest.raises(InputError, match="do not match 3 target and 3 source tokens"):
         word_scores(scores, [0, 1, None], tgt)
     with pytest.raises(InputError, match="must name every word 0..n-1"):

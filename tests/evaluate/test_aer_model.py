@@ -6,6 +6,7 @@ JSON and its predicted-alignment files, which ``eval aer`` reads back to the sam
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 import lenscope
@@ -56,7 +57,8 @@ def test_alignments_equal_one_explanation_per_target_token(gold_file, name, meth
     score for the target word's first token, one ``explain`` per target word."""
     lm = get_model(f"tiny:{name}")
     gold = read_gold_alignments(gold_file)
-    got = model_alignments(lm, gold, method, batch_size=2)[method]  # both pairs in one padded pass
+    got = model_alignments(lm, gold, method, target_token="first", null_eos=False,
+                           batch_size=2)[method]  # both pairs in one padded pass
     for g in gold:
         src_text, tgt_text = " ".join(g.source), " ".join(g.target)
         src_tokens, src_words = HAND[src_text]
@@ -77,6 +79,40 @@ def test_alignments_equal_one_explanation_per_target_token(gold_file, name, meth
         assert set(got[g.id]) == want, g.id
 
 
+# every target token's word (HAND lists the first tokens only): "the house is small", "I am here"
+TARGET_WORDS = {"the house is small": [0, 0, 1, 1, 1, 1, 2, 3, 3, 3, 3], "I am here": [0, 1, 1, 2, 2]}
+
+
+@pytest.mark.parametrize(("name", "method"), [("marian", "logit"), ("m2m100", "alti-logit"), ("t5", "alti-logit")])
+def test_the_default_protocol_is_ferrando_et_al_2022s(gold_file, name, method):
+    """The defaults follow Ferrando et al. 2022's alignment code: a target word's row is the mean of its tokens'
+    rows, a source word's score the sum of its tokens', and the source's end token competes with the words: a
+    target word whose best column is the end token gets no link. Worked here from one ``explain`` per target
+    token, token-to-word maps by hand."""
+    lm = get_model(f"tiny:{name}")
+    gold = read_gold_alignments(gold_file)
+    got = model_alignments(lm, gold, method)[method]
+    eos = lm.tokenizer.eos_token_id
+    for g in gold:
+        src_text, tgt_text = " ".join(g.source), " ".join(g.target)
+        src_tokens, src_words = HAND[src_text]
+        dec = target_prefix_ids(lm, tgt_text)
+        src = source_ids(lm, src_text).tolist()
+        assert src[-1] == eos and src_tokens[-1] == "<|endoftext|>"  # the end token: the last column
+        rows = torch.stack([lenscope.explain(lm, dec[: i + 1], int(dec[i + 1]), method=method, source=src_text).scores
+                            [: len(src)].double() for i in range(len(dec) - 1)])
+        want = set()
+        for w in range(len(g.target)):
+            mine = [i for i, tw in enumerate(TARGET_WORDS[tgt_text]) if tw == w]
+            row = rows[mine].mean(0)
+            per_word = [float(sum(row[s] for s, sw in enumerate(src_words) if sw == k)) for k in range(len(g.source))]
+            per_word.append(float(row[len(src) - 1]))  # the end token's column
+            best = max(range(len(per_word)), key=lambda k: (per_word[k], -k))
+            if best < len(g.source):
+                want.add((best, w))
+        assert set(got[g.id]) == want, g.id
+
+
 def test_the_cli_writes_alignments_that_eval_aer_reads_back(gold_file, tmp_path):
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["eval", "alignment", "--gold", str(gold_file), "--model", "tiny:marian", "--out",
@@ -87,7 +123,8 @@ def test_the_cli_writes_alignments_that_eval_aer_reads_back(gold_file, tmp_path)
     assert d["model"] == "tiny:marian" and list(d["methods"]) == ["logit", "alti-logit"] and res["sentences"] == 2
     gold = read_gold_alignments(gold_file)
     want = alignment_error_rate(gold, model_alignments(get_model("tiny:marian"), gold)["logit"], method="logit")
-    assert res["aer"] == pytest.approx(want.aer, abs=1e-12) and res["predicted"] == 7  # one link per target word
+    assert res["aer"] == pytest.approx(want.aer, abs=1e-12) and res["predicted"] == int(want.counts[:, 0].sum())
+    assert d["target_token"] == "mean" and d["null_eos"] is True
     back = CliRunner().invoke(app, ["eval", "aer", "--gold", str(gold_file), "--predicted",
                                     str(out / "predicted-logit.jsonl"), "--json"])
     assert back.exit_code == 0 and json.loads(back.stdout)["aer"] == pytest.approx(want.aer, abs=1e-12)

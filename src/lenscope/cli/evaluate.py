@@ -17,7 +17,7 @@ DEFAULT_METHODS = "logit,alti-logit,grad-norm,grad-x-input,ig,erasure,first,rece
 
 
 def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: str, out: str | None,
-              as_json: bool, progress: bool, batch_size: int = 16) -> None:
+              as_json: bool, progress: bool, batch_size: int = 16, null_eos: bool = True) -> None:
     """``eval alignment --gold``: each method's word alignments on the gold pairs and their AER."""
     from pathlib import Path
 
@@ -35,7 +35,7 @@ def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: 
     lm = model.load()
     done = {}
     show = stage_progress("eval alignment --gold") if progress else None
-    every = model_alignments(lm, rows, names, target_token=target_token, batch_size=batch_size,
+    every = model_alignments(lm, rows, names, target_token=target_token, null_eos=null_eos, batch_size=batch_size,
                              progress=None if show is None else lambda i, n: show("sentence pairs", i, n))
     for name, links in every.items():
         done[name] = alignment_error_rate(rows, links, method=name)
@@ -45,7 +45,7 @@ def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: 
     if as_json:
         from ..results import finite_json
 
-        print_json(finite_json({"model": lm.name, "gold": gold, "target_token": target_token,
+        print_json(finite_json({"model": lm.name, "gold": gold, "target_token": target_token, "null_eos": null_eos,
                                 "methods": {k: v.to_dict() for k, v in done.items()}}))
         return
     for name, res in done.items():
@@ -72,8 +72,12 @@ def register(app: typer.Typer) -> None:
                                  "the alignment error rate of the words an encoder-decoder model's explanations "
                                  "link (each target word to its highest-scoring source word); methods: those that "
                                  "read a source (logit)."),
-        target_token: str = typer.Option("first", "--target-token", help="With --gold: a target word of several "
-                                         "tokens is read at its first token (first) or their mean (mean)."),
+        target_token: str = typer.Option("mean", "--target-token", help="With --gold: a target word of several "
+                                         "tokens is read as the mean of their rows (mean, as Ferrando et al. 2022) "
+                                         "or at its first token (first)."),
+        null_eos: bool = typer.Option(True, "--null-eos/--no-null-eos", help="With --gold: the source's end token "
+                                      "competes with the source words and a target word it wins gets no link (as "
+                                      "Ferrando et al. 2022); --no-null-eos links every target word."),
         methods: str = typer.Option(DEFAULT_METHODS, "--methods",
                                     help="Comma-separated: logit, alti-logit, grad-norm, grad-x-input, ig, erasure, "
                                     "and the positional rankings first (earliest token first) and recent (nearest "
@@ -109,7 +113,7 @@ def register(app: typer.Typer) -> None:
                 fail("--gold and --dataset are two evaluations; give one of them")
             at_least_one(batch_size=batch_size)
             _gold_aer(model, gold, None if methods == DEFAULT_METHODS else methods, target_token, out, as_json,
-                      progress, batch_size)
+                      progress, batch_size, null_eos)
             return
 
         if not dataset:

@@ -170,16 +170,18 @@ def _word_map(words: Sequence[int | None], side: str) -> Tensor:
     return m
 
 
-def word_alignment(scores: Tensor) -> frozenset[Link]:
+def word_alignment(scores: Tensor, null: int | None = None) -> frozenset[Link]:
     """Links ``(source word, target word)``: each target word (a row of ``scores (tgt_word, src_word)``, e.g. from
-    :func:`word_scores`) linked to its highest-scoring source word (the first of equal ones)."""
+    :func:`word_scores`) linked to its highest-scoring source word (the first of equal ones). ``null``: a column
+    that links nothing (the source's end token in the protocol of Ferrando et al. 2022): a target word whose best
+    column it is gets no link."""
     scores = torch.as_tensor(scores)
     if scores.dim() != 2 or scores.shape[1] == 0:
         raise InputError("word_alignment needs scores (target word, source word) with at least one source word")
     if not torch.isfinite(scores).all():
         raise InputError("the attribution scores hold NaN or infinite values")
     best = scores.argmax(1).tolist()
-    return frozenset((int(i), j) for j, i in enumerate(best))
+    return frozenset((int(i), j) for j, i in enumerate(best) if i != null)
 
 
 def _token_words(offsets: Sequence[tuple[int, int]], words: Sequence[str]) -> list[int | None]:
@@ -280,15 +282,20 @@ def pair_scores(lm, pairs: Sequence[tuple[str, str]], methods=("logit",), *, ids
     return out
 
 
-def model_alignments(lm, gold: Sequence[AlignedPair], methods=("logit",), *, target_token: str = "first",
-                     batch_size: int = 16, progress=None) -> dict[str, dict[object, frozenset[Link]]]:
+def model_alignments(lm, gold: Sequence[AlignedPair], methods=("logit",), *, target_token: str = "mean",
+                     null_eos: bool = True, batch_size: int = 16,
+                     progress=None) -> dict[str, dict[object, frozenset[Link]]]:
     """Word alignments of an encoder-decoder model ``lm`` on each gold sentence pair (its ``source`` and
     ``target`` words, joined by spaces), ``{method: {pair id: links}}`` for each attribution method that reads a
     source (``logit``, ``alti-logit``): one teacher-forced run of the source and the whole target per pair, batched
     (:func:`pair_scores`); each target token's prediction is explained (the logit of that reference token), its
-    scores over the source tokens summed into source words and read at the target word's first token
-    (:func:`word_scores`), and each target word linked to its highest-scoring source word
-    (:func:`word_alignment`). ``progress(done, total)`` after each batch."""
+    scores over the source tokens summed into source words, a target word's row the mean of its tokens' rows
+    (``target_token="mean"``; ``"first"``: its first token's; :func:`word_scores`), and each target word linked to
+    its highest-scoring source word (:func:`word_alignment`). ``null_eos``: the source's end token competes with the
+    words, and a target word it wins gets no link. The defaults are the protocol of Ferrando et al. 2022's code
+    (mt-upc/transformer-contributions-nmt, ``alignment/``: source subwords summed, target subwords averaged, the
+    source's ``</s>`` a candidate that writes no link; their "alignment with output" rows, the prediction of each
+    target token). ``progress(done, total)`` after each batch."""
     methods = [methods] if isinstance(methods, str) else list(methods)
     texts = [(" ".join(g.source), " ".join(g.target)) for g in gold]
     scored = pair_scores(lm, texts, methods, ids=[g.id for g in gold], batch_size=batch_size, progress=progress)
@@ -296,7 +303,14 @@ def model_alignments(lm, gold: Sequence[AlignedPair], methods=("logit",), *, tar
     for g, (src_text, tgt_text), ps in zip(gold, texts, scored):
         src_words = _tokens_of(lm, src_text, g.source, "source", ps.source_ids)
         tgt_words = _tokens_of(lm, tgt_text, g.target, "target", ps.decoder_ids[1:])
+        null = None
+        eos = getattr(lm.tokenizer, "eos_token_id", None)
+        if null_eos and eos is not None:  # the source's end token: one more column, which links nothing
+            ends = [k for k, (w, t) in enumerate(zip(src_words, ps.source_ids.tolist())) if w is None and t == eos]
+            if ends:
+                null = len(g.source)
+                src_words = [null if k in ends else w for k, w in enumerate(src_words)]
         for m in methods:
             words = word_scores(ps.scores[m][:, : ps.n_source], src_words, tgt_words, target_token)
-            out[m][g.id] = word_alignment(words)
+            out[m][g.id] = word_alignment(words, null)
     return out
