@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .common import ModelChoice, at_least_one, command, fail, print_json, stage_progress
-from .options import IG_STEPS_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION
+from .options import IG_STEPS_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION, SOURCE_OPTION
 
 METHODS_HELP = ("Comma-separated methods of `lenscope explain`: logit, alti-logit, alti, grad-norm, grad-x-input, ig, "
                 "erasure, value-zeroing (none: an empty string).")
@@ -14,7 +14,8 @@ METHODS_HELP = ("Comma-separated methods of `lenscope explain`: logit, alti-logi
 def register(app: typer.Typer) -> None:
     @command(app, "generate", model=True)
     def generate_cmd(
-        prompt: str = typer.Argument(..., help="The prompt (with --chat: the user's message)."),
+        prompt: str = typer.Argument(..., help="The prompt (with --chat: the user's message; with --source: the "
+                                     "target prefix, may be \"\")."),
         model: ModelChoice = MODEL_OPTION,
         max_new_tokens: int = typer.Option(16, "--max-new-tokens", "-n", help="Tokens to generate (at most)."),
         explain: str = typer.Option(None, "--explain", help=METHODS_HELP + " Default alti-logit; none with --steer."),
@@ -33,6 +34,7 @@ def register(app: typer.Typer) -> None:
                                         "comma-separated for several) at every decoding step; repeatable."),
         steer_where: str = typer.Option("all", "--steer-where", help="Positions steered: all (default), prompt or "
                                         "generated.", metavar="all|prompt|generated"),
+        source: str = SOURCE_OPTION,
         as_json: bool = JSON_OPTION,
     ):
         """Generate up to N tokens after PROMPT and explain each generated token by the tokens before it."""
@@ -52,6 +54,8 @@ def register(app: typer.Typer) -> None:
         if steer_where not in WHERE:
             fail(f"--steer-where must be one of {', '.join(WHERE)}, not {steer_where!r}")
         specs = [parse_steer(s) for s in steer or ()]
+        if source is not None:
+            _source_refusals(sample=sample, chat=chat, lens=lens, steer=steer, html=html, png=png)
         from ..attribution.explanation import METHODS
 
         for m in methods:
@@ -66,7 +70,7 @@ def register(app: typer.Typer) -> None:
         opts = {"steps": steps} if steps is not None else {}
         g = generate(lm, prompt, max_new_tokens, explain=methods, foil=None if foil == "none" else foil, chat=chat,
                      sample=sample, seed=seed, temperature=temperature, lens=lens, progress=stage_progress("generate"),
-                     edits=edits, **opts)
+                     edits=edits, **({"source": source} if source is not None else {}), **opts)
         if steering:
             g.settings["steer"] = steering
         if html:
@@ -83,6 +87,20 @@ def register(app: typer.Typer) -> None:
             print_json(g.to_dict())
             return
         _table(g, html, png, save)
+
+
+def _source_refusals(**given) -> None:
+    """What generation with a source does not do yet, refused in one line each (before the model loads)."""
+    why = {"sample": "generation with a source is greedy for now; leave out --sample",
+           "chat": "--chat wraps a decoder's prompt in a chat template; with --source the text is the target prefix: "
+                   "leave out --chat",
+           "lens": "a tuned lens reads a decoder-only model's states; with --source leave out --lens",
+           "steer": "--steer with --source is not supported yet (the engine's key/value cache reads no source)",
+           "html": "--html does not draw a generation with a source yet; use --json or --save",
+           "png": "--png does not draw a generation with a source yet; use --json or --save"}
+    for k, v in given.items():
+        if v:
+            fail(why[k])
 
 
 def _steering(lm, specs, where: str):
@@ -107,17 +125,20 @@ def _steering(lm, specs, where: str):
 
 
 def _table(g, html, png, save) -> None:
-    typer.echo(f"{g.model}: {g.prompt_len} prompt tokens + {g.n_steps} generated: {g.text!r}")
+    src = f"{g.n_source} source tokens ({g.source!r}), " if g.n_source else ""
+    typer.echo(f"{g.model}: {src}{g.prompt_len} prompt tokens + {g.n_steps} generated: {g.text!r}")
     for s in g.settings.get("steer", ()):
         typer.echo(f"steered: {s['alpha']:+g} x {s['method']} direction {s['direction']} at resid_pre "
                    f"{','.join(map(str, s['layers']))} ({s['where']} positions)")
     for i, p in enumerate(g.positions):
         parts = [f"{p:4d} {g.tokens[p]!r:14} p={float(g.prob[i]):.3f} H={float(g.entropy[i]):.2f}"
                  f" depth={int(g.depth[i]) if int(g.depth[i]) >= 0 else '-'}"]
+        ctx, S = g.context_tokens, g.n_source
         for k, m in enumerate(g.methods):
-            sc = g.scores[k, i, :p]
-            j = int(sc.abs().argmax()) if p else 0
-            parts.append(f"{m}: {g.tokens[j]!r} ({float(sc[j]):+.3f})")
+            sc = g.scores[k, i, : S + p]
+            j = int(sc.abs().argmax()) if S + p else 0
+            side = ("source " if j < S else "target ") if S else ""
+            parts.append(f"{m}: {side}{ctx[j]!r} ({float(sc[j]):+.3f})")
         typer.echo("  ".join(parts))
     for note in g.notes:
         typer.echo(f"note: {note}")

@@ -18,6 +18,10 @@ contributions are the top-left block of the full ones. So
 
 Each step's explanation equals ``lenscope.explain(lm, ids[:p], token, foil, method=m)`` up to float error
 (tests/generation).
+
+An encoder-decoder (translation) model generates given its source (``source=``): the prompt is the target prefix,
+the tokens are transformers' greedy ones, and one teacher-forced trace of the source and the whole decoder sequence
+serves every step (its decoder is causal), through the methods that read a source (docs/encoder-decoder.md).
 """
 
 from __future__ import annotations
@@ -29,14 +33,14 @@ from torch import Tensor
 
 from ..attribution import context
 from ..attribution import methods as table
-from ..errors import InputError, NotApplicableError
+from ..errors import InputError, NotApplicableError, UnsupportedModelError
 from ..lenses.depth import depths_from_agreement
 from ..lenses.lenses import Lens, LogitLens
 from ..models.engine import edits_within
 from ..models.load import LoadedModel, require_decoder, token_ids
 from ..models.readout import Readout
 from ..models.request import Request
-from ..models.trace import trace
+from ..models.trace import source_ids, trace
 from .result import Generation, stack_scores
 
 MAX_TOKENS = table.MAX_TOKENS
@@ -152,6 +156,85 @@ def decode(lm: LoadedModel, ids: Tensor, max_new_tokens: int, *, sample: bool = 
     return out[0].cpu()
 
 
+# the generation settings a model's config may carry that change which token is the most likely one (forced first
+# and last tokens, banned words, a minimum length, repetition penalties, ...), each set to the value that changes
+# nothing: with a source every generated token is the argmax of the model's logits, the prediction its
+# explanation explains (those the model's config set are named in the result's notes)
+PLAIN = dict(forced_bos_token_id=None, forced_eos_token_id=None, bad_words_ids=None, min_length=0, min_new_tokens=None,
+             no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0, repetition_penalty=1.0,
+             encoder_repetition_penalty=1.0, suppress_tokens=None, begin_suppress_tokens=None, sequence_bias=None,
+             exponential_decay_length_penalty=None, guidance_scale=None, watermarking_config=None, stop_strings=None)
+
+
+def _source(lm: LoadedModel, source, methods: list[str], *, chat: bool, sample: bool, edits, lens) -> Tensor | None:
+    """An encoder-decoder model's source ids ``(src,)`` (None for a decoder, which is checked as before), with the
+    one-line refusals of what generation with a source does not do yet."""
+    A = lm.anatomy
+    if source is None:
+        if A.is_encoder_decoder:
+            raise InputError(f"{lm.name} is an encoder-decoder (translation) model: generate needs its source text "
+                             "(source=..., --source TEXT); the prompt is then the target prefix (may be empty)")
+        require_decoder(lm, "generate", causal=True, instead="generation needs a causal decoder such as smollm2")
+        return None
+    if not A.is_encoder_decoder:
+        raise InputError(f"a source is read by encoder-decoder (translation) models only; {lm.name} is a {A.family} "
+                         "model: leave out source= (--source)")
+    if sample:
+        raise NotApplicableError("generation with a source is greedy for now; leave out sample=True (--sample)")
+    if chat:
+        raise NotApplicableError("--chat wraps a decoder's prompt in a chat template; with a source the text is the "
+                                 "target prefix: leave out chat=True (--chat)")
+    if edits is not None and not (isinstance(edits, (list, tuple)) and not edits):
+        raise NotApplicableError("edits (--steer) with a source are not supported yet (the engine's key/value cache "
+                                 "reads no source); leave them out")
+    if lens is not None:
+        raise NotApplicableError("a tuned lens reads a decoder-only model's states; with a source leave out lens= "
+                                 "(--lens): the logit lens's prediction depth is given")
+    bad = [m for m in methods if not table.get(m).reads_source]
+    if bad:
+        raise NotApplicableError(f"{', '.join(bad)} does not read a source yet; with a source explain by "
+                                 f"{', '.join(table.source_readers())} (or none: explain=(), --explain '')")
+    src, E = source_ids(lm, source), A.encoder  # checked before transformers' generate reads it
+    if src.numel() == 0 or src.numel() > E.n_ctx:
+        raise InputError(f"the source is {src.numel()} tokens long; the encoder reads 1 to {E.n_ctx}")
+    if int(src.min()) < 0 or int(src.max()) >= E.vocab_size:
+        raise InputError(f"source token ids must lie in 0..{E.vocab_size - 1}")
+    return src
+
+
+@torch.no_grad()
+def decode_source(lm: LoadedModel, source: Tensor, ids: Tensor, max_new_tokens: int) -> tuple[Tensor, list[str]]:
+    """An encoder-decoder model's decoder sequence ``(pos,)``: its input ``ids`` (from the decoder's start token:
+    :func:`lenscope.models.load.target_prefix_ids`) and up to ``max_new_tokens`` tokens of transformers' greedy
+    ``generate`` given ``source (src,)``, stopping after the end-of-sequence token; and notes.
+
+    ``ids`` go in as they are (``decoder_input_ids``, with ``decoder_start_token_id`` their first token, so that
+    nothing is put before them) and the output must start with them. The model's settings that would change which
+    token is the most likely (:data:`PLAIN`: e.g. Marian's ``forced_eos_token_id``, mBART-50's forced language
+    code) are turned off, and each one that was set is named in a note: every token is the argmax of the model's
+    logits, the prediction its explanation explains."""
+    from ..models.devices import main_device
+
+    tok = lm.tokenizer
+    eos = _eos(lm)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
+    gc = getattr(lm.model, "generation_config", None)
+    off = {k: getattr(gc, k, None) for k in PLAIN}
+    off = {k: v for k, v in off.items() if v is not None and v != PLAIN[k]}
+    notes = [f"not applied (each token is the argmax of the model's logits): the model's generation settings "
+             f"{', '.join(f'{k}={v!r}' for k, v in off.items())}"] if off else []
+    dev = main_device(lm.model)
+    x, d = source[None].to(dev), ids[None].to(dev)
+    out = lm.model.generate(input_ids=x, attention_mask=torch.ones_like(x), decoder_input_ids=d,
+                            decoder_start_token_id=int(ids[0]), max_new_tokens=int(max_new_tokens), do_sample=False,
+                            num_beams=1, eos_token_id=eos, pad_token_id=pad, **PLAIN)[0].cpu()
+    if out.numel() < ids.numel() or out[: ids.numel()].tolist() != ids.tolist():
+        raise UnsupportedModelError(f"transformers' generate did not continue the decoder's input {ids.tolist()} "
+                                    f"(it returned {out[: ids.numel() + 2].tolist()}...); {lm.anatomy.model_type} "
+                                    "cannot be generated from a target prefix here")
+    return out, notes
+
+
 def _depth(lm: LoadedModel, lens: Lens, tr, rows: Tensor, final_top: Tensor, block: int = 6) -> Tensor:
     """Prediction depth (:mod:`lenscope.lenses.depth`) of positions ``rows`` from the trace's residual states.
 
@@ -200,7 +283,7 @@ def _options(methods: list[str], options: dict) -> None:
 
 def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(table.DEFAULT,), foil="runner-up",
              chat: bool = False, sample: bool = False, seed: int | None = None, temperature: float = 1.0,
-             lens=None, progress=None, edits=None, **method_options) -> Generation:
+             lens=None, progress=None, edits=None, source=None, **method_options) -> Generation:
     """Generate up to ``max_new_tokens`` tokens after ``prompt`` and explain every generated token.
 
     Greedy by default (the tokens of transformers' ``model.generate(..., do_sample=False)``); ``sample=True``
@@ -221,11 +304,19 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
     the model writes), or a function ``(prompt_len, max_len) -> edits``: applied at every decoding step (with
     the cache) and in the pass that the statistics and depths are read from. The explanations decompose the
     unedited model, so they are refused with edits (``explain=()``).
+
+    ``source``: an encoder-decoder (translation) model's source text (or ids: :func:`lenscope.models.trace.source_ids`);
+    ``prompt`` is then the target prefix (may be ``""``: the decoder reads its start token, and a multilingual
+    tokenizer's target language code, :func:`lenscope.models.load.target_prefix_ids`; ids are the decoder's input
+    from its start token). Greedy, through transformers' ``generate`` (:func:`decode_source`); the scores run over
+    the source's tokens and then the decoder's (``Generation.n_source``), by the methods that read a source
+    (:func:`lenscope.attribution.methods.source_readers`). Sampling, ``chat``, ``edits`` and ``lens`` are refused
+    with a source (one line each).
     """
     seconds = {}
     t0 = time.perf_counter()
-    require_decoder(lm, "generate", causal=True, instead="generation needs a causal decoder such as smollm2")
     methods = _methods(explain)
+    src = _source(lm, source, methods, chat=chat, sample=sample, edits=edits, lens=lens)
     _options(methods, method_options)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise InputError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
@@ -242,7 +333,7 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
     if ids.numel() + max_new_tokens > n_ctx:
         raise InputError(f"the prompt ({ids.numel()} tokens) plus {max_new_tokens} new tokens is past the model's "
                          f"context of {n_ctx} tokens; ask for at most {max(0, n_ctx - ids.numel())}")
-    if "erasure" in methods and ids.numel() < 2:
+    if "erasure" in methods and src is None and ids.numel() < 2:
         raise InputError("erasure needs a prompt of at least 2 tokens: the first step's prediction would have no "
                          "context left once its one token is erased")
     f_given = None if foil is None or foil == "runner-up" else Request.of(lm, foil=foil, generated=True).foil  # now
@@ -256,7 +347,11 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
             progress(stage, done, total)
 
     report("generate", 0, max_new_tokens)
-    full = decode(lm, ids, max_new_tokens, sample=sample, seed=seed, temperature=temperature, edits=edits)
+    notes: list = []
+    if src is None:
+        full = decode(lm, ids, max_new_tokens, sample=sample, seed=seed, temperature=temperature, edits=edits)
+    else:
+        full, notes = decode_source(lm, src, ids, max_new_tokens)
     seconds["generate"] = time.perf_counter() - t0
     P, n = ids.numel(), full.numel()
     report("generate", n - P, n - P)
@@ -264,7 +359,8 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
         raise InputError("the model generated no token")
 
     t = time.perf_counter()
-    tr = trace(lm, full, edits=edits_within(edits or (), 0, n))
+    # with a source: one teacher-forced pass of the source and the whole decoder sequence (the decoder is causal)
+    tr = trace(lm, full, edits=edits_within(edits or (), 0, n)) if src is None else trace(lm, full, source=src)
     rows = torch.arange(P - 1, n - 1)  # where each generated token was predicted
     tok = full[P:]
     logits = tr.logits[rows].float()
@@ -273,7 +369,9 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
     entropy = -(logp.exp() * logp).sum(-1).cpu()
     top2 = logits.topk(2, -1).indices.cpu()
     runner = torch.where(top2[:, 0] == tok, top2[:, 1], top2[:, 0])
-    notes: list = []
+    if src is not None and not bool((top2[:, 0] == tok).all()):  # greedy: only a near tie rounded otherwise
+        notes.append(f"step(s) {(top2[:, 0] != tok).nonzero()[:, 0].tolist()}: the generated token is not the top-1 "
+                     "of the teacher-forced pass (a near tie, rounded differently with the key/value cache)")
     foils = _foils(lm, f_given if f_given is not None else foil, tok, runner, notes)
     final_top = top2[:, 0]
     depth = _depth(lm, LogitLens(lm.anatomy, model_name=lm.name), tr, rows, final_top)
@@ -310,6 +408,7 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
             seconds[x] = (time.perf_counter() - t) / len(group)
         report(m, 1, 1)
 
+    n_src = 0 if src is None else src.numel()
     names = {str(i): lm.tokenizer.decode([i]) for i in set(runner.tolist()) | set(
         [] if foils is None else foils.tolist())}
     settings = {"max_new_tokens": max_new_tokens, "chat": chat, "sample": sample, "seed": seed,
@@ -322,6 +421,9 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
         text=lm.tokenizer.decode(tok),
         tokens=lm.tokenizer.batch_decode([[int(i)] for i in full]), prompt_len=P, methods=methods,
         prob=prob, entropy=entropy, runner_up=runner, depth=depth, tuned_depth=tuned,
-        scores=stack_scores([scores[m] for m in methods], n - 1),
+        scores=stack_scores([scores[m] for m in methods], n_src + n - 1),
         invariant_error=torch.stack([invs[m].double() for m in methods]) if methods else torch.zeros(0, n - P),
-        foil_ids=foils, token_names=names, settings=settings, seconds=seconds, notes=notes)
+        foil_ids=foils, token_names=names, settings=settings, seconds=seconds, notes=notes,
+        **({} if src is None else {
+            "source": source if isinstance(source, str) else lm.tokenizer.decode(src), "source_ids": src,
+            "source_tokens": lm.tokenizer.batch_decode([[int(i)] for i in src]), "n_source": n_src}))

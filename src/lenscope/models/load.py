@@ -471,7 +471,7 @@ def token_ids(lm: LoadedModel, text) -> torch.Tensor:
 
 
 ENCODER_DECODER_METHODS = ("verify, components (direct logit attribution), explain --method logit or alti-logit, "
-                           "with --source, and eval alignment --gold")
+                           "generate (greedy), with --source, and eval alignment --gold")
 
 
 def require_decoder(lm: LoadedModel, what: str, *, instead: str, causal: bool = False,
