@@ -122,7 +122,7 @@ def test_the_cli_components_takes_a_source():
 @pytest.mark.parametrize("args", [
     ["components", PREFIX, "--target", " the"],  # no source
     ["explain", PREFIX, "--method", "alti-logit", "--target", " the"],  # no source
-    ["explain", PREFIX, "--method", "ig", "--target", " the", "--source", SOURCE],
+    ["explain", PREFIX, "--method", "value-zeroing", "--source", SOURCE],
     ["mixing", PREFIX],
     ["patch", PREFIX, "the mouse is", "--target", " the", "--foil", " a"],
     ["neurons", PREFIX, "--target", " the"],
@@ -147,9 +147,9 @@ def test_a_method_refuses_an_encoder_decoder_model_given_a_trace():
             lenscope.explain(lm, tr=tr, method=method)
     with pytest.raises(NotApplicableError, match="context-mixing maps .* would leave out the source"):
         context_mixing(lm, tr=tr)
-    with pytest.raises(NotApplicableError, match="--method ig does not read encoder-decoder models yet.*logit, "
-                                                 "alti-logit does"):
-        lenscope.explain(lm, PREFIX, " the", method="ig", source=SOURCE)
+    with pytest.raises(NotApplicableError, match="--method alti does not read encoder-decoder models yet.*logit, "
+                                                 "alti-logit, grad-norm"):
+        lenscope.explain(lm, PREFIX, method="alti", source=SOURCE)
 
 
 @pytest.mark.parametrize("name", SEQ2SEQ)

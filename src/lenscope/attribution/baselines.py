@@ -17,6 +17,12 @@ norms and the like are added by the model itself, so they are part of ``f``, not
   Gauss-Legendre quadrature, all nodes in one batched forward and backward pass.
 - ``erasure``: ``f(input) - f(input without token j)``, all ablated sequences in one batch.
 
+An encoder-decoder model given its ``source`` (docs/encoder-decoder.md): the inputs are the source tokens' embeddings
+and the target prefix's, each as its stack computes it from ids before adding positions
+(:mod:`lenscope.attribution.inputs`), so every score vector runs over the source tokens first, then the target
+prefix's (``Explanation.n_source``); integrated gradients walks both embeddings jointly; erasure removes a source
+token from the source, or a prefix token from the prefix (as for a decoder).
+
 Every function returns an :class:`~lenscope.attribution.explanation.Explanation` whose ``scores`` have
 shape ``(src,)`` and whose ``info["f"]`` is ``f`` on the full input. ``grad_x_input``, ``integrated_gradients``
 and ``erasure`` are linear in the explained scalar, so a contrastive score is the target's score minus the
@@ -43,17 +49,16 @@ and misses the jumps (small on the tiny models; ``tests/attribution/test_baselin
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
 from ..models.algebra import gauss_legendre
-from ..models.load import LoadedModel, require_decoder, target_fields, token_ids, token_str
+from ..models.load import LoadedModel, require_decoder, target_fields, token_ids
 from ..models.request import Request, metric_of, position_in
 from .explanation import Explanation
+from .inputs import IG_BASELINES, Inputs, eval_mode, ig_baseline
 
 __all__ = ["IG_BASELINES", "erasure", "erasure_rows", "eval_mode", "grad_norm", "grad_x_input", "gradient_rows",
            "ig_baseline", "integrated_gradients", "integrated_gradients_rows", "logit_diff_rows", "model_logits"]
@@ -68,11 +73,14 @@ _NO_TARGET = "use a method that needs no target, e.g. --method alti"
 class _Problem:
     """A validated single-text request: ids, the explained position and the target/foil ids."""
 
-    def __init__(self, lm: LoadedModel, method: str, text, target, foil, position: int):
-        require_decoder(lm, method, instead=_NO_TARGET)
+    def __init__(self, lm: LoadedModel, method: str, text, target, foil, position: int, source=None):
+        from ..models.trace import source_ids
+
+        _require(lm, method, source)
         self.lm = lm
         self.method = method
         self.ids = token_ids(lm, text)
+        self.source = source_ids(lm, source)  # an encoder-decoder model's source ids (src,), else None
         self.n = n = self.ids.numel()
         req = Request.of(lm, target, foil, position, n=n, distinct=True, need=method)
         self.p, self.t_id, self.f_id = req.position, req.target, req.foil
@@ -81,29 +89,48 @@ class _Problem:
         """This text as a batch of one for the ``*_rows`` functions: ``ids (1, pos)``, target and foil ids."""
         return self.ids[None], [self.t_id], None if self.f_id is None else [self.f_id]
 
+    def src(self) -> dict:
+        """The ``*_rows`` functions' ``source=`` (a batch of one), or nothing."""
+        return {} if self.source is None else {"source": self.source[None]}
+
     def explanation(self, scores: Tensor, info: dict) -> Explanation:
         lm = self.lm
+        ids = self.ids if self.source is None else torch.cat([self.source, self.ids])  # the source's tokens first
+        n_source = 0 if self.source is None else len(self.source)
         return Explanation(
             model=lm.name, method=self.method,
-            tokens=lm.tokenizer.batch_decode([[int(i)] for i in self.ids]),
-            position=self.p, **target_fields(lm, self.t_id, self.f_id),
-            scores=scores.detach().float().cpu(), info=info,
+            tokens=lm.tokenizer.batch_decode([[int(i)] for i in ids]),
+            position=n_source + self.p, **target_fields(lm, self.t_id, self.f_id),
+            scores=scores.detach().float().cpu(), info=info, n_source=n_source,
         )
 
 
-def _rows(lm: LoadedModel, method: str, ids, target, foil, position,
-          last_only: bool) -> tuple[Tensor, Tensor, Tensor | None, int | Tensor]:
+def _require(lm: LoadedModel, method: str, source) -> None:
+    """A model with a language-model head; an encoder-decoder model with its source, another without one."""
+    require_decoder(lm, method, instead=_NO_TARGET, encoder_decoder=source is not None)
+    if lm.anatomy.is_encoder_decoder and source is None:
+        raise InputError(f"{method}: {lm.name} is an encoder-decoder model; give its source (source=, --source)")
+
+
+def _rows(lm: LoadedModel, method: str, ids, target, foil, position, last_only: bool,
+          source=None) -> tuple[Tensor, Tensor, Tensor | None, int | Tensor]:
     """A validated batch: ``ids (batch, pos)`` on the model's device, ``target``/``foil (batch,)`` ids (foil None
     for a plain logit) and the explained position ``p`` in ``0..pos-1``: one int for every row, or (``position``
-    a sequence or tensor of ``batch`` ints) a ``(batch,)`` tensor, one per row."""
+    a sequence or tensor of ``batch`` ints) a ``(batch,)`` tensor, one per row. ``source``: an encoder-decoder
+    model's source ids ``(batch, src)`` (checked, on the model's device: the caller's ``source``)."""
     from ..models.devices import main_device
 
-    require_decoder(lm, method, instead=_NO_TARGET)
+    _require(lm, method, source)
     device = main_device(lm.model)  # accelerate's execution device of a split model, never "meta"
     ids = torch.as_tensor(ids, dtype=torch.long).to(device)
     if ids.dim() != 2 or ids.shape[0] < 1 or ids.shape[1] < 1:
         raise InputError(f"ids must be token ids of shape (batch, pos), got shape {tuple(ids.shape)}")
     B, n = ids.shape
+    if source is not None:
+        src = torch.as_tensor(source, dtype=torch.long)
+        if src.dim() != 2 or src.shape[0] != B or src.shape[1] < 1:
+            raise InputError(f"source must be token ids of shape ({B}, src), got shape {tuple(src.shape)}")
+        source = src.to(device)
     per_row = []
     for name, x in (("target", target), ("foil", foil)):
         x = None if x is None else torch.as_tensor(x, dtype=torch.long).to(device).reshape(-1)
@@ -121,17 +148,17 @@ def _rows(lm: LoadedModel, method: str, ids, target, foil, position,
     if last_only and (not isinstance(p, int) or p != n - 1 or not lm.anatomy.causal):
         raise InputError("last_only reads the last position's logits only: it needs a causal model and the last "
                          "position")
-    return ids, per_row[0], per_row[1], p
+    return ids, per_row[0], per_row[1], p, source
 
 
 def _span(lm: LoadedModel, p: int | Tensor, rows, n: int) -> tuple[int, int | None]:
     """What a chunk of ``rows`` must run: ``(cut, keep)``, its leading ``cut`` positions, and the last ``keep``
-    positions' logits (None: all of them). With one position per row in a causal model nothing after the
+    positions' logits (None: all of them). With one position per row in a causal decoder nothing after the
     chunk's last explained position changes its objectives (the gradients of the tokens cut off are exactly
     zero), and only the logits from its first explained position on are read, so a chunk of generated tokens
     runs just that prefix and unembeds just those positions (an unembedding as wide as smollm2's costs about
     a quarter of its forward and backward pass). Otherwise ``(n, None)``."""
-    if isinstance(p, int) or not lm.anatomy.causal:
+    if isinstance(p, int) or not lm.anatomy.causal or lm.anatomy.is_encoder_decoder:  # (src + pos inputs: all)
         return n, None
     q = p[rows]
     cut = int(q.max()) + 1
@@ -162,29 +189,23 @@ def _chunk(rows: int, row_tokens: int, internal_batch_size: int | None, max_toke
     return max(1, rows)
 
 
-@contextmanager
-def eval_mode(model):
-    """Run with dropout off; restore every module's training flag afterwards."""
-    was = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, flag in was:
-            m.training = flag
-
-
 def model_logits(lm: LoadedModel, *, input_ids: Tensor | None = None, inputs_embeds: Tensor | None = None,
-                 last_only: bool = False, keep: int | None = None) -> Tensor:
+                 last_only: bool = False, keep: int | None = None, source: Tensor | None = None,
+                 source_embeds: Tensor | None = None) -> Tensor:
     """The real model's logits ``(batch, pos, vocab)`` (no padding, no cache); with ``last_only`` (causal
     models) only the last position's, ``(batch, 1, vocab)``, so a batch of long inputs stays small; with
-    ``keep`` (causal models) the last ``keep`` positions', ``(batch, keep, vocab)``."""
+    ``keep`` (causal models) the last ``keep`` positions', ``(batch, keep, vocab)``. An encoder-decoder model
+    reads ``source (batch, src)`` ids or ``source_embeds (batch, src, d_model)``
+    (:func:`lenscope.models.engine.forward_kwargs`); its logits are the decoder's (``last_only`` and ``keep``
+    slice them: these models compute every position's)."""
     from ..models.engine import forward_kwargs
     from ..models.stop import checkpoint
 
     checkpoint()  # every forward pass of the baselines is a chunk a caller that no longer waits can stop before
-    kw = forward_kwargs(lm, input_ids, inputs_embeds=inputs_embeds, last_only=last_only)
-    if keep is not None and not last_only:
+    kw = forward_kwargs(lm, input_ids, inputs_embeds=inputs_embeds, last_only=last_only, source=source,
+                        source_embeds=source_embeds)
+    seq2seq = source is not None or source_embeds is not None
+    if keep is not None and not last_only and not seq2seq:
         kw["logits_to_keep"] = int(keep)
     out = lm.model(**kw)
     logits = getattr(out, "logits", None)
@@ -193,6 +214,8 @@ def model_logits(lm: LoadedModel, *, input_ids: Tensor | None = None, inputs_emb
             f"{lm.name} returned no logits, so there is no token to explain; use a method that needs no target, "
             "e.g. --method alti"
         )
+    if seq2seq and (last_only or keep is not None):
+        logits = logits[:, -(1 if last_only else int(keep)):]
     return logits
 
 
@@ -209,97 +232,48 @@ def model_logits(lm: LoadedModel, *, input_ids: Tensor | None = None, inputs_emb
 
 @torch.no_grad()
 def logit_diff_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: int = -1,
-                    last_only: bool = False) -> Tensor:
+                    last_only: bool = False, source: Tensor | None = None) -> Tensor:
     """``f = logit[position, target] - logit[position, foil]`` per row, ``(batch,)`` float64 CPU (one forward
-    pass, no gradient)."""
-    ids, t, f, p = _rows(lm, "the logit difference", ids, target, foil, position, last_only)
+    pass, no gradient). ``source (batch, src)``: an encoder-decoder model's source ids."""
+    ids, t, f, p, src = _rows(lm, "the logit difference", ids, target, foil, position, last_only, source)
     with eval_mode(lm.model):
-        logits = model_logits(lm, input_ids=ids, last_only=last_only)
+        logits = model_logits(lm, input_ids=ids, last_only=last_only, source=src)
         return metric_of(logits, "logit_diff", t, f, at=-1 if last_only else p).double().cpu()
 
 
 def gradient_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: int = -1, last_only: bool = False,
-                  internal_batch_size: int | None = None, max_tokens: int | None = None) -> dict[str, Tensor]:
+                  internal_batch_size: int | None = None, max_tokens: int | None = None,
+                  source: Tensor | None = None) -> dict[str, Tensor]:
     """The gradient methods on a batch: ``{"grad-norm": (batch, pos), "grad-x-input": (batch, pos)}`` float32 CPU
     with ``grad-norm[b, j] = ||df_b/de_bj||_2`` and ``grad-x-input[b, j] = sum_d df_b/de_bj,d * e_bj,d``, and
-    ``"f": (batch,)`` float64 CPU, from one forward and one backward pass per chunk of rows."""
-    ids, t, f, p = _rows(lm, "gradient attribution", ids, target, foil, position, last_only)
-    B, n = ids.shape
+    ``"f": (batch,)`` float64 CPU, from one forward and one backward pass per chunk of rows. ``source (batch,
+    src)``: an encoder-decoder model's source ids; the scores are then ``(batch, src + pos)``, the source's first
+    (:class:`~lenscope.attribution.inputs.Inputs`)."""
+    ids, t, f, p, src = _rows(lm, "gradient attribution", ids, target, foil, position, last_only, source)
+    inp = Inputs.of(lm, ids, src)
+    e = inp.fed  # (batch, src + pos, d_model): what the model is given
+    B, n = e.shape[:2]
     chunk = _chunk(B, n, internal_batch_size, max_tokens)
-    with torch.no_grad():
-        e = lm.model.get_input_embeddings()(ids).detach()  # (batch, pos, d_model)
     grads, objs = [], []
     with eval_mode(lm.model), torch.enable_grad():
         for s in range(0, B, chunk):
             rows = slice(s, s + chunk)
             cut, keep = _span(lm, p, rows, n)
             x = e[rows, :cut].clone().requires_grad_(True)
-            obj = metric_of(model_logits(lm, inputs_embeds=x, last_only=last_only, keep=keep), "logit_diff",
+            obj = metric_of(model_logits(lm, **inp.kwargs(x), last_only=last_only, keep=keep), "logit_diff",
                             t[rows], None if f is None else f[rows], at=_read(p, rows, last_only, cut, keep))
             (g,) = torch.autograd.grad(obj.sum(), x)
             grads.append(torch.nn.functional.pad(g.detach(), (0, 0, 0, n - cut)))
             objs.append(obj.detach())
-    g = (grads[0] if len(grads) == 1 else torch.cat(grads)).float()
-    return {"grad-norm": g.norm(dim=-1).cpu(), "grad-x-input": (g * e.float()).sum(-1).cpu(),
+    x, g = inp.embeddings_and_gradient(grads[0] if len(grads) == 1 else torch.cat(grads))
+    return {"grad-norm": g.norm(dim=-1).cpu(), "grad-x-input": (g * x).sum(-1).cpu(),
             "f": torch.cat(objs).double().cpu()}
-
-
-IG_BASELINES = ("zero", "pad", "mean")
-
-
-def ig_baseline(lm: LoadedModel, baseline: str | Tensor = "zero") -> tuple[Tensor | None, dict]:
-    """The baseline embedding ``(d_model,)`` that integrated gradients starts from, and what it is.
-
-    - ``"zero"``: the zero vector (returned as None: the path is ``alpha * e``, exactly as before baselines
-      were selectable);
-    - ``"pad"``: the input embedding of the tokenizer's pad token, or of its unk token where there is no pad
-      token (an :class:`InputError` where it has neither);
-    - ``"mean"``: the mean input embedding over every row of the input-embedding matrix (the model's whole
-      vocabulary, including any rows the tokenizer never produces);
-    - a tensor ``(d_model,)``: that vector.
-
-    Embeddings are read through the model's own input-embedding module, as ``e`` is (Gemma's scale included),
-    and the same vector is used at every position. The second value is ``info`` for the explanation:
-    ``{"baseline": name}`` plus ``baseline_token``/``baseline_token_id`` for ``"pad"``.
-    """
-    from ..models.devices import main_device
-
-    if isinstance(baseline, Tensor):
-        if baseline.dim() != 1:
-            raise InputError(f"a baseline tensor must be one embedding vector (d_model,), got shape "
-                             f"{tuple(baseline.shape)}")
-        return baseline.detach().float().to(main_device(lm.model)), {"baseline": "custom"}
-    if baseline not in IG_BASELINES:
-        raise InputError(f"unknown integrated-gradients baseline {baseline!r}; choose from {', '.join(IG_BASELINES)}")
-    if baseline == "zero":
-        return None, {"baseline": "zero"}
-    emb = lm.model.get_input_embeddings()
-    device = main_device(lm.model)
-    if baseline == "pad":
-        tok = lm.tokenizer
-        for kind in ("pad", "unk"):
-            tid = getattr(tok, f"{kind}_token_id", None)
-            if tid is not None:
-                break
-        else:
-            raise InputError(f"{lm.name}'s tokenizer has neither a pad nor an unk token, so there is no pad "
-                             "baseline; use baseline 'zero' or 'mean' (or give an embedding vector)")
-        with torch.no_grad():
-            vec = emb(torch.tensor([int(tid)], device=device))[0].detach().float()
-        return vec, {"baseline": "pad", "baseline_token": token_str(lm, int(tid)), "baseline_token_id": int(tid),
-                     "baseline_token_kind": kind}
-    V = emb.weight.shape[0]
-    total = None
-    with torch.no_grad():
-        for s in range(0, V, 8192):  # chunks: a 262k x d_model float copy at once is too much
-            part = emb(torch.arange(s, min(s + 8192, V), device=device)).double().sum(0)
-            total = part if total is None else total + part
-    return (total / V).float(), {"baseline": "mean"}
 
 
 def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: int = -1, steps: int = 16,
                               baseline: str | Tensor = "zero", last_only: bool = False,
-                              internal_batch_size: int | None = None, max_tokens: int | None = None) -> dict:
+                              internal_batch_size: int | None = None, max_tokens: int | None = None,
+                              source: Tensor | None = None) -> dict:
     """Integrated gradients on a batch, the one implementation behind :func:`integrated_gradients` (one text)
     and the evaluation.
 
@@ -311,18 +285,20 @@ def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *
     Returns ``{"ig": (batch, pos) float32 CPU, "f_input", "f_baseline", "sum", "completeness_error",
     "completeness_abs": (batch,) float64 CPU, "info": the baseline's info}`` where ``completeness_abs =
     |sum_j scores[b, j] - (f(input) - f(baseline))|`` and ``completeness_error`` is that divided by
-    ``max(|f(input) - f(baseline)|, 1e-6)`` (relative).
+    ``max(|f(input) - f(baseline)|, 1e-6)`` (relative). ``source (batch, src)``: an encoder-decoder model's source
+    ids; the path then runs from the baseline at every source and target-prefix position to both embeddings
+    together, and the scores are ``(batch, src + pos)``, the source's first.
     """
-    ids, t, f, p = _rows(lm, "integrated gradients", ids, target, foil, position, last_only)
-    B, n = ids.shape
-    base, binfo = ig_baseline(lm, baseline)
+    ids, t, f, p, src = _rows(lm, "integrated gradients", ids, target, foil, position, last_only, source)
+    inp = Inputs.of(lm, ids, src)
+    e = inp.fed  # what the model is given (the baseline too, Inputs.baseline)
+    B, n = e.shape[:2]
+    base, binfo = inp.baseline(lm, baseline)
 
     def objective(logits: Tensor, rb: Tensor, cut: int = n, keep: int | None = None) -> Tensor:
         return metric_of(logits, "logit_diff", t[rb], None if f is None else f[rb],
                          at=_read(p, rb, last_only, cut, keep))
 
-    with torch.no_grad():
-        e = lm.model.get_input_embeddings()(ids).detach()
     diff = e.float() if base is None else e.float() - base
     nodes, weights = gauss_legendre(int(steps), torch.float64, e.device)
     alphas, w = nodes.float(), weights
@@ -337,7 +313,7 @@ def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *
             path = alphas[rs, None, None] * diff[rb, :cut]
             x = (path if base is None else base + path).to(e.dtype).requires_grad_(True)
             with torch.enable_grad():
-                obj = objective(model_logits(lm, inputs_embeds=x, last_only=last_only, keep=keep), rb, cut, keep)
+                obj = objective(model_logits(lm, **inp.kwargs(x), last_only=last_only, keep=keep), rb, cut, keep)
                 (g,) = torch.autograd.grad(obj.sum(), x)
             part = w[rs, None, None] * g.detach().double()
             if B == 1:
@@ -349,10 +325,10 @@ def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *
             rows = torch.arange(B, device=e.device)
             if B == 1:  # one pass for a single example, two for a batch: each caller's grouping of old, so
                 # that f (and the completeness error) are bit-identical to the numbers computed before
-                ends = objective(model_logits(lm, inputs_embeds=torch.cat([e, b_emb]), last_only=last_only),
+                ends = objective(model_logits(lm, **inp.kwargs(torch.cat([e, b_emb])), last_only=last_only),
                                  rows.repeat(2))
             else:
-                ends = torch.cat([objective(model_logits(lm, inputs_embeds=x, last_only=last_only), rows)
+                ends = torch.cat([objective(model_logits(lm, **inp.kwargs(x), last_only=last_only), rows)
                                   for x in (e, b_emb)])
             ends = ends.double()
     scores = (integral * diff.double()).sum(-1)
@@ -367,7 +343,7 @@ def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *
 
 def erasure_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: int = -1,
                  f_input: Tensor | None = None, last_only: bool = False, internal_batch_size: int | None = None,
-                 max_tokens: int | None = None) -> dict[str, Tensor]:
+                 max_tokens: int | None = None, source: Tensor | None = None) -> dict[str, Tensor]:
     """Leave-one-out erasure on a batch, the one implementation behind :func:`erasure` (one text) and the
     evaluation: ``{"erasure": (batch, pos) float32 CPU, "f": (batch,) float64 CPU}`` with ``erasure[b, j] =
     f(ids[b]) - f(ids[b] without token j)`` (see :func:`erasure` for where ``f`` is read and which tokens score
@@ -375,9 +351,12 @@ def erasure_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *, position: i
     ``pos - 1`` tokens long (``position`` in a causal model); ``f_input (batch,)``, ``f`` on the full inputs, is
     computed (:func:`logit_diff_rows`) unless given. ``last_only`` applies to that pass; the ablated sequences
     of a causal model always keep only their last logits. ``position`` may also hold one position per row (causal
-    models; e.g. every generated token of one text): see :func:`_erasure_per_row`.
+    models; e.g. every generated token of one text): see :func:`_erasure_per_row`. ``source (batch, src)``: an
+    encoder-decoder model's source ids, the scores ``(batch, src + pos)``: see :func:`_erasure_source`.
     """
-    ids, t, f, p = _rows(lm, "erasure", ids, target, foil, position, last_only)
+    ids, t, f, p, src = _rows(lm, "erasure", ids, target, foil, position, last_only, source)
+    if src is not None:
+        return _erasure_source(lm, src, ids, t, f, p, f_input, internal_batch_size, max_tokens)
     B, n = ids.shape
     causal = lm.anatomy.causal
     if n < 2:
@@ -436,18 +415,8 @@ def _erasure_per_row(lm: LoadedModel, ids: Tensor, t: Tensor, f: Tensor | None, 
     keep = ~torch.eye(m, dtype=torch.bool, device=dev)  # (erased j, pos)
     ablated = uniq[:, None, :m].expand(U, m, m)[:, keep].reshape(U * m, m - 1)
     b_idx, j_idx = (torch.arange(m, device=dev)[None, :] <= p[:, None]).nonzero(as_tuple=True)  # (row, erased j)
-    need, copy = torch.unique(inverse[b_idx] * m + j_idx, return_inverse=True)  # copies to run; each pair's copy
-    read = p[b_idx] - 1
-    keep = m - 1 - int(read.min())  # only the last `keep` positions are ever read
-    chunk = _chunk(len(need), m - 1, internal_batch_size, max_tokens)
-    chunk = min(chunk, max(1, 2**26 // (keep * lm.anatomy.vocab_size)))  # the logits kept: <= 256 MB per chunk
-    f_ablated = torch.empty(len(b_idx), dtype=torch.float64, device=dev)
-    with eval_mode(lm.model), torch.no_grad():
-        for s in range(0, len(need), chunk):
-            logits = model_logits(lm, input_ids=ablated[need[s : s + chunk]], keep=keep)
-            sel = ((copy >= s) & (copy < s + chunk)).nonzero(as_tuple=True)[0]
-            f_ablated[sel] = metric_of(logits[copy[sel] - s, read[sel] - (m - 1 - keep)], "logit_diff",
-                                       t[b_idx[sel]], None if f is None else f[b_idx[sel]]).double()
+    f_ablated = _ablated(lm, ablated, inverse[b_idx] * m + j_idx, p[b_idx] - 1, t, f, b_idx, internal_batch_size,
+                         max_tokens)
     if f_input is None:
         f_input = logit_diff_rows(lm, ids, t, f, position=p)
     f_input = torch.as_tensor(f_input).to(device=dev, dtype=torch.float64).reshape(B)
@@ -456,34 +425,95 @@ def _erasure_per_row(lm: LoadedModel, ids: Tensor, t: Tensor, f: Tensor | None, 
     return {"erasure": scores, "f": f_input.cpu()}
 
 
+def _ablated(lm: LoadedModel, copies: Tensor, copy: Tensor, read: Tensor, t: Tensor, f: Tensor | None,
+             b_idx: Tensor, internal_batch_size: int | None, max_tokens: int | None,
+             source: Tensor | None = None) -> Tensor:
+    """``f`` of rows ``b_idx (k,)`` on ablated copies, ``(k,)`` float64: pair ``i`` reads copy ``copy[i]`` of
+    ``copies (C, m)`` ids (with ``source (C, src)`` ids for an encoder-decoder model) at position ``read[i]``.
+    Only the copies some pair reads run, a chunk at a time, each keeping the logits from the earliest position
+    read on."""
+    need, where = torch.unique(copy, return_inverse=True)  # the copies to run; each pair's among them
+    m = copies.shape[1]
+    keep = m - int(read.min())  # only the last `keep` positions are ever read
+    chunk = _chunk(len(need), m + (0 if source is None else source.shape[1]), internal_batch_size, max_tokens)
+    chunk = min(chunk, max(1, 2**26 // (keep * lm.anatomy.vocab_size)))  # the logits kept: <= 256 MB per chunk
+    out = torch.empty(len(copy), dtype=torch.float64, device=copies.device)
+    with eval_mode(lm.model), torch.no_grad():
+        for s in range(0, len(need), chunk):
+            run = need[s : s + chunk]
+            logits = model_logits(lm, input_ids=copies[run], keep=keep, source=None if source is None else source[run])
+            sel = ((where >= s) & (where < s + chunk)).nonzero(as_tuple=True)[0]
+            out[sel] = metric_of(logits[where[sel] - s, read[sel] - (m - keep)], "logit_diff", t[b_idx[sel]],
+                                 None if f is None else f[b_idx[sel]]).double()
+    return out
+
+
+def _erasure_source(lm: LoadedModel, src: Tensor, ids: Tensor, t: Tensor, f: Tensor | None, p: int | Tensor, f_input,
+                    internal_batch_size: int | None, max_tokens: int | None) -> dict[str, Tensor]:
+    """:func:`erasure_rows` of an encoder-decoder model, ``src (batch, src)`` source ids: source token ``j``'s
+    score is ``f(input) - f(the source without token j, the whole prefix)``, read at the row's position; prefix
+    token ``j <= p``'s as a causal decoder's (the prefix ``ids[:p + 1]`` without it, read at ``p - 1``); later
+    prefix tokens score 0, and so does the decoder's start token at ``p = 0`` (nothing is left to predict from).
+    Each distinct (source, prefix) row is ablated once per erased token, as in :func:`_erasure_per_row`."""
+    B, n = ids.shape
+    S, dev = src.shape[1], ids.device
+    if S < 2:
+        raise InputError("erasure needs a source of at least 2 tokens: removing the only one leaves no source to run")
+    p = torch.full((B,), p, device=dev) if isinstance(p, int) else p
+    uniq, inverse = torch.unique(torch.cat([src, ids], 1), dim=0, return_inverse=True)
+    U, u_src, u_dec = len(uniq), uniq[:, :S], uniq[:, S:]
+    if f_input is None:
+        f_input = logit_diff_rows(lm, ids, t, f, position=p, source=src)
+    f_input = torch.as_tensor(f_input).to(device=dev, dtype=torch.float64).reshape(B)
+    scores = torch.zeros(B, S + n, dtype=torch.float32)
+    # the source without token j (copy u * S + j) and the whole prefix, read at each row's position
+    drop = ~torch.eye(S, dtype=torch.bool, device=dev)
+    sources = u_src[:, None].expand(U, S, S)[:, drop].reshape(U * S, S - 1)
+    b_idx, j_idx = torch.arange(B, device=dev).repeat_interleave(S), torch.arange(S, device=dev).repeat(B)
+    f_ablated = _ablated(lm, u_dec.repeat_interleave(S, 0), inverse[b_idx] * S + j_idx, p[b_idx], t, f, b_idx,
+                         internal_batch_size, max_tokens, source=sources)
+    scores[b_idx.cpu(), j_idx.cpu()] = (f_input[b_idx] - f_ablated).float().cpu()
+    # the prefix ids[:m] without token j (copy u * m + j) and the whole source, read at p - 1
+    m = int(p.max()) + 1
+    b_idx, j_idx = ((torch.arange(m, device=dev)[None, :] <= p[:, None]) & (p[:, None] > 0)).nonzero(as_tuple=True)
+    if len(b_idx):
+        drop = ~torch.eye(m, dtype=torch.bool, device=dev)
+        copies = u_dec[:, None, :m].expand(U, m, m)[:, drop].reshape(U * m, m - 1)
+        f_ablated = _ablated(lm, copies, inverse[b_idx] * m + j_idx, p[b_idx] - 1, t, f, b_idx, internal_batch_size,
+                             max_tokens, source=u_src.repeat_interleave(m, 0))
+        scores[b_idx.cpu(), S + j_idx.cpu()] = (f_input[b_idx] - f_ablated).float().cpu()
+    return {"erasure": scores, "f": f_input.cpu()}
+
+
 # ----------------------------------------------------------------------------------------------
 # the methods on one text
 
 
 def grad_norm(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, foil: str | int | None = None, *,
-              position: int = -1) -> Explanation:
+              position: int = -1, source=None) -> Explanation:
     """Gradient norm: ``scores[j] = ||df/de_j||_2`` with ``f = logit[target] - logit[foil]`` at ``position``.
 
     ``target``/``foil`` are a token's text (``" Paris"``), ``"#ID"`` or an int id; ``text`` may be token ids.
-    A batch: :func:`gradient_rows`.
+    ``source``: an encoder-decoder model's source (text or ids; ``text`` is then the target prefix, and the
+    scores run over the source's tokens, then the prefix's). A batch: :func:`gradient_rows`.
     """
-    pr = _Problem(lm, "grad-norm", text, target, foil, position)
-    res = gradient_rows(lm, *pr.rows(), position=pr.p)
+    pr = _Problem(lm, "grad-norm", text, target, foil, position, source)
+    res = gradient_rows(lm, *pr.rows(), position=pr.p, **pr.src())
     return pr.explanation(res["grad-norm"][0], {"f": float(res["f"][0])})
 
 
 def grad_x_input(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, foil: str | int | None = None,
-                 *, position: int = -1) -> Explanation:
-    """Gradient times input: ``scores[j] = sum_d df/de_j,d * e_j,d`` (signed), ``f`` as in :func:`grad_norm`.
-    A batch: :func:`gradient_rows`."""
-    pr = _Problem(lm, "grad-x-input", text, target, foil, position)
-    res = gradient_rows(lm, *pr.rows(), position=pr.p)
+                 *, position: int = -1, source=None) -> Explanation:
+    """Gradient times input: ``scores[j] = sum_d df/de_j,d * e_j,d`` (signed), ``f`` and ``source`` as in
+    :func:`grad_norm`. A batch: :func:`gradient_rows`."""
+    pr = _Problem(lm, "grad-x-input", text, target, foil, position, source)
+    res = gradient_rows(lm, *pr.rows(), position=pr.p, **pr.src())
     return pr.explanation(res["grad-x-input"][0], {"f": float(res["f"][0])})
 
 
 def integrated_gradients(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int,
                          foil: str | int | None = None, *, position: int = -1, steps: int = 16,
-                         batch_size: int | None = None, baseline: str | Tensor = "zero") -> Explanation:
+                         batch_size: int | None = None, baseline: str | Tensor = "zero", source=None) -> Explanation:
     """Integrated gradients from a baseline embedding along the straight path.
 
     ``scores[j] = sum_d (e_j,d - b_d) * int_0^1 df/de_j,d(b + alpha * (e - b)) d alpha``, the integral by
@@ -495,17 +525,18 @@ def integrated_gradients(lm: LoadedModel, text: str | list[int] | Tensor, target
     Position embeddings and the like, which the model adds to ``inputs_embeds`` itself, stay in the baseline.
     ``info`` holds ``f_input``, ``f_baseline``, ``sum_attributions``, ``completeness_abs = |sum - (f_input -
     f_baseline)|`` and ``completeness_error = completeness_abs / max(|f_input - f_baseline|, 1e-6)`` (relative;
-    small when ``steps`` is enough for this input).
+    small when ``steps`` is enough for this input). ``source``: as in :func:`grad_norm` (the path runs over both
+    embeddings together).
     """
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
         raise InputError(f"steps must be a positive integer, got {steps!r}")
     if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer))
                                    or batch_size < 1):
         raise InputError(f"batch_size must be a positive integer or None, got {batch_size!r}")
-    pr = _Problem(lm, "ig", text, target, foil, position)
+    pr = _Problem(lm, "ig", text, target, foil, position, source)
     steps = int(steps)
     res = integrated_gradients_rows(lm, *pr.rows(), position=pr.p, steps=steps, baseline=baseline,
-                                    internal_batch_size=batch_size)
+                                    internal_batch_size=batch_size, **pr.src())
     f_input, f_baseline = float(res["f_input"][0]), float(res["f_baseline"][0])
     total, err = float(res["sum"][0]), float(res["completeness_error"][0])
     delta = f_input - f_baseline
@@ -525,7 +556,7 @@ def integrated_gradients(lm: LoadedModel, text: str | list[int] | Tensor, target
 
 
 def erasure(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, foil: str | int | None = None, *,
-            position: int = -1, batch_size: int = 64) -> Explanation:
+            position: int = -1, batch_size: int = 64, source=None) -> Explanation:
     """Leave-one-out erasure: ``scores[j] = f(input) - f(input without token j)``.
 
     ``f`` is read where the explained position ends up in each shorter sequence (one earlier when ``j`` came
@@ -534,13 +565,18 @@ def erasure(lm: LoadedModel, text: str | list[int] | Tensor, target: str | int, 
     cannot change it, so only the ``position + 1`` ablations of ``ids[:position + 1]`` are run, each of length
     ``position``: the same logits as the full-length sequences up to float error). In a bidirectional
     encoder erasing the explained position is undefined: its score is 0 (``info["note"]`` says so). All
-    ablated sequences run as one batch (chunks of ``batch_size``). A batch: :func:`erasure_rows`.
+    ablated sequences run as one batch (chunks of ``batch_size``). ``source``: an encoder-decoder model's source
+    (``text``: the target prefix): a source token is removed from the source, a prefix token from the prefix
+    (:func:`_erasure_source`). A batch: :func:`erasure_rows`.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, got {batch_size!r}")
-    pr = _Problem(lm, "erasure", text, target, foil, position)
-    res = erasure_rows(lm, *pr.rows(), position=pr.p, internal_batch_size=batch_size)
+    pr = _Problem(lm, "erasure", text, target, foil, position, source)
+    res = erasure_rows(lm, *pr.rows(), position=pr.p, internal_batch_size=batch_size, **pr.src())
     info: dict = {"f": float(res["f"][0])}
+    if pr.source is not None and pr.p == 0:
+        info["note"] = ("erasing the decoder's start token leaves no target prefix to predict the first token from; "
+                        "its score is 0")
     if not lm.anatomy.causal:
         info["note"] = (f"erasing the explained position {pr.p} itself is undefined in a bidirectional encoder; "
                         "its score is 0")

@@ -22,7 +22,7 @@ def explain(lm: LoadedModel, text=None, target=None, foil=None, *, method: str =
     ``tr = lenscope.trace(lm, text)`` can serve several trace-based methods (logit, alti-logit, alti,
     value-zeroing). Extra ``options`` go to the method (``steps`` for ``ig``, ``batch_size``). ``source``: an
     encoder-decoder model's source text (``text`` is then the target prefix), for the methods that read one
-    (``logit``; docs/encoder-decoder.md).
+    (``Method.reads_source``: ``logit``, ``alti-logit``, the gradients, ``ig``, ``erasure``; docs/encoder-decoder.md).
     """
     m = table.get(method)
     if source is not None:

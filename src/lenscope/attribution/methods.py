@@ -56,11 +56,18 @@ class Rows:
             self.cache[key] = fn()
         return self.cache[key]
 
-    def f_input(self) -> Tensor:
-        return self.shared("f_input", self.f_input_fn)
+    def f_input(self) -> Tensor | None:
+        """The rows' logit differences, or None without ``f_input_fn`` (a method then computes them itself)."""
+        return None if self.f_input_fn is None else self.shared("f_input", self.f_input_fn)
 
     def batch(self) -> Tensor:
         return self.ids[None].expand(len(self.rows), -1)
+
+    def source(self) -> dict:
+        """The baselines' ``source=`` for every row: an encoder-decoder trace's source ids (``tr.encoder``), or
+        nothing."""
+        enc = getattr(self.tr, "encoder", None)
+        return {} if enc is None else {"source": enc.input_ids[None].expand(len(self.rows), -1)}
 
 
 @dataclass
@@ -110,7 +117,8 @@ class Method:
     - ``explain(lm, text, target, foil, *, position, **options) -> Explanation`` (and ``tr=`` when
       ``uses_trace``): one prediction.
     - ``rows(job: Rows) -> (scores (k, src), invariant_error (k,))``: every row of a generation at once (NaN
-      invariant errors where the method has no invariant; those of ``uses_trace`` methods are checked). None:
+      invariant errors where the method has no invariant; those of ``uses_trace`` methods are checked; the
+      baselines' over a source: the logit difference they explained against the trace's). None:
       :meth:`generation_rows` calls ``explain`` once per row.
     - ``texts``: the eval alignment form (:class:`Texts`; None: not in eval alignment): ``texts(job, i) -> scores
       (n,)`` of text ``i`` on its own trace for a ``uses_trace`` method, else ``texts(job) -> (scores (k, n),
@@ -318,6 +326,18 @@ def _nan(job: Rows) -> Tensor:
     return torch.full((len(job.rows),), float("nan"), dtype=torch.float64)
 
 
+def _baseline_check(job: Rows, f: Tensor) -> Tensor:
+    """The baselines' invariant error: NaN (none) for a decoder; over a source, the logit difference ``f (k,)``
+    they explained against the trace's, relative to the row's largest logit (the two are one float32 pass each:
+    an error here means the source or the prefix is not the trace's, e.g. a padded batch's row read wrongly)."""
+    if getattr(job.tr, "encoder", None) is None:
+        return _nan(job)
+    logits = job.tr.logits[job.rows.to(job.tr.logits.device)].double().cpu()  # (k, vocab)
+    k = torch.arange(len(job.rows))
+    want = logits[k, job.tok.cpu()] - (0.0 if job.foils is None else logits[k, job.foils.cpu()])
+    return (f.double().cpu() - want).abs() / logits.abs().amax(-1).clamp_min(1e-30)
+
+
 def _max_tokens(job: Rows):
     return None if job.options.get("batch_size") is not None else MAX_TOKENS
 
@@ -328,8 +348,8 @@ def _gradient_rows(kind: str):
 
         g = job.shared("gradients", lambda: gradient_rows(
             job.lm, job.batch(), job.tok, job.foils, position=job.rows,
-            internal_batch_size=job.options.get("batch_size"), max_tokens=_max_tokens(job)))
-        return g[kind], _nan(job)
+            internal_batch_size=job.options.get("batch_size"), max_tokens=_max_tokens(job), **job.source()))
+        return g[kind], _baseline_check(job, g["f"])
 
     return rows
 
@@ -340,8 +360,8 @@ def _ig_rows(job: Rows):
     res = integrated_gradients_rows(
         job.lm, job.batch(), job.tok, job.foils, position=job.rows, steps=int(job.options.get("steps", 16)),
         baseline=job.options.get("baseline", "zero"), internal_batch_size=job.options.get("batch_size"),
-        max_tokens=_max_tokens(job))
-    return res["ig"], _nan(job)
+        max_tokens=_max_tokens(job), **job.source())
+    return res["ig"], _baseline_check(job, res["f_input"])
 
 
 def _erasure_rows(job: Rows):
@@ -349,8 +369,8 @@ def _erasure_rows(job: Rows):
 
     bs = job.options.get("batch_size")
     res = erasure_rows(job.lm, job.batch(), job.tok, job.foils, position=job.rows, f_input=job.f_input(),
-                       internal_batch_size=bs if bs is not None else 64)
-    return res["erasure"], _nan(job)
+                       internal_batch_size=bs if bs is not None else 64, **job.source())
+    return res["erasure"], _baseline_check(job, res["f"])
 
 
 def _logit_text(job: Texts, k: int) -> Tensor:
@@ -403,14 +423,15 @@ for _m in (
     Method(ALTI, _rollout(ALTI), _rollout_rows(ALTI), needs_target=False, uses_trace=True, view_rank=6,
            in_generation_view=True),
     Method(GRAD_NORM, _baseline("grad_norm"), _gradient_rows(GRAD_NORM), _gradient_texts(GRAD_NORM),
-           options=("batch_size",), group="gradients", view_rank=3),
+           reads_source=True, options=("batch_size",), group="gradients", view_rank=3),
     Method(GRAD_X_INPUT, _baseline("grad_x_input"), _gradient_rows(GRAD_X_INPUT), _gradient_texts(GRAD_X_INPUT),
-           options=("batch_size",), group="gradients", view_rank=2),
+           reads_source=True, options=("batch_size",), group="gradients", view_rank=2),
     # in the views, integrated gradients' 32 steps in 4 passes of 8 rows, not one of 32: the same sum, and a
     # computation that is asked to stop (lenscope serve: its client went away) stops within a quarter of it
-    Method(IG, _baseline("integrated_gradients"), _ig_rows, _ig_texts, options=("steps", "baseline", "batch_size"),
-           explain_options=True, view_rank=4, view_options=(("steps", 32), ("batch_size", 8))),
-    Method(ERASURE, _baseline("erasure"), _erasure_rows, _erasure_texts, options=("batch_size",),
+    Method(IG, _baseline("integrated_gradients"), _ig_rows, _ig_texts, reads_source=True,
+           options=("steps", "baseline", "batch_size"), explain_options=True, view_rank=4,
+           view_options=(("steps", 32), ("batch_size", 8))),
+    Method(ERASURE, _baseline("erasure"), _erasure_rows, _erasure_texts, reads_source=True, options=("batch_size",),
            explain_options=True, view_rank=5),
     Method(VALUE_ZEROING, _rollout(VALUE_ZEROING), _rollout_rows(VALUE_ZEROING), needs_target=False,
            uses_trace=True, view_rank=7),

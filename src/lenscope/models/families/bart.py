@@ -23,6 +23,10 @@ from . import Family, ModelHooks, layer_norm, linear_in_out, require, separate_q
 POST_LN = ("bart", "marian")
 PRE_LN = ("mbart", "m2m_100", "pegasus")  # Pre-LN blocks, a final LayerNorm per stack
 MODEL_TYPES = POST_LN + PRE_LN
+# transformers' Marian and Pegasus decoders multiply even given decoder_inputs_embeds by their embed_scale (their
+# encoders, and the other stacks, add positions to given inputs_embeds as they are): Anatomy.extras
+# ["inputs_embeds_scale"] of the decoder says so to the methods that feed the model embeddings
+EMBEDS_SCALED = ("marian", "pegasus")
 
 
 def _attention(mod, n_heads: int, causal: bool) -> Attention:
@@ -103,7 +107,8 @@ def read(model) -> Anatomy:
     return Anatomy(family="bart", model_type=mt, d_model=cfg.d_model, n_ctx=n_ctx,
                    vocab_size=dec.embed_tokens.weight.shape[0], embed=_embedding(dec),
                    layers=_stack(dec, cfg, placement, True), final_norm=layer_norm(dec.layer_norm) if pre else None,
-                   unembed=unembed, causal=True, encoder=encoder)
+                   unembed=unembed, causal=True, encoder=encoder,
+                   extras={"inputs_embeds_scale": float(dec.embed_scale)} if mt in EMBEDS_SCALED else {})
 
 
 SELF = {"attn": "self_attn", "attn_out": "self_attn.out_proj", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
