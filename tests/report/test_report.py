@@ -21,7 +21,7 @@ from ..conftest import DECODERS, ENCODERS, get_model
 from ..tolerances import assert_close_nested, assert_same_computation, kl_tol
 
 TEXT = "The capital of France is"
-DEFAULT_KEYS = [k for k in SECTION_KEYS if k not in ("circuit", "generation", "features", "graph")]  # when asked for
+DEFAULT_KEYS = [k for k in SECTION_KEYS if k not in ("circuit", "generation", "features", "graph", "alignment")]
 runner = CliRunner()
 
 

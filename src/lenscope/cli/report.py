@@ -15,7 +15,8 @@ SAMPLE = "When Mary and John went to the store, John gave a drink to"
 @handle_errors
 @model_options
 def report_cmd(
-    text: str = typer.Argument(SAMPLE, help="The text whose next-token prediction to explain."),
+    text: str = typer.Argument(SAMPLE, help="The text whose next-token prediction to explain (with --source: the "
+                                            "target of the translation)."),
     model: ModelChoice = MODEL_OPTION,
     target: str = typer.Option(None, "--target", help="Token to explain (default: the model's top prediction)."),
     foil: str = typer.Option(None, "--foil", help="A contrasting token (explain target rather than foil)."),
@@ -34,6 +35,15 @@ def report_cmd(
     dict_data: str = typer.Option(None, "--dict-data",
                                   help="Text (a file or the corpus folder) whose held-out part the features view's "
                                        "cards are measured on (the strongest features at the last position)."),
+    source: str = typer.Option(None, "--source",
+                               help="An encoder-decoder (translation) model's source; TEXT is then the target and "
+                                    "the page is the source-target alignment of every target token."),
+    gold: str = typer.Option(None, "--gold",
+                             help="Gold word alignments (JSONL, docs/encoder-decoder.md) holding this pair: shown on "
+                                  "the alignment and each method's AER (needs --source)."),
+    methods: str = typer.Option(None, "--methods",
+                                help="Comma-separated methods of the alignment view (default every method that reads "
+                                     "a source)."),
     out: str = typer.Option("report.html", "--out", "-o", help="Where to write the page."),
     sections: str = typer.Option(None, "--sections",
                                  help="Comma-separated views (default all): prediction, trajectory, components, "
@@ -52,6 +62,16 @@ def report_cmd(
         raise InputError(f"--generate must be at least 1 (tokens to generate), not {generate}")
     if dict_data is not None and dict_dir is None:
         raise InputError("--dict-data measures the features view's cards: give --dict DIR as well")
+    if gold is not None and source is None:
+        raise InputError("--gold shows gold word alignments on a translation's alignment view: give --source too")
+    if methods is not None and source is None:
+        raise InputError("--methods chooses the alignment view's methods: give --source too (a translation model)")
+    gold_rows = None
+    if gold is not None:
+        from ..data.alignments import read_gold_alignments
+
+        gold_rows = read_gold_alignments(gold)  # a bad file is refused before the model is loaded
+    method_list = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
     dictionaries = None
     if dict_dir is not None:
         from ..models.dictionary import load_dictionaries
@@ -80,12 +100,19 @@ def report_cmd(
             keys.append("graph")  # and, with transcoders, for the attribution graph
     from ..report import build_report
 
+    pair = None
+    if gold_rows is not None:
+        from ..report.alignment import check_pair, gold_pair, normalized
+
+        check_pair(lm, source)
+        pair = gold_pair(gold_rows, normalized(source, "source"), normalized(text, "target"), gold)
     with con.status("computing") as status:
         def progress(key, title):
             status.update(f"computing: {title}")
 
         rep = build_report(lm, text, target, foil, corrupted=corrupted, lens=tuned, sections=keys,
-                           progress=progress, generate=generate, dictionaries=dictionaries, dict_data=dict_data)
+                           progress=progress, generate=generate, dictionaries=dictionaries, dict_data=dict_data,
+                           source=source, gold=pair, methods=method_list)
     path = rep.write(out)
     size = path.stat().st_size
     if as_json:
@@ -95,6 +122,9 @@ def report_cmd(
     else:
         t = rep.timings
         con.print("  " + " · ".join(f"{k} {v:.1f} s" for k, v in t.items() if k != "total"))
+        for sec in rep.sections:
+            for m, a in ((sec.get("data") or {}).get("aer") or {}).items():
+                typer.echo(f"  {m}: AER {a['aer']:.3f} · precision {a['precision']:.3f} · recall {a['recall']:.3f}")
         failed = [c for c in rep.checks if c["ok"] is False]
         verdict = "every exactness check passed" if not failed else f"{len(failed)} exactness check(s) FAILED"
         typer.echo(f"report written: {path.resolve()} ({size / 1e6:.1f} MB, {t['total']:.1f} s; {verdict})")

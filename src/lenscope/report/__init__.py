@@ -46,9 +46,12 @@ class Report:
                 "ok": self.ok}
 
     def summary(self) -> dict:
-        """The report without its (large) payloads: what the CLI prints with ``--json``."""
+        """The report without its (large) payloads: what the CLI prints with ``--json`` (a view's ``summary``, where
+        its data has one: the alignment view's tokens, links and AER)."""
         return {"meta": self.meta, "ok": self.ok, "checks": self.checks, "timings": self.timings,
-                "sections": [{"key": s["key"], "title": s["title"], "note": s.get("note")} for s in self.sections]}
+                "sections": [{"key": s["key"], "title": s["title"], "note": s.get("note"),
+                              **({"summary": s["data"]["summary"]} if "summary" in s.get("data", {}) else {})}
+                             for s in self.sections]}
 
     def html(self) -> str:
         from ..viz.report import render
@@ -83,7 +86,8 @@ def _versions() -> dict:
 
 def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None = None, lens=None, sections=None,
                  top_k: int = 10, progress=None, circuit: dict | None = None, generate: int | None = None,
-                 explain=None, dictionaries=None, dict_data=None, dict_tokens: int = 16_384) -> Report:
+                 explain=None, dictionaries=None, dict_data=None, dict_tokens: int = 16_384, source: str | None = None,
+                 gold=None, methods=None) -> Report:
     """Compute every view of the prediction at the last position of ``text``.
 
     ``target``/``foil``: the token to explain (text, ``"#ID"`` or id) and an optional contrast; without a
@@ -102,6 +106,10 @@ def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None
     view (:class:`~.sections.Features`), with the cards of the strongest features at the last position measured on
     ``dict_tokens`` held-out tokens of ``dict_data`` (a text file or corpus folder) when given, and, when they include
     transcoders, the attribution graph (:class:`~.sections.Graph`).
+    ``source``: an encoder-decoder (translation) model's source, ``text`` being the target: the report is the
+    alignment view (:class:`~.sections.Alignment`, by ``methods``, default every method that reads a source; ``gold``:
+    the pair's gold links, an :class:`~lenscope.data.alignments.AlignedPair`), and one note names the views left out.
+    Such a model needs a source, and any other model takes none.
     """
     if sections is not None:
         unknown = [k for k in sections if k not in SECTION_KEYS]
@@ -110,7 +118,9 @@ def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None
     t0 = time.perf_counter()
     ctx = ReportContext(lm, text, target, foil, lens=lens, top_k=top_k, corrupted=corrupted, circuit=circuit,
                         generate=generate, explain=explain, dictionaries=dictionaries, dict_data=dict_data,
-                        dict_tokens=dict_tokens)
+                        dict_tokens=dict_tokens, source=source, gold=gold, methods=methods)
+    if ctx.source is not None:
+        return _alignment_report(ctx, sections, progress, t0)
     if sections is None:
         chosen = [sec for sec in (cls() for cls in SECTIONS) if sec.wanted(ctx)]
     else:
@@ -128,6 +138,43 @@ def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None
     timings["total"] = time.perf_counter() - t0
     return Report(meta=report_meta(ctx), sections=out, checks=[c.to_dict() for c in ctx.checks],
                   timings={k: round(v, 3) for k, v in timings.items()})
+
+
+def _alignment_report(ctx: ReportContext, sections, progress, t0: float) -> Report:
+    """The report of a translation pair: the alignment view, and one note naming the other views, left out."""
+    from .alignment import OMITTED
+    from .sections import Alignment
+
+    sec = Alignment()
+    default = [c.key for c in SECTIONS if c.wanted is Section.wanted and not c.needs_corrupted]  # a decoder's views
+    others = [k for k in (default if sections is None else sections) if k != sec.key]
+    timings: dict[str, float] = {}
+    if progress is not None:
+        progress(sec.key, sec.title)
+    rec, timings[sec.key] = run_section(ctx, sec)
+    out = [rec]
+    if others:
+        out.append({"key": "omitted", "title": "Other views", "blurb": "",
+                    "note": OMITTED.format(model=ctx.lm.name, keys=", ".join(others))})
+    timings["total"] = time.perf_counter() - t0
+    return Report(meta=alignment_meta(ctx), sections=out, checks=[c.to_dict() for c in ctx.checks],
+                  timings={k: round(v, 3) for k, v in timings.items()})
+
+
+def alignment_meta(ctx: ReportContext) -> dict:
+    """The run card of a translation pair: the model, the source and the target (the text) with their tokens."""
+    from ..models.load import target_prefix_ids
+    from ..models.request import token_texts
+    from ..models.trace import source_ids
+
+    A, lm = ctx.lm.anatomy, ctx.lm
+    return {"model": lm.name, "family": A.family, "model_type": A.model_type, "n_layers": A.n_layers,
+            "d_model": A.d_model, "causal": A.causal, "placement": A.placement, "encoder_decoder": True,
+            "text": ctx.text, "tokens": token_texts(lm, target_prefix_ids(lm, ctx.text)), "source": ctx.source,
+            "source_tokens": token_texts(lm, source_ids(lm, ctx.source)), "target": None, "target_id": None,
+            "foil": None, "foil_id": None, "target_is_top_prediction": False, "lens": None,
+            "gold": None if ctx.gold is None else str(ctx.gold.id), "methods": list(ctx.methods),
+            "versions": _versions(), "created": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
 def run_section(ctx: ReportContext, sec: Section) -> tuple[dict, float]:

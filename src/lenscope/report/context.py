@@ -56,10 +56,19 @@ class ReportContext:
     dictionaries: list | None = None  # sparse dictionaries (lenscope.models.dictionary.Dictionary): the features view
     dict_data: str | None = None  # text whose held-out part the features view's cards are measured on
     dict_tokens: int = 16_384  # held-out tokens read for those cards
+    source: str | None = None  # an encoder-decoder model's source (the text is the target): the alignment view
+    gold: object | None = None  # the pair's gold links (lenscope.data.alignments.AlignedPair) for the alignment view
+    methods: tuple[str, ...] | None = None  # the alignment view's methods (default: every one that reads a source)
     checks: list[Check] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self):
+        if self.source is not None or self.lm.anatomy.is_encoder_decoder:
+            self._check_alignment()
+            return
+        if self.gold is not None or self.methods is not None:
+            raise InputError("gold alignments and the alignment view's methods need a translation model and a "
+                             "source: give --source with an encoder-decoder model")
         self.ids = token_ids(self.lm, self.text)  # validates the text (empty, too long, ...)
         A = self.lm.anatomy
         self.has_logits = A.unembed is not None
@@ -80,6 +89,24 @@ class ReportContext:
             from ..data.corpus import corpus_files
 
             corpus_files(self.dict_data)  # a missing file is refused before any view is computed
+
+    def _check_alignment(self) -> None:
+        """A translation pair (source, and the text as the target) is checked before any view is computed: a source
+        for an encoder-decoder model only, and none of the options of the one-text views."""
+        from .alignment import check_pair, normalized, view_methods
+
+        check_pair(self.lm, self.source)
+        given = [o for o, v in (("--target", self.target), ("--foil", self.foil), ("--corrupted", self.corrupted),
+                                ("--generate", self.generate), ("--lens", self.lens), ("--dict", self.dictionaries))
+                 if v is not None]
+        if given:
+            raise InputError(f"{', '.join(given)} do not apply to the alignment view of a translation model (every "
+                             "target token is explained); leave them out")
+        self.source, self.text = normalized(self.source, "source"), normalized(self.text, "target")
+        self.methods = view_methods(self.methods)
+        self.ids = None
+        self.has_logits = self.lm.anatomy.unembed is not None
+        self.request = Request()
 
     def _check_generate(self) -> None:
         """``generate`` and ``explain`` are refused before any view is computed: a whole number of tokens, at least

@@ -358,6 +358,32 @@ class Graph(Section):
         return self.payload(ctx, self.graph(ctx))
 
 
+class Alignment(Section):
+    """A translation (encoder-decoder) model's source-target alignment (:func:`~lenscope.report.alignment.
+    alignment_view`): every target token explained over the source and the target prefix by each method that reads
+    a source, the word links, and with ``ctx.gold`` the gold links and each method's AER. Shown when the report is
+    given a source (``lenscope report TARGET --source SOURCE``); the only view of such a model."""
+
+    key = "alignment"
+
+    def wanted(self, ctx: ReportContext) -> bool:
+        return ctx.source is not None
+
+    def skip_reason(self, ctx):
+        if ctx.source is None:
+            return ("The alignment view explains a translation: give an encoder-decoder model and its source "
+                    "(--source TEXT; the text is the target).")
+        return None
+
+    def compute(self, ctx: ReportContext) -> dict:
+        from .alignment import alignment_view
+
+        data, checks = alignment_view(ctx.lm, ctx.source, ctx.text, ctx.methods, ctx.gold)
+        for name, value, tol in checks:
+            ctx.check(self.key, name, value, tol)
+        return data
+
+
 SECTIONS: list[type[Section]] = [Prediction, Trajectory, Components, Attribution, Mixing, Flow, Circuit, Generation,
-                                 Features, Graph]
+                                 Features, Graph, Alignment]
 SECTION_KEYS = tuple(s.key for s in SECTIONS)

@@ -32,6 +32,9 @@ def _fmt(v) -> str:
 
 def _prompt(meta: dict) -> str:
     text = html.escape(meta["text"])
+    if meta.get("source") is not None:  # a translation pair: the source, then the target (the text)
+        return (f'<div class="prompt source" title="source">{html.escape(meta["source"])}</div>'
+                f'<div class="prompt target" title="target">{text}</div>')
     parts = [f'<div class="prompt">{text}']
     if meta.get("target") is not None:
         parts.append(f' <span class="tgt" title="target">{html.escape(meta["target"])}</span>')
@@ -49,13 +52,17 @@ def _run_card(report: dict) -> str:
     v = m["versions"]
     what = ("the model's own top prediction" if m.get("target_is_top_prediction") else "given") \
         if m.get("target") is not None else "no language-model head"
+    kind = "encoder-decoder" if m.get("encoder_decoder") else "decoder" if m["causal"] else "encoder"
+    if m.get("source") is not None:
+        what = "every target token, the reference's own (teacher-forced)"
     rows = [
         ("model", f"{m['model']} · family {m['family']} ({m['model_type']}) · {m['n_layers']} layers · "
-                  f"d_model {m['d_model']} · {'decoder' if m['causal'] else 'encoder'} · {m['placement']}"),
+                  f"d_model {m['d_model']} · {kind} · {m['placement']}"),
+        *([("source tokens", str(len(m["source_tokens"])))] if m.get("source_tokens") is not None else []),
         ("tokens", str(len(m["tokens"]))),
         ("target", f"{m['target']!r} ({what})" + (f" vs foil {m['foil']!r}" if m.get("foil") is not None else "")
          if m.get("target") is not None else what),
-        ("tuned lens", m["lens"] or "none (logit lens only)"),
+        *([("tuned lens", m["lens"] or "none (logit lens only)")] if m.get("source") is None else []),
         *([("corrupted", repr(m["corrupted"]))] if m.get("corrupted") is not None else []),
         ("versions", " · ".join(f"{k} {val}" for k, val in v.items())),
         ("time", " · ".join(f"{k} {val:.2f} s" for k, val in t.items())),
@@ -110,7 +117,9 @@ def render(report: dict, title: str | None = None) -> str:
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n',
         '<meta name="generator" content="lenscope">\n',
         f"<title>{html.escape(title)}</title>\n<style>\n", asset("report.css"), "</style>\n</head>\n<body>\n",
-        f'<header class="top"><h1>How {html.escape(meta["model"])} arrives at its prediction</h1>',
+        f'<header class="top"><h1>How {html.escape(meta["model"])} '
+        f'{"aligns its translation with the source" if meta.get("source") is not None else "arrives at its prediction"}'
+        '</h1>',
         f'<div class="sub">lenscope {html.escape(meta["versions"]["lenscope"])} · {html.escape(meta["created"])}</div>',
         _prompt(meta), "</header>\n", "".join(toc), "\n<main>\n", "\n".join(cards), "\n</main>\n",
         '<footer>Made with lenscope. Self-contained: this file fetches nothing. '

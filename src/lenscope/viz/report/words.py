@@ -47,4 +47,8 @@ WORDS: dict[str, Words] = {
         "the model frozen at the real run, exact. Rows: the tokens' embeddings, each block, the logits; columns: "
         "positions. The slider prunes by influence on the logits; click a node for its details, shift-click to "
         "select nodes and group them into a supernode.")),
+    "alignment": Words("Source-target alignment", (
+        "A translation model's explanation of every target token (rows) over the source tokens and the target-prefix "
+        "tokens it read (columns), by each method that reads a source; below, each target word's best source word "
+        "(dots) and, with gold links, the sure (solid) and possible (dashed) ones and each method's AER.")),
 }
