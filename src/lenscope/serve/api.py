@@ -503,6 +503,48 @@ class Service:
         sn = g.group(label, ids)
         return {"supernode": list(sn), "supernodes": [list(x) for x in g.supernodes]}
 
+    # --------------------------------------------------------------------------------------- alignment
+
+    def alignment(self, name: str, source: str, target: str, methods=None, gold: dict | None = None) -> dict:
+        """``POST /api/alignment``: a translation model's source-target alignment of ``target`` given ``source`` (the
+        report's alignment view: :func:`lenscope.report.alignment.alignment_view`): every target token's scores over
+        the source and the target prefix by each of ``methods`` (default every method that reads a source), the word
+        links and, with ``gold`` (``{"sure": [[i, j], ...], "possible": [...]}``), each method's AER."""
+        from ..models.load import target_prefix_ids
+        from ..models.trace import source_ids
+        from ..report.alignment import alignment_view, check_pair, gold_of, normalized, view_methods
+        from ..report.context import Check
+
+        lm, _ = self.pool.get(name)
+        check_pair(lm, source)
+        source, target = normalized(source, "source"), normalized(target, "target")
+        methods = view_methods(methods)
+        for what, n in (("source", len(source_ids(lm, source))), ("target", len(target_prefix_ids(lm, target)))):
+            if n > self.max_tokens:
+                raise ApiError(413, f"the {what} is {n} tokens long, more than this server's limit of "
+                                    f"{self.max_tokens} (--max-tokens); shorten it")
+        pair = None if gold is None else gold_of(source, target, gold.get("sure"), gold.get("possible"), "gold")
+        key = (name, "alignment", source, target, methods,
+               None if pair is None else (tuple(sorted(pair.sure)), tuple(sorted(pair.possible))))
+        hit = self.extras.get(key)
+        if hit is not None:
+            return hit
+        checkpoint()
+        t = time.perf_counter()
+        data, checks = alignment_view(lm, source, target, methods, pair)
+        A = lm.anatomy
+        out = {"model": name, "source": source, "target": target, "methods": list(data["methods"]),
+               "notes": data["notes"],
+               "n_source": data["n_source"], "source_tokens": data["source_tokens"],
+               "prefix_tokens": data["prefix_tokens"], "links": data["links"], "gold": data["gold"],
+               "aer": data["aer"], "alignment": data,
+               "checks": [Check("alignment", n, v, tol).to_dict() for n, v, tol in checks],
+               "meta": {"model": name, "family": A.family, "model_type": A.model_type, "n_layers": A.n_layers,
+                        "d_model": A.d_model, "encoder_decoder": True, "source": source, "text": target},
+               "seconds": round(time.perf_counter() - t, 3)}
+        self.extras.put(key, out)
+        return out
+
     def close(self) -> None:
         self.jobs.close()
 

@@ -110,16 +110,10 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
     from ..models.families import tiny_names
     from ..models.load import available_names
 
-    # the app's views read one text: an encoder-decoder model (a source and a target prefix) is not served yet
-    seq2seq = {f"tiny:{n}" for n, f in tiny_names().items() if f.encoder_decoder}
-    known = [n for n in available_names() if n not in seq2seq]
+    known = list(available_names())
     models = list(dict.fromkeys(known if models is None else models))
     if not models:
         raise InputError("no models to serve: give at least one --model")
-    for m in models:
-        if m in seq2seq:
-            raise NotApplicableError(f"serve does not show encoder-decoder models yet ({m}); explain them with "
-                                     "lenscope explain --source (docs/encoder-decoder.md)")
     for m in models:  # the operator may name a local folder or .gguf file; clients only ever name these strings
         if m not in known and not Path(m).expanduser().exists():
             raise UnknownModelError(f"unknown model {m!r}: not a registered name ({', '.join(known)}), a "
@@ -139,6 +133,7 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
         from ..data.corpus import corpus_files
 
         corpus_files(dict_data)
+    seq2seq = [m for m in models if encoder_decoder(m, tiny_names())]  # the page's source field and alignment view
     svc = Service(models, max_tokens=max_tokens, max_queue=max_queue, max_resident=max_resident, lens=lens,
                   loader=loader, dicts=dicts, dict_data=dict_data)
 
@@ -260,6 +255,8 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
             kw["views"] = [{"key": c.key, "title": c.title, "blurb": c.blurb} for c in SECTIONS]
         if "features" in inspect.signature(app_html).parameters:
             kw["features"] = dicts is not None
+        if "seq2seq" in inspect.signature(app_html).parameters:
+            kw["seq2seq"] = seq2seq
         return HTMLResponse(app_html(models=models, default=models[0], token_required=token is not None,
                                      max_tokens=svc.max_tokens, **kw))
 
@@ -345,6 +342,27 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
         return JSONResponse(await run(request, name, lambda: svc.supernode(name, text, target, label.strip(), ids)))
 
     @endpoint
+    async def api_alignment(request: Request):
+        authorize(request)
+        d = await body_json(request)
+        name = model_name(d.get("model"))
+        source, target = d.get("source"), d.get("target")
+        for key, v in (("source", source), ("target", target)):
+            if not isinstance(v, str) or not v.strip():
+                raise ApiError(400, f"the {key} is missing or empty; give a non-empty \"{key}\" (a translation: the "
+                                    "source and its target)")
+        methods = d.get("methods")
+        if methods is not None and (not isinstance(methods, list) or not methods
+                                    or not all(isinstance(m, str) for m in methods)):
+            raise ApiError(400, "\"methods\" must be a non-empty list of method names, e.g. [\"logit\"]")
+        gold = d.get("gold")
+        if gold is not None:
+            if not isinstance(gold, dict) or "sure" not in gold or set(gold) - {"sure", "possible"}:
+                raise ApiError(400, "\"gold\" must be an object {\"sure\": [[i, j], ...], \"possible\": [...]} "
+                                    "(source word i, target word j, 0-based)")
+        return JSONResponse(await run(request, name, lambda: svc.alignment(name, source, target, methods, gold)))
+
+    @endpoint
     async def api_report(request: Request):
         authorize(request, query_ok=True)
         q = dict(request.query_params)
@@ -358,7 +376,7 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
         if exc.status_code == 404:
             return error(404, f"no such route {request.url.path!r}; the API is /api/models, /api/analyze, "
                               "/api/head, /api/token, /api/features, /api/feature, /api/graph, /api/supernode, "
-                              "/api/report")
+                              "/api/alignment, /api/report")
         if exc.status_code == 405:
             return error(405, f"{request.method} is not allowed on {request.url.path}", dict(exc.headers or {}))
         return error(exc.status_code, str(exc.detail))
@@ -379,12 +397,25 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
         Route("/api/feature", api_feature, methods=["POST"]),
         Route("/api/graph", api_graph, methods=["POST"]),
         Route("/api/supernode", api_supernode, methods=["POST"]),
+        Route("/api/alignment", api_alignment, methods=["POST"]),
         Route("/api/report", api_report, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error}, lifespan=lifespan)
     app.add_middleware(SecurityHeaders)
     app.state.service = svc
     return app
+
+
+def encoder_decoder(name: str, tiny: dict) -> bool:
+    """Whether model ``name`` is an encoder-decoder (translation) model, before it is loaded: a registered tiny one of
+    such a family, or a folder whose ``config.json`` says ``is_encoder_decoder``."""
+    if name.startswith("tiny:") and name[5:] in tiny:
+        return bool(tiny[name[5:]].encoder_decoder)
+    config = Path(name).expanduser() / "config.json"
+    try:
+        return bool(json.loads(config.read_text()).get("is_encoder_decoder")) if config.is_file() else False
+    except (OSError, ValueError):
+        return False
 
 
 def url(host: str, port: int, token: str | None = None) -> str:

@@ -4,13 +4,15 @@
 allows neither). Scripts and styles are files served under ``static/``: the report's own ``core.js``, section
 scripts and ``report.css`` (one implementation of every view, shared with the static report) plus ``app.js`` and
 ``app.css`` from ``assets/`` here. ``app.js`` asks the server's API (``api/models``, ``api/analyze``,
-``api/head``, ``api/token``, ``api/report``) and draws each view with ``LS.drawSection`` as its answer arrives.
+``api/head``, ``api/token``, ``api/report``; a translation model's ``api/alignment``) and draws each view with
+``LS.drawSection`` as its answer arrives.
 Nothing here computes a method.
 """
 
 from __future__ import annotations
 
 import html
+import json
 from importlib import resources
 
 from ..report.words import WORDS
@@ -26,7 +28,9 @@ GROUPS = (("prediction", "trajectory", "components"), ("attribution",), ("mixing
 # asked for too, each on its own, when the server has sparse dictionaries (lenscope serve --dict; the graph needs
 # transcoders, else its card says so)
 FEATURES = ("features", "graph")
-_ASKED = {k for g in GROUPS for k in g} | set(FEATURES)
+# the one view of a translation (encoder-decoder) model, asked for with its source (api/alignment)
+ALIGNMENT = "alignment"
+_ASKED = {k for g in GROUPS for k in g} | set(FEATURES) | {ALIGNMENT}
 
 
 def _report_assets():
@@ -46,7 +50,8 @@ def asset_names() -> dict[str, list[str]]:
 def _card(view: dict) -> str:
     key = html.escape(view["key"])
     blurb = view.get("blurb")
-    hidden = " hidden" if view["key"] == "circuit" else ""  # shown when a corrupted prompt is given
+    # shown when a corrupted prompt is given (the circuit), or a translation model chosen (the alignment)
+    hidden = " hidden" if view["key"] in ("circuit", ALIGNMENT) else ""
     return (f'<section class="card" id="sec-{key}" data-section="{key}" data-state="idle"{hidden}>'
             f'<h2>{html.escape(view["title"])}</h2>'
             + (f'<p class="blurb">{html.escape(blurb)}</p>' if blurb else "")
@@ -54,7 +59,7 @@ def _card(view: dict) -> str:
 
 
 def app_html(*, models: list[str], default: str, token_required: bool, max_tokens: int,
-             views: list[dict] | None = None, features: bool = False) -> str:
+             views: list[dict] | None = None, features: bool = False, seq2seq=()) -> str:
     """The app's page: a prompt box, target, foil and corrupted-prompt inputs, a model picker over ``models``
     (``default`` selected unless the URL names another), one card per view, and the head / token panel.
 
@@ -63,7 +68,9 @@ def app_html(*, models: list[str], default: str, token_required: bool, max_token
     ``views``: ``[{"key", "title", "blurb"?}]`` (the report's sections) for the cards' titles; only the views the
     page requests (:data:`GROUPS`) get a card, in this order. ``features``: the server has sparse dictionaries, so
     the page asks for the features view too (click a token: its active features; click a feature: its card) and the
-    attribution graph (``api/supernode`` keeps the supernodes grouped on it)."""
+    attribution graph (``api/supernode`` keeps the supernodes grouped on it). ``seq2seq``: the names among ``models``
+    of encoder-decoder (translation) models: with one chosen, the page shows a source field (the text is the target)
+    and optional gold links, and asks ``api/alignment`` for the alignment view, its only card."""
     given = {v["key"]: v for v in (views or ())}
     shown = [given.get(v["key"], v) for v in DEFAULT_VIEWS]
     order = [v for v in (views or ()) if v["key"] in _ASKED]
@@ -77,7 +84,8 @@ def app_html(*, models: list[str], default: str, token_required: bool, max_token
     opts = "".join(f'<option value="{html.escape(m)}"{" selected" if m == default else ""}>{html.escape(m)}</option>'
                    for m in models)
     toc = "".join(f'<a href="#sec-{html.escape(v["key"])}" data-toc="{html.escape(v["key"])}"'
-                  f'{" hidden" if v["key"] == "circuit" else ""}>{html.escape(v["title"])}</a>' for v in shown)
+                  f'{" hidden" if v["key"] in ("circuit", ALIGNMENT) else ""}>{html.escape(v["title"])}</a>'
+                  for v in shown)
     e = html.escape
     return "".join([
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
@@ -87,13 +95,19 @@ def app_html(*, models: list[str], default: str, token_required: bool, max_token
         '<link rel="stylesheet" href="static/report.css">\n<link rel="stylesheet" href="static/app.css">\n',
         '</head>\n',
         f'<body class="app" data-default="{e(default)}" data-token-required="{"1" if token_required else "0"}" '
-        f'data-max-tokens="{int(max_tokens)}" data-groups="{";".join(",".join(g) for g in groups)}">\n',
+        f'data-max-tokens="{int(max_tokens)}" data-groups="{";".join(",".join(g) for g in groups)}" '
+        f'data-seq2seq="{e(json.dumps(list(seq2seq)))}">\n',
         '<header class="top app-top">\n<h1>lenscope <span class="sub">explore a prediction</span></h1>\n',
         '<form id="ask" autocomplete="off" spellcheck="false">\n',
         f'<div class="askrow"><label class="field">model <select id="model" name="model">{opts}</select></label>',
         '<span id="model-info" class="meta"></span></div>\n',
         f'<textarea id="text" name="text" rows="2" placeholder="a prompt (at most {int(max_tokens)} tokens); '
         'Enter runs, Shift+Enter starts a new line"></textarea>\n',
+        '<div class="askrow" id="pair-row" hidden>',
+        '<label class="field grow">source <input id="source" name="source" placeholder="the source sentence; the '
+        'text above is its translation (the target)"></label>',
+        '<label class="field grow">gold links <input id="gold" name="gold" placeholder="optional: sure links '
+        'i-j i-j (source word-target word, 0-based); possible ones with p: p2-3"></label></div>\n',
         '<div class="askrow">',
         '<label class="field">target <input id="target" name="target" placeholder="the top prediction"></label>',
         '<label class="field">foil <input id="foil" name="foil" placeholder="the runner-up"></label>',

@@ -1,11 +1,15 @@
 /* lenscope serve: the app page. Asks the server's API for each view and draws it with the report's own scripts
    (LS.drawSection) as its answer arrives; the views' click events (LS.emit "head", "token", "target", "feature") open
    the head, token and feature panels, and the graph view's "supernode" is kept on the server. The state (model, text,
-   target, foil, corrupted) lives in the URL's query string. */
+   target, foil, corrupted; a translation model's source and gold links) lives in the URL's query string. A translation
+   (encoder-decoder) model has one view, the source-target alignment (api/alignment): its text is the target. */
 (function () {
   "use strict";
   var $ = function (id) { return document.getElementById(id); };
-  var FIELDS = ["text", "target", "foil", "corrupted"];
+  var FIELDS = ["text", "target", "foil", "corrupted", "source", "gold"];
+  // the served encoder-decoder (translation) models: a source field and the alignment view (app_html's seq2seq)
+  var SEQ2SEQ = JSON.parse(document.body.getAttribute("data-seq2seq") || "[]");
+  var ONE_TEXT = ["target", "foil", "corrupted"];  // the fields of a decoder's prediction, hidden for a translation
   // the page asks for these views, each group one request, in this order (fast views first): app_html's GROUPS
   var GROUPS = (document.body.getAttribute("data-groups") || "").split(";").map(function (g) { return g.split(","); });
   var TOKEN = new URLSearchParams(location.search).get("token");
@@ -112,6 +116,7 @@
     }
     FIELDS.forEach(function (f) { $(f).value = q.get(f) || ""; });
     setAuto("target", false); setAuto("foil", false);
+    applyKind();
     return !!q.get("text");
   }
 
@@ -129,6 +134,7 @@
   function run(push) {
     var s = read();
     if (!s.text) { say("Type a prompt first.", true); $("text").focus(); return; }
+    if (pairMode(s.model)) return runPair(s, push);
     if (body.getAttribute("data-token-required") === "1" && !TOKEN) {
       say("This server needs a token: open the address `lenscope serve` printed (it ends in ?token=\u2026).");
       return;
@@ -155,7 +161,7 @@
       clear(el.querySelector(".body"));
       var key = el.getAttribute("data-section");
       var asked = groups.some(function (g) { return g.indexOf(key) >= 0; });
-      el.hidden = !asked && key === "circuit";
+      el.hidden = (!asked && key === "circuit") || key === "alignment";
       if (asked) setStatus(el, "queued", "waiting for the server\u2026", true);
       else setStatus(el, "idle", "");
     });
@@ -187,6 +193,90 @@
   }
 
   function clear(el) { while (el.firstChild) el.removeChild(el.firstChild); }
+
+  // ---------------------------------------------------------------- a translation model: the alignment view
+  function pairMode(model) { return SEQ2SEQ.indexOf(model) >= 0; }
+  // the fields and cards of the model chosen: a translation model's source, gold links and alignment card, or the rest
+  function applyKind() {
+    var pm = pairMode($("model").value);
+    $("pair-row").hidden = !pm;
+    ONE_TEXT.forEach(function (f) { $(f).parentNode.hidden = pm; });
+    $("text").placeholder = pm ? "the target: a translation of the source below; Enter runs" :
+      "a prompt (at most " + body.getAttribute("data-max-tokens") + " tokens); Enter runs, Shift+Enter starts a new line";
+    cards().forEach(function (el) {
+      var key = el.getAttribute("data-section");
+      if (pm) el.hidden = key !== "alignment";
+      else if (key === "alignment") el.hidden = true;
+      else if (key !== "circuit") el.hidden = false;
+    });
+    document.querySelectorAll("[data-toc]").forEach(function (a) {
+      var key = a.getAttribute("data-toc");
+      if (pm) a.hidden = key !== "alignment";
+      else if (key === "alignment") a.hidden = true;
+      else if (key !== "circuit") a.hidden = false;
+    });
+  }
+  // gold links typed as "i-j i-j p2-3" (source word i, target word j; p: a possible link) -> {sure, possible}
+  function parseGold(text) {
+    if (!text || !text.trim()) return null;
+    var gold = { sure: [], possible: [] }, bad = null;
+    text.trim().split(/[\s,]+/).forEach(function (t) {
+      var m = /^(p?)(\d+)-(\d+)$/.exec(t);
+      if (!m) { if (bad === null) bad = t; return; }
+      (m[1] ? gold.possible : gold.sure).push([Number(m[2]), Number(m[3])]);
+    });
+    if (bad !== null) { say("gold links: " + JSON.stringify(bad) + " is not a link i-j (p i-j: a possible one)"); return false; }
+    return gold;
+  }
+  function runPair(s, push) {
+    if (!s.source) { say("This is a translation model: give the source (the text is its target).", true); $("source").focus(); return; }
+    var gold = parseGold(s.gold);
+    if (gold === false) return;
+    abortRun();
+    closePanel();
+    unsay();
+    var my = ++runId, ctl = runCtl = new AbortController();
+    shown = s; resolved = null;
+    writeURL(s, push);
+    $("save").disabled = true;
+    body.setAttribute("data-run", String(my));
+    body.removeAttribute("data-ready");
+    applyKind();
+    var runCard = card("run"), el = card("alignment");
+    runCard.setAttribute("data-state", "running");
+    clear(runCard.querySelector(".body"));
+    el.classList.remove("stale");
+    clear(el.querySelector(".body"));
+    running(el);
+    var t0 = performance.now(), req = { model: s.model, source: s.source, target: s.text };
+    if (gold) req.gold = gold;
+    api("api/alignment", req, ctl.signal).then(function (ans) {
+      if (my !== runId) return;
+      body.setAttribute("data-first-ms", String(Math.round(performance.now() - t0)));
+      var ok = LS.drawSection(el.querySelector(".body"), "alignment", ans.alignment, ans.meta);
+      setStatus(el, ok ? "done" : "error", ok ? "computed in " + LS.fmt(ans.seconds, 2) + " s" : "this view could not be drawn");
+      var b = runCard.querySelector(".body"), m = ans.meta;
+      runCard.setAttribute("data-state", "done");
+      LS.el("div", "run-line meta", ans.model + " \u00b7 family " + m.family + " \u00b7 " + m.n_layers + " layers \u00b7 d_model " +
+        m.d_model + " \u00b7 encoder-decoder \u00b7 " + ans.source_tokens.length + " source tokens \u00b7 " +
+        ans.prefix_tokens.length + " target-prefix tokens", b);
+      LS.el("div", "run-line", "explaining every target token over the source and the target prefix: " +
+        ans.methods.map(NAMES).join(", "), b);
+      LS.el("div", "checks-holder", null, b);
+      drawChecks(ans.checks || []);
+      loadModels();
+    }).catch(function (e) {
+      if (aborted(e) || my !== runId) return;
+      setStatus(el, "error", e.message);
+      say(e.message);
+      runCard.setAttribute("data-state", "error");
+    }).then(function () {
+      if (my !== runId || ctl.signal.aborted) return;
+      runCtl = null;
+      body.setAttribute("data-ready", "1");
+      body.setAttribute("data-total-ms", String(Math.round(performance.now() - t0)));
+    });
+  }
 
   function drawView(key, ans) {
     var el = card(key);
@@ -468,6 +558,7 @@
     });
   });
   $("model").addEventListener("change", function () {
+    applyKind();
     loadModels();
     if ($("text").value) { if (auto.target) setAuto("target", false, ""); if (auto.foil) setAuto("foil", false, ""); run(true); }
   });
