@@ -82,7 +82,7 @@ def test_alignment_with_gold_has_each_methods_aer(client):
     ({"methods": "logit"}, 400, "\"methods\" must be a non-empty list"),
     ({"methods": ["nope"]}, 400, "unknown or not source-reading method(s) ['nope']"),
     ({"gold": [[0, 0]]}, 400, "\"gold\" must be an object"),
-    ({"gold": {"sure": [[9, 0]]}}, 400, "the link [9, 0] is outside the pair (4 source words"),
+    ({"gold": {"sure": [[9, 0]]}}, 400, "links source word 9, but the source has 4 words"),
     ({"gold": {"sure": [[0, "x"]]}}, 400, "not a link"),
     ({"model": "tiny:llama"}, 400, "--source is for encoder-decoder (translation) models"),
     ({"model": "nope"}, 404, "unknown model 'nope'"),

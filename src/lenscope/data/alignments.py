@@ -78,6 +78,37 @@ def _links(row: dict, key: str, where: str, n_src: int | None, n_tgt: int | None
     return frozenset(links)
 
 
+def _row(row, keys: tuple[str, ...], words_required: bool, where: str, rid: str) -> AlignedPair:
+    if not isinstance(row, dict):
+        raise InputError(f"{where}: expected a JSON object with {', '.join(keys)}")
+    if keys[0] == "sure" and "sure" not in row and "alignment" in row:  # a gold file of one kind of link
+        if "possible" in row:
+            raise InputError(f"{where}: give 'sure' (and 'possible'), or 'alignment' alone")
+        row = {**{k: v for k, v in row.items() if k != "alignment"}, "sure": row["alignment"]}
+    unknown = sorted(set(row) - {"id", "source", "target", *keys})
+    if unknown:
+        raise InputError(f"{where}: unknown field {unknown[0]!r}; the fields are id, source, target, "
+                         + ", ".join(keys))
+    if words_required and not {"source", "target"} <= set(row):
+        raise InputError(f"{where}: a gold row needs 'source' and 'target'")
+    if keys[0] not in row:
+        alt = " (or one 'alignment' list)" if keys[0] == "sure" else ""
+        raise InputError(f"{where}: no {keys[0]!r} list{alt}")
+    src = _words(row["source"], where, "source") if "source" in row else None
+    tgt = _words(row["target"], where, "target") if "target" in row else None
+    n_src, n_tgt = (None if src is None else len(src)), (None if tgt is None else len(tgt))
+    links = [_links(row, k, where, n_src, n_tgt) for k in keys]
+    sure = links[0]
+    possible = sure | links[1] if len(links) > 1 else sure
+    return AlignedPair(rid, src, tgt, sure, possible)
+
+
+def gold_row(row: dict, where: str = "gold", rid: str = "0") -> AlignedPair:
+    """One gold row given as a dict (``source``, ``target``, ``sure``, optional ``possible``, as a gold file's
+    line), checked as :func:`read_gold_alignments` checks a file's rows (errors name ``where``)."""
+    return _row(row, ("sure", "possible"), True, where, rid)
+
+
 def _rows(path: str | Path, keys: tuple[str, ...], words_required: bool) -> list[AlignedPair]:
     path = Path(path)
     if not path.is_file():
@@ -85,33 +116,12 @@ def _rows(path: str | Path, keys: tuple[str, ...], words_required: bool) -> list
     out: list[AlignedPair] = []
     seen: set[str] = set()
     for n, row in jsonl_rows(path):
-        where = f"{path}, line {n}"
-        if not isinstance(row, dict):
-            raise InputError(f"{where}: expected a JSON object with {', '.join(keys)}")
-        if keys[0] == "sure" and "sure" not in row and "alignment" in row:  # a gold file of one kind of link
-            if "possible" in row:
-                raise InputError(f"{where}: give 'sure' (and 'possible'), or 'alignment' alone")
-            row = {**{k: v for k, v in row.items() if k != "alignment"}, "sure": row["alignment"]}
-        unknown = sorted(set(row) - {"id", "source", "target", *keys})
-        if unknown:
-            raise InputError(f"{where}: unknown field {unknown[0]!r}; the fields are id, source, target, "
-                             + ", ".join(keys))
-        if words_required and not {"source", "target"} <= set(row):
-            raise InputError(f"{where}: a gold row needs 'source' and 'target'")
-        if keys[0] not in row:
-            alt = " (or one 'alignment' list)" if keys[0] == "sure" else ""
-            raise InputError(f"{where}: no {keys[0]!r} list{alt}")
-        src = _words(row["source"], where, "source") if "source" in row else None
-        tgt = _words(row["target"], where, "target") if "target" in row else None
-        n_src, n_tgt = (None if src is None else len(src)), (None if tgt is None else len(tgt))
-        links = [_links(row, k, where, n_src, n_tgt) for k in keys]
-        rid = str(row.get("id", n))
-        if rid in seen:
-            raise InputError(f"{where}: id {rid!r} appears twice")
-        seen.add(rid)
-        sure = links[0]
-        possible = sure | links[1] if len(links) > 1 else sure
-        out.append(AlignedPair(rid, src, tgt, sure, possible))
+        pair = _row(row, keys, words_required, f"{path}, line {n}", str(row.get("id", n)) if isinstance(row, dict)
+                    else str(n))
+        if pair.id in seen:
+            raise InputError(f"{path}, line {n}: id {pair.id!r} appears twice")
+        seen.add(pair.id)
+        out.append(pair)
     if not out:
         raise InputError(f"{path} holds no alignment rows")
     return out

@@ -300,17 +300,46 @@ def model_alignments(lm, gold: Sequence[AlignedPair], methods=("logit",), *, tar
     texts = [(" ".join(g.source), " ".join(g.target)) for g in gold]
     scored = pair_scores(lm, texts, methods, ids=[g.id for g in gold], batch_size=batch_size, progress=progress)
     out: dict[str, dict] = {m: {} for m in methods}
-    for g, (src_text, tgt_text), ps in zip(gold, texts, scored):
-        src_words = _tokens_of(lm, src_text, g.source, "source", ps.source_ids)
-        tgt_words = _tokens_of(lm, tgt_text, g.target, "target", ps.decoder_ids[1:])
-        null = None
-        eos = getattr(lm.tokenizer, "eos_token_id", None)
-        if null_eos and eos is not None:  # the source's end token: one more column, which links nothing
-            ends = [k for k, (w, t) in enumerate(zip(src_words, ps.source_ids.tolist())) if w is None and t == eos]
-            if ends:
-                null = len(g.source)
-                src_words = [null if k in ends else w for k, w in enumerate(src_words)]
-        for m in methods:
-            words = word_scores(ps.scores[m][:, : ps.n_source], src_words, tgt_words, target_token)
-            out[m][g.id] = word_alignment(words, null)
+    for g, ps in zip(gold, scored):
+        words = pair_words(lm, ps, g.source, g.target, target_token=target_token, null_eos=null_eos)
+        for m, links in words.links().items():
+            out[m][g.id] = links
     return out
+
+
+@dataclass
+class WordScores:
+    """A pair's explanations at the word level (:func:`pair_words`): ``scores[method] (target word, source word)``,
+    with one more column ``null`` (the source's end token, which links nothing) when there is one; each token's word
+    ``source_of`` / ``target_of`` (None: a special token)."""
+
+    source_words: tuple
+    target_words: tuple
+    source_of: list
+    target_of: list
+    null: int | None
+    scores: dict[str, Tensor]
+
+    def links(self) -> dict[str, frozenset[Link]]:
+        """Each method's links: every target word to its best source word (none where the null column wins)."""
+        return {m: word_alignment(w, self.null) for m, w in self.scores.items()}
+
+
+def pair_words(lm, ps: PairScores, source_words: Sequence[str], target_words: Sequence[str], *,
+               target_token: str = "mean", null_eos: bool = True) -> WordScores:
+    """The word-level scores of one pair's token-level explanations ``ps`` (:func:`pair_scores` of the pair's words
+    joined by spaces), by the protocol of :func:`model_alignments` (whose options these are): token-to-word maps
+    from the tokenizer's offsets, source tokens summed, a target word's row from its tokens' rows, and with
+    ``null_eos`` the source's end token one more column."""
+    src_text, tgt_text = " ".join(source_words), " ".join(target_words)
+    src_of = _tokens_of(lm, src_text, source_words, "source", ps.source_ids)
+    tgt_of = _tokens_of(lm, tgt_text, target_words, "target", ps.decoder_ids[1:])
+    null, cols = None, src_of
+    eos = getattr(lm.tokenizer, "eos_token_id", None)
+    if null_eos and eos is not None:  # the source's end token: one more column, which links nothing
+        ends = [k for k, (w, t) in enumerate(zip(src_of, ps.source_ids.tolist())) if w is None and t == eos]
+        if ends:
+            null = len(source_words)
+            cols = [null if k in ends else w for k, w in enumerate(src_of)]
+    scores = {m: word_scores(sc[:, : ps.n_source], cols, tgt_of, target_token) for m, sc in ps.scores.items()}
+    return WordScores(tuple(source_words), tuple(target_words), src_of, tgt_of, null, scores)

@@ -263,20 +263,21 @@ def alignment_payload(ps, source_tokens: list[str], prefix_tokens: list[str], *,
                       target: str = "") -> dict:
     """The ``alignment`` view of a translation pair: ``ps`` one pair's scores (``pair_scores``: ``scores[method]``
     ``(target token, n_source + decoder-input tokens)``, ``n_source``, ``decoder_ids``) with the tokens' texts; row
-    ``i`` explains target token ``prefix_tokens[i + 1]``. ``words``: ``{"source", "target"}`` words, each token's
-    word (``source_of``, ``target_of``; None for a special token) and per method the word-level scores ``(target
-    word, source word)`` (``null``: the index of one more column, the source's end token, which links nothing); ``links``: per method each target word's best source word ``{(source word, target
-    word)}``; ``gold``: the pair's gold links (``sure``, ``possible``); ``aer``: per method its AlignmentErrorRate
-    against them. ``summary``: what ``lenscope report --json`` prints of it (no matrix)."""
+    ``i`` explains target token ``prefix_tokens[i + 1]``. ``words``: the pair's
+    :class:`~lenscope.evaluate.aer.WordScores` (its words, each token's word, per method the word-level scores
+    ``(target word, source word)``, ``null``: the index of one more column, the source's end token, which links
+    nothing); ``links``: per method each target word's best source word ``{(source word, target word)}``;
+    ``gold``: the pair's gold links (``sure``, ``possible``); ``aer``: per method its AlignmentErrorRate against
+    them. ``summary``: what ``lenscope report --json`` prints of it (no matrix)."""
     out = {"source": source, "target": target, "n_source": int(ps.n_source), "source_tokens": list(source_tokens),
            "prefix_tokens": list(prefix_tokens), "target_tokens": list(prefix_tokens[1:]), "methods": {},
            "words": None, "links": None, "gold": None, "aer": None}
     for m, s in ps.scores.items():
         out["methods"][m] = {"scores": packed(s)}
     if words is not None:
-        out["words"] = {"source": list(words["source"]), "target": list(words["target"]),
-                        "source_of": list(words["source_of"]), "target_of": list(words["target_of"]),
-                        "null": words.get("null"), "scores": {m: packed(v) for m, v in words["scores"].items()}}
+        out["words"] = {"source": list(words.source_words), "target": list(words.target_words),
+                        "source_of": list(words.source_of), "target_of": list(words.target_of),
+                        "null": words.null, "scores": {m: packed(v) for m, v in words.scores.items()}}
     if links is not None:
         out["links"] = {m: sorted([int(i), int(j)] for i, j in v) for m, v in links.items()}
     if gold is not None:
