@@ -4,7 +4,7 @@ under a minute), and what batching the pairs changes.
 The pairs are made here (seeded): sources of 3 to 12 words from a small German vocabulary, targets their
 word-by-word English, the diagonal as sure links. For each model: the command as a user runs it (a child process,
 ``--json``: the wall time includes Python's start and the model's load), and in this process the library call
-(:func:`lenscope.evaluate.aer.model_alignments`, both source-reading methods of the table) with the pairs in
+(:func:`lenscope.evaluate.aer.model_alignments`, the command's default methods) with the pairs in
 batches of 16 (one padded pass each) and one at a time, whose alignments must be the same. Run::
 
     .venv/bin/python benchmarks/bench_aer_gold.py --out docs/results/encoder-decoder/aer-gold-batched.json
@@ -46,24 +46,24 @@ def main() -> None:
     from machine import record
 
     import lenscope
-    from lenscope.attribution.methods import source_readers
     from lenscope.data.alignments import read_gold_alignments
     from lenscope.evaluate.aer import model_alignments
 
     gold_path = Path(tempfile.mkdtemp()) / "gold.jsonl"
     gold_path.write_text("".join(json.dumps(r) + "\n" for r in gold_rows(a.pairs)))
     gold = read_gold_alignments(gold_path)
-    methods = [m for m in source_readers() if m in ("logit", "alti-logit")]
-    res = {"machine": record(), "pairs": a.pairs, "methods": methods, "models": {}}
+    res = {"machine": record(), "pairs": a.pairs, "models": {}}
     for name in a.models.split(","):
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, "-m", "lenscope", "eval", "alignment", "--gold", str(gold_path),
-                            "--model", name, "--methods", ",".join(methods), "--json", "--no-progress"],
+                            "--model", name, "--json", "--no-progress"],  # its default methods
                            capture_output=True, text=True, check=False)
         cli = time.perf_counter() - t0
         if p.returncode != 0:
             raise SystemExit(f"{name}: {p.stderr.strip()}")
         aer = {m: v["aer"] for m, v in json.loads(p.stdout)["methods"].items()}
+        methods = list(aer)
+        res["methods"] = methods
         lm = lenscope.load(name)
         model_alignments(lm, gold[:4], methods)  # warm
         times, links = {}, {}

@@ -65,8 +65,9 @@ def forward_kwargs(lm: LoadedModel, ids: Tensor | None = None, *, inputs_embeds:
     An encoder-decoder model: ``source (b, s)`` ids (or ``source_embeds (b, s, d_model)``: what the encoder's
     blocks add positions to, i.e. the token embeddings already times the stack's embedding scale, which Marian and
     Pegasus apply to ids only) into the encoder with ``source_mask`` (``1`` = real token; default all ones), ``ids``
-    (or ``inputs_embeds``, likewise scaled) into the decoder with ``attention_mask`` as its
-    ``decoder_attention_mask``; never a cache."""
+    (or ``inputs_embeds``: what that stack is given as embeddings, which Marian's and Pegasus' decoders multiply
+    by their scale themselves, ``Anatomy.extras["inputs_embeds_scale"]``: :mod:`lenscope.attribution.inputs` makes
+    both) into the decoder with ``attention_mask`` as its ``decoder_attention_mask``; never a cache."""
     device = main_device(lm.model)  # accelerate's execution device of a split model, never "meta"
     if source is not None or source_embeds is not None:
         src = source if source is not None else source_embeds
