@@ -132,7 +132,7 @@ def test_the_cli_writes_alignments_that_eval_aer_reads_back(gold_file, tmp_path)
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--model", "tiny:llama"], "need an encoder-decoder (translation) model"),
-    (["--model", "tiny:t5", "--methods", "alti"], "does not explain an encoder-decoder model's source"),
+    (["--model", "tiny:t5", "--methods", "recent"], "unknown method 'recent'"),
     (["--model", "tiny:t5", "--dataset", "ioi"], "--gold and --dataset are two evaluations"),
     (["--model", "tiny:t5", "--target-token", "last"], "unknown --target-token"),
 ])

@@ -202,7 +202,7 @@ def test_cli_json_has_the_source_fields():
 
 @pytest.mark.parametrize("args, word", [
     (["--sample"], "--sample"), (["--chat"], "--chat"), (["--lens", "x"], "--lens"), (["--steer", "x:1"], "--steer"),
-    (["--html", "x.html"], "--html"), (["--png", "x.png"], "--png"), (["--explain", "alti"], "alti-logit")])
+    (["--html", "x.html"], "--html"), (["--png", "x.png"], "--png"), (["--explain", "nope"], "nope")])
 def test_cli_refusals_are_one_line(args, word):
     r = runner.invoke(app, ["generate", "the", "--source", "das Haus", "--model", "tiny:t5", "-n", "2", *args])
     assert r.exit_code == 2, r.output

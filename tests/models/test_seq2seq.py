@@ -122,7 +122,6 @@ def test_the_cli_components_takes_a_source():
 @pytest.mark.parametrize("args", [
     ["components", PREFIX, "--target", " the"],  # no source
     ["explain", PREFIX, "--method", "alti-logit", "--target", " the"],  # no source
-    ["explain", PREFIX, "--method", "value-zeroing", "--source", SOURCE],
     ["mixing", PREFIX],
     ["patch", PREFIX, "the mouse is", "--target", " the", "--foil", " a"],
     ["neurons", PREFIX, "--target", " the"],
@@ -136,20 +135,28 @@ def test_what_does_not_read_encoder_decoder_models_says_so_in_one_line(args):
 
 
 def test_a_method_refuses_an_encoder_decoder_model_given_a_trace():
-    """A method that does not read encoder-decoder models refuses one even with a trace holding the source."""
+    """What does not read encoder-decoder models refuses one even with a trace holding the source; the rollouts,
+    which read one, explain the trace as they explain the source."""
+    from lenscope.attribution import methods as table
     from lenscope.mixing.maps import context_mixing
     from lenscope.models.trace import trace
 
     lm = get_model("tiny:bart")
     tr = trace(lm, PREFIX, source=SOURCE)
-    for method in ("alti", "value-zeroing"):  # one stack's contributions would leave the source out
-        with pytest.raises(NotApplicableError, match="would leave out the source"):
-            lenscope.explain(lm, tr=tr, method=method)
+    for method in ("alti", "value-zeroing"):
+        got, want = lenscope.explain(lm, tr=tr, method=method), lenscope.explain(lm, PREFIX, method=method,
+                                                                                   source=SOURCE)
+        assert got.n_source == want.n_source
+        assert_same_computation(got.scores, want.scores, why="the same trace of the same texts, the same operations")
     with pytest.raises(NotApplicableError, match="context-mixing maps .* would leave out the source"):
         context_mixing(lm, tr=tr)
-    with pytest.raises(NotApplicableError, match="--method alti does not read encoder-decoder models yet.*logit, "
-                                                 "alti-logit, grad-norm"):
-        lenscope.explain(lm, PREFIX, method="alti", source=SOURCE)
+    one = table.register(table.Method("one-stack", table.get("alti").explain))  # a method that reads no source
+    try:
+        with pytest.raises(NotApplicableError, match="--method one-stack does not read encoder-decoder models yet.*"
+                                                     "logit, alti-logit, alti, grad-norm"):
+            lenscope.explain(lm, PREFIX, method=one.name, source=SOURCE)
+    finally:
+        table.unregister(one.name)
 
 
 @pytest.mark.parametrize("name", SEQ2SEQ)

@@ -259,7 +259,10 @@ def rollout_rows(mm, rows: Tensor) -> tuple[Tensor, Tensor]:
     invariant errors ``(k,)``: the decomposition's completeness error and the largest deviation of a
     contribution or carried row sum from one."""
     C = mm.contributions
-    out = carry_back(C, C[:, rows]).transpose(0, 1)
+    if isinstance(mm, EncoderDecoderMixing):  # over source + target prefix: the decoder's rollout reads the memory
+        out = mm.carry_back(C[:, rows].double()).transpose(0, 1)
+    else:
+        out = carry_back(C, C[:, rows]).transpose(0, 1)
     row_err = (out.sum(-1) - 1).abs().amax(-1)
     return out, row_err.clamp_min(max(mm.row_sum_error, mm.completeness_error))
 
@@ -300,14 +303,20 @@ def alti_logit_explanation(lm: LoadedModel, text, target, foil=None, *, position
 
 @torch.no_grad()
 def rollout_explanation(lm: LoadedModel, text, *, method: str = "alti", position: int = -1, target=None, foil=None,
-                        tr: Trace | None = None) -> Explanation:
+                        tr: Trace | None = None, source=None) -> Explanation:
     """The row of the ALTI (or value-zeroing) rollout at ``position``: how much each input token contributes
     to that position's state after the last layer (``scores`` sum to one). ``layer_scores[l]`` is the row
-    after layer ``l``. A target/foil, if given, is only recorded: these methods do not read a logit."""
-    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr)
+    after layer ``l``. A target/foil, if given, is only recorded: these methods do not read a logit. ``source``:
+    an encoder-decoder model's source; the row is then over the source tokens and the target prefix
+    (:func:`~lenscope.mixing.alti.encoder_decoder_mixing`: the decoder's rollout reads the source through the
+    encoder's)."""
+    t_id, f_id, tr, p = _tokens_and_trace(lm, text, target, foil, position, tr, source=source)
     A = lm.anatomy
-    sub = prefix_trace(tr, p + 1) if A.causal else tr
-    mm = mixing_matrices(A, sub, method, model_name=lm.name, rollout=False)
+    if tr.encoder is not None:
+        mm = encoder_decoder_mixing(A, tr, method=method)
+    else:
+        sub = prefix_trace(tr, p + 1) if A.causal else tr
+        mm = mixing_matrices(A, sub, method, model_name=lm.name, rollout=False)
     rows, err = rollout_rows(mm, torch.tensor([p]))
     rows, inv = rows[0], float(err[0])
     if not inv <= tolerance(lm):

@@ -292,8 +292,8 @@ def _mixing(job: Rows, kind: str):
     from ..mixing.alti import encoder_decoder_mixing, mixing_matrices
 
     A, progress = job.lm.anatomy, job.progress
-    if job.tr.encoder is not None and kind == ALTI:  # an encoder-decoder model: ALTI+ (ALTI-Logit reads it)
-        return job.shared(kind, lambda: encoder_decoder_mixing(A, job.tr))
+    if job.tr.encoder is not None:  # an encoder-decoder model: ALTI+ (ALTI-Logit reads it) or its value zeroing
+        return job.shared(kind, lambda: encoder_decoder_mixing(A, job.tr, method=kind))
     return job.shared(kind, lambda: mixing_matrices(
         A, job.tr, kind, model_name=job.lm.name, rollout=False,
         progress=None if progress is None else (lambda l: progress(f"{kind} layers", l + 1, A.n_layers))))
@@ -420,8 +420,8 @@ for _m in (
            view_rank=1, in_generation_view=True),
     Method(ALTI_LOGIT, _alti_logit, _alti_logit_rows, _alti_logit_text, uses_trace=True, needs_causal=True,
            reads_source=True, view_rank=0, in_generation_view=True),
-    Method(ALTI, _rollout(ALTI), _rollout_rows(ALTI), needs_target=False, uses_trace=True, view_rank=6,
-           in_generation_view=True),
+    Method(ALTI, _rollout(ALTI), _rollout_rows(ALTI), needs_target=False, uses_trace=True, reads_source=True,
+           view_rank=6, in_generation_view=True),
     Method(GRAD_NORM, _baseline("grad_norm"), _gradient_rows(GRAD_NORM), _gradient_texts(GRAD_NORM),
            reads_source=True, options=("batch_size",), group="gradients", view_rank=3),
     Method(GRAD_X_INPUT, _baseline("grad_x_input"), _gradient_rows(GRAD_X_INPUT), _gradient_texts(GRAD_X_INPUT),
@@ -434,7 +434,7 @@ for _m in (
     Method(ERASURE, _baseline("erasure"), _erasure_rows, _erasure_texts, reads_source=True, options=("batch_size",),
            explain_options=True, view_rank=5),
     Method(VALUE_ZEROING, _rollout(VALUE_ZEROING), _rollout_rows(VALUE_ZEROING), needs_target=False,
-           uses_trace=True, view_rank=7),
+           uses_trace=True, reads_source=True, view_rank=7),
 ):
     register(_m)
 del _m

@@ -26,10 +26,10 @@ def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: 
     from ..evaluate.aer import alignment_error_rate, model_alignments
 
     rows = read_gold_alignments(gold)  # a malformed file fails before the model loads
-    # by default the methods of the alignment literature (Ferrando et al. 2022), which read each pair's one trace;
-    # the gradient and erasure baselines with --methods
+    # by default the methods that explain the reference token's logit from each pair's one trace (logit,
+    # alti-logit); the rollouts (alti, value-zeroing) and the gradient and erasure baselines with --methods
     names = [m.strip() for m in methods.split(",") if m.strip()] if methods is not None else [
-        m for m in table.source_readers() if table.get(m).uses_trace]
+        m for m in table.source_readers() if table.get(m).uses_trace and table.get(m).needs_target]
     for n in names:
         table.get(n)
     if target_token not in ("first", "mean"):
@@ -73,7 +73,8 @@ def register(app: typer.Typer) -> None:
                                  "pairs (JSON lines with source, target, sure, possible; docs/encoder-decoder.md): "
                                  "the alignment error rate of the words an encoder-decoder model's explanations "
                                  "link (each target word to its highest-scoring source word); methods: logit and "
-                                 "alti-logit by default; --methods adds grad-norm, grad-x-input, ig, erasure."),
+                                 "alti-logit by default; --methods: also alti, value-zeroing, grad-norm, "
+                                 "grad-x-input, ig, erasure."),
         target_token: str = typer.Option("mean", "--target-token", help="With --gold: a target word of several "
                                          "tokens is read as the mean of their rows (mean, as Ferrando et al. 2022) "
                                          "or at its first token (first)."),

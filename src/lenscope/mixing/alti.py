@@ -223,18 +223,29 @@ def cross_alti_layer(A: Anatomy, tr: Trace, l: int, dtype: torch.dtype = torch.f
 
 
 @torch.no_grad()
-def encoder_decoder_mixing(A: Anatomy, tr: Trace, dtype: torch.dtype = torch.float32) -> EncoderDecoderMixing:
+def encoder_decoder_mixing(A: Anatomy, tr: Trace, dtype: torch.dtype = torch.float32,
+                           method: str = "alti") -> EncoderDecoderMixing:
     """ALTI+ of an encoder-decoder model (Ferrando et al. 2022) from its trace: the encoder's rollout ``memory
     (src, src)`` (each memory vector over the source tokens) and each decoder layer's contributions ``(layer,
     pos, src + pos)``: over the memory (through the cross-attention) and over the layer's input states (its
     self-attention's ALTI, weighted by the share the cross-attention sub-layer's residual keeps); every row sums
-    to one. Also the largest completeness error and the degenerate rows of every decomposition."""
-    enc = mixing_matrices(A.encoder, tr.encoder, "alti", rollout=True)
+    to one. Also the largest completeness error and the degenerate rows of every decomposition.
+
+    ``method="value-zeroing"``: the same structure by value zeroing (Mohebbi et al. 2023, who define it for one
+    stack; lenscope's extension): the encoder's value-zeroing rollout, and each decoder layer's row over the memory
+    and the layer's inputs from :func:`value_zeroing_decoder_layer`."""
+    if method not in ("alti", "value-zeroing"):
+        raise ValueError(f"unknown mixing method {method!r}")
+    enc = mixing_matrices(A.encoder, tr.encoder, method, rollout=True)
     S, T = len(tr.encoder.tokens), len(tr.tokens)
     C = torch.empty(A.n_layers, T, S + T)
     err, bad = enc.completeness_error, enc.degenerate_rows
     for l in range(A.n_layers):
         checkpoint()
+        if method == "value-zeroing":
+            C[l], b = value_zeroing_decoder_layer(A, tr, l)
+            bad += b
+            continue
         own, e1, b1 = alti_layer(A, tr, l, dtype)
         cross, e2, b2 = cross_alti_layer(A, tr, l, dtype)
         keep = cross[torch.arange(T), S + torch.arange(T)]  # the residual's share: the block's own stream
@@ -312,6 +323,47 @@ def value_zeroing_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, int]:
         C = C.tril()
     C, bad = normalize_rows(C)
     return C.float(), bad
+
+
+@torch.no_grad()
+def value_zeroing_decoder_layer(A: Anatomy, tr: Trace, l: int) -> tuple[Tensor, int]:
+    """Value-zeroing contributions of an encoder-decoder model's decoder layer ``l``: ``(pos, src + pos)``, rows
+    summing to one, and the number of degenerate rows. Column ``k < src``: the memory vector ``k`` with its value
+    zeroed in the layer's cross-attention (``cross_out`` less that source's per-head part; the block's rest
+    recomputed); column ``src + j``: target position ``j`` with its value zeroed in the self-attention (the
+    cross-attention then recomputed from the changed stream, as :func:`value_zeroing_layer` recomputes the rest of a
+    block). Each score is ``1 - cos`` between the block's output with and without the value, clamped at 0; the
+    row normalised over both parts together (one block mixing the memory and the target positions)."""
+    dt = torch.float64  # 1 - cos of nearly equal vectors cancels badly in float32
+    layer = astype(A.layers[l], dt)
+    memory = f32(tr.memory, dt)
+    z, _ = attention_input_parts(layer, tr, l, "sources", dt)
+    writes, probs = value_writes(layer.attn, z, True), f32(tr.pattern[l], dt)  # (head, pos, d), (head, pos, pos)
+    cwrites, cprobs = value_writes(layer.cross, memory, True), f32(tr.cross_pattern[l], dt)  # (h, src, d), (h, p, src)
+    x, attn_out = layer_input(tr, l, dt), f32(tr.attn_out[l], dt)
+    (n, d), S = x.shape, memory.shape[0]
+    base = layer.after_attention(x, attn_out, memory=memory)  # recomputed: the same float path as the ablations
+    C = x.new_zeros(n, S + n)
+    per_row = n * (3 * layer.mlp.d_mlp + 8 * d) * 8
+    for src in row_chunks(S, per_row):
+        removed = torch.einsum("hij,hjd->jid", cprobs[:, :, src], cwrites[:, src])  # (chunk, pos, d)
+        out = layer.after_attention(x[None], attn_out[None], memory=memory,
+                                    cross_out=base["cross_out"][None] - removed)["resid_post"]
+        C[:, src] = (1 - torch.nn.functional.cosine_similarity(out, base["resid_post"][None], dim=-1)).clamp_min(0).T
+    for j in row_chunks(n, per_row):
+        removed = torch.einsum("hij,hjd->jid", probs[:, :, j], writes[:, j])
+        out = layer.after_attention(x[None], attn_out[None] - removed, memory=memory)["resid_post"]
+        C[:, S + j] = (1 - torch.nn.functional.cosine_similarity(out, base["resid_post"][None], dim=-1)
+                       ).clamp_min(0).T
+    C[:, S:] = C[:, S:].tril()
+    total = C.sum(-1)
+    bad = total <= 0  # as normalize_rows: a row with no positive part keeps itself (its own column S + i)
+    C = C / total.clamp_min(1e-30)[:, None]
+    if bool(bad.any()):
+        rows = bad.nonzero()[:, 0]
+        C[rows] = 0
+        C[rows, S + rows] = 1
+    return C.float(), int(bad.sum())
 
 
 @dataclass(repr=False)

@@ -436,13 +436,15 @@ class Layer:
         return r
 
     def after_attention(self, h: Tensor, attn_out: Tensor, mlp_in: Tensor | None = None, *,
-                        routing: Tensor | None = None, memory: Tensor | None = None) -> dict[str, Tensor]:
+                        routing: Tensor | None = None, memory: Tensor | None = None,
+                        cross_out: Tensor | None = None) -> dict[str, Tensor]:
         """The rest of the block once attention has computed ``attn_out`` (..., pos, d_model) from the block
         input ``h``: ``attn_write, resid_mid, mlp_in, mlp_out, mlp_write, resid_post`` (and the cross-attention's
         ``cross_in, cross_out, cross_pattern, cross_write, resid_cross`` from ``memory (..., src, d_model)``).
 
         ``h`` and ``attn_out`` may carry leading batch axes (e.g. one altered attention output per row, as in
-        value zeroing). ``mlp_in`` overrides what a parallel block's MLP reads (it reads ``ln_mlp(h)``).
+        value zeroing). ``mlp_in`` overrides what a parallel block's MLP reads (it reads ``ln_mlp(h)``);
+        ``cross_out`` what the cross-attention outputs (its pattern is then not recomputed).
         """
         ref = self.mlp.W_in
         h, attn_out, mlp_in = _on(h, ref), _on(attn_out, ref), _on(mlp_in, ref)
@@ -464,7 +466,10 @@ class Layer:
         if self.cross is not None:
             post = self.placement == "post"
             r["cross_in"] = before_mlp if post else self.ln_cross(before_mlp)
-            r["cross_out"], r["cross_pattern"] = self.cross.cross(r["cross_in"], memory)
+            if cross_out is None:
+                r["cross_out"], r["cross_pattern"] = self.cross.cross(r["cross_in"], memory)
+            else:
+                r["cross_out"] = _on(cross_out, ref)
             r["cross_write"] = self.write("cross", r["cross_out"])
             r["resid_cross"] = (self.ln_cross(before_mlp + r["cross_write"]) if post
                                 else before_mlp + r["cross_write"])
