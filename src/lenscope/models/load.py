@@ -470,8 +470,8 @@ def token_ids(lm: LoadedModel, text) -> torch.Tensor:
     return ids.cpu()
 
 
-ENCODER_DECODER_METHODS = ("verify, components (direct logit attribution), explain --method logit or alti-logit, "
-                           "generate (greedy), with --source, and eval alignment --gold")
+ENCODER_DECODER_METHODS = ("verify, components (direct logit attribution), explain (every method), generate "
+                           "(greedy), report and serve (the alignment view), with --source, and eval alignment --gold")
 
 
 def require_decoder(lm: LoadedModel, what: str, *, instead: str, causal: bool = False,
