@@ -113,6 +113,37 @@ def test_the_default_protocol_is_ferrando_et_al_2022s(gold_file, name, method):
         assert set(got[g.id]) == want, g.id
 
 
+@pytest.mark.parametrize(("name", "method"), [("bart", "logit"), ("pegasus", "alti-logit")])
+def test_alignment_with_input_reads_the_step_after_each_token(gold_file, name, method):
+    """``rows="input"`` (Ferrando et al. 2022's AWI): a target token's row is the explanation of the step that
+    reads it, the prediction of the next token (of the end token after the last), worked from ``explain``; the
+    words as in the default protocol (mean of a word's tokens, sum of a source word's, the end token a column that
+    links nothing)."""
+    lm = get_model(f"tiny:{name}")
+    gold = read_gold_alignments(gold_file)
+    got = model_alignments(lm, gold, method, rows="input")[method]
+    eos = lm.tokenizer.eos_token_id
+    for g in gold:
+        src_text, tgt_text = " ".join(g.source), " ".join(g.target)
+        _, src_words = HAND[src_text]
+        dec = target_prefix_ids(lm, tgt_text)
+        src = source_ids(lm, src_text).tolist()
+        nxt = dec[2:].tolist() + [eos]  # what the step reading target token i predicts
+        rows = torch.stack([lenscope.explain(lm, dec[: i + 2], nxt[i], method=method, source=src_text).scores
+                            [: len(src)].double() for i in range(len(dec) - 1)])
+        want = set()
+        for w in range(len(g.target)):
+            row = rows[[i for i, tw in enumerate(TARGET_WORDS[tgt_text]) if tw == w]].mean(0)
+            per_word = [float(sum(row[s] for s, sw in enumerate(src_words) if sw == k)) for k in range(len(g.source))]
+            per_word.append(float(row[len(src) - 1]))  # the end token's column
+            best = max(range(len(per_word)), key=lambda k: (per_word[k], -k))
+            if best < len(g.source):
+                want.add((best, w))
+        assert set(got[g.id]) == want, g.id
+    with pytest.raises(InputError, match="unknown rows"):
+        model_alignments(lm, gold, method, rows="both")
+
+
 def test_the_cli_writes_alignments_that_eval_aer_reads_back(gold_file, tmp_path):
     out = tmp_path / "out"
     r = CliRunner().invoke(app, ["eval", "alignment", "--gold", str(gold_file), "--model", "tiny:marian", "--out",
@@ -124,7 +155,7 @@ def test_the_cli_writes_alignments_that_eval_aer_reads_back(gold_file, tmp_path)
     gold = read_gold_alignments(gold_file)
     want = alignment_error_rate(gold, model_alignments(get_model("tiny:marian"), gold)["logit"], method="logit")
     assert res["aer"] == pytest.approx(want.aer, abs=1e-12) and res["predicted"] == int(want.counts[:, 0].sum())
-    assert d["target_token"] == "mean" and d["null_eos"] is True
+    assert d["target_token"] == "mean" and d["null_eos"] is True and d["rows"] == "output"
     back = CliRunner().invoke(app, ["eval", "aer", "--gold", str(gold_file), "--predicted",
                                     str(out / "predicted-logit.jsonl"), "--json"])
     assert back.exit_code == 0 and json.loads(back.stdout)["aer"] == pytest.approx(want.aer, abs=1e-12)
@@ -135,6 +166,7 @@ def test_the_cli_writes_alignments_that_eval_aer_reads_back(gold_file, tmp_path)
     (["--model", "tiny:t5", "--methods", "recent"], "unknown method 'recent'"),
     (["--model", "tiny:t5", "--dataset", "ioi"], "--gold and --dataset are two evaluations"),
     (["--model", "tiny:t5", "--target-token", "last"], "unknown --target-token"),
+    (["--model", "tiny:t5", "--rows", "both"], "unknown --rows"),
 ])
 def test_one_line_errors(gold_file, args, message):
     r = CliRunner().invoke(app, ["eval", "alignment", "--gold", str(gold_file), "--no-progress"] + args)

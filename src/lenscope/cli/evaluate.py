@@ -17,7 +17,8 @@ DEFAULT_METHODS = "logit,alti-logit,grad-norm,grad-x-input,ig,erasure,first,rece
 
 
 def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: str, out: str | None,
-              as_json: bool, progress: bool, batch_size: int = 16, null_eos: bool = True) -> None:
+              as_json: bool, progress: bool, batch_size: int = 16, null_eos: bool = True,
+              token_rows: str = "output") -> None:
     """``eval alignment --gold``: each method's word alignments on the gold pairs and their AER."""
     from pathlib import Path
 
@@ -34,10 +35,13 @@ def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: 
         table.get(n)
     if target_token not in ("first", "mean"):
         fail(f"unknown --target-token {target_token!r}; choose first or mean")
+    if token_rows not in ("output", "input"):
+        fail(f"unknown --rows {token_rows!r}; choose output or input")
     lm = model.load()
     done = {}
     show = stage_progress("eval alignment --gold") if progress else None
-    every = model_alignments(lm, rows, names, target_token=target_token, null_eos=null_eos, batch_size=batch_size,
+    every = model_alignments(lm, rows, names, target_token=target_token, null_eos=null_eos, rows=token_rows,
+                             batch_size=batch_size,
                              progress=None if show is None else lambda i, n: show("sentence pairs", i, n))
     for name, links in every.items():
         done[name] = alignment_error_rate(rows, links, method=name)
@@ -48,6 +52,7 @@ def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: 
         from ..results import finite_json
 
         print_json(finite_json({"model": lm.name, "gold": gold, "target_token": target_token, "null_eos": null_eos,
+                                "rows": token_rows,
                                 "methods": {k: v.to_dict() for k, v in done.items()}}))
         return
     for name, res in done.items():
@@ -78,6 +83,10 @@ def register(app: typer.Typer) -> None:
         target_token: str = typer.Option("mean", "--target-token", help="With --gold: a target word of several "
                                          "tokens is read as the mean of their rows (mean, as Ferrando et al. 2022) "
                                          "or at its first token (first)."),
+        token_rows: str = typer.Option("output", "--rows", metavar="output|input", help="With --gold: a target "
+                                       "token's row is the step that predicts it (output; Ferrando et al. 2022's "
+                                       "AWO) or the step that reads it (input, AWI: the prediction of the next "
+                                       "token, of the end token after the last)."),
         null_eos: bool = typer.Option(True, "--null-eos/--no-null-eos", help="With --gold: the source's end token "
                                       "competes with the source words and a target word it wins gets no link (as "
                                       "Ferrando et al. 2022); --no-null-eos links every target word."),
@@ -116,7 +125,7 @@ def register(app: typer.Typer) -> None:
                 fail("--gold and --dataset are two evaluations; give one of them")
             at_least_one(batch_size=batch_size)
             _gold_aer(model, gold, None if methods == DEFAULT_METHODS else methods, target_token, out, as_json,
-                      progress, batch_size, null_eos)
+                      progress, batch_size, null_eos, token_rows)
             return
 
         if not dataset:

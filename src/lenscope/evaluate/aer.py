@@ -24,6 +24,7 @@ from ..errors import InputError
 from ..results import Result
 
 COUNTS = ("predicted", "sure", "predicted_sure", "predicted_possible")  # |A|, |S|, |A & S|, |A & P|
+ROWS = ("output", "input")  # a target token's row: the step that predicts it, or that reads it (AWO / AWI)
 
 
 def _ratio(num: Tensor, den: Tensor) -> Tensor:
@@ -226,6 +227,7 @@ class PairScores:
     source_ids: Tensor
     decoder_ids: Tensor
     scores: dict[str, Tensor]
+    end: bool = False  # one more row: the prediction of the end token after the whole target (pair_scores(end=))
 
     @property
     def n_source(self) -> int:
@@ -233,12 +235,13 @@ class PairScores:
 
 
 def pair_scores(lm, pairs: Sequence[tuple[str, str]], methods=("logit",), *, ids: Sequence | None = None,
-                batch_size: int = 16, progress=None) -> list[PairScores]:
+                batch_size: int = 16, end: bool = False, progress=None) -> list[PairScores]:
     """Every target token of each ``(source text, target text)`` pair explained by each method that reads a source
     (:func:`lenscope.attribution.methods.source_readers`), the pairs ``batch_size`` at a time through one padded
     forward pass (:func:`lenscope.models.trace.batch_traces`; pairs of similar lengths share a batch), each pair's
     methods through the method table's rows from its own trace (the invariants checked). ``ids``: the pairs' ids
-    (default their index). ``progress(done, total)`` after each batch."""
+    (default their index). ``end``: one more row, the prediction of the end token after the whole target (the
+    step that reads the last target token). ``progress(done, total)`` after each batch."""
     from ..attribution import methods as table
     from ..attribution.context import check_rows
     from ..models.load import require_decoder, target_prefix_ids
@@ -258,6 +261,9 @@ def pair_scores(lm, pairs: Sequence[tuple[str, str]], methods=("logit",), *, ids
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise InputError(f"batch_size must be a positive integer, not {batch_size!r}")
     ids = list(range(len(pairs))) if ids is None else list(ids)
+    eos = getattr(lm.tokenizer, "eos_token_id", None)
+    if end and eos is None:
+        raise InputError(f"{lm.name}'s tokenizer names no end token, whose prediction end=True explains")
     srcs = [source_ids(lm, s) for s, _ in pairs]
     decs = [target_prefix_ids(lm, t) for _, t in pairs]  # the start token, then the target's tokens
     for i, d in zip(ids, decs):
@@ -270,20 +276,21 @@ def pair_scores(lm, pairs: Sequence[tuple[str, str]], methods=("logit",), *, ids
         trs = batch_traces(lm, [decs[k] for k in chunk], source=[srcs[k] for k in chunk])
         for k, tr in zip(chunk, trs):
             dec = decs[k]
-            rows = torch.arange(len(dec) - 1)  # the prediction of each target token dec[1:]
-            job = table.Rows(lm=lm, tr=tr, ids=dec, rows=rows, tok=dec[1:], foils=None)
+            rows = torch.arange(len(dec) - (0 if end else 1))  # the prediction of each target token dec[1:]
+            tok = torch.cat([dec[1:], torch.tensor([int(eos)])]) if end else dec[1:]  # (and of the end token)
+            job = table.Rows(lm=lm, tr=tr, ids=dec, rows=rows, tok=tok, foils=None)
             scores = {}
             for m in chosen:
                 scores[m.name], inv = m.generation_rows(job)
                 check_rows(m.name, inv, lm, [f"sentence {ids[k]!r}, target token {i}" for i in range(len(rows))])
-            out[k] = PairScores(ids[k], srcs[k], dec, scores)
+            out[k] = PairScores(ids[k], srcs[k], dec, scores, end)
         if progress is not None:
             progress(min(start + batch_size, len(order)), len(order))
     return out
 
 
 def model_alignments(lm, gold: Sequence[AlignedPair], methods=("logit",), *, target_token: str = "mean",
-                     null_eos: bool = True, batch_size: int = 16,
+                     null_eos: bool = True, rows: str = "output", batch_size: int = 16,
                      progress=None) -> dict[str, dict[object, frozenset[Link]]]:
     """Word alignments of an encoder-decoder model ``lm`` on each gold sentence pair (its ``source`` and
     ``target`` words, joined by spaces), ``{method: {pair id: links}}`` for each attribution method that reads a
@@ -295,13 +302,18 @@ def model_alignments(lm, gold: Sequence[AlignedPair], methods=("logit",), *, tar
     words, and a target word it wins gets no link. The defaults are the protocol of Ferrando et al. 2022's code
     (mt-upc/transformer-contributions-nmt, ``alignment/``: source subwords summed, target subwords averaged, the
     source's ``</s>`` a candidate that writes no link; their "alignment with output" rows, the prediction of each
-    target token). ``progress(done, total)`` after each batch."""
+    target token). ``rows="input"``: their "alignment with input" (AWI): a target token's row is the step that
+    reads it as the decoder's input (the prediction of the next token, of the end token after the last).
+    ``progress(done, total)`` after each batch."""
     methods = [methods] if isinstance(methods, str) else list(methods)
     texts = [(" ".join(g.source), " ".join(g.target)) for g in gold]
-    scored = pair_scores(lm, texts, methods, ids=[g.id for g in gold], batch_size=batch_size, progress=progress)
+    if rows not in ROWS:
+        raise InputError(f"unknown rows {rows!r}; choose {' or '.join(ROWS)}")
+    scored = pair_scores(lm, texts, methods, ids=[g.id for g in gold], batch_size=batch_size, end=rows == "input",
+                         progress=progress)
     out: dict[str, dict] = {m: {} for m in methods}
     for g, ps in zip(gold, scored):
-        words = pair_words(lm, ps, g.source, g.target, target_token=target_token, null_eos=null_eos)
+        words = pair_words(lm, ps, g.source, g.target, target_token=target_token, null_eos=null_eos, rows=rows)
         for m, links in words.links().items():
             out[m][g.id] = links
     return out
@@ -326,11 +338,12 @@ class WordScores:
 
 
 def pair_words(lm, ps: PairScores, source_words: Sequence[str], target_words: Sequence[str], *,
-               target_token: str = "mean", null_eos: bool = True) -> WordScores:
+               target_token: str = "mean", null_eos: bool = True, rows: str = "output") -> WordScores:
     """The word-level scores of one pair's token-level explanations ``ps`` (:func:`pair_scores` of the pair's words
     joined by spaces), by the protocol of :func:`model_alignments` (whose options these are): token-to-word maps
     from the tokenizer's offsets, source tokens summed, a target word's row from its tokens' rows, and with
-    ``null_eos`` the source's end token one more column."""
+    ``null_eos`` the source's end token one more column; ``rows``: a target token's row is the step that predicts
+    it (``"output"``) or that reads it (``"input"``: needs ``ps.end``)."""
     src_text, tgt_text = " ".join(source_words), " ".join(target_words)
     src_of = _tokens_of(lm, src_text, source_words, "source", ps.source_ids)
     tgt_of = _tokens_of(lm, tgt_text, target_words, "target", ps.decoder_ids[1:])
@@ -341,5 +354,11 @@ def pair_words(lm, ps: PairScores, source_words: Sequence[str], target_words: Se
         if ends:
             null = len(source_words)
             cols = [null if k in ends else w for k, w in enumerate(src_of)]
-    scores = {m: word_scores(sc[:, : ps.n_source], cols, tgt_of, target_token) for m, sc in ps.scores.items()}
+    if rows not in ROWS:
+        raise InputError(f"unknown rows {rows!r}; choose {' or '.join(ROWS)}")
+    if rows == "input" and not ps.end:
+        raise InputError("rows='input' reads the end token's prediction: score the pair with pair_scores(end=True)")
+    n = len(ps.decoder_ids) - 1  # the target's tokens
+    pick = slice(1, n + 1) if rows == "input" else slice(0, n)
+    scores = {m: word_scores(sc[pick, : ps.n_source], cols, tgt_of, target_token) for m, sc in ps.scores.items()}
     return WordScores(tuple(source_words), tuple(target_words), src_of, tgt_of, null, scores)
