@@ -83,6 +83,21 @@ def test_alignments_equal_one_explanation_per_target_token(gold_file, name, meth
 TARGET_WORDS = {"the house is small": [0, 0, 1, 1, 1, 1, 2, 3, 3, 3, 3], "I am here": [0, 1, 1, 2, 2]}
 
 
+def _hand_links(rows, g, src_words, tgt_words) -> set:
+    """The default protocol by hand: each target word's row the mean of its tokens' ``rows (token, source token)``,
+    each source word the sum of its tokens' columns, the end token (the last column) one more candidate; a target
+    word whose best candidate is the end token gets no link (the first of equal ones wins)."""
+    want = set()
+    for w in range(len(g.target)):
+        row = rows[[i for i, tw in enumerate(tgt_words) if tw == w]].mean(0)
+        per_word = [float(sum(row[s] for s, sw in enumerate(src_words) if sw == k)) for k in range(len(g.source))]
+        per_word.append(float(row[-1]))  # the end token's column
+        best = max(range(len(per_word)), key=lambda k: (per_word[k], -k))
+        if best < len(g.source):
+            want.add((best, w))
+    return want
+
+
 @pytest.mark.parametrize(("name", "method"), [("marian", "logit"), ("m2m100", "alti-logit"), ("t5", "alti-logit")])
 def test_the_default_protocol_is_ferrando_et_al_2022s(gold_file, name, method):
     """The defaults follow Ferrando et al. 2022's alignment code: a target word's row is the mean of its tokens'
@@ -101,16 +116,7 @@ def test_the_default_protocol_is_ferrando_et_al_2022s(gold_file, name, method):
         assert src[-1] == eos and src_tokens[-1] == "<|endoftext|>"  # the end token: the last column
         rows = torch.stack([lenscope.explain(lm, dec[: i + 1], int(dec[i + 1]), method=method, source=src_text).scores
                             [: len(src)].double() for i in range(len(dec) - 1)])
-        want = set()
-        for w in range(len(g.target)):
-            mine = [i for i, tw in enumerate(TARGET_WORDS[tgt_text]) if tw == w]
-            row = rows[mine].mean(0)
-            per_word = [float(sum(row[s] for s, sw in enumerate(src_words) if sw == k)) for k in range(len(g.source))]
-            per_word.append(float(row[len(src) - 1]))  # the end token's column
-            best = max(range(len(per_word)), key=lambda k: (per_word[k], -k))
-            if best < len(g.source):
-                want.add((best, w))
-        assert set(got[g.id]) == want, g.id
+        assert set(got[g.id]) == _hand_links(rows, g, src_words, TARGET_WORDS[tgt_text]), g.id
 
 
 @pytest.mark.parametrize(("name", "method"), [("bart", "logit"), ("pegasus", "alti-logit")])
@@ -131,15 +137,7 @@ def test_alignment_with_input_reads_the_step_after_each_token(gold_file, name, m
         nxt = dec[2:].tolist() + [eos]  # what the step reading target token i predicts
         rows = torch.stack([lenscope.explain(lm, dec[: i + 2], nxt[i], method=method, source=src_text).scores
                             [: len(src)].double() for i in range(len(dec) - 1)])
-        want = set()
-        for w in range(len(g.target)):
-            row = rows[[i for i, tw in enumerate(TARGET_WORDS[tgt_text]) if tw == w]].mean(0)
-            per_word = [float(sum(row[s] for s, sw in enumerate(src_words) if sw == k)) for k in range(len(g.source))]
-            per_word.append(float(row[len(src) - 1]))  # the end token's column
-            best = max(range(len(per_word)), key=lambda k: (per_word[k], -k))
-            if best < len(g.source):
-                want.add((best, w))
-        assert set(got[g.id]) == want, g.id
+        assert set(got[g.id]) == _hand_links(rows, g, src_words, TARGET_WORDS[tgt_text]), g.id
     with pytest.raises(InputError, match="unknown rows"):
         model_alignments(lm, gold, method, rows="both")
 

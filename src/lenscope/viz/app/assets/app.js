@@ -131,6 +131,17 @@
     });
   }
 
+  // what every run does first: the previous run stopped, the panel and messages cleared, the URL written
+  function beginRun(s, push) {
+    abortRun();
+    closePanel();
+    unsay();
+    var my = ++runId, ctl = runCtl = new AbortController();
+    shown = s; resolved = null;
+    writeURL(s, push);
+    return { my: my, ctl: ctl };
+  }
+
   function run(push) {
     var s = read();
     if (!s.text) { say("Type a prompt first.", true); $("text").focus(); return; }
@@ -139,12 +150,7 @@
       say("This server needs a token: open the address `lenscope serve` printed (it ends in ?token=\u2026).");
       return;
     }
-    abortRun();
-    closePanel();
-    unsay();
-    var my = ++runId, ctl = runCtl = new AbortController();
-    shown = s; resolved = null;
-    writeURL(s, push);
+    var started = beginRun(s, push), my = started.my, ctl = started.ctl;
     if (auto.target) setAuto("target", true, "");
     if (auto.foil) setAuto("foil", true, "");
     $("save").disabled = true;
@@ -232,12 +238,7 @@
     if (!s.source) { say("This is a translation model: give the source (the text is its target).", true); $("source").focus(); return; }
     var gold = parseGold(s.gold);
     if (gold === false) return;
-    abortRun();
-    closePanel();
-    unsay();
-    var my = ++runId, ctl = runCtl = new AbortController();
-    shown = s; resolved = null;
-    writeURL(s, push);
+    var started = beginRun(s, push), my = started.my, ctl = started.ctl;
     $("save").disabled = true;
     body.setAttribute("data-run", String(my));
     body.removeAttribute("data-ready");
