@@ -104,3 +104,18 @@ def test_one_line_errors():
         run(lm, dec, source=src, inputs_embeds=torch.zeros(3, 5, 8))
     with pytest.raises(InputError, match="one source per target prefix"):
         batch_traces(lm, TARGETS, source=SOURCES[:2])
+
+
+def test_a_source_too_long_or_empty_is_one_line_on_every_path():
+    """The baselines call the model themselves (through forward_kwargs): a source past the encoder's context is
+    the engine's one-line error there too, never an index error inside the model; an empty source text is
+    refused before tokenising."""
+    import lenscope
+
+    lm = get_model("tiny:marian")
+    long = "das " * (lm.anatomy.encoder.n_ctx + 8)
+    for method in ("erasure", "grad-norm", "logit"):
+        with pytest.raises(InputError, match="more than the encoder's context"):
+            lenscope.explain(lm, "the house", " is", method=method, source=long)
+    with pytest.raises(InputError, match="the source is empty"):
+        lenscope.explain(lm, "the house", " is", method="ig", source="  ")

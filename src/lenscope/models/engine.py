@@ -71,6 +71,7 @@ def forward_kwargs(lm: LoadedModel, ids: Tensor | None = None, *, inputs_embeds:
     device = main_device(lm.model)  # accelerate's execution device of a split model, never "meta"
     if source is not None or source_embeds is not None:
         src = source if source is not None else source_embeds
+        _source_fits(lm, src.shape[1])  # every pass, also the baselines' own (never an index error in the model)
         if source_mask is None:
             source_mask = torch.ones(src.shape[:2], dtype=torch.long)
         kw = {"attention_mask": source_mask.to(device), "use_cache": False}
@@ -132,14 +133,19 @@ def _check_source(lm: LoadedModel, source: Tensor | None, B: int, other_inputs: 
     if source.dim() != 2 or source.shape[0] != B or source.shape[1] == 0:
         raise InputError(f"the source must be (b, s) token ids with the same {B} rows as the target prefix, at "
                          f"least one token each; got shape {tuple(source.shape)}")
-    if source.shape[1] > A.encoder.n_ctx:
-        raise InputError(f"{source.shape[1]} source positions are more than the encoder's context of "
-                         f"{A.encoder.n_ctx}; shorten the source")
+    _source_fits(lm, source.shape[1])
     if int(source.min()) < 0 or int(source.max()) >= A.encoder.vocab_size:
         raise InputError(f"source token ids must lie in 0..{A.encoder.vocab_size - 1}")
     if source_mask is not None:
         _check_mask(source_mask, source.shape, "source_mask")
     return int(source.shape[1])
+
+
+def _source_fits(lm: LoadedModel, n: int) -> None:
+    """A one-line error when ``n`` source positions are more than the encoder's context."""
+    if n > lm.anatomy.encoder.n_ctx:
+        raise InputError(f"{n} source positions are more than the encoder's context of {lm.anatomy.encoder.n_ctx}; "
+                         "shorten the source")
 
 
 def _check_mask(mask: Tensor, shape, what: str) -> None:

@@ -423,6 +423,8 @@ def source_ids(lm: LoadedModel, source) -> Tensor | None:
     if source is None:
         return None
     if isinstance(source, str):
+        if not source.strip():
+            raise InputError("the source is empty; give a non-empty source")
         return torch.as_tensor(lm.tokenizer(source)["input_ids"], dtype=torch.long)
     try:
         return torch.as_tensor(source, dtype=torch.long).reshape(-1).cpu()
