@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from ..models import dictionary_kinds as kinds
 from .common import MODEL_HELP, handle_errors, load_model, print_json
 from .options import DTYPE_OPTION, JSON_SUMMARY_OPTION, MAX_MEMORY_OPTION, RESUME_OPTION, SEED_OPTION, SEQ_LEN_OPTION
 
@@ -19,11 +20,11 @@ def register(app: typer.Typer) -> None:
         site: str = typer.Option(None, "--site", help="Site(s) to train on, comma-separated: resid_pre.5, "
                                                       "resid_post.5, attn_out.5, mlp_out.5; NAME.* for every block. "
                                                       "A transcoder is named by the mlp_out it replaces."),
-        kind: str = typer.Option("topk", "--kind", help="topk, batchtopk or jumprelu."),
+        kind: str = typer.Option(kinds.DEFAULT, "--kind", help=kinds.kind_help()),
         transcoder: bool = typer.Option(False, "--transcoder", help="Transcoders: MLP input -> MLP output."),
         skip: bool = typer.Option(False, "--skip", help="Skip transcoders: a transcoder plus a linear skip path."),
         width: int = typer.Option(..., "--width", help="Latents of each dictionary."),
-        k: int = typer.Option(..., "--k", help="Active latents per token (TopK, BatchTopK); JumpReLU: the target L0."),
+        k: int = typer.Option(..., "--k", help=kinds.k_help()),
         data: str = typer.Option(None, "--data", help="Text to stream through the model (a file or a folder of .txt "
                                                       "/ .txt.gz files, e.g. ../shared/data/corpus); its training "
                                                       "part (1 document in 20 is held out)."),

@@ -2,25 +2,14 @@
 activations streamed through the engine, or on a tensor file (:mod:`lenscope.features.sources`).
 
 :func:`train_dictionaries` trains one or several dictionaries on the same rows (one forward pass of the model feeds
-them all). Per kind (``x``: the input, ``y``: the target, both normalised; ``ŷ`` the output):
-
-- **TopK** (Gao et al. 2024): the ``k`` largest pre-activations per token; loss ``|y - ŷ|²`` (summed over
-  dimensions, mean over tokens) plus the auxiliary loss ``|e - ê|² / 32``: ``e = y - ŷ`` (detached), ``ê`` the
-  decoding (no bias) of the top ``k_aux`` pre-activations among the *dead* latents, scaled by
-  ``min(1, dead / k_aux)``; ``k_aux = min(width // 2, 512)``. A latent is dead after ``dead_after`` training
-  tokens without firing (default 200,000 tokens, below Gao's 10M which a CPU run of minutes never reaches; a
-  latent of a width-4608, k-32 dictionary fires once in 144 tokens on average).
-- **BatchTopK** (Bussmann et al. 2024): the ``k x n`` largest pre-activations of a batch of ``n`` tokens, the same
-  auxiliary loss; the inference threshold is the exponential moving average (rate 0.01, as SAELens's
-  ``topk_threshold``) of the smallest kept activation, stored as the dictionary's ``threshold``.
-- **JumpReLU** (Rajamanoharan et al. 2024): ``z = pre · H(pre - θ)``, ``θ = exp(log θ)`` learnt (each latent's
-  starting θ fires it on a fraction ``k / width`` of the first block's tokens, at least 0.001),
-  gradients to ``θ`` by the straight-through estimator with the rectangle kernel of bandwidth 0.001; loss
-  ``|y - ŷ|² + λ L0``. ``k`` is the *target* L0, λ the multiplier of the constraint ``L0 = k`` by dual ascent:
-  from 0, after every step ``λ ← λ + 0.05 · clip((L0 - k) / k, -1, 1)`` (``L0`` the batch's mean active
-  latents), so λ rises while the dictionary is denser than ``k`` and falls (below 0 if need be, pulling the
-  thresholds down) while sparser. Short runs of JumpReLU *transcoders* tend to switch latents off before their
-  decoders learn (no auxiliary loss revives them): prefer TopK for transcoders on CPU budgets.
+them all). Each kind's objective is in its own file (:mod:`lenscope.models.dictionary_kinds`), which
+:class:`Trainable` calls with itself: **TopK** (``topk.py``: the ``k`` largest pre-activations per token, loss
+``|y - ŷ|²`` summed over dimensions and averaged over tokens, plus the auxiliary loss AuxK reviving dead latents,
+``k_aux = min(width // 2, 512)``), **BatchTopK** (``batchtopk.py``: the ``k x n`` largest of a batch, its inference
+threshold a moving average) and **JumpReLU** (``jumprelu.py``: learnt thresholds by the straight-through estimator,
+``k`` the target L0 of a dual ascent). A latent is dead after ``dead_after`` training tokens without firing (default
+200,000 tokens, below Gao's 10M which a CPU run of minutes never reaches; a latent of a width-4608, k-32 dictionary
+fires once in 144 tokens on average).
 
 All kinds: decoder rows unit-norm (the gradient's component along each row removed before the step, rows
 renormalised after it); ``b_dec`` starts at the mean of the first block's targets. Normalisation: a fixed factor per
@@ -36,9 +25,9 @@ The encoder matmul (and JumpReLU's decoder matmul) runs in the precision :func:`
 where the CPU runs it natively, as ``lens train`` decides; the rest in float32); one encoder matmul serves the
 selection and the auxiliary loss. TopK and BatchTopK stay sparse after it: the decoding is a weighted sum of each
 token's picked decoder rows (``embedding_bag``) and the gradients to the encoder and its input pass through the
-picked pre-activations only (:class:`_Picked`), ``n·k·d`` work where dense latents cost ``n·width·d``. Resumable to
-the same result (a checkpoint holds every parameter, the optimizer, the plan, the random generator and where the
-current shuffle block started); data-parallel under ``torchrun`` (:mod:`lenscope.distributed.ddp`: the forward
+picked pre-activations only (:meth:`Trainable.pick`), ``n·k·d`` work where dense latents cost ``n·width·d``.
+Resumable to the same result (a checkpoint holds every parameter, the optimizer, the plan, the random generator and
+where the current shuffle block started); data-parallel under ``torchrun`` (:mod:`lenscope.distributed.ddp`: the forward
 passes and each batch sharded over ranks, gradients averaged).
 """
 
@@ -56,17 +45,13 @@ from torch import Tensor, nn
 
 from ..distributed import ddp
 from ..errors import InputError
-from ..models.dictionary import KINDS, ROLES, Dictionary
+from ..models import dictionary_kinds as kinds
+from ..models.dictionary import ROLES, Dictionary
+from ..models.dictionary_kinds.topk import AUX_COEF
 from ..results import axis_size
 from .sources import Target
 from .train_memory import check_train_memory, train_memory
 
-AUX_COEF = 1 / 32
-THRESHOLD_LR = 0.01
-BANDWIDTH = 0.001
-JUMPRELU_THETA0 = 0.001
-L0_RATE = 0.05
-JUMPRELU_INIT_ROWS = 8192
 CHECKPOINT = "checkpoint"
 
 
@@ -78,7 +63,7 @@ TRANSCODER_LR, TRANSCODER_LR_WIDTH = 8e-3, 4608  # a transcoder's at width 4,608
 class DictSettings:
     """Settings of :func:`train_dictionaries` (recorded in each dictionary's ``info``)."""
 
-    kind: str = "topk"
+    kind: str = kinds.DEFAULT
     width: int = 1024
     k: int = 32  # TopK / BatchTopK: active latents per token; JumpReLU: the target L0
     role: str = "sae"
@@ -102,8 +87,7 @@ class DictSettings:
         return SAE_LR * math.sqrt(SAE_LR_WIDTH / self.width)
 
     def check(self, d: int | None = None) -> None:
-        if self.kind not in KINDS:
-            raise InputError(f"unknown dictionary kind {self.kind!r}; kinds: {', '.join(KINDS)}")
+        kinds.get(self.kind)
         if self.role not in ROLES:
             raise InputError(f"unknown role {self.role!r}; roles: {', '.join(ROLES)}")
         if self.width < 1:
@@ -139,47 +123,53 @@ def precision(bf16: bool | None = None) -> dict:
 
 
 class Trainable(nn.Module):
-    """A :class:`Dictionary` as parameters, trained on normalised activations (see the module's docstring)."""
+    """A :class:`Dictionary` as parameters, trained on normalised activations (see the module's docstring). Its
+    kind (``spec``) adds its own parameters and computes its objective with the tools here (:meth:`mm`,
+    :meth:`centre`, :meth:`pick`, :meth:`decode_rows`, :meth:`reduce`)."""
 
     def __init__(self, D: Dictionary, s: DictSettings):
         super().__init__()
         self.kind, self.role, self.k, self.s = D.kind, D.role, int(s.k), s
+        self.spec = D.spec
         self.W_enc = nn.Parameter(D.W_enc.float().clone())
         self.b_enc = nn.Parameter(D.b_enc.float().clone())
         self.W_dec = nn.Parameter(D.W_dec.float().clone())
         self.b_dec = nn.Parameter(D.b_dec.float().clone())
         self.W_skip = nn.Parameter(D.W_skip.float().clone()) if D.W_skip is not None else None
-        self.log_threshold = nn.Parameter(torch.full((D.width,), math.log(JUMPRELU_THETA0))) \
-            if D.kind == "jumprelu" else None
-        self.register_buffer("threshold", torch.zeros(()))  # BatchTopK's running threshold
-        self.register_buffer("l0_coef", torch.zeros(()))  # JumpReLU's sparsity coefficient λ
+        self.spec.setup(self, D)
         self.register_buffer("since_fired", torch.zeros(D.width, dtype=torch.long))
         self.k_aux = s.k_aux or min(D.width // 2, 512)
         self.mm_dtype = torch.float32
 
     width = axis_size("W_enc", 1)
 
-    def _x(self, x: Tensor) -> Tensor:
+    def centre(self, x: Tensor) -> Tensor:
+        """The encoder's input: ``x - b_dec`` for an SAE, ``x`` for a transcoder."""
         return x - self.b_dec if self.role == "sae" else x
 
-    def _mm(self, a: Tensor, W: Tensor) -> Tensor:
+    def mm(self, a: Tensor, W: Tensor) -> Tensor:
         """``a @ W`` in the training's matmul precision (bfloat16 only where native), returned in float32."""
         if self.mm_dtype == torch.float32:
             return a @ W
         return (a.to(self.mm_dtype) @ W.to(self.mm_dtype)).float()
 
-    def _pick(self, xc: Tensor, pre: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+    def pick(self, xc: Tensor, pre: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
         """The pre-activations ``pre[rows, cols]`` (computed without autograd), differentiable in the encoder and
         ``xc``: their gradient touches only those entries (:class:`_Picked`), not the dense ``(n, width)``."""
         return _Picked.apply(xc, self.W_enc, self.b_enc, rows, cols, pre[rows, cols])
 
-    def _decode(self, rows: Tensor, cols: Tensor, vals: Tensor, n: int) -> Tensor:
+    def decode_rows(self, rows: Tensor, cols: Tensor, vals: Tensor, n: int) -> Tensor:
         """``z @ W_dec`` for the sparse latents ``z`` (``vals`` at ``(rows, cols)``, 0 elsewhere) as a weighted
         sum of decoder rows: ``n·k·d`` work in place of ``n·width·d``, in both directions."""
         order = torch.argsort(rows, stable=True)
         offsets = torch.zeros(n, dtype=torch.long)
         offsets[1:] = torch.bincount(rows, minlength=n)[:-1].cumsum(0)
         return nn.functional.embedding_bag(cols[order], self.W_dec, offsets, mode="sum", per_sample_weights=vals[order])
+
+    @staticmethod
+    def reduce(x: Tensor, dist: ddp.Dist, op: str) -> Tensor:
+        """``x`` reduced (``min``, ``max``) over ranks."""
+        return _reduce(x, dist, op)
 
     def forward(self, x: Tensor, y: Tensor, n_global: int | None = None,
                 dist: ddp.Dist = ddp.SINGLE) -> tuple[Tensor, dict]:
@@ -188,39 +178,9 @@ class Trainable(nn.Module):
         latents that fired, BatchTopK's threshold, the L0 that steers JumpReLU's λ) is reduced over ranks."""
         n = x.shape[0]
         n_global = n if n_global is None else n_global
-        xc = self._x(x)
+        xc = self.centre(x)
         stats: dict = {}
-        if self.kind == "jumprelu":
-            pre = self._mm(xc, self.W_enc) + self.b_enc
-            theta = self.log_threshold.exp()
-            z = _JumpReLU.apply(pre, theta)
-            yhat = self._mm(z, self.W_dec) + self.b_dec
-            active = _Step.apply(pre, theta)
-            l0 = active.sum(-1).mean()
-            fired = (pre.detach() > theta.detach()).any(0)
-            stats["l0"] = float(l0.detach())
-        else:
-            with torch.no_grad():
-                pre = self._mm(xc, self.W_enc) + self.b_enc
-                if self.kind == "topk":
-                    vals, cols = pre.detach().topk(self.k, dim=-1)
-                    rows = torch.arange(n).repeat_interleave(self.k)
-                    cols, keep = cols.reshape(-1), vals.reshape(-1) > 0
-                else:
-                    vals, idx = pre.detach().reshape(-1).topk(self.k * n)
-                    rows, cols, keep = idx // self.width, idx % self.width, vals > 0
-                rows, cols = rows[keep], cols[keep]
-            v = self._pick(xc, pre, rows, cols).relu()
-            yhat = self._decode(rows, cols, v, n) + self.b_dec
-            fired = torch.zeros(self.width, dtype=torch.bool)
-            fired[cols] = True
-            stats["l0"] = len(rows) / n
-            if self.kind == "batchtopk":
-                with torch.no_grad():
-                    pos = v.detach()[v.detach() > 0]
-                    low = _reduce(pos.min() if len(pos) else torch.tensor(float("inf")), dist, "min")
-                    if math.isfinite(float(low)):
-                        self.threshold.mul_(1 - THRESHOLD_LR).add_(THRESHOLD_LR * low)
+        pre, yhat, fired, extra = self.spec.train_forward(self, xc, n, dist, stats)
         if self.W_skip is not None:
             yhat = yhat + x @ self.W_skip.T
         err = y - yhat
@@ -233,28 +193,12 @@ class Trainable(nn.Module):
             self.since_fired += n_global
             self.since_fired[fired] = 0
             dead = self.since_fired >= self.s.dead_after
-        if self.kind == "jumprelu":
-            loss = loss + self.l0_coef * l0
-        elif dead.any():
-            loss = loss + AUX_COEF * self._aux(xc, pre, dead, err.detach())
+        loss = self.spec.penalty(self, loss, xc, pre, dead, err, extra)
         with torch.no_grad():
             var = (y - y.mean(0)).pow(2).sum()
             stats.update(mse=float(mse.detach()) / y.shape[1], explained_variance=float(1 - err.pow(2).sum() / var),
                          dead_fraction=float(dead.float().mean()), loss=float(loss.detach()))
         return loss, stats
-
-    def _aux(self, xc: Tensor, pre: Tensor, dead: Tensor, e: Tensor) -> Tensor:
-        """AuxK: the top ``k_aux`` pre-activations of dead latents of each token reconstruct the error ``e``."""
-        n_dead = int(dead.sum())
-        ka = min(self.k_aux, n_dead)
-        n = len(pre)
-        with torch.no_grad():
-            cols = pre.detach().masked_fill(~dead, float("-inf")).topk(ka, dim=-1).indices.reshape(-1)
-            rows = torch.arange(n).repeat_interleave(ka)
-        # the pre-activations themselves, negative ones included (as SAELens): a dead latent gets a gradient even
-        # while its pre-activation is below 0
-        ehat = self._decode(rows, cols, self._pick(xc, pre, rows, cols), n)
-        return min(1.0, n_dead / self.k_aux) * (e - ehat).pow(2).sum(-1).mean()
 
     def after_backward(self) -> None:
         """Remove the gradient's component along each decoder row (the unit-norm constraint's tangent)."""
@@ -265,18 +209,14 @@ class Trainable(nn.Module):
     @torch.no_grad()
     def after_step(self, l0: float) -> None:
         self.W_dec.div_(self.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-12))
-        if self.kind == "jumprelu":
-            self.l0_coef.add_(L0_RATE * max(-1.0, min(1.0, (l0 - self.k) / self.k)))
+        self.spec.after_step(self, l0)
 
     def dictionary(self, like: Dictionary) -> Dictionary:
         """The trained weights as a :class:`Dictionary` (normalised: fold the scales afterwards)."""
         t = {n: getattr(self, n).detach().clone() for n in ("W_enc", "b_enc", "W_dec", "b_dec")}
         if self.W_skip is not None:
             t["W_skip"] = self.W_skip.detach().clone()
-        if self.kind == "jumprelu":
-            t["threshold"] = self.log_threshold.detach().exp()
-        elif self.kind == "batchtopk":
-            t["threshold"] = self.threshold.expand(self.width).clone()
+        self.spec.trained(self, t)
         return Dictionary(**t, kind=self.kind, role=self.role, k=self.k, site=like.site, model=like.model,
                           fingerprint=like.fingerprint, info=dict(like.info))
 
@@ -311,36 +251,6 @@ class _Picked(torch.autograd.Function):
         g_W = torch.sparse.mm(G.t(), xc).T if ctx.needs_input_grad[1] else None
         g_b = torch.zeros(w, dtype=g.dtype).index_add_(0, cols, g) if ctx.needs_input_grad[2] else None
         return g_x, g_W, g_b, None, None, None
-
-
-class _JumpReLU(torch.autograd.Function):
-    """``pre · H(pre - θ)``; to ``θ``: ``-(θ/ε) K((pre - θ)/ε)`` (rectangle kernel ``K``, bandwidth ``ε``)."""
-
-    @staticmethod
-    def forward(ctx, pre, theta):
-        ctx.save_for_backward(pre, theta)
-        return pre * (pre > theta)
-
-    @staticmethod
-    def backward(ctx, g):
-        pre, theta = ctx.saved_tensors
-        rect = ((pre - theta).abs() < BANDWIDTH / 2).to(g.dtype)
-        return g * (pre > theta), (-(theta / BANDWIDTH) * rect * g).sum(0)
-
-
-class _Step(torch.autograd.Function):
-    """``H(pre - θ)``; to ``θ``: ``-(1/ε) K((pre - θ)/ε)`` (no gradient to ``pre``, as in the paper)."""
-
-    @staticmethod
-    def forward(ctx, pre, theta):
-        ctx.save_for_backward(pre, theta)
-        return (pre > theta).to(pre.dtype)
-
-    @staticmethod
-    def backward(ctx, g):
-        pre, theta = ctx.saved_tensors
-        rect = ((pre - theta).abs() < BANDWIDTH / 2).to(g.dtype)
-        return None, (-(1.0 / BANDWIDTH) * rect * g).sum(0)
 
 
 @dataclass
@@ -514,12 +424,7 @@ def _normalisation(st: RunState, ms: list[Trainable], targets: list[Target], row
         st.scales.append([sin, sout])
         with torch.no_grad():
             m.b_dec.copy_((rows[:, t.i_out].double().mean(0) * sout).float())
-            if m.log_threshold is not None:  # each latent starts firing on a fraction k / width of the block
-                x = rows[:JUMPRELU_INIT_ROWS, t.i_in] * sin
-                pre = m._x(x) @ m.W_enc + m.b_enc
-                q = max(1, min(len(x), round(len(x) * m.k / m.width)))
-                theta = pre.topk(q, dim=0).values[-1]
-                m.log_threshold.copy_(theta.clamp_min(JUMPRELU_THETA0).log())
+            m.spec.first_block(m, rows[:, t.i_in], sin)
 
 
 def _save(path: Path, ms: list[Trainable], opts, s: DictSettings, st: RunState, tstate, seconds: float,
@@ -597,4 +502,4 @@ def train(s: DictSettings, *, lm=None, sites: str | list[str] | None = None, dat
     return dicts
 
 
-__all__ = ["DictSettings", "Trainable", "precision", "train", "train_dictionaries", "train_memory"]
+__all__ = ["AUX_COEF", "DictSettings", "Trainable", "precision", "train", "train_dictionaries", "train_memory"]

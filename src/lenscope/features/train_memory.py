@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..memory import budget, format_bytes
+from ..models.dictionary_kinds import get
 
 if TYPE_CHECKING:
     from .train import DictSettings
@@ -20,15 +21,16 @@ def train_memory(s: DictSettings, *, d: int, sites: int, roles: list[str]) -> di
     - ``buffer``: the shuffle buffer, ``4 buffer sites d``, three times while the next block is read (the block in
       use, the new block's parts and their concatenation);
     - ``weights``: each dictionary's parameters (encoder and decoder ``2 d width``, biases, a skip transcoder's
-      ``d^2``, JumpReLU's thresholds) five times: the parameters, their gradients, Adam's two moments and the
-      dictionary returned at the end, ``4 * 5 * parameters``;
+      ``d^2``, the kind's own per latent, ``Kind.trained_per_latent``: JumpReLU's thresholds) five times: the
+      parameters, their gradients, Adam's two moments and the dictionary returned at the end, ``4 * 5 *
+      parameters``;
     - ``latents``: one dictionary's step on a batch, ``4 batch_size (6 width + 8 d)``: the pre-activations,
       activations and their gradients (with the auxiliary loss's copies), the batch's inputs, targets, outputs and
       errors.
 
     ``total``: their sum."""
-    per = [2 * d * s.width + s.width + d + (d * d if r == "skip" else 0) + (s.width if s.kind == "jumprelu" else 0)
-           for r in roles]
+    extra = get(s.kind).trained_per_latent * s.width
+    per = [2 * d * s.width + s.width + d + (d * d if r == "skip" else 0) + extra for r in roles]
     out = {"buffer": 3 * 4 * s.buffer * sites * d, "weights": 4 * 5 * sum(per),
            "latents": 4 * s.batch_size * (6 * s.width + 8 * d)}
     out["total"] = sum(out.values())

@@ -12,10 +12,11 @@ A dictionary reads an input ``x (..., d_in)`` and writes an output ``(..., d_out
 - role ``transcoder`` / ``skip``: replaces an MLP: reads the MLP's input (:func:`input_site`: the output of
   ``ln_mlp`` of the same block) and writes ``mlp_out`` of that block; ``site`` is the ``mlp_out`` it replaces.
 
-Kinds: ``topk`` (Gao et al. 2024), ``batchtopk`` (Bussmann et al. 2024; at inference a JumpReLU with the global
-threshold learned in training, as SAELens stores it), ``jumprelu`` (Rajamanoharan et al. 2024). A ReLU dictionary
-read from SAELens (``standard``, ``transcoder``, ``skip_transcoder``) is a JumpReLU with threshold 0, the same
-function.
+Kinds: the table of :mod:`lenscope.models.dictionary_kinds`, one file each: ``topk`` (Gao et al. 2024),
+``batchtopk`` (Bussmann et al. 2024; at inference a JumpReLU with the global threshold learned in training, as SAELens
+stores it), ``jumprelu`` (Rajamanoharan et al. 2024). A ReLU dictionary read from SAELens (``standard``,
+``transcoder``, ``skip_transcoder``) is a JumpReLU with threshold 0, the same function. A kind declares its
+activation, its parameters, its files' fields and its training objective; nothing here branches on its name.
 
 Training normalises activations by a fixed factor (the scale that makes the mean squared norm ``d``; SAELens's
 ``expected_average_only_in`` makes the mean *norm* ``√d`` instead, a factor differing by the ratio of the root mean
@@ -58,9 +59,9 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..results import axis_size
+from . import dictionary_kinds as kinds
 from .sites import DICT_SITES, LATENT_SITES, site_key
 
-KINDS = ("topk", "batchtopk", "jumprelu")
 ROLES = ("sae", "transcoder", "skip")
 CFG = "cfg.json"
 WEIGHTS = "sae_weights.safetensors"
@@ -152,7 +153,7 @@ class Dictionary:
     b_enc: Tensor
     W_dec: Tensor
     b_dec: Tensor
-    kind: str = "topk"
+    kind: str = kinds.DEFAULT
     role: str = "sae"
     k: int | None = None
     threshold: Tensor | None = None
@@ -165,8 +166,7 @@ class Dictionary:
     info: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise InputError(f"unknown dictionary kind {self.kind!r}; kinds: {', '.join(KINDS)}")
+        spec = kinds.get(self.kind)
         if self.role not in ROLES:
             raise InputError(f"unknown dictionary role {self.role!r}; roles: {', '.join(ROLES)}")
         d_in, width = self.W_enc.shape
@@ -174,12 +174,7 @@ class Dictionary:
             raise InputError(f"dictionary weights disagree: W_enc {tuple(self.W_enc.shape)}, b_enc "
                              f"{tuple(self.b_enc.shape)}, W_dec {tuple(self.W_dec.shape)}, b_dec "
                              f"{tuple(self.b_dec.shape)}")
-        if self.kind == "topk":
-            if self.k is None or not 0 < int(self.k) < width:
-                raise InputError(f"a TopK dictionary needs 0 < k < width ({width}); got k={self.k}")
-            self.k = int(self.k)
-        elif self.threshold is None:
-            raise InputError(f"a {self.kind} dictionary needs its threshold (width,)")
+        spec.check(self)
         if self.role == "sae" and d_in != self.d_out:
             raise InputError(f"an SAE reads and writes one site: d_in {d_in} != d_out {self.d_out}")
         if (self.role == "skip") != (self.W_skip is not None):
@@ -188,7 +183,7 @@ class Dictionary:
             self.site = check_site(self.site, self.role)
 
     @classmethod
-    def init(cls, d_in: int, width: int, *, kind: str = "topk", role: str = "sae", k: int | None = None,
+    def init(cls, d_in: int, width: int, *, kind: str = kinds.DEFAULT, role: str = "sae", k: int | None = None,
              d_out: int | None = None, site: str | None = None, seed: int = 0, threshold: float = 0.0,
              dtype: torch.dtype = torch.float32, **kw) -> Dictionary:
         """A new dictionary as training starts it: decoder rows random unit vectors; an SAE's encoder their
@@ -204,7 +199,7 @@ class Dictionary:
             torch.randn(d_in, width, generator=g, dtype=torch.float64) * (TRANSCODER_ENC_INIT / d_in ** 0.5)
         return cls(W_enc=W_enc.to(dtype), b_enc=torch.zeros(width, dtype=dtype), W_dec=W_dec.to(dtype),
                    b_dec=torch.zeros(d_out, dtype=dtype), kind=kind, role=role, k=k,
-                   threshold=None if kind == "topk" else torch.full((width,), float(threshold), dtype=dtype),
+                   threshold=kinds.get(kind).init_threshold(width, threshold, dtype),
                    W_skip=torch.zeros(d_out, d_in, dtype=dtype) if role == "skip" else None, site=site, **kw)
 
     # -- shape ---------------------------------------------------------------------------------------------------
@@ -212,6 +207,11 @@ class Dictionary:
     d_in = axis_size("W_enc", 0)
     width = axis_size("W_enc", 1)
     d_out = axis_size("b_dec", 0)
+
+    @property
+    def spec(self) -> kinds.Kind:
+        """This dictionary's kind (:mod:`lenscope.models.dictionary_kinds`)."""
+        return kinds.get(self.kind)
 
     @property
     def input_site(self) -> str | None:
@@ -251,10 +251,7 @@ class Dictionary:
 
     def activate(self, pre: Tensor) -> Tensor:
         """The latents of pre-activations ``pre (..., width)`` (the inference form of every kind)."""
-        if self.kind == "topk":
-            vals, idx = pre.topk(self.k, dim=-1, sorted=False)
-            return torch.zeros_like(pre).scatter(-1, idx, vals.relu())
-        return pre.relu() * (pre > self.threshold).to(pre.dtype)
+        return self.spec.activate(self, pre)
 
     def encode(self, x: Tensor) -> Tensor:
         """The latents ``(..., width)`` of inputs ``x (..., d_in)``."""
@@ -321,7 +318,7 @@ class Dictionary:
         ``jumprelu_skip_transcoder``, ...). BatchTopK is stored as its inference form, a JumpReLU. SAELens (6.54) has
         no TopK transcoder: those are written ``topk_transcoder`` and ``topk_skip_transcoder``, names only lenscope
         reads."""
-        act = "topk" if self.kind == "topk" else "jumprelu"
+        act = self.spec.architecture
         return {"sae": act, "transcoder": f"{act}_transcoder", "skip": f"{act}_skip_transcoder"}[self.role]
 
     def record(self) -> dict:
@@ -343,8 +340,7 @@ class Dictionary:
                "dtype": str(self.W_enc.dtype).removeprefix("torch."), "device": "cpu",
                "apply_b_dec_to_input": self.role == "sae", "normalize_activations": "none",
                "reshape_activations": "none", "metadata": meta}
-        if self.kind == "topk":
-            cfg.update(k=self.k, rescale_acts_by_decoder_norm=False)
+        cfg.update(self.spec.config(self))
         if self.transcoder:
             cfg["d_out"] = self.d_out
         return cfg
@@ -388,36 +384,28 @@ class Dictionary:
                                    else "sae")
         base = arch.replace("_skip_transcoder", "").replace("skip_transcoder", "").replace("_transcoder", "") \
             .replace("transcoder", "")
-        k = cfg.get("k")
-        if base == "standard" and cfg.get("activation_fn") == "topk":  # SAELens before 6.0
-            base, k = "topk", (cfg.get("activation_fn_kwargs") or {}).get("k")
-        if base in ("", "standard"):  # ReLU: a JumpReLU at threshold 0
-            kind = "jumprelu"
-            t.setdefault("threshold", torch.zeros_like(t["b_enc"]))
-        elif base in KINDS:
-            kind = base
-        else:
+        read = kinds.reading(base, cfg, t)  # (SAELens before 6.0 wrote TopK as standard with activation_fn topk)
+        if read is None:
             raise InputError(f"{folder / CFG}: architecture {arch!r} is not one lenscope reads (topk, jumprelu, "
                              "standard, transcoder, skip_transcoder and their TopK / JumpReLU forms)")
-        kind = own.get("kind", kind)
-        if kind == "batchtopk" and "threshold" not in t:
-            raise InputError(f"{folder / WEIGHTS}: a BatchTopK dictionary needs its threshold")
+        spec, k = read[0], read[1]["k"]
+        spec = kinds.get(own["kind"]) if "kind" in own else spec
+        spec.check_file(t, folder / WEIGHTS)
         # lenscope's own record says the site (its files before the hook was named blocks.L.mlp.hook_in named a
         # transcoder's input blocks.L.ln2.hook_normalized); another file's hooks say it
         site = own.get("site")
         if not own and meta.get("hook_name"):
             site = site_of_hooks(meta["hook_name"], meta.get("hook_name_out"), role, folder / CFG)
-        D = cls(W_enc=t["W_enc"], b_enc=t["b_enc"], W_dec=t["W_dec"], b_dec=t["b_dec"], kind=kind, role=role,
-                k=k, threshold=t.get("threshold") if kind != "topk" else None, W_skip=t.get("W_skip"),
+        D = cls(W_enc=t["W_enc"], b_enc=t["b_enc"], W_dec=t["W_dec"], b_dec=t["b_dec"], kind=spec.name, role=role,
+                k=k, threshold=t.get("threshold") if spec.threshold else None, W_skip=t.get("W_skip"),
                 site=site, model=meta.get("model_name"), fingerprint=own.get("fingerprint"),
                 scale_in=float(own.get("scale_in", 1.0)), scale_out=float(own.get("scale_out", 1.0)),
                 info=dict(own.get("info") or {}))
         return saelens_form(D, cfg, folder)
 
     def __repr__(self) -> str:
-        k = f", k={self.k}" if self.kind == "topk" else ""
-        return (f"Dictionary({self.role}, {self.kind}{k}, site={self.site!r}, d_in={self.d_in}, width={self.width}, "
-                f"model={self.model!r})")
+        return (f"Dictionary({self.role}, {self.kind}{self.spec.describe(self)}, site={self.site!r}, "
+                f"d_in={self.d_in}, width={self.width}, model={self.model!r})")
 
 
 class Attached:
@@ -529,6 +517,6 @@ def save_dictionaries(dicts: list[Dictionary], folder: str | Path) -> Path:
 # find them and the names stay importable from this module
 from .dictionary_formats import CT_CONFIG, SCALER, load_circuit_tracer, saelens_form, save_circuit_tracer  # noqa: E402
 
-__all__ = ["Attached", "CFG", "CT_CONFIG", "DICT_SITES", "Dictionary", "KINDS", "LATENT_SITES", "PRE_GAIN_HOOK",
+__all__ = ["Attached", "CFG", "CT_CONFIG", "DICT_SITES", "Dictionary", "LATENT_SITES", "PRE_GAIN_HOOK",
            "ROLES", "SCALER", "WEIGHTS", "check_site", "input_site", "load_circuit_tracer", "load_dictionaries",
            "saelens_form", "save_circuit_tracer", "save_dictionaries", "site_of_hook", "site_of_hooks", "tl_hook_name"]

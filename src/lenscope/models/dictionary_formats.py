@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
+from . import dictionary_kinds as kinds
 from .dictionary import (
     _TL_HOOK,
     CFG,
@@ -49,7 +50,7 @@ def saelens_form(D: Dictionary, cfg: dict, folder: str | Path | None = None) -> 
                          "space (SAELens refuses it too); set it to false")
     if D.role == "sae" and sub is not None and not sub:
         done.append("apply_b_dec_to_input: false")
-    rescale = D.kind == "topk" and bool(cfg.get("rescale_acts_by_decoder_norm"))
+    rescale = D.spec.rescale(cfg)
     if rescale:
         done.append("rescale_acts_by_decoder_norm: true")
     norm = cfg.get("normalize_activations")
@@ -108,6 +109,7 @@ def _stored_scale(D: Dictionary, folder, where) -> float:
 
 CT_CONFIG = "config.yaml"
 CT_THRESHOLD = "activation_function.threshold"  # circuit-tracer's JumpReLU threshold, its module's parameter
+CT_ARCHITECTURE = "jumprelu"  # what circuit-tracer's files hold, in SAELens's words (a ReLU: a JumpReLU at 0)
 CT_OUTPUT_HOOK = "mlp.hook_out"  # circuit-tracer's hook on the MLP's output (before a post-norm): lenscope's mlp_out
 
 
@@ -132,11 +134,7 @@ def save_circuit_tracer(dicts: list[Dictionary], folder: str | Path) -> Path:
     for d in dicts:
         if not d.transcoder or d.site is None:
             raise InputError(f"circuit-tracer's layout holds transcoders of mlp_out.<block>, one per block; got {d!r}")
-        if d.kind == "topk":
-            raise InputError(f"the transcoder for {d.site} is TopK, which circuit-tracer (0.5) cannot read: its files "
-                             "hold a JumpReLU threshold or nothing (a ReLU), so it would run this one as a ReLU; train "
-                             "--kind batchtopk or jumprelu for circuit-tracer, or keep lenscope's layout "
-                             "(save_dictionaries)")
+        d.spec.check_circuit_tracer(d)
     layers = [d.layer for d in dicts]
     if layers != list(range(len(dicts))):
         raise InputError(f"circuit-tracer replaces every MLP: it needs one transcoder for each block from 0; these are "
@@ -200,6 +198,7 @@ def load_circuit_tracer(folder: str | Path) -> list[Dictionary]:
         if [int(p.stem.split("_")[1]) for p in paths] != list(range(len(paths))) or not paths:
             raise InputError(f"{folder} holds {[p.name for p in paths]}: circuit-tracer's layout needs "
                              "layer_0.safetensors, layer_1.safetensors, ... one for each block from 0")
+    kind = kinds.reading(CT_ARCHITECTURE, {}, {})[0].name  # what lenscope reads SAELens's jumprelu as
     out = []
     for L, p in enumerate(paths):
         if p.suffix != ".safetensors" or not p.exists():
@@ -217,7 +216,7 @@ def load_circuit_tracer(folder: str | Path) -> list[Dictionary]:
         site = own.get("site") or site_of_hooks(f"blocks.{L}.{hook_in}", hook_out and f"blocks.{L}.{hook_out}",
                                                 "transcoder", where)
         out.append(Dictionary(W_enc=t["W_enc"].T.contiguous(), b_enc=t["b_enc"], W_dec=t["W_dec"], b_dec=t["b_dec"],
-                              kind=own.get("kind", "jumprelu"), role="skip" if "W_skip" in t else "transcoder",
+                              kind=own.get("kind", kind), role="skip" if "W_skip" in t else "transcoder",
                               threshold=threshold, W_skip=t.get("W_skip"), site=site,
                               model=own.get("model", cfg.get("model_name")), fingerprint=own.get("fingerprint"),
                               scale_in=float(own.get("scale_in", 1.0)), scale_out=float(own.get("scale_out", 1.0)),
