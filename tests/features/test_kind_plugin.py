@@ -77,7 +77,8 @@ def test_builtin_table():
 def test_no_module_outside_the_kinds_branches_on_a_kind_name():
     src = Path(kinds.__file__).parents[2]
     own = Path(kinds.__file__).parent
-    pattern = re.compile(r"""kind\s*(==|!=|in)\s*\(?["'](%s)["']""" % "|".join(kinds.names()))
+    names = "|".join(map(re.escape, kinds.names()))
+    pattern = re.compile(rf"""kind\s*(==|!=|in)\s*\(?["']({names})["']""")
     found = [f"{p.relative_to(src)}: {m.group(0)}" for p in sorted(src.rglob("*.py")) if own not in p.parents
              for m in pattern.finditer(p.read_text(encoding="utf-8"))]
     assert not found, found
