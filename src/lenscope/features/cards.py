@@ -50,7 +50,7 @@ class FeatureCard(ReportView, Result):
       readout, with ``promoted_values`` / ``suppressed_values`` (the logit change per unit activation, before the
       final norm's per-token scale) and their ids."""
 
-    VIEW = "feature"  # its view: drawn by viz/report/assets/feature.js (lenscope.viz.views)
+    VIEW = "feature"  # its view: drawn by viz/views/feature/feature.js (lenscope.viz.views)
 
     model: str
     site: str
