@@ -2,7 +2,7 @@
 view, a result class whose ``VIEW`` names it and the report's section that computes it, and its script ``dummy.js``)
 is found everywhere a view of lenscope's own is: the report page (``build_report``, ``lenscope report``), the
 notebook display (``_repr_html_``, ``lenscope.show``, ``to_html``) and ``lenscope serve`` (its generic route
-``/api/view/<key>``, ``/api/analyze`` and ``/static/``), without a line changed elsewhere."""
+``/api/view/<key>``, ``/api/analyze``, ``/static/`` and a card of its page), without a line changed elsewhere."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from lenscope.report import SECTIONS, build_report, section_keys
 from lenscope.serve import create_app
 from lenscope.viz import notebook, views
 
+from ..browser import isolated_page, wait_drawn
 from ..conftest import get_model
+from ..report.test_report_browser import CHROMIUM, sync_playwright
 
 TEXT = "the cat sat on the mat"
 
@@ -129,8 +131,32 @@ def test_found_by_serve(plugin):
         # the same route answers lenscope's own views
         p = c.post("/api/view/prediction", json={"text": TEXT}).json()
         assert p["key"] == "prediction" and "verify" in p["data"]
+        home = c.get("/").text  # the app's page: a card for it, asked for on its own, drawn by its script
+        assert 'data-section="dummy"' in home and '<script src="static/dummy.js">' in home
+        assert "dummy" in re.search(r'data-groups="([^"]*)"', home).group(1).split(";")
         bad = c.post("/api/view/nope", json={"text": TEXT})
         assert bad.status_code == 404 and "no view 'nope'" in bad.json()["error"]
     views.remove("dummy")
     with TestClient(create_app(["tiny:llama"], loader=get_model)) as c:
         assert c.get("/static/dummy.js").status_code == 404  # gone with its folder
+
+
+@pytest.mark.skipif(sync_playwright is None or CHROMIUM is None,
+                    reason="chromium and Playwright: see tests/report/test_report_browser.py")
+def test_its_script_draws_it_in_chromium(plugin, tmp_path):
+    """The report page with the plug-in's section, in Debian's chromium: drawn by its own script, beside lenscope's
+    views, no console error and no request."""
+    rep = build_report(get_model("tiny:llama"), TEXT, sections=["prediction", "dummy"])
+    path = rep.write(tmp_path / "r.html")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            ctx, page, errors, blocked = isolated_page(browser, ("file:",))
+            page.goto(path.resolve().as_uri())
+            wait_drawn(page)
+            assert page.text_content("#sec-dummy p.dummy") == f"tokens: {len(rep.meta['tokens'])}"
+            assert page.locator("#sec-prediction svg.topk").count() == 1
+            assert errors == [] and blocked == []
+            ctx.close()
+        finally:
+            browser.close()

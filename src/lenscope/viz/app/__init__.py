@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import json
 from importlib import resources
+from pathlib import Path
 
 from .. import views as _views
 
@@ -67,6 +68,12 @@ def asset_path(name: str):
     return None
 
 
+def _plugin(key: str) -> bool:
+    """Whether view ``key`` comes from a plug-in folder (not one of lenscope's own)."""
+    view = _views.get(key)
+    return view is not None and view.folder is not None and view.folder.parent != Path(_views.__file__).parent
+
+
 def _card(view: dict) -> str:
     key = html.escape(view["key"])
     blurb = view.get("blurb")
@@ -86,7 +93,8 @@ def app_html(*, models: list[str], default: str, token_required: bool, max_token
     ``token_required``: the server wants ``Authorization: Bearer``; the page takes the token from its URL
     (``?token=T``) and says so when it is missing. ``max_tokens``: the server's limit, shown in the prompt box.
     ``views``: ``[{"key", "title", "blurb"?}]`` (the report's sections) for the cards' titles; only the views the
-    page requests (:data:`GROUPS`) get a card, in this order. ``features``: the server has sparse dictionaries, so
+    page requests (:data:`GROUPS`) and a plug-in's views (:func:`~lenscope.viz.views.add_folder`, each asked for on its
+    own) get a card, in this order. ``features``: the server has sparse dictionaries, so
     the page asks for the features view too (click a token: its active features; click a feature: its card) and the
     attribution graph (``api/supernode`` keeps the supernodes grouped on it). ``seq2seq``: the names among ``models``
     of encoder-decoder (translation) models: with one chosen, the page shows a source field (the text is the target)
@@ -98,7 +106,9 @@ def app_html(*, models: list[str], default: str, token_required: bool, max_token
         shown = order + [v for v in shown if v["key"] not in {o["key"] for o in order}]
     if not features:
         shown = [v for v in shown if v["key"] not in FEATURES]
-    groups = GROUPS + (tuple((k,) for k in FEATURES) if features else ())
+    plugins = [v for v in (views or ()) if v["key"] not in _ASKED and _plugin(v["key"])]
+    shown += plugins
+    groups = GROUPS + (tuple((k,) for k in FEATURES) if features else ()) + tuple((v["key"],) for v in plugins)
     names = asset_names()
     scripts = ["core.js"] + [n for n in names["report"] if n.endswith(".js") and n != "core.js"] + ["app.js"]
     opts = "".join(f'<option value="{html.escape(m)}"{" selected" if m == default else ""}>{html.escape(m)}</option>'
