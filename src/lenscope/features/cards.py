@@ -114,16 +114,6 @@ class FeatureCard(ReportView, Result):
 
         return plot_feature_card(self, title=title)
 
-    def to_html(self, path=None) -> str:
-        """The self-contained page of this card (written to ``path`` when given)."""
-        from ..viz.html import write_page
-        from ..viz.views import page
-
-        out = page(self)
-        if path is not None:
-            write_page(out, path)
-        return out
-
     def __repr__(self) -> str:
         return (f"FeatureCard({self.site} #{self.feature}: density {self.density:.4g} over {self.tokens_seen} "
                 f"held-out tokens, max {self.max_activation:.4g}, promotes {self.promoted[:5]})")
