@@ -13,7 +13,7 @@ stats and version are layer 0, each its own node):
 
 Every import counts: module level and inside functions, ``import x`` and ``from x import y``, relative ones
 resolved against the importing module, and those under ``if TYPE_CHECKING:`` too (they never run, but a type
-hint naming a higher layer is still a dependency: viz takes results through the protocols of ``viz/protocols.py``
+hint naming a higher layer is still a dependency: viz takes results through protocols (each view folder's)
 or as payloads, never by naming a method's class). A method's ``.plot()`` importing viz points down, so it is
 allowed.
 """

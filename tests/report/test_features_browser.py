@@ -54,7 +54,7 @@ def test_features_page_in_a_browser(browser, tmp_path):
     first = int(fa.ids[0, 3, 0])
     cards = feature_cards(lm, dicts[0], [first], data, tokens=800, seq_len=32, top=5)
     path = tmp_path / "features.html"
-    path.write_text(views.page(views.features_view(fa, cards)))
+    path.write_text(views.page(fa, cards=cards))
     ctx, page, errors, blocked = isolated_page(browser, ("file:",), viewport={"width": 1400, "height": 1000})
     try:
         page.goto(path.resolve().as_uri())

@@ -41,7 +41,7 @@ def setup(tmp_path_factory):
 
 def test_features_payload(setup):
     lm, dicts, data, fa, cards = setup
-    p = views.features_view(fa, cards).data
+    p = views.shown(fa, cards=cards).data
     assert p["tokens"] == fa.tokens and p["sites"] == ["resid_post.1", "mlp_out.0"] and p["widths"] == [40, 30]
     for j in range(2):
         assert p["l0"][j] == fa.l0[j].tolist()
@@ -67,7 +67,7 @@ def test_feature_payload_and_pages(setup):
     page = c.to_html()
     assert "LS.sections.feature" in page and _data(page)["sections"][0]["key"] == "feature"
     # the features page carries the card script too (its feature links open cards)
-    fpage = views.page(views.features_view(fa, cards))
+    fpage = views.page(views.shown(fa, cards=cards))
     assert "LS.sections.features" in fpage and "LS.sections.feature =" in fpage
     assert "<iframe" in str(view(c)) and "<iframe" in str(view(fa))
     with pytest.raises(InputError, match="one at a time"):

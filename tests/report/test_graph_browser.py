@@ -49,7 +49,7 @@ def _move(page, value: float) -> None:
 def test_graph_page_in_a_browser(browser, tmp_path):
     lm = get_model("tiny:llama")
     g = attribution_graph(lm, TEXT, transcoders(lm))
-    d = views.graph_view(g).data
+    d = views.shown(g).data
     path = tmp_path / "graph.html"
     path.write_text(views.page(g), encoding="utf-8")
     ctx, page, errors, blocked = isolated_page(browser, ("file:", "blob:"), viewport={"width": 1500, "height": 1000})

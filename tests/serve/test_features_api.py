@@ -13,7 +13,7 @@ from lenscope.features.cards import feature_card
 from lenscope.features.result import active_features
 from lenscope.models.dictionary import save_dictionaries
 from lenscope.serve import create_app
-from lenscope.viz.report.payloads import feature_payload
+from lenscope.viz.views.feature import feature_payload
 
 from ..conftest import get_model
 from ..features.test_cards import corpus, random_dict

@@ -12,7 +12,7 @@ from lenscope.features.graph import attribution_graph
 from lenscope.models.dictionary import save_dictionaries
 from lenscope.report.sections import Graph
 from lenscope.serve import create_app
-from lenscope.viz.report.payloads import graph_payload
+from lenscope.viz.views.graph import graph_payload
 
 from ..conftest import get_model
 from ..features.test_cards import random_dict

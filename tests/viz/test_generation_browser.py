@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lenscope.viz.generation_html import generation_html
+from lenscope.viz.views.generation import generation_html
 
 from ..conftest import get_model
 from ..report.test_report_browser import CHROMIUM, _fills, _open, sync_playwright

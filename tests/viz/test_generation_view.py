@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from lenscope.viz.generation_html import generation_html, generation_payload, invariant_errors
+from lenscope.viz.views.generation import generation_html, generation_payload, invariant_errors
 
 from ..conftest import get_model
 from ..tolerances import assert_same_computation

@@ -50,7 +50,7 @@ def setup():
 def test_graph_payload_is_the_pruned_graph(setup):
     lm, ts, g = setup
     d = g.to_dict()
-    p = views.graph_view(g).data
+    p = views.shown(g).data
     assert [n["id"] for n in p["nodes"]] == [n["id"] for n in d["nodes"]]
     for a, b in zip(p["nodes"], d["nodes"]):
         assert (a["kind"], a["layer"], a["position"], a["feature"]) == (b["kind"], b["layer"], b["position"],
@@ -85,7 +85,7 @@ def test_graph_payload_is_the_pruned_graph(setup):
     assert_same_computation(p["node_threshold"], 0.8, why="the option, copied")
     json.dumps(p, allow_nan=False)  # plain JSON
     # a lower pruning threshold: fewer feature and error nodes, the same tokens and logits
-    q = views.graph_view(g, node_threshold=0.4).data
+    q = views.shown(g, node_threshold=0.4).data
     assert sum(n["kind"] in ("feature", "error") for n in q["nodes"]) < kinds.count("feature") + kinds.count("error")
     assert [n["kind"] for n in q["nodes"]].count("token") == g.n_pos
 
@@ -111,10 +111,10 @@ def test_graph_checks_and_page(setup, tmp_path):
         views.shown([g, g])
     # a reloaded graph shows the same; its supernodes travel in the view's data
     g2 = AttributionGraph.load(g.save(tmp_path / "g.safetensors"))
-    assert_same_computation(views.graph_view(g2).data, s.data, why="saved and read back")
+    assert_same_computation(views.shown(g2).data, s.data, why="saved and read back")
     ids = [n["id"] for n in s.data["nodes"] if n["kind"] == "feature"][:2]
     g2.group("subject", ids)
-    assert views.graph_view(g2).data["supernodes"] == [["subject", *ids]]
+    assert views.shown(g2).data["supernodes"] == [["subject", *ids]]
 
 
 def test_graph_cli_writes_the_page(setup, tmp_path):

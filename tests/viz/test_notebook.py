@@ -289,7 +289,7 @@ def test_frames_draw_in_chromium_without_errors_or_requests(lm, report, tmp_path
             shown = f.eval_on_selector("#sec-run", "e => getComputedStyle(e).display")
             assert shown == ("block" if key == "report" else "none"), key  # a view shows its card only
         # each frame told the page its height: none keeps its first height
-        firsts = [f"{notebook.HEIGHTS[k]}px" for k, _ in outputs]
+        firsts = [f"{notebook.height(k)}px" for k, _ in outputs]
         page.wait_for_function("firsts => [...document.querySelectorAll('iframe')].every((f, i) => "
                                "f.style.height !== firsts[i])", arg=firsts)  # the ceiling: tests/browser.py
         page.wait_for_timeout(500)  # and then keeps it: the frame's height is its content's, with no feedback

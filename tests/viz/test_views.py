@@ -1,5 +1,5 @@
-"""One view per result (issue 30): each result class declares its view once (``VIEW``); every view is one payload
-function (``lenscope.viz.views.VIEWS``) and one script (``viz/report/assets/<key>.js``); ``to_html``,
+"""One view per result (issue 30): each result class declares its view once (``VIEW``); every view is one folder
+(issue 43: ``viz/views/<key>/``, its ``VIEW`` with the payload function, and its script ``<key>.js``); ``to_html``,
 ``_repr_html_`` and ``lenscope.show`` write one page, the report page with that one section, and those pages draw
 in Debian's chromium."""
 
@@ -53,9 +53,15 @@ def _section(page: str) -> dict:
 def test_every_result_declares_one_view_with_one_payload_function_and_one_script():
     for cls, key in RESULTS.items():
         assert cls.VIEW == key, cls
-        assert key in views.VIEWS and asset(f"{key}.js").startswith("/*")  # its payload function and its script
+        view = views.get(key)
+        assert view.folder.name == key and (view.folder / f"{key}.js").is_file()  # one folder: its view, its script
+        assert type(view).show is not views.View.show  # its payload function
+        assert asset(f"{key}.js") == view.script() and view.script().startswith("/*")
         assert f"LS.sections.{key} = " in asset(f"{key}.js")
-    assert set(views.VIEWS) == set(RESULTS.values())  # no view without a result that declares it
+    # every other view is one of the report's own (drawn from a report's context, by no single result)
+    report_only = set(views.registry()) - set(RESULTS.values())
+    assert report_only == {"prediction", "circuit", "alignment"}
+    assert all(type(views.get(k)).show is views.View.show for k in report_only)
     assert Report.VIEW == "report" and Result.__dict__.get("VIEW") is None
 
 

@@ -64,7 +64,7 @@ class ComponentAttribution(LogitTarget, Result):
     experts (-1 elsewhere), empty unless the experts were split. The first fields say which logit:
     :class:`LogitTarget`."""
 
-    VIEW = "components"  # its view: drawn by viz/report/assets/components.js (lenscope.viz.views)
+    VIEW = "components"  # its view: drawn by viz/views/components/components.js (lenscope.viz.views)
 
     names: list[str]
     layers: list[int]

@@ -58,7 +58,7 @@ class Explanation(Result):
       rest the target prefix's (``position`` indexes ``tokens``); 0 otherwise.
     """
 
-    VIEW = "attribution"  # its view: drawn by viz/report/assets/attribution.js (lenscope.viz.views)
+    VIEW = "attribution"  # its view: drawn by viz/views/attribution/attribution.js (lenscope.viz.views)
 
     model: str
     method: str

@@ -58,10 +58,9 @@ def register(app: typer.Typer) -> None:
         fa = active_features(lm, ids, dicts, top=top)
         dla = feature_dla(lm, text, dicts, target, foil, position=p) if target is not None else None
         if html:
-            from ..viz.html import write_page
-            from ..viz.views import page
+            from ..viz.views import standalone
 
-            write_page(page(fa), html)
+            standalone(fa, html)
         if as_json:
             out = {"model": lm.name, "tokens": fa.tokens, "sites": fa.sites, "widths": fa.widths,
                    "active": fa.to_records(), "l0": fa.l0.tolist()}

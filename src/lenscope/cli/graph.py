@@ -73,10 +73,9 @@ def register(app: typer.Typer) -> None:
         if export:
             write_circuit_tracer(g, export, **th)
         if html:
-            from ..viz.html import write_page
-            from ..viz.views import graph_view, page
+            from ..viz.views import standalone
 
-            write_page(page(graph_view(g, **th)), html)
+            standalone(g, html, **th)
         d = g.to_dict(**th)
         if as_json:
             print_json(d)

@@ -50,7 +50,7 @@ class FeatureCard(ReportView, Result):
       readout, with ``promoted_values`` / ``suppressed_values`` (the logit change per unit activation, before the
       final norm's per-token scale) and their ids."""
 
-    VIEW = "feature"  # its view: drawn by viz/report/assets/feature.js (lenscope.viz.views)
+    VIEW = "feature"  # its view: drawn by viz/views/feature/feature.js (lenscope.viz.views)
 
     model: str
     site: str
@@ -113,16 +113,6 @@ class FeatureCard(ReportView, Result):
         from ..viz.feature_plots import plot_feature_card
 
         return plot_feature_card(self, title=title)
-
-    def to_html(self, path=None) -> str:
-        """The self-contained page of this card (written to ``path`` when given)."""
-        from ..viz.html import write_page
-        from ..viz.views import page
-
-        out = page(self)
-        if path is not None:
-            write_page(out, path)
-        return out
 
     def __repr__(self) -> str:
         return (f"FeatureCard({self.site} #{self.feature}: density {self.density:.4g} over {self.tokens_seen} "

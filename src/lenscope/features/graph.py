@@ -62,7 +62,7 @@ class AttributionGraph(ReportView, Result):
     terms (at most ``parts_rounding(n_layers)``); ``real_error``: the frozen model against the real run, relative to
     the node's largest term (at most ``tolerance``, the model dtype's bound)."""
 
-    VIEW = "graph"  # its view: drawn by viz/report/assets/graph.js (lenscope.viz.views)
+    VIEW = "graph"  # its view: drawn by viz/views/graph/graph.js (lenscope.viz.views)
 
     model: str
     tokens: list[str]

@@ -28,7 +28,7 @@ class FeatureActivations(ReportView, Result):
     first (-1 where fewer are active), ``values (dict, pos, top)`` their activations (0 there), ``l0 (dict, pos)``
     how many latents are active in all (more than ``top`` may be)."""
 
-    VIEW = "features"  # its view: drawn by viz/report/assets/features.js (lenscope.viz.views)
+    VIEW = "features"  # its view: drawn by viz/views/features/features.js (lenscope.viz.views)
 
     model: str
     tokens: list[str]

@@ -43,7 +43,7 @@ class Generation(ReportView, Result):
     ``seconds``: wall time per stage (``generate``: the decoding loop, ``trace``, then one entry per method).
     """
 
-    VIEW = "generation"  # its view: drawn by viz/report/assets/generation.js (lenscope.viz.views)
+    VIEW = "generation"  # its view: drawn by viz/views/generation/generation.js (lenscope.viz.views)
 
     model: str
     prompt: str
@@ -159,7 +159,7 @@ class Generation(ReportView, Result):
     def to_html(self, path: str | Path | None = None) -> str:
         """A self-contained page: the generated text coloured by probability or depth, each token's explanation
         on click, and the matrices (written to ``path`` when given)."""
-        from ..viz.generation_html import generation_html
+        from ..viz.views.generation import generation_html
 
         self._no_source_view("the page")
         return generation_html(self.to_dict(), path)

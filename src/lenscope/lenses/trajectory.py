@@ -42,7 +42,7 @@ class PredictionTrajectory(ReportView, Result):
     position predicts the next token (decoders) or its own token (masked-LM encoders)).
     """
 
-    VIEW = "trajectory"  # its view: drawn by viz/report/assets/trajectory.js (lenscope.viz.views)
+    VIEW = "trajectory"  # its view: drawn by viz/views/trajectory/trajectory.js (lenscope.viz.views)
 
     model: str
     lens: str

@@ -377,7 +377,7 @@ class MixingMatrices(ReportView, Result):
     deviation of a contribution or rollout row sum from one; ``degenerate_rows``: rows where no source had
     a positive contribution, set to the identity row (see :func:`normalize_rows`)."""
 
-    VIEW = "flow"  # its view: drawn by viz/report/assets/flow.js (lenscope.viz.views)
+    VIEW = "flow"  # its view: drawn by viz/views/flow/flow.js (lenscope.viz.views)
 
     model: str
     method: str

@@ -152,7 +152,7 @@ class MixingMaps(ReportView, Result):
     ``||real_i||`` (0 for ``attention``);
     ``layer_errors (layer,)`` per layer."""
 
-    VIEW = "mixing"  # its view: drawn by viz/report/assets/mixing.js (lenscope.viz.views)
+    VIEW = "mixing"  # its view: drawn by viz/views/mixing/mixing.js (lenscope.viz.views)
 
     model: str
     scope: str

@@ -321,6 +321,21 @@ def available_names() -> list[str]:
     return list(EMBEDDED) + [f"tiny:{n}" for n in sorted(tiny_names())]
 
 
+def is_encoder_decoder(name: str) -> bool:
+    """Whether model ``name`` is an encoder-decoder (translation) model, known before it is loaded: a ``tiny:`` one
+    of such a family, or a folder whose ``config.json`` says ``is_encoder_decoder``."""
+    from .families import tiny_names
+
+    tiny = tiny_names()
+    if name.startswith("tiny:") and name[5:] in tiny:
+        return bool(tiny[name[5:]].encoder_decoder)
+    config = Path(name).expanduser() / "config.json"
+    try:
+        return bool(json.loads(config.read_text()).get("is_encoder_decoder")) if config.is_file() else False
+    except (OSError, ValueError):
+        return False
+
+
 def load(name: str = DEFAULT_MODEL, *, dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
          device_map: dict | str | None = None, max_memory: dict | None = None,
          offload_folder: str | None = None, math_device: str | torch.device | None = None,

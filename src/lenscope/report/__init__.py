@@ -17,10 +17,10 @@ from pathlib import Path
 
 from ..errors import InputError
 from .context import ReportContext, packed, unpack
-from .sections import SECTION_KEYS, SECTIONS, Section
+from .sections import SECTION_KEYS, SECTIONS, Section, section_keys
 
 __all__ = ["Report", "build_report", "run_section", "report_meta", "ReportContext", "Section", "SECTIONS",
-           "SECTION_KEYS", "packed", "unpack"]
+           "SECTION_KEYS", "section_keys", "packed", "unpack"]
 
 
 @dataclass
@@ -112,9 +112,9 @@ def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None
     Such a model needs a source, and any other model takes none.
     """
     if sections is not None:
-        unknown = [k for k in sections if k not in SECTION_KEYS]
+        unknown = [k for k in sections if k not in section_keys()]
         if unknown:
-            raise InputError(f"unknown report section(s) {unknown}; choose from {', '.join(SECTION_KEYS)}")
+            raise InputError(f"unknown report section(s) {unknown}; choose from {', '.join(section_keys())}")
     t0 = time.perf_counter()
     ctx = ReportContext(lm, text, target, foil, lens=lens, top_k=top_k, corrupted=corrupted, circuit=circuit,
                         generate=generate, explain=explain, dictionaries=dictionaries, dict_data=dict_data,

@@ -84,13 +84,13 @@ def gold_of(source: str, target: str, sure, possible=(), where: str = "gold") ->
 
 
 def alignment_view(lm, source: str, target: str, methods=None, gold: AlignedPair | None = None) -> tuple[dict, list]:
-    """The alignment view's data (:func:`lenscope.viz.report.payloads.alignment_payload`) and its checks
+    """The alignment view's data (:func:`lenscope.viz.views.alignment.alignment_payload`) and its checks
     (``[(name, value, tolerance)]``: ``verify`` on the pair, then each method's invariants, checked on every target
     token by ``pair_scores``)."""
     from ..evaluate.aer import alignment_error_rate, pair_words
     from ..models.request import token_texts
     from ..models.verify import verify
-    from ..viz.report.payloads import alignment_payload
+    from ..viz.views.alignment import alignment_payload
 
     check_pair(lm, source)
     source, target = normalized(source, "source"), normalized(target, "target")

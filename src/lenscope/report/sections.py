@@ -1,16 +1,26 @@
-"""The report's views, one class each. A section says whether it applies to the model (else a one-line note
-takes its place), computes a JSON-able payload from the shared :class:`ReportContext`, records its exactness
-checks there; the script ``lenscope/viz/report/assets/<key>.js`` draws it. Adding a view is one class here, one
-script, and one entry in :data:`SECTIONS`; no other section changes."""
+"""The report's sections, one class each. A section says whether it applies to the model (else a one-line note
+takes its place), computes a JSON-able payload from the shared :class:`ReportContext` (calling the methods), and
+records its exactness checks there; its view (the folder ``viz/views/<key>/``, :mod:`lenscope.viz.views`) converts
+and draws it and gives its words. A section registers itself by subclassing :class:`Section` with a ``key``
+(:data:`SECTIONS`, in the order they are defined); no other section changes."""
 
 from __future__ import annotations
 
 import torch
 
-from ..viz.report import payloads
+from ..viz import views
 from ..viz.report.payloads import rounded as _r
-from ..viz.report.words import WORDS
+from ..viz.views.attribution import attribution_payload
+from ..viz.views.components import components_payload
+from ..viz.views.features import features_payload
+from ..viz.views.flow import flow_payload
+from ..viz.views.graph import graph_checks, graph_payload
+from ..viz.views.mixing import mixing_payload
+from ..viz.views.trajectory import trajectory_payload
 from .context import ReportContext
+
+# every section, in the order of the report (a Section subclass with a key adds itself)
+SECTIONS: list[type[Section]] = []
 
 
 def _tol(ctx: ReportContext) -> float:
@@ -20,19 +30,32 @@ def _tol(ctx: ReportContext) -> float:
     return completeness_tolerance(ctx.lm)
 
 
+class _ViewWords:
+    """A section's title (0) or blurb (1): its view's words, read when asked (a plug-in's view may be found after its
+    section is defined)."""
+
+    def __init__(self, i: int):
+        self.i = i
+
+    def __get__(self, obj, owner) -> str:
+        view = views.get(owner.key)
+        return view.words[self.i] if view is not None else ""
+
+
 class Section:
-    """A view of the report. A subclass names its ``key``; its ``title`` and ``blurb`` are the view's words
-    (:data:`~lenscope.viz.report.words.WORDS`) unless it sets its own."""
+    """A view of the report. A subclass names its ``key`` (and so joins :data:`SECTIONS`, replacing a section of the
+    same key); its ``title`` and ``blurb`` are its view's words (:mod:`lenscope.viz.views`) unless it sets its
+    own."""
 
     key = ""
-    title = ""
-    blurb = ""
+    title = _ViewWords(0)
+    blurb = _ViewWords(1)
     needs_corrupted = False  # shown by default only when the report is given a corrupted prompt
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if cls.key in WORDS and "title" not in cls.__dict__:
-            cls.title, cls.blurb = WORDS[cls.key]
+        if cls.key and "key" in cls.__dict__:
+            SECTIONS[:] = [s for s in SECTIONS if s.key != cls.key] + [cls]
 
     def wanted(self, ctx: ReportContext) -> bool:
         """Whether the view is part of the default report for this context."""
@@ -93,7 +116,7 @@ class Trajectory(Section):
         if ctx.lens is not None:
             lenses.insert(0, ctx.lens)
         trajs = [prediction_trajectory(ctx.lm, lens=lens, k=5, tr=ctx.trace) for lens in lenses]  # the shared trace
-        return payloads.trajectory_payload(trajs)
+        return trajectory_payload(trajs)
 
 
 class Components(Section):
@@ -112,7 +135,7 @@ class Components(Section):
         views["target"] = self._dla(ctx, ctx.target_id, None)
         if ctx.foil_id is not None:
             views["foil"] = self._dla(ctx, ctx.foil_id, None)
-        return payloads.components_payload(views)
+        return components_payload(views)
 
     def _dla(self, ctx: ReportContext, t_id: int, f_id: int | None):
         from ..attribution.dla import direct_logit_attribution
@@ -159,7 +182,7 @@ class Attribution(Section):
             if m == "ig":
                 ctx.check(self.key, "ig: completeness error (reported; a zero baseline is not complete on "
                           "every model, see docs/attribution.md)", e.info.get("completeness_error"))
-        return payloads.attribution_payload(explanations, tokens=ctx.tokens, target=ctx.token_text(ctx.target_id),
+        return attribution_payload(explanations, tokens=ctx.tokens, target=ctx.token_text(ctx.target_id),
                                             foil=ctx.token_text(ctx.foil_id))
 
 
@@ -172,7 +195,7 @@ class Mixing(Section):
         maps = context_mixing(ctx.lm, tr=ctx.trace)
         for scope, m in maps.items():
             ctx.check(self.key, f"{scope}: completeness error", m.completeness_error, _tol(ctx))
-        return payloads.mixing_payload(maps)
+        return mixing_payload(maps)
 
 
 class Flow(Section):
@@ -184,7 +207,7 @@ class Flow(Section):
         mm = mixing_matrices(ctx.lm.anatomy, ctx.trace, "alti", model_name=ctx.lm.name)
         ctx.check(self.key, "ALTI: decomposition error", mm.completeness_error, _tol(ctx))
         ctx.check(self.key, "ALTI: largest row-sum deviation", mm.row_sum_error, _tol(ctx))
-        return payloads.flow_payload(mm)
+        return flow_payload(mm)
 
 
 class Circuit(Section):
@@ -237,7 +260,7 @@ def circuit_payload(ctx: ReportContext, d: dict) -> dict:
     return out
 
 
-from ..viz import generation_html as _gen_view  # noqa: E402 - the generation view's words live with its drawing
+from ..viz.views import generation as _gen_view  # noqa: E402 - the generation view's words live with its drawing
 
 
 class Generation(Section):
@@ -246,8 +269,6 @@ class Generation(Section):
     :attr:`methods`), each contrastive against the runner-up at its step."""
 
     key = _gen_view.KEY
-    title = _gen_view.TITLE
-    blurb = _gen_view.BLURB
 
     @staticmethod
     def methods() -> tuple[str, ...]:
@@ -310,7 +331,7 @@ class Features(Section):
                     cards += feature_cards(ctx.lm, d, top, ctx.dict_data, tokens=ctx.dict_tokens)
         for j, s in enumerate(fa.sites):
             ctx.check(self.key, f"{s}: mean active features per token (L0, reported)", float(fa.l0[j].float().mean()))
-        return payloads.features_payload(fa, cards)
+        return features_payload(fa, cards)
 
 
 def transcoders(ctx: ReportContext) -> list:
@@ -349,8 +370,8 @@ class Graph(Section):
 
     def payload(self, ctx: ReportContext, g) -> dict:
         """The view's data, its checks recorded in ``ctx``."""
-        d = payloads.graph_payload(g)
-        for name, value, tol in payloads.graph_checks(g, d):
+        d = graph_payload(g)
+        for name, value, tol in graph_checks(g, d):
             ctx.check(self.key, name, value, tol)
         return d
 
@@ -384,6 +405,9 @@ class Alignment(Section):
         return data
 
 
-SECTIONS: list[type[Section]] = [Prediction, Trajectory, Components, Attribution, Mixing, Flow, Circuit, Generation,
-                                 Features, Graph, Alignment]
-SECTION_KEYS = tuple(s.key for s in SECTIONS)
+def section_keys() -> tuple[str, ...]:
+    """The keys of :data:`SECTIONS` (a plug-in's section included), in order."""
+    return tuple(s.key for s in SECTIONS)
+
+
+SECTION_KEYS = section_keys()  # lenscope's own sections

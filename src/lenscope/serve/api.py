@@ -15,14 +15,19 @@ import torch
 
 from ..errors import InputError, NotApplicableError
 from ..models.stop import checkpoint
-from ..report import SECTION_KEYS, SECTIONS, Report, ReportContext, report_meta, run_section
+from ..report import SECTIONS, Report, ReportContext, report_meta, run_section, section_keys
 from ..report.sections import Attribution
-from ..viz.report.payloads import explanation_record
 from ..viz.report.payloads import rounded as _r
 from ..viz.report.payloads import rounded_list as _rl
+from ..viz.views.attribution import explanation_record
 from .jobs import LRU, ApiError, Jobs, ModelPool
 
-SECTION_BY_KEY = {cls.key: cls for cls in SECTIONS}
+
+def section_class(key: str):
+    """The report's section ``key`` (a plug-in's too: :data:`lenscope.report.SECTIONS`)."""
+    return next(cls for cls in SECTIONS if cls.key == key)
+
+
 FIRST_VIEWS = ("prediction", "trajectory", "components")
 
 
@@ -203,9 +208,9 @@ class Service:
         """The requested view keys (unknown ones refused), or the input's default views."""
         if sections is None:
             return [] if card is None else list(card.default_keys)
-        unknown = [k for k in sections if k not in SECTION_KEYS]
+        unknown = [k for k in sections if k not in section_keys()]
         if unknown:
-            raise InputError(f"unknown section(s) {unknown}; choose from {', '.join(SECTION_KEYS)}")
+            raise InputError(f"unknown section(s) {unknown}; choose from {', '.join(section_keys())}")
         return list(dict.fromkeys(sections))
 
     def _section(self, ckey: tuple, entry: Entry, key: str) -> tuple[dict, list, float]:
@@ -217,7 +222,7 @@ class Service:
             return hit
         checkpoint()  # each view is a chunk: a job whose client has gone stops before the next one
         ctx = entry.ctx
-        sec = SECTION_BY_KEY[key]()
+        sec = section_class(key)()
         with entry.lock:
             n0 = len(ctx.checks)
             try:
@@ -271,6 +276,30 @@ class Service:
             timings[k] = secs
         timings["total"] = round(sum(timings.values()), 3)
         return Report(meta=entry.card.meta, sections=recs, checks=checks, timings=timings).html()
+
+    # ------------------------------------------------------------------------------------- any one view
+
+    @staticmethod
+    def view_keys() -> tuple[str, ...]:
+        """The views ``/api/view/<key>`` answers: every section of the report (a plug-in's too)."""
+        return section_keys()
+
+    def view(self, name: str, key: str, text: str, target=None, foil=None, corrupted=None) -> dict:
+        """``POST /api/view/<key>``: one view of an input, as ``/api/analyze`` computes it (the same caches): its
+        ``data`` (or the ``note`` saying why it does not apply), its checks and seconds, and the run card."""
+        ckey = (name, text, target, foil, corrupted)
+        entry = self.context(*ckey)
+        rec, checks, secs = self._section(ckey, entry, key)
+        card = entry.card
+        return {"model": name, "text": text, "tokens": card.tokens, "target": card.target, "foil": card.foil, **rec,
+                "checks": checks, "seconds": secs, "meta": card.meta}
+
+    def view_page(self, name: str, key: str, text: str, target=None, foil=None, corrupted=None) -> str:
+        """``GET /api/view/<key>``: that view's self-contained page (the report page holding just it)."""
+        ans = self.view(name, key, text, target, foil, corrupted)
+        rec = {k: ans[k] for k in ("key", "title", "blurb", "data", "note") if k in ans}
+        return Report(meta=ans["meta"], sections=[rec], checks=ans["checks"],
+                      timings={key: ans["seconds"]}).html()
 
     # -------------------------------------------------------------------------------------------- head
 
@@ -422,7 +451,7 @@ class Service:
         """``POST /api/feature``: one feature's card (the ``feature`` view's data), measured on the held-out part of
         ``--dict-data``."""
         from ..features.cards import feature_card
-        from ..viz.report.payloads import feature_payload
+        from ..viz.views.feature import feature_payload
 
         lm, dicts = self._need_dicts(name)
         by_site = {d.site: d for d in dicts}
@@ -447,14 +476,14 @@ class Service:
         if g is None:
             checkpoint()
             with entry.lock:
-                g = SECTION_BY_KEY["graph"]().graph(entry.ctx, target=gkey[2])
+                g = section_class("graph")().graph(entry.ctx, target=gkey[2])
             self.graphs.put(gkey, g)
         return g
 
     def _graph_section(self, ckey: tuple, entry: Entry) -> tuple[dict, list, float]:
         """The ``graph`` view of an input as :meth:`_section` answers it, its data drawn from the kept graph (so its
         supernodes are the latest)."""
-        sec = SECTION_BY_KEY["graph"]()
+        sec = section_class("graph")()
         ctx = entry.ctx
         rec = {"key": sec.key, "title": sec.title, "blurb": sec.blurb}
         reason = sec.skip_reason(ctx)
@@ -496,7 +525,7 @@ class Service:
         """``POST /api/supernode``: group nodes of the input's graph (:meth:`AttributionGraph.group`) into a
         supernode named ``label``; kept with the graph, and in every later answer of its view."""
         entry = self._graph_entry(name, text, target)
-        reason = SECTION_BY_KEY["graph"]().skip_reason(entry.ctx)
+        reason = section_class("graph")().skip_reason(entry.ctx)
         if reason is not None:
             raise NotApplicableError(reason)
         g = self._graph((name, text, target), entry)
@@ -549,4 +578,4 @@ class Service:
         self.jobs.close()
 
 
-__all__ = ["Service", "ApiError", "Jobs", "FIRST_VIEWS", "SECTION_BY_KEY"]
+__all__ = ["Service", "ApiError", "Jobs", "FIRST_VIEWS", "section_class"]

@@ -70,7 +70,7 @@ class SteeringEvaluation(Result):
     ``settings``: ``bootstrap`` draws, ``seed``, ``confidence``, ``min_effect``, ``max_tokens``.
     """
 
-    VIEW = "steering"  # its view: drawn by viz/report/assets/steering.js (lenscope.viz.views)
+    VIEW = "steering"  # its view: drawn by viz/views/steering/steering.js (lenscope.viz.views)
 
     model: str
     direction: dict
@@ -185,7 +185,7 @@ class SteeringEvaluation(Result):
 
     def to_html(self, path: str | Path | None = None) -> str:
         """A self-contained page of this evaluation (written to ``path`` when given)."""
-        from ..viz.steering_html import steering_html
+        from ..viz.views.steering import steering_html
 
         return steering_html(self.to_dict(), path)
 

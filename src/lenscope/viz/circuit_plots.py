@@ -4,9 +4,48 @@ and a faithfulness curve."""
 from __future__ import annotations
 
 import math
+from typing import Protocol
+
+from torch import Tensor
 
 from .lens_plots import show_token
-from .protocols import CircuitLike, FaithfulnessLike, RoutesLike
+
+# what these plots read of a result (viz names no method's class, not even in a hint: docs/design.md, "Layers")
+
+
+class RoutesLike(Protocol):
+    """Information-flow routes (:class:`lenscope.circuits.routes.InformationFlowRoutes`)."""
+
+    model: str
+    tokens: list[str]
+    prediction: str
+    layers: int
+    tau: float
+    src: Tensor
+    dst: Tensor
+    via: Tensor
+    importance: Tensor
+    nodes: Tensor
+
+
+class CircuitLike(Protocol):
+    """A circuit of the component graph (:class:`lenscope.circuits.circuit.Circuit`)."""
+
+    model: str
+    level: str
+    method: str
+    members: list
+
+
+class FaithfulnessLike(Protocol):
+    """A faithfulness curve (:class:`lenscope.circuits.circuit.Faithfulness`)."""
+
+    total: int
+    level: str
+    method: str
+
+    def points(self) -> list: ...
+
 
 COLORS = {"attn": (0.12, 0.35, 0.75), "mlp": (0.90, 0.45, 0.05), "resid": (0.35, 0.35, 0.35)}
 MLP_DX = 0.22  # the FF edge is drawn as a bend to the right of the residual line

@@ -5,8 +5,8 @@ generated token's probability beside its row."""
 from __future__ import annotations
 
 from ..errors import InputError
-from .generation_html import as_dict
 from .lens_plots import show_token
+from .views.generation import as_dict
 
 MAX_LABELS = 80  # at most this many tick labels per axis (every k-th token beyond)
 

@@ -1,6 +1,6 @@
 """Writing self-contained HTML pages (nothing fetched from anywhere), and the ``to_html`` pages of lens
 trajectories and explanations: each is the report page holding just that result's view (:mod:`lenscope.viz.views`),
-drawn by the report's own script for it (``viz/report/assets/<key>.js``).
+drawn by that view's own script (``viz/views/<key>/<key>.js``).
 
 The data travel as JSON in a ``<script type="application/json">`` block in which ``<``, ``>``, ``&`` and ``/``
 are written as JSON escapes (:func:`script_json`), so no token string (``"</script>"``, ``"<b>"``, a URL) can end
@@ -36,7 +36,7 @@ def trajectory_html(trajs, path: str | Path, title: str | None = None) -> Path:
 
     ``trajs`` is a :class:`~lenscope.lenses.trajectory.PredictionTrajectory` or a list of them (e.g. the tuned
     and the logit lens on the same text). The page is the report page holding just the trajectory view
-    (:func:`lenscope.viz.views.page`, drawn by ``assets/trajectory.js``): one heat map per lens whose cells show its
+    (:func:`lenscope.viz.views.page`, drawn by ``trajectory.js``): one heat map per lens whose cells show its
     top-1 token; hovering a cell shows the state, position, top-k tokens with their probabilities, entropy and
     KL; buttons switch the colour between entropy, KL and top-1 probability (one scale for all grids).
     """
@@ -51,7 +51,7 @@ def trajectory_html(trajs, path: str | Path, title: str | None = None) -> Path:
 def explanation_html(results, path: str | Path | None = None, title: str | None = None) -> str:
     """The page of one or several :class:`~lenscope.attribution.explanation.Explanation` of the same text, one
     per method (``Explanation.to_html``, ``lenscope.attribution.explain_html``): the report page holding just the
-    context-attribution view (:func:`lenscope.viz.views.page`, drawn by ``assets/attribution.js``); written to
+    context-attribution view (:func:`lenscope.viz.views.page`, drawn by ``attribution.js``); written to
     ``path`` when given. Returns the HTML."""
     from .views import page
 

@@ -2,7 +2,7 @@
 
 A result with a report view (its class's ``VIEW``: direct logit attribution, explanations, mixing maps and
 matrices, lens trajectories, a generation, a steering evaluation; the report itself) is drawn by the report's
-own script for that view (``viz/report/assets/<key>.js``) from the same data the report embeds, on the page
+own script for that view (``viz/views/<key>/<key>.js``) from the same data the report embeds, on the page
 of :func:`lenscope.viz.views.page` (the report page holding just that section, with the run card, header and
 table of contents hidden; the result's ``to_html`` writes the same page); :func:`view` puts that page in an
 ``<iframe sandbox="allow-scripts" srcdoc="...">``, so its scripts and styles cannot touch the notebook's and
@@ -36,10 +36,9 @@ from .views import Shown, view_meta
 
 __all__ = ["View", "view", "show", "view_html", "view_page", "view_meta", "report_html", "frame_html"]
 
-# the default first height of each view's frame, in pixels (the frame then fits its page where scripts run)
-HEIGHTS = {"prediction": 360, "trajectory": 560, "components": 470, "attribution": 520, "mixing": 720,
-           "flow": 620, "circuit": 700, "generation": 620, "steering": 700, "features": 560, "feature": 620,
-           "report": 900}
+# the first height of a whole report's frame, in pixels (a view's: its View.height; the frame then fits its page
+# where scripts run)
+REPORT_HEIGHT = 900
 MAX_HEIGHT = 4000
 
 # inside the frame: report the height of the page's content (the body's, which does not depend on the frame's own
@@ -84,7 +83,7 @@ def _inject(page: str, head: str = "", body: str = "") -> str:
 def view_page(key: str, payload: dict, meta: dict | None = None, *, title: str | None = None,
               blurb: str = "") -> str:
     """The self-contained page of one report view: the report page with just the section ``key`` holding
-    ``payload`` (drawn by ``assets/<key>.js``) under ``title`` (default: the key), its run card hidden
+    ``payload`` (drawn by its view's script) under ``title`` (default: the key), its run card hidden
     (:func:`lenscope.viz.views.page`)."""
     return views.page(Shown(key, payload, view_meta() if meta is None else meta, title or key, blurb))
 
@@ -107,8 +106,17 @@ def view_html(key: str, payload: dict, meta: dict | None = None, *, title: str |
     return _framed(view_page(key, payload, meta, title=title, blurb=blurb), key, title or key, height)
 
 
-def _framed(page: str, key: str, title: str, height: int | None = None) -> View:
-    out = View(frame_html(page, height=height or HEIGHTS.get(key, 500), title=title))
+def height(key: str) -> int:
+    """The first height of view ``key``'s frame (its :attr:`~lenscope.viz.views.View.height`; a whole report's:
+    :data:`REPORT_HEIGHT`)."""
+    if key == "report":
+        return REPORT_HEIGHT
+    v = views.get(key)
+    return v.height if v is not None else views.View.height
+
+
+def _framed(page: str, key: str, title: str, height_px: int | None = None) -> View:
+    out = View(frame_html(page, height=height_px or height(key), title=title))
     out.page = page
     return out
 
@@ -130,8 +138,9 @@ def view(obj) -> View:
     s = views.shown(obj)
     if s is not None:
         return _framed(views.page(s), s.key, s.title)
-    if key in views.FALLBACK_PLOT:  # a view that does not apply to this result (MixingMatrices without rollout)
-        return View(f'<div class="lenscope-plot">{figure_svg(obj.plot(**views.FALLBACK_PLOT[key]))}</div>')
+    fallback = getattr(views.get(key or ""), "fallback_plot", None)
+    if fallback is not None:  # a view that does not apply to this result (MixingMatrices without rollout)
+        return View(f'<div class="lenscope-plot">{figure_svg(obj.plot(**fallback))}</div>')
     if isinstance(obj, Result):
         return View(Result._repr_html_(obj))  # the plot as SVG (never the subclass's: it may call view)
     raise InputError(f"lenscope cannot show a {type(obj).__name__}; give a lenscope result or report")
@@ -139,11 +148,16 @@ def view(obj) -> View:
 
 class ReportView:
     """Mixin for the results that have a view of the report (before :class:`~lenscope.results.Result` in the bases):
-    in a notebook such a result draws itself with that view, by the report's own script (:func:`view`;
-    ``lenscope.show(result)`` opens it in a browser)."""
+    in a notebook such a result draws itself with that view, by the view's own script (:func:`view`;
+    ``lenscope.show(result)`` opens it in a browser), and ``to_html`` writes that view's page."""
 
     def _repr_html_(self) -> str:
         return str(view(self))
+
+    def to_html(self, path: str | Path | None = None) -> str:
+        """The self-contained page of this result (:func:`lenscope.viz.views.standalone`); written to ``path``
+        when given. Returns the HTML."""
+        return views.standalone(self, path)
 
 
 def _standalone(body: str, title: str) -> str:

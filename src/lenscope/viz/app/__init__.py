@@ -1,9 +1,10 @@
 """The page of ``lenscope serve``: the report's views computed on demand, for exploring one prediction.
 
 :func:`app_html` writes the HTML shell only: no inline script or style (the server's Content-Security-Policy
-allows neither). Scripts and styles are files served under ``static/``: the report's own ``core.js``, section
-scripts and ``report.css`` (one implementation of every view, shared with the static report) plus ``app.js`` and
-``app.css`` from ``assets/`` here. ``app.js`` asks the server's API (``api/models``, ``api/analyze``,
+allows neither). Scripts and styles are files served under ``static/``: the report's own ``core.js`` and
+``report.css``, every view's script (its folder's, :mod:`lenscope.viz.views`: one implementation of every view,
+shared with the static report) plus ``app.js`` and ``app.css`` from ``assets/`` here. ``app.js`` asks the server's
+API (``api/models``, ``api/analyze``,
 ``api/head``, ``api/token``, ``api/report``; a translation model's ``api/alignment``) and draws each view with
 ``LS.drawSection`` as its answer arrives.
 Nothing here computes a method.
@@ -14,14 +15,14 @@ from __future__ import annotations
 import html
 import json
 from importlib import resources
+from pathlib import Path
 
-from ..report.words import WORDS
+from .. import views as _views
 
-__all__ = ["app_html", "asset_names", "DEFAULT_VIEWS", "GROUPS"]
+__all__ = ["app_html", "asset_names", "asset_path", "default_views", "GROUPS"]
 
-# The views the page asks for, in the order of its cards, with their titles. A server can pass the report's
-# own titles and blurbs instead (``views=`` of app_html: ``[{"key", "title", "blurb"}]`` from its sections).
-DEFAULT_VIEWS = tuple({"key": key, "title": words.title} for key, words in WORDS.items())
+# A server passes the report's titles and blurbs (``views=`` of app_html: ``[{"key", "title", "blurb"}]`` from its
+# sections); without them the cards take the views' own words (default_views()).
 # the requests the page makes for one input, in this order, each drawn as it arrives: the views that share the
 # one trace first, then each slower view on its own (the circuit only with a corrupted prompt)
 GROUPS = (("prediction", "trajectory", "components"), ("attribution",), ("mixing",), ("flow",), ("circuit",))
@@ -33,6 +34,11 @@ ALIGNMENT = "alignment"
 _ASKED = {k for g in GROUPS for k in g} | set(FEATURES) | {ALIGNMENT}
 
 
+def default_views() -> tuple[dict, ...]:
+    """The views the page asks for by default, in the report's order, with their titles."""
+    return tuple({"key": k, "title": v.title} for k, v in _views.registry().items() if k in _ASKED)
+
+
 def _report_assets():
     return resources.files("lenscope.viz.report").joinpath("assets")
 
@@ -42,9 +48,30 @@ def _app_assets():
 
 
 def asset_names() -> dict[str, list[str]]:
-    """The files the page loads from ``static/``: ``{"report": [...], "app": [...]}`` (what a server serves)."""
-    return {"report": sorted(p.name for p in _report_assets().iterdir() if p.name.endswith((".js", ".css"))),
+    """The files the page loads from ``static/``: ``{"report": [...], "app": [...]}`` (what a server serves): the
+    report's shared files and every view's script, and the app's own."""
+    scripts = [f"{k}.js" for k, v in _views.registry().items() if v.script()]
+    return {"report": sorted({p.name for p in _report_assets().iterdir() if p.name.endswith((".js", ".css"))}
+                             | set(scripts)),
             "app": sorted(p.name for p in _app_assets().iterdir() if p.name.endswith((".js", ".css")))}
+
+
+def asset_path(name: str):
+    """Where the file ``name`` of :func:`asset_names` lies (a view's script: its folder), else None."""
+    view = _views.get(name.removesuffix(".js")) if name.endswith(".js") else None
+    if view is not None and view.script():
+        return view.folder / name
+    for d in (_report_assets(), _app_assets()):
+        p = d.joinpath(name)
+        if p.is_file():
+            return p
+    return None
+
+
+def _plugin(key: str) -> bool:
+    """Whether view ``key`` comes from a plug-in folder (not one of lenscope's own)."""
+    view = _views.get(key)
+    return view is not None and view.folder is not None and view.folder.parent != Path(_views.__file__).parent
 
 
 def _card(view: dict) -> str:
@@ -66,19 +93,22 @@ def app_html(*, models: list[str], default: str, token_required: bool, max_token
     ``token_required``: the server wants ``Authorization: Bearer``; the page takes the token from its URL
     (``?token=T``) and says so when it is missing. ``max_tokens``: the server's limit, shown in the prompt box.
     ``views``: ``[{"key", "title", "blurb"?}]`` (the report's sections) for the cards' titles; only the views the
-    page requests (:data:`GROUPS`) get a card, in this order. ``features``: the server has sparse dictionaries, so
+    page requests (:data:`GROUPS`) and a plug-in's views (:func:`~lenscope.viz.views.add_folder`, each asked for on its
+    own) get a card, in this order. ``features``: the server has sparse dictionaries, so
     the page asks for the features view too (click a token: its active features; click a feature: its card) and the
     attribution graph (``api/supernode`` keeps the supernodes grouped on it). ``seq2seq``: the names among ``models``
     of encoder-decoder (translation) models: with one chosen, the page shows a source field (the text is the target)
     and optional gold links, and asks ``api/alignment`` for the alignment view, its only card."""
     given = {v["key"]: v for v in (views or ())}
-    shown = [given.get(v["key"], v) for v in DEFAULT_VIEWS]
+    shown = [given.get(v["key"], v) for v in default_views()]
     order = [v for v in (views or ()) if v["key"] in _ASKED]
     if order:  # the server's order, then any default view it did not name
         shown = order + [v for v in shown if v["key"] not in {o["key"] for o in order}]
     if not features:
         shown = [v for v in shown if v["key"] not in FEATURES]
-    groups = GROUPS + (tuple((k,) for k in FEATURES) if features else ())
+    plugins = [v for v in (views or ()) if v["key"] not in _ASKED and _plugin(v["key"])]
+    shown += plugins
+    groups = GROUPS + (tuple((k,) for k in FEATURES) if features else ()) + tuple((v["key"],) for v in plugins)
     names = asset_names()
     scripts = ["core.js"] + [n for n in names["report"] if n.endswith(".js") and n != "core.js"] + ["app.js"]
     opts = "".join(f'<option value="{html.escape(m)}"{" selected" if m == default else ""}>{html.escape(m)}</option>'

@@ -1,17 +1,16 @@
 """The report as one self-contained HTML page: styles, data and scripts inline; nothing is fetched when viewed.
 
-Server-side HTML is written with ``html.escape`` only; the views are drawn by the section scripts in
-``assets/`` from the JSON data block (token strings reach the page through ``textContent`` only)."""
+Server-side HTML is written with ``html.escape`` only; the views are drawn by their scripts (each view's folder,
+:mod:`lenscope.viz.views`) from the JSON data block (token strings reach the page through ``textContent`` only);
+``assets/`` holds what every page shares (``core.js``, ``report.css``)."""
 
 from __future__ import annotations
 
 import html
 from importlib import resources
 
+from .. import views
 from ..html import script_json
-
-# views whose script draws with another view's script (the features view opens feature cards)
-USES = {"features": ("feature",)}
 
 
 def _assets():
@@ -19,7 +18,22 @@ def _assets():
 
 
 def asset(name: str) -> str:
+    """A file of the page: ``core.js`` or ``report.css`` here, or a view's script ``<key>.js`` (its folder's)."""
+    view = views.get(name.removesuffix(".js")) if name.endswith(".js") else None
+    if view is not None and view.script():
+        return view.script()
     return _assets().joinpath(name).read_text(encoding="utf-8")
+
+
+def section_scripts(keys) -> list[str]:
+    """The scripts of the sections ``keys`` and of the views they draw with (:attr:`View.uses
+    <lenscope.viz.views.View.uses>`), each once, in order (a key with no view or no script: none)."""
+    out = []
+    for key in dict.fromkeys(u for k in keys for u in (k, *(getattr(views.get(k), "uses", ())))):
+        view = views.get(key)
+        if view is not None and view.script():
+            out.append(view.script())
+    return out
 
 
 def _fmt(v) -> str:
@@ -92,7 +106,8 @@ def _run_card(report: dict) -> str:
 def render(report: dict, title: str | None = None) -> str:
     """The page's HTML from a report's plain data: ``meta``, ``sections`` (each ``key``, ``title``, ``blurb`` and
     ``data`` or a ``note``), ``checks``, ``timings`` and ``ok`` (:meth:`lenscope.report.Report.to_dict`). A section
-    is drawn by ``assets/<key>.js``. ``title``: the page's (default: ``lenscope report · MODEL``)."""
+    is drawn by its view's script (``viz/views/<key>/<key>.js``). ``title``: the page's (default: ``lenscope report ·
+    MODEL``)."""
     meta = report["meta"]
     title = title or f"lenscope report · {meta['model']}"
     toc = ['<nav class="toc"><a href="#sec-run">Run</a>']
@@ -109,9 +124,7 @@ def render(report: dict, title: str | None = None) -> str:
     toc.append("</nav>")
     payload = {"meta": meta, "sections": [{k: v for k, v in s.items() if k in ("key", "data", "note")}
                                           for s in report["sections"]]}
-    keys = [k for s in report["sections"] if "note" not in s for k in (s["key"], *USES.get(s["key"], ()))]
-    scripts = [asset("core.js")] + [asset(f"{k}.js") for k in dict.fromkeys(keys)
-                                    if _assets().joinpath(f"{k}.js").is_file()]
+    scripts = [asset("core.js")] + section_scripts(s["key"] for s in report["sections"] if "note" not in s)
     return "".join([
         '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n',
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n',

@@ -1,20 +1,22 @@
-"""The view of a generated continuation explained token by token (``lenscope.generate(...).to_dict()``).
+"""The view of a generated continuation explained token by token (``Generation``, whose class declares
+``VIEW = "generation"``, or its ``to_dict()``).
 
-One script draws it, ``viz/report/assets/generation.js``: in the report (the section ``generation``, with
-``--generate N``), in notebooks and on the standalone page of ``lenscope generate --html PATH``, which is the
-report page holding just this section (:func:`lenscope.viz.views.page`; the view is registered there as
-``generation``). This module turns the generation's dict into the section's data (:func:`generation_payload`:
-floats rounded to 5 significant digits, nothing recomputed) and writes that page (:func:`generation_html`).
+Its script ``generation.js`` draws it: in the report (the section ``generation``, with ``--generate N``), in
+notebooks and on the standalone page of ``lenscope generate --html PATH``, which is the report page holding just this
+section with its run card (:func:`lenscope.viz.views.page`). This module turns the generation's dict into the
+section's data (:func:`generation_payload`: floats rounded to 5 significant digits, nothing recomputed) and writes
+that page (:func:`generation_html`).
 """
 
 from __future__ import annotations
 
-import math
 import platform
 import time
 from pathlib import Path
 
-from ..errors import InputError
+from ....errors import InputError
+from ...report.payloads import rounded_tree
+from .. import Shown, View, one, standalone
 
 KEY = "generation"
 TITLE = "Generated continuation"
@@ -22,20 +24,6 @@ BLURB = ("What the model wrote after the text, explained token by token: each ge
          "prediction depth and runner-up, and every method's scores over the tokens before it (contrastive "
          "methods: the token rather than the foil). Click a token, or a row of the matrix, to see its step.")
 FIELDS = ("text", "tokens", "prompt_tokens", "methods", "generated")
-
-
-def _round(x, digits: int):
-    if isinstance(x, bool) or x is None or isinstance(x, (int, str)):
-        return x
-    if isinstance(x, float):
-        return float(f"{x:.{digits}g}") if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _round(v, digits) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_round(v, digits) for v in x]
-    if hasattr(x, "tolist"):  # a tensor or array that slipped through
-        return _round(x.tolist(), digits)
-    return x
 
 
 def as_dict(d_or_gen) -> dict:
@@ -53,7 +41,7 @@ def as_dict(d_or_gen) -> dict:
 def generation_payload(d_or_gen, digits: int = 5) -> dict:
     """The section's data: the generation's dict with every float rounded to ``digits`` significant digits
     (non-finite numbers become null)."""
-    return _round(as_dict(d_or_gen), digits)
+    return rounded_tree(as_dict(d_or_gen), digits)
 
 
 def invariant_errors(d: dict) -> dict[str, float | None]:
@@ -72,7 +60,7 @@ def check_name(method: str) -> str:
 
 def run_meta(d: dict, lm=None, extra: dict | None = None) -> dict:
     """The run card's fields of a generation's dict (the model's, from ``lm`` when given; ``extra`` overrides)."""
-    from ..version import __version__
+    from ....version import __version__
 
     d = {**(d.get("settings") or {}), **d}  # run-card fields the generation records (family, n_layers, ...)
     if lm is not None:
@@ -102,10 +90,36 @@ def generation_html(d_or_gen, path: str | Path | None = None, *, lm=None, meta: 
     largest invariant error that passes (default: the model's when ``lm`` is given; else every error is only
     reported).
     """
-    from .html import write_page
-    from .views import generation_view, page
+    return standalone(VIEW.show(d_or_gen, lm=lm, meta=meta, tolerance=tolerance), path)
 
-    out = page(generation_view(d_or_gen, lm=lm, meta=meta, tolerance=tolerance), run_card=True)
-    if path is not None:
-        write_page(out, path)
-    return out
+
+class GenerationView(View):
+    key = KEY
+    title = TITLE
+    blurb = BLURB
+    order = 80
+    height = 620
+    run_card = True
+
+    def show(self, obj, *, lm=None, meta: dict | None = None, tolerance: float | None = None) -> Shown:
+        """A generation (or its ``to_dict()``): its data, and each method's largest invariant error as a check
+        (against ``tolerance``, by default the model's completeness tolerance when ``lm`` is given; else
+        reported)."""
+        d = as_dict(one(obj, "a collection of generations"))
+        if tolerance is None and lm is not None:
+            from ....models.verify import completeness_tolerance
+
+            tolerance = completeness_tolerance(lm)
+        checks = []
+        for m, v in invariant_errors(d).items():
+            if v is None:
+                continue
+            ok = None if tolerance is None else bool(v <= tolerance)
+            checks.append({"section": KEY, "name": check_name(m), "value": float(v), "tolerance": tolerance,
+                           "ok": ok, "note": ""})
+        seconds = d.get("seconds")
+        return Shown(KEY, generation_payload(d), run_meta(d, lm, meta), TITLE, BLURB, checks,
+                     {"generate": float(seconds)} if seconds is not None else {})
+
+
+VIEW = GenerationView()

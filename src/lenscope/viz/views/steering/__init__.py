@@ -1,9 +1,10 @@
-"""The page of a steering evaluation (``lenscope steer eval --html PATH``, ``SteeringEvaluation.to_html``).
+"""The view of a steering evaluation (``SteeringEvaluation``, whose class declares ``VIEW = "steering"``, or its
+``to_dict()``): the page of ``lenscope steer eval --html PATH`` and ``SteeringEvaluation.to_html``.
 
-One script draws it, ``viz/report/assets/steering.js``, on the report page holding just this section
-(:func:`lenscope.viz.views.page`; the view is registered there as ``steering``), self-contained. This module
-turns the evaluation's dict into the section's data (:func:`steering_payload`: floats rounded to 5 significant
-digits, nothing recomputed) and writes the page (:func:`steering_html`).
+Its script ``steering.js`` draws it on the report page holding just this section with its run card
+(:func:`lenscope.viz.views.page`), self-contained. This module turns the evaluation's dict into the section's data
+(:func:`steering_payload`: floats rounded to 5 significant digits, nothing recomputed) and writes the page
+(:func:`steering_html`).
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ import platform
 import time
 from pathlib import Path
 
-from ..errors import InputError
-from .generation_html import _round
+from ....errors import InputError
+from ...report.payloads import rounded_tree
+from .. import Shown, View, one, standalone
 
 KEY = "steering"
 TITLE = "Steering, measured"
@@ -34,12 +36,12 @@ def as_dict(d_or_ev) -> dict:
 
 def steering_payload(d_or_ev, digits: int = 5) -> dict:
     """The section's data: the evaluation's dict, floats rounded to ``digits`` significant digits."""
-    return _round(as_dict(d_or_ev), digits)
+    return rounded_tree(as_dict(d_or_ev), digits)
 
 
 def run_meta(d: dict) -> dict:
     """The run card's fields of an evaluation's dict."""
-    from ..version import __version__
+    from ....version import __version__
 
     direction = d["direction"]
     return {"model": d["model"], "family": "?", "model_type": "?", "n_layers": "?",
@@ -54,10 +56,27 @@ def run_meta(d: dict) -> dict:
 def steering_html(d_or_ev, path: str | Path | None = None) -> str:
     """The standalone page of a steering evaluation: the report page with just this section and its run card
     (:func:`lenscope.viz.views.page`; fetches nothing). Returns the HTML; also writes it to ``path`` when given."""
-    from .html import write_page
-    from .views import page, steering_view
+    return standalone(VIEW.show(d_or_ev), path)
 
-    out = page(steering_view(d_or_ev), run_card=True)
-    if path is not None:
-        write_page(out, path)
-    return out
+
+class Steering(View):
+    key = KEY
+    title = TITLE
+    blurb = BLURB
+    order = 120
+    height = 700
+    run_card = True
+
+    def show(self, obj) -> Shown:
+        """A steering evaluation (or its ``to_dict()``): its data, and the effect at multiplier 0 as a check."""
+        d = as_dict(one(obj, "a collection of steering evaluations"))
+        zero = [abs(e) for r in d["layers"].values() for a, e in zip(r["multipliers"], r["mean_effect"])
+                if a == 0 and e is not None]
+        checks = [{"section": KEY, "name": "effect at multiplier 0 (no edit applied)", "value": max(zero),
+                   "tolerance": 0.0, "ok": max(zero) == 0.0, "note": ""}] if zero else []
+        seconds = d.get("seconds") or {}
+        return Shown(KEY, steering_payload(d), run_meta(d), TITLE, BLURB, checks,
+                     {k: float(v) for k, v in seconds.items() if k != "total"})
+
+
+VIEW = Steering()
