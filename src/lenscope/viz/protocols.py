@@ -39,6 +39,7 @@ class ExplanationLike(Protocol):
     invariant_error: float | None
     layer_scores: Tensor | None
     info: dict[str, Any]
+    reports_completeness: bool  # its method reports info["completeness_error"]
 
 
 class TrajectoryLike(Protocol):

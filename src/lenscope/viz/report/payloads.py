@@ -117,10 +117,10 @@ def trajectory_payload(trajs: TrajectoryLike | list[TrajectoryLike]) -> dict:
 
 
 def explanation_record(e: ExplanationLike) -> dict:
-    """One method's row of the ``attribution`` view: its scores, invariant error and (integrated gradients)
-    completeness error."""
+    """One method's row of the ``attribution`` view: its scores, invariant error and (where its method reports
+    one: integrated gradients) completeness error."""
     rec = {"scores": rounded_list(e.scores), "invariant_error": e.invariant_error}
-    if e.method == "ig":
+    if e.reports_completeness:
         rec["completeness_error"] = e.info.get("completeness_error")
     return rec
 
