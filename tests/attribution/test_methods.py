@@ -218,6 +218,9 @@ def test_a_method_without_a_many_row_form_runs_in_generate_once_per_token():
 def test_a_method_with_a_texts_form_runs_in_eval_alignment():
     """Its ``texts`` form scores the examples, with what its ``prepare`` made once per call; its ``summarize`` adds
     to each dataset's summary."""
+    from typer.testing import CliRunner
+
+    from lenscope.cli import app
     from lenscope.data.datasets import Example
     from lenscope.evaluate.alignment import check_methods, evaluate_example, evaluate_examples, summarise
     from lenscope.evaluate.metrics import alignment
@@ -242,6 +245,8 @@ def test_a_method_with_a_texts_form_runs_in_eval_alignment():
     register(Method(NAME, _explain, texts=texts, prepare=prepare, summarize=summarize))
     try:
         assert check_methods(None)[-3:] == [NAME, "first", "recent"] and timers()[-2:] == (NAME, "forward")
+        page = help_text(CliRunner().invoke(app, ["eval", "alignment", "--help"]).output)
+        assert f"erasure, {NAME}, and the positional rankings" in page and f"erasure,{NAME},first,recent]" in page
         r = evaluate_example(lm, ex, ["logit", NAME])
         assert prepared == [lm.name]
         recs = evaluate_examples(lm, [ex, ex2], ["logit", NAME])

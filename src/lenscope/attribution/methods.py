@@ -456,10 +456,12 @@ def _ig_choices() -> dict:
 
 def _ig_prepare(lm, options: dict) -> dict:
     """Integrated gradients' baseline embedding, once per eval alignment call (the mean one is a pass over the
-    vocabulary); its name stays ``baseline_name``."""
+    vocabulary; the zero one stays its name, None there); its name stays ``baseline_name``."""
     from .inputs import ig_baseline
 
-    return {"baseline": ig_baseline(lm, options["baseline"])[0], "baseline_name": options["baseline"]}
+    name = options["baseline"]
+    base = ig_baseline(lm, name)[0]
+    return {"baseline": name if base is None else base, "baseline_name": name}
 
 
 def _ig_summarize(records: list) -> dict:

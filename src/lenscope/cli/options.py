@@ -39,20 +39,25 @@ MAX_MEMORY_OPTION = typer.Option(None, "--max-memory", metavar="SIZE", help=(
 
 
 class _TableOption(OptionInfo):
-    """An option whose help and metavar are functions, called each time the command line is built."""
+    """An option whose help, metavar and default may be functions, called each time the command line is built."""
 
-    help = property(lambda self: self._help_of(), lambda self, value: None)
-    metavar = property(lambda self: None if self._metavar_of is None else self._metavar_of(),
-                       lambda self, value: None)
+    help = property(lambda self: self._read("help"), lambda self, value: None)
+    metavar = property(lambda self: self._read("metavar"), lambda self, value: None)
+    default = property(lambda self: self._read("default"), lambda self, value: None)
+
+    def _read(self, what: str):
+        v = self._of[what]
+        return v() if callable(v) else v
 
 
 def table_option(default, *decls: str, help: Callable[[], str], metavar: Callable[[], str] | None = None,
                  **kw) -> OptionInfo:
-    """A typer option whose ``help`` (and ``metavar``) come from a table of kinds (the attribution methods, the
-    steering direction builders) each time the command line is built, so that a kind registered after this module
-    was imported is listed too. The functions import their table inside (it must import no torch: ``--help``)."""
-    info = typer.Option(default, *decls, **kw)
+    """A typer option whose ``help`` (and ``metavar``, and ``default`` when it is a function) come from a table of
+    kinds (the attribution methods, the steering direction builders) each time the command line is built, so that
+    a kind registered after this module was imported is listed too. The functions import their table inside (it
+    must import no torch: ``--help``)."""
+    info = typer.Option(None, *decls, **kw)
     out = _TableOption.__new__(_TableOption)
     out.__dict__.update(info.__dict__)
-    out._help_of, out._metavar_of = help, metavar
+    out._of = {"help": help, "metavar": metavar, "default": default}
     return out
