@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import InputError, NotApplicableError
-from ..models.load import LoadedModel
-from ..models.trace import Trace
 from . import methods as table
-from .explanation import Explanation
+
+if TYPE_CHECKING:  # imported by the package's light face (no torch at import)
+    from ..models.load import LoadedModel
+    from ..models.trace import Trace
+    from .explanation import Explanation
 
 
 def explain(lm: LoadedModel, text=None, target=None, foil=None, *, method: str = table.DEFAULT, position: int = -1,

@@ -92,6 +92,15 @@ class Explanation(Result):
     def contrastive(self) -> bool:
         return self.foil_id is not None
 
+    @property
+    def reports_completeness(self) -> bool:
+        """Whether its method reports ``info["completeness_error"]`` (the method table's ``completeness``; a method
+        not in the table, e.g. from an old file, reports none)."""
+        from .methods import lookup
+
+        m = lookup(self.method)
+        return m is not None and m.completeness is not None
+
     def what(self) -> str:
         if self.target is None:
             return f"position {self.position} ({self.tokens[self.position]!r})"

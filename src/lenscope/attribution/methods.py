@@ -6,7 +6,14 @@ and its many-row one (``rows``: every generated token of a sequence, :class:`Row
 :func:`~lenscope.attribution.explain.explain_all`, :func:`lenscope.generate`, the report's attribution and
 generation views, ``lenscope serve``'s ``/api/token`` and ``lenscope eval alignment`` all read this table, so a
 new method is one :func:`register` call (``tests/attribution/test_methods.py`` registers a dummy one and sees it
-everywhere). The CLI's ``--method`` choices are :func:`names`.
+everywhere). The CLI's ``--method`` choices and help are :func:`names` (read when the command line is built), and
+what the commands ask of a method is its entry: the options it takes (``options``, the values of an option that
+names something: ``choices``), what it checks of its input (``check_prompt``), its words (``label``), whether it
+reports a completeness error (``completeness``), eval alignment's once-per-call preparation (``prepare``) and
+per-dataset summary (``summarize``). No code outside this file names a method.
+
+This module imports no torch at module level (the command line's ``--help`` reads it): a method's code is imported
+when it runs.
 
 Order: the table's order is the order of :func:`names` (help texts, error messages); ``view_rank`` orders the
 report's and the app's attribution views (ALTI-Logit first).
@@ -16,11 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 LOGIT, ALTI_LOGIT, ALTI, VALUE_ZEROING = "logit", "alti-logit", "alti", "value-zeroing"
 GRAD_NORM, GRAD_X_INPUT, IG, ERASURE = "grad-norm", "grad-x-input", "ig", "erasure"
@@ -132,6 +140,18 @@ class Method:
     - ``view_rank``: its place in the report's and app's attribution views, ``view_options`` the options it runs
       with there; ``in_generation_view``: a default method of the report's generation view. (Its name in words,
       for the pages: ``LS.methodNames`` in ``viz/report/assets/core.js``.)
+    - ``choices()``: ``{option: the values it may take}`` for its options that name something (read when checked,
+      :meth:`allowed`; ``lenscope explain --baseline``).
+    - ``check_prompt(n, source)``: refuses (:class:`InputError`) a generation's prompt of ``n`` tokens (``source``:
+      whether it has an encoder's source) that the method cannot explain, before the model generates.
+    - ``label``: its short name in the command line's lines (default its name).
+    - ``completeness``: it reports how complete its scores are (``info["completeness_error"]``): in the report's
+      checks as ``"<name>: <completeness>"``, in the attribution view's record and in ``lenscope explain``'s
+      table (``"<label> completeness error"``); None: it reports none.
+    - ``prepare(lm, options) -> options``: eval alignment's preparation, once per call, of what its ``texts``
+      form reads (added to :class:`Texts`'s options).
+    - ``summarize(records) -> {key: value}``: eval alignment's summary of one dataset's alignment records of the
+      method (added to the dataset's summary).
     """
 
     name: str
@@ -148,11 +168,23 @@ class Method:
     view_rank: int = 1000
     view_options: tuple[tuple[str, object], ...] = ()
     in_generation_view: bool = False
+    choices: Callable[[], dict] | None = None
+    check_prompt: Callable[[int, bool], None] | None = None
+    label: str | None = None
+    completeness: str | None = None
+    prepare: Callable[[object, dict], dict] | None = None
+    summarize: Callable[[list], dict] | None = None
+
+    def allowed(self, option: str) -> tuple | None:
+        """The values ``option`` may take (:attr:`choices`), or None (any)."""
+        return None if self.choices is None else self.choices().get(option)
 
     def generation_rows(self, job: Rows) -> tuple[Tensor, Tensor]:
         """``rows(job)``, or without it ``explain`` on each row's prefix (one call per generated token)."""
         if self.rows is not None:
             return self.rows(job)
+        import torch
+
         n = len(job.ids)
         scores = torch.zeros(len(job.rows), n, dtype=torch.float64)
         inv = torch.full((len(job.rows),), float("nan"), dtype=torch.float64)
@@ -240,6 +272,11 @@ def generation_view_methods() -> tuple[str, ...]:
     return tuple(m.name for m in sorted(_TABLE.values(), key=lambda m: m.view_rank) if m.in_generation_view)
 
 
+def taking(option: str) -> tuple[str, ...]:
+    """The methods that take ``option`` (e.g. ``steps``), in table order."""
+    return tuple(m.name for m in _TABLE.values() if option in m.options)
+
+
 def option_methods() -> dict[str, tuple[str, ...]]:
     """``{option: methods taking it}`` for ``generate``, options in first-seen order."""
     out: dict[str, list[str]] = {}
@@ -323,6 +360,8 @@ def _rollout_rows(kind: str):
 
 
 def _nan(job: Rows) -> Tensor:
+    import torch
+
     return torch.full((len(job.rows),), float("nan"), dtype=torch.float64)
 
 
@@ -332,6 +371,8 @@ def _baseline_check(job: Rows, f: Tensor) -> Tensor:
     an error here means the source or the prefix is not the trace's, e.g. a padded batch's row read wrongly)."""
     if getattr(job.tr, "encoder", None) is None:
         return _nan(job)
+    import torch
+
     logits = job.tr.logits[job.rows.to(job.tr.logits.device)].double().cpu()  # (k, vocab)
     k = torch.arange(len(job.rows))
     want = logits[k, job.tok.cpu()] - (0.0 if job.foils is None else logits[k, job.foils.cpu()])
@@ -407,6 +448,44 @@ def _ig_texts(job: Texts):
     return res["ig"], infos
 
 
+def _ig_choices() -> dict:
+    from .inputs import IG_BASELINES
+
+    return {"baseline": IG_BASELINES}
+
+
+def _ig_prepare(lm, options: dict) -> dict:
+    """Integrated gradients' baseline embedding, once per eval alignment call (the mean one is a pass over the
+    vocabulary; the zero one stays its name, None there); its name stays ``baseline_name``."""
+    from .inputs import ig_baseline
+
+    name = options["baseline"]
+    base = ig_baseline(lm, name)[0]
+    return {"baseline": name if base is None else base, "baseline_name": name}
+
+
+def _ig_summarize(records: list) -> dict:
+    """``ig_completeness``: the baselines and the median and largest relative and absolute completeness errors of
+    the records that integrated gradients explained."""
+    import numpy as np
+
+    ig = [r for r in records if IG in r.get("metrics", {})]
+    rel = [r["info"]["ig_completeness_error"] for r in ig if r.get("info", {}).get("ig_completeness_error")
+           is not None]
+    ab = [r["info"]["ig_completeness_abs"] for r in ig if r["info"].get("ig_completeness_abs") is not None]
+    bases = sorted({r["info"].get("ig_baseline", "zero") for r in ig})
+    return {"ig_completeness": {
+        "baseline": ",".join(bases) if bases else None, "n": len(rel),
+        "median": float(np.median(rel)) if rel else None, "max": float(np.max(rel)) if rel else None,
+        "median_abs": float(np.median(ab)) if ab else None, "max_abs": float(np.max(ab)) if ab else None}}
+
+
+def _erasure_prompt(n: int, source: bool) -> None:
+    if not source and n < 2:
+        raise InputError("erasure needs a prompt of at least 2 tokens: the first step's prediction would have no "
+                         "context left once its one token is erased")
+
+
 def _erasure_texts(job: Texts):
     from .baselines import erasure_rows
 
@@ -430,9 +509,11 @@ for _m in (
     # computation that is asked to stop (lenscope serve: its client went away) stops within a quarter of it
     Method(IG, _baseline("integrated_gradients"), _ig_rows, _ig_texts, reads_source=True,
            options=("steps", "baseline", "batch_size"), explain_options=True, view_rank=4,
-           view_options=(("steps", 32), ("batch_size", 8))),
+           view_options=(("steps", 32), ("batch_size", 8)), choices=_ig_choices, label="IG",
+           completeness="completeness error (reported; a zero baseline is not complete on every model, see "
+           "docs/attribution.md)", prepare=_ig_prepare, summarize=_ig_summarize),
     Method(ERASURE, _baseline("erasure"), _erasure_rows, _erasure_texts, reads_source=True, options=("batch_size",),
-           explain_options=True, view_rank=5),
+           explain_options=True, view_rank=5, check_prompt=_erasure_prompt),
     Method(VALUE_ZEROING, _rollout(VALUE_ZEROING), _rollout_rows(VALUE_ZEROING), needs_target=False,
            uses_trace=True, reads_source=True, view_rank=7),
 ):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from .common import ModelChoice, at_least_one, command, fail, print_json, stage_progress
-from .options import MODEL_OPTION
+from .options import MODEL_OPTION, table_option
 from .sweeps import ray_address_option, ray_option, ray_target, workers_option
 
 DATASET_HELP = ("blimp:SUBSET (one of the 11 with evidence, or any BLiMP paradigm for accuracy only), blimp:all11, "
@@ -13,7 +13,21 @@ DATASET_HELP = ("blimp:SUBSET (one of the 11 with evidence, or any BLiMP paradig
                 "FILE (one_prefix_prefix, one_prefix_word_good, one_prefix_word_bad, target). Repeatable.")
 
 
-DEFAULT_METHODS = "logit,alti-logit,grad-norm,grad-x-input,ig,erasure,first,recent"
+POSITIONAL = "first,recent"  # the positional rankings (lenscope.evaluate.metrics.POSITIONAL)
+
+
+def default_methods() -> str:
+    """``--methods``'s default: every method of the table with an eval alignment form, then the positional ones."""
+    from ..attribution.methods import eval_methods
+
+    return ",".join(eval_methods()) + "," + POSITIONAL
+
+
+def methods_help() -> str:
+    from ..attribution.methods import eval_methods
+
+    return (f"Comma-separated: {', '.join(eval_methods())}, and the positional rankings first (earliest token "
+            "first) and recent (nearest token first), which need no model computation.")
 
 
 def _gold_aer(model: ModelChoice, gold: str, methods: str | None, target_token: str, out: str | None,
@@ -90,10 +104,7 @@ def register(app: typer.Typer) -> None:
         null_eos: bool = typer.Option(True, "--null-eos/--no-null-eos", help="With --gold: the source's end token "
                                       "competes with the source words and a target word it wins gets no link (as "
                                       "Ferrando et al. 2022); --no-null-eos links every target word."),
-        methods: str = typer.Option(DEFAULT_METHODS, "--methods",
-                                    help="Comma-separated: logit, alti-logit, grad-norm, grad-x-input, ig, erasure, "
-                                    "and the positional rankings first (earliest token first) and recent (nearest "
-                                    "token first), which need no model computation."),
+        methods: str = table_option(default_methods, "--methods", help=methods_help),
         limit: int = typer.Option(None, "--limit", help="Use the first N examples of each dataset."),
         out: str = typer.Option(None, "--out", help="Folder for per-example records, summary, tables and figures; "
                                 "a rerun with the same folder resumes."),
@@ -124,7 +135,7 @@ def register(app: typer.Typer) -> None:
             if dataset:
                 fail("--gold and --dataset are two evaluations; give one of them")
             at_least_one(batch_size=batch_size)
-            _gold_aer(model, gold, None if methods == DEFAULT_METHODS else methods, target_token, out, as_json,
+            _gold_aer(model, gold, None if methods == default_methods() else methods, target_token, out, as_json,
                       progress, batch_size, null_eos, token_rows)
             return
 
@@ -133,8 +144,10 @@ def register(app: typer.Typer) -> None:
         at_least_one(limit=limit, ig_steps=ig_steps, batch_size=batch_size, block=block)
         if restart and out is None:
             fail("--restart needs --out")
-        if baseline not in ("zero", "pad", "mean"):
-            fail(f"unknown --baseline {baseline!r}; choose from zero, pad, mean")
+        from ..attribution.inputs import IG_BASELINES
+
+        if baseline not in IG_BASELINES:
+            fail(f"unknown --baseline {baseline!r}; choose from {', '.join(IG_BASELINES)}")
         meths = check_methods(methods)
         for spec in dataset:  # malformed files fail before the model loads
             if spec != "blimp:all11":

@@ -5,10 +5,15 @@ from __future__ import annotations
 import typer
 
 from .common import ModelChoice, command, emit, fail, one_of
-from .options import IG_STEPS_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION, SOURCE_OPTION
+from .options import IG_STEPS_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION, SOURCE_OPTION, table_option
 
-METHOD_HELP = ("logit | alti-logit | alti | grad-norm | grad-x-input | ig | erasure | value-zeroing "
-               "(alti and value-zeroing need no target: they give the rollout row of --position)")
+
+def method_help() -> str:
+    """``--method``'s help: the method table's names (:mod:`lenscope.attribution.methods`, no torch imported)."""
+    from ..attribution import methods as table
+
+    return (f"{' | '.join(table.names())} ({' and '.join(table.without_target())} need no target: they give the "
+            "rollout row of --position)")
 
 
 def register(app: typer.Typer) -> None:
@@ -19,7 +24,7 @@ def register(app: typer.Typer) -> None:
         model: ModelChoice = MODEL_OPTION,
         target: str = typer.Option(None, "--target", "-t", help="Target token: its text (e.g. ' are') or #ID."),
         foil: str = typer.Option(None, "--foil", "-f", help="Foil token: explain target versus foil (contrastive)."),
-        method: str = typer.Option("alti-logit", "--method", help=METHOD_HELP),
+        method: str = table_option("alti-logit", "--method", help=method_help),
         position: int = typer.Option(
             -1, "--position", help="Token position whose prediction is explained (default: last)."),
         steps: int = IG_STEPS_OPTION,
@@ -33,19 +38,21 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ):
         """Score every input token by how much it made the model predict TARGET (rather than FOIL)."""
-        from ..attribution.baselines import IG_BASELINES
+        from ..attribution import methods as table
         from ..attribution.explain import explain
-        from ..attribution.explanation import METHODS
 
-        one_of("method", method, METHODS)
-        if steps is not None and method != "ig":
-            fail("--steps applies to --method ig only")
-        if steps is not None and steps < 1:
-            fail("--steps must be at least 1")
-        if baseline is not None and method != "ig":
-            fail("--baseline applies to --method ig only")
-        if baseline is not None and baseline not in IG_BASELINES:
-            fail(f"unknown --baseline {baseline!r}; choose one of {', '.join(IG_BASELINES)}")
+        one_of("method", method, table.names())
+        m = table.get(method)
+        for flag, option, value in (("--steps", "steps", steps), ("--baseline", "baseline", baseline)):
+            if value is None:
+                continue
+            if option not in m.options:
+                fail(f"{flag} applies to --method {' or '.join(table.taking(option))} only")
+            if option == "steps" and value < 1:
+                fail("--steps must be at least 1")
+            allowed = m.allowed(option)
+            if allowed is not None and value not in allowed:
+                fail(f"unknown {flag} {value!r}; choose one of {', '.join(allowed)}")
         lm = model.load()
         options = {k: v for k, v in (("steps", steps), ("baseline", baseline)) if v is not None}
         res = explain(lm, text, target, foil, method=method, position=position, source=source, **options)
@@ -81,8 +88,11 @@ def _table(lm, res, html, png) -> None:
         extra.append(f"invariant error {res.invariant_error:.1e}")
     if "logit" in res.info:
         extra.append(f"logit difference {res.info['logit']:+.4f}")
-    if "completeness_error" in res.info and res.method == "ig":
-        extra.append(f"IG completeness error {res.info['completeness_error']:.1e}")
+    if "completeness_error" in res.info and res.reports_completeness:
+        from ..attribution.methods import get
+
+        m = get(res.method)
+        extra.append(f"{m.label or m.name} completeness error {res.info['completeness_error']:.1e}")
     if extra:
         con.print("  ".join(extra))
     if res.info.get("note"):

@@ -5,10 +5,15 @@ from __future__ import annotations
 import typer
 
 from .common import ModelChoice, at_least_one, command, fail, print_json, stage_progress
-from .options import IG_STEPS_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION, SOURCE_OPTION
+from .options import IG_STEPS_OPTION, JSON_OPTION, MODEL_OPTION, SAVE_OPTION, SOURCE_OPTION, table_option
 
-METHODS_HELP = ("Comma-separated methods of `lenscope explain`: logit, alti-logit, alti, grad-norm, grad-x-input, ig, "
-                "erasure, value-zeroing (none: an empty string).")
+
+def explain_help() -> str:
+    """``--explain``'s help: the method table's names (:mod:`lenscope.attribution.methods`, no torch imported)."""
+    from ..attribution import methods as table
+
+    return (f"Comma-separated methods of `lenscope explain`: {', '.join(table.names())} (none: an empty string). "
+            "Default alti-logit; none with --steer.")
 
 
 def register(app: typer.Typer) -> None:
@@ -18,7 +23,7 @@ def register(app: typer.Typer) -> None:
                                      "target prefix, may be \"\")."),
         model: ModelChoice = MODEL_OPTION,
         max_new_tokens: int = typer.Option(16, "--max-new-tokens", "-n", help="Tokens to generate (at most)."),
-        explain: str = typer.Option(None, "--explain", help=METHODS_HELP + " Default alti-logit; none with --steer."),
+        explain: str = table_option(None, "--explain", help=explain_help),
         foil: str = typer.Option("runner-up", "--foil", help="runner-up (default), a token (text or #ID), or none."),
         chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the tokenizer's chat template."),
         sample: bool = typer.Option(False, "--sample", help="Sample instead of greedy decoding."),
@@ -56,13 +61,14 @@ def register(app: typer.Typer) -> None:
         specs = [parse_steer(s) for s in steer or ()]
         if source is not None:
             _source_refusals(sample=sample, chat=chat, lens=lens, steer=steer, html=html, png=png)
-        from ..attribution.explanation import METHODS
+        from ..attribution import methods as table
 
         for m in methods:
-            if m not in METHODS:
-                fail(f"unknown method {m!r} in --explain; choose from {', '.join(METHODS)}")
-        if steps is not None and "ig" not in methods:
-            fail("--steps applies to the ig method only")
+            if m not in table.names():
+                fail(f"unknown method {m!r} in --explain; choose from {', '.join(table.names())}")
+        takers = table.taking("steps")
+        if steps is not None and not any(m in takers for m in methods):
+            fail(f"--steps applies to the {' or '.join(takers)} method only")
         lm = model.load()
         from ..generation import generate
 

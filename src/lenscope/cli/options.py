@@ -4,7 +4,10 @@ as ``load_model(model, dtype=dtype, device_map=device_map)``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import typer
+from typer.models import OptionInfo
 
 MODEL_HELP = "Model: smollm2 (default), gemma3-270m, minilm, tiny:<family>, a transformers folder or a .gguf file."
 
@@ -33,3 +36,28 @@ JSON_SUMMARY_OPTION = typer.Option(False, "--json", help="Print a JSON summary."
 MAX_MEMORY_OPTION = typer.Option(None, "--max-memory", metavar="SIZE", help=(
     "Memory budget, e.g. 8GB or 500MB (default: 0.8 of the memory available now). The command estimates its peak "
     "first and refuses in one line, naming what to lower, when the estimate exceeds it."))
+
+
+class _TableOption(OptionInfo):
+    """An option whose help, metavar and default may be functions, called each time the command line is built."""
+
+    help = property(lambda self: self._read("help"), lambda self, value: None)
+    metavar = property(lambda self: self._read("metavar"), lambda self, value: None)
+    default = property(lambda self: self._read("default"), lambda self, value: None)
+
+    def _read(self, what: str):
+        v = self._of[what]
+        return v() if callable(v) else v
+
+
+def table_option(default, *decls: str, help: Callable[[], str], metavar: Callable[[], str] | None = None,
+                 **kw) -> OptionInfo:
+    """A typer option whose ``help`` (and ``metavar``, and ``default`` when it is a function) come from a table of
+    kinds (the attribution methods, the steering direction builders) each time the command line is built, so that
+    a kind registered after this module was imported is listed too. The functions import their table inside (it
+    must import no torch: ``--help``)."""
+    info = typer.Option(None, *decls, **kw)
+    out = _TableOption.__new__(_TableOption)
+    out.__dict__.update(info.__dict__)
+    out._of = {"help": help, "metavar": metavar, "default": default}
+    return out

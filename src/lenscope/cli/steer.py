@@ -6,15 +6,29 @@ from __future__ import annotations
 import typer
 
 from .common import ModelChoice, command, fail, print_json, stage_progress
-from .options import JSON_OPTION, MODEL_OPTION, SAVE_OPTION
+from .options import JSON_OPTION, MODEL_OPTION, SAVE_OPTION, table_option
 
 steer_app = typer.Typer(
     rich_markup_mode=None, no_args_is_help=True,
     help="Steering: build a direction from contrast pairs (build); measure how well it steers and what it costs "
          "(eval).")
 
-METHODS = ("actadd", "mean-diff", "pca", "probe")
 WHERE = ("all", "prompt", "generated")
+
+
+def method_help() -> str:
+    """``--method``'s help: the direction builders (:mod:`lenscope.steering.builders`, no torch imported), e.g.
+    ``actadd (first pair), mean-diff, pca or probe.``"""
+    from ..steering import builders
+
+    words = [f"{b.name} ({b.help})" if b.help else b.name for b in builders.builders()]
+    return (words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}") + "."
+
+
+def method_metavar() -> str:
+    from ..steering import builders
+
+    return "|".join(builders.names())
 
 
 def parse_numbers(text: str, what: str, kind=float) -> list:
@@ -53,8 +67,7 @@ def build_cmd(
                              "the behaviour)."),
     out: str = typer.Option(..., "--out", help="Folder to write the direction to (direction.json + "
                             "direction.safetensors)."),
-    method: str = typer.Option("mean-diff", "--method", help="actadd (first pair), mean-diff, pca or probe.",
-                               metavar="actadd|mean-diff|pca|probe"),
+    method: str = table_option("mean-diff", "--method", help=method_help, metavar=method_metavar),
     layer: int = typer.Option(None, "--layer", help="Block L: the direction lives in resid_pre.L, the residual "
                               "stream entering block L (default: the middle block)."),
     position: int = typer.Option(-1, "--position", help="Which token's state is read (default -1: the last; "
@@ -63,8 +76,10 @@ def build_cmd(
     as_json: bool = JSON_OPTION,
 ):
     """Build a steering direction from contrast pairs at resid_pre.LAYER."""
-    if method not in METHODS:
-        fail(f"unknown --method {method!r}; choose from {', '.join(METHODS)}")
+    from ..steering import builders
+
+    if method not in builders.names():
+        fail(f"unknown --method {method!r}; choose from {', '.join(builders.names())}")
     from ..data.steering import read_steering_pairs
 
     pairs = read_steering_pairs(data)

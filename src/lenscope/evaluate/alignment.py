@@ -112,7 +112,10 @@ def evaluate_examples(lm, examples: list[Example], methods=None, *, ig_steps: in
 
     check_model(lm)
     methods = check_methods(methods)
-    base = rows.ig_baseline(lm, baseline)[0] if "ig" in methods else None  # once per call (the mean is a vocab pass)
+    options = {"ig_steps": ig_steps, "max_tokens": max_tokens, "baseline": baseline}
+    for m in table.methods():  # what a method prepares once per call (integrated gradients' baseline embedding)
+        if m.name in methods and m.prepare is not None:
+            options |= m.prepare(lm, options)
     version = code_version()
     preps = [prepare(lm, ex) for ex in examples]
     recs: list[dict] = []
@@ -167,9 +170,7 @@ def evaluate_examples(lm, examples: list[Example], methods=None, *, ig_steps: in
             recs[i]["logit_diff"] = float(f_full[k])
             recs[i]["correct"] = bool(f_full[k] > 0)
         chosen = [m for m in table.methods() if m.name in methods and m.texts is not None]
-        job = table.Texts(lm, ids, t, f, trs, f_full, {"ig_steps": ig_steps, "max_tokens": max_tokens,
-                                                      "baseline": baseline if base is None else base,
-                                                      "baseline_name": baseline})
+        job = table.Texts(lm, ids, t, f, trs, f_full, options)
         for k, i in enumerate(idx):  # trace-based methods, one example at a time on its own trace
             try:
                 lg = timed(table.LOGIT, [i], job.logit, k)

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..attribution.methods import DEFAULT as REFERENCE
 from ..attribution.methods import eval_timers
+from ..attribution.methods import methods as methods_table
 from ..data.datasets import Example
 from ..errors import InputError
 from ..results import finite_json
@@ -285,16 +286,9 @@ def summarise(model: str, datasets: dict[str, list[Example]], records: dict[str,
                     paired[m] = paired_difference([r["metrics"][REFERENCE]["rr"] for r in both],
                                                   [r["metrics"][m]["rr"] for r in both])
         ds["paired"] = paired
-        if "ig" in methods:
-            ig = [r for r in align if "ig" in r.get("metrics", {})]
-            rel = [r["info"]["ig_completeness_error"] for r in ig if r.get("info", {}).get("ig_completeness_error")
-                   is not None]
-            ab = [r["info"]["ig_completeness_abs"] for r in ig if r["info"].get("ig_completeness_abs") is not None]
-            bases = sorted({r["info"].get("ig_baseline", "zero") for r in ig})
-            ds["ig_completeness"] = {
-                "baseline": ",".join(bases) if bases else None, "n": len(rel),
-                "median": float(np.median(rel)) if rel else None, "max": float(np.max(rel)) if rel else None,
-                "median_abs": float(np.median(ab)) if ab else None, "max_abs": float(np.max(ab)) if ab else None}
+        for m in methods_table():  # a method's own summary of its records (integrated gradients' completeness)
+            if m.name in methods and m.summarize is not None:
+                ds.update(m.summarize(align))
         out[name] = ds
     timing = {}
     if n_timed:

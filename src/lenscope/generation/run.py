@@ -333,9 +333,10 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
     if ids.numel() + max_new_tokens > n_ctx:
         raise InputError(f"the prompt ({ids.numel()} tokens) plus {max_new_tokens} new tokens is past the model's "
                          f"context of {n_ctx} tokens; ask for at most {max(0, n_ctx - ids.numel())}")
-    if "erasure" in methods and src is None and ids.numel() < 2:
-        raise InputError("erasure needs a prompt of at least 2 tokens: the first step's prediction would have no "
-                         "context left once its one token is erased")
+    for m in methods:  # what a method refuses of the prompt (erasure: one token)
+        check = table.get(m).check_prompt
+        if check is not None:
+            check(ids.numel(), src is not None)
     f_given = None if foil is None or foil == "runner-up" else Request.of(lm, foil=foil, generated=True).foil  # now
     if isinstance(lens, str) or (lens is not None and not isinstance(lens, Lens)):
         from ..lenses.files import load_lens_dir

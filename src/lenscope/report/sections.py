@@ -179,9 +179,10 @@ class Attribution(Section):
             explanations[m] = e
             if e.invariant_error is not None:
                 ctx.check(self.key, f"{m}: invariant error", e.invariant_error, _tol(ctx))
-            if m == "ig":
-                ctx.check(self.key, "ig: completeness error (reported; a zero baseline is not complete on "
-                          "every model, see docs/attribution.md)", e.info.get("completeness_error"))
+            if e.reports_completeness:
+                from ..attribution.methods import get
+
+                ctx.check(self.key, f"{m}: {get(m).completeness}", e.info.get("completeness_error"))
         return attribution_payload(explanations, tokens=ctx.tokens, target=ctx.token_text(ctx.target_id),
                                             foil=ctx.token_text(ctx.foil_id))
 

@@ -2,8 +2,8 @@
 engine's edits that add a multiple of it.
 
 A direction is read at the site ``resid_pre.L`` (the residual stream entering block ``L``, the engine's name) at
-one position of each text (``position``, default the last token), and added back at that site. The methods
-(:data:`METHODS`), each on the paired differences ``d_i = h(positive_i) - h(negative_i)``:
+one position of each text (``position``, default the last token), and added back at that site. The methods (the
+builders of :mod:`.builders`), each on the paired differences ``d_i = h(positive_i) - h(negative_i)``:
 
 - ``actadd``: activation addition from one prompt pair (Turner et al. 2023): ``d_0`` (the first pair; further
   pairs are left out and the direction's notes say so);
@@ -17,9 +17,10 @@ one position of each text (``position``, default the last token), and added back
 Every method gives a unit direction ``u``; the vector is scaled to ``v = (mean_i d_i . u) u``, the mean paired
 difference's component along ``u``, so that multiplier 1 moves a state by as much as the pairs differ along it
 on average, whatever the method (for ``mean-diff`` ``v`` is the mean difference itself, for ``actadd`` ``d_0``).
-A multiplier ``alpha`` adds ``alpha * v``. A new kind of direction (e.g. a dictionary feature's decoder row) is
-one more entry of :data:`METHODS` or one more way to make a :class:`Direction`; the edits and the evaluation
-only read ``vector``, ``site`` and ``layer``.
+A multiplier ``alpha`` adds ``alpha * v``. A new kind of direction built from pairs is one
+:func:`~lenscope.steering.builders.register` call (its own file); one made otherwise (e.g. a dictionary feature's
+decoder row) is one more way to make a :class:`Direction`: the edits and the evaluation only read ``vector``,
+``site`` and ``layer``.
 """
 
 from __future__ import annotations
@@ -36,43 +37,12 @@ from ..errors import InputError
 from ..models.engine import Edit, capture, run
 from ..models.load import LoadedModel, require_decoder, token_ids
 from ..models.summary import fingerprint, same_model
+from . import builders
 
 SITE = "resid_pre"
 FORMAT = 1
 VECTOR_FILE = "direction.safetensors"
 CONFIG_FILE = "direction.json"
-
-
-# ---------------------------------------------------------------------------------------------- the methods
-
-
-def _actadd(pos: Tensor, neg: Tensor) -> tuple[Tensor, dict]:
-    d = pos[0] - neg[0]
-    return d / d.norm(), {}
-
-
-def _mean_diff(pos: Tensor, neg: Tensor) -> tuple[Tensor, dict]:
-    d = (pos - neg).mean(0)
-    return d / d.norm(), {}
-
-
-def _pca(pos: Tensor, neg: Tensor) -> tuple[Tensor, dict]:
-    _, s, vh = torch.linalg.svd(pos - neg, full_matrices=False)
-    return vh[0], {"explained": float(s[0] ** 2 / (s ** 2).sum())}
-
-
-def _probe(pos: Tensor, neg: Tensor) -> tuple[Tensor, dict]:
-    from sklearn.linear_model import LogisticRegression
-
-    X = torch.cat([pos, neg]).numpy()
-    y = [1] * len(pos) + [0] * len(neg)
-    clf = LogisticRegression(C=1.0, max_iter=5000).fit(X, y)
-    w = torch.as_tensor(clf.coef_[0], dtype=torch.float64)
-    return w / w.norm(), {"accuracy": float(clf.score(X, y))}
-
-
-# name -> (unit direction, stats) from the (pair, d_model) float64 states of the positive and the negative texts
-METHODS = {"actadd": _actadd, "mean-diff": _mean_diff, "pca": _pca, "probe": _probe}
 
 
 # ---------------------------------------------------------------------------------------------- the result
@@ -240,15 +210,19 @@ def states_at(lm: LoadedModel, ids: list[Tensor], layer: int, position: int = -1
     return out
 
 
-def build_direction(lm: LoadedModel, pairs: list[SteeringPair] | list[tuple[str, str]], method: str = "mean-diff",
-                    layer: int | None = None, *, position: int = -1, source: str = "the pairs") -> Direction:
+def build_direction(lm: LoadedModel, pairs: list[SteeringPair] | list[tuple[str, str]],
+                    method: str = builders.DEFAULT, layer: int | None = None, *, position: int = -1,
+                    source: str = "the pairs", **options) -> Direction:
     """A :class:`Direction` at ``resid_pre.layer`` (default: the middle block) from contrast ``pairs``
-    (:class:`~lenscope.data.steering.SteeringPair` or ``(positive, negative)`` texts) by ``method``
-    (:data:`METHODS`), read at ``position`` of each text (default the last token; negative counts from the
-    end). ``source`` names the pairs in errors (a CSV path)."""
+    (:class:`~lenscope.data.steering.SteeringPair` or ``(positive, negative)`` texts) by ``method`` (a builder of
+    :mod:`lenscope.steering.builders`, given its ``options``), read at ``position`` of each text (default the last
+    token; negative counts from the end). ``source`` names the pairs in errors (a CSV path)."""
     require_decoder(lm, "steering", causal=True, instead="steer a causal decoder such as smollm2")
-    if method not in METHODS:
-        raise InputError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    builder = builders.get(method)
+    for k in options:
+        if k not in builder.options:
+            raise InputError(f"{method} takes no option {k!r}"
+                             + (f"; it takes {', '.join(builder.options)}" if builder.options else ""))
     A = lm.anatomy
     layer = A.n_layers // 2 if layer is None else layer
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < A.n_layers:
@@ -259,13 +233,12 @@ def build_direction(lm: LoadedModel, pairs: list[SteeringPair] | list[tuple[str,
     if not pairs:
         raise InputError("no pairs given; a direction needs at least one (positive, negative) pair")
     notes = []
-    need = 2 if method in ("pca", "probe") else 1
-    if len(pairs) < need:
-        raise InputError(f"{method} needs at least {need} pairs; {source} has {len(pairs)}")
-    used = pairs[:1] if method == "actadd" else pairs
-    if method == "actadd" and len(pairs) > 1:
-        notes.append(f"actadd is built from one pair: the first of the {len(pairs)} (row {pairs[0].row}); "
-                     "use mean-diff for all of them")
+    if len(pairs) < builder.min_pairs:
+        raise InputError(f"{method} needs at least {builder.min_pairs} pairs; {source} has {len(pairs)}")
+    used = pairs[:1] if builder.one_pair else pairs
+    if builder.one_pair and len(pairs) > 1:
+        notes.append(f"{method} is built from one pair: the first of the {len(pairs)} (row {pairs[0].row}); "
+                     f"use {builders.DEFAULT} for all of them")
     rows = [p.row or i + 1 for i, p in enumerate(used)]
     ids_pos = text_ids(lm, [p.positive for p in used], rows, source)
     ids_neg = text_ids(lm, [p.negative for p in used], rows, source)
@@ -275,7 +248,7 @@ def build_direction(lm: LoadedModel, pairs: list[SteeringPair] | list[tuple[str,
     if not bool(D.abs().sum(-1).gt(0).any()):
         raise InputError(f"every pair of {source} has the same state at position {position} of block {layer}: the "
                          "texts do not differ up to that position; read another position (--position)")
-    u, extra = METHODS[method](pos, neg)
+    u, extra = builder.build(pos, neg, **options)
     scale = float(D.mean(0) @ u)
     v = scale * u
     stats = {"norm": float(v.norm()), "agreement": float(((D @ v) > 0).double().mean()), **extra}
@@ -356,5 +329,5 @@ def direction_dict(direction: Direction) -> dict:
     return d
 
 
-__all__ = ["Direction", "METHODS", "SITE", "WHERE", "add_edits", "build_direction", "direction_dict",
+__all__ = ["Direction", "SITE", "WHERE", "add_edits", "build_direction", "direction_dict",
            "generation_edits", "length_groups", "states_at", "steered_logits", "steering_edits", "text_ids"]

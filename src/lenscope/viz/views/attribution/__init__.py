@@ -22,13 +22,14 @@ class ExplanationLike(Protocol):
     invariant_error: float | None
     layer_scores: Tensor | None
     info: dict[str, Any]
+    reports_completeness: bool  # its method reports info["completeness_error"]
 
 
 def explanation_record(e: ExplanationLike) -> dict:
-    """One method's row of the ``attribution`` view: its scores, invariant error and (integrated gradients)
-    completeness error."""
+    """One method's row of the ``attribution`` view: its scores, invariant error and (where its method reports
+    one: integrated gradients) completeness error."""
     rec = {"scores": rounded_list(e.scores), "invariant_error": e.invariant_error}
-    if e.method == "ig":
+    if e.reports_completeness:
         rec["completeness_error"] = e.info.get("completeness_error")
     return rec
 
