@@ -5,7 +5,7 @@ The layers, lowest first (a package is the first name under ``lenscope``; the si
 stats and version are layer 0, each its own node):
 
     layer 0  errors, memory, results, stats, version
-    core     models, data, distributed
+    core     models, data, distributed, training
     viz      draws results
     methods  lenses, attribution, mixing, interventions, circuits, steering, features
     apps     report, evaluate, detect, sweeps, generation, serve
@@ -29,7 +29,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "lenscope"
 
 LAYERS: dict[str, tuple[str, ...]] = {
     "layer 0": ("errors", "memory", "results", "stats", "version"),
-    "core": ("models", "data", "distributed"),
+    "core": ("models", "data", "distributed", "training"),
     "viz": ("viz",),
     "methods": ("lenses", "attribution", "mixing", "interventions", "circuits", "steering", "features"),
     "apps": ("report", "evaluate", "detect", "sweeps", "generation", "serve"),
