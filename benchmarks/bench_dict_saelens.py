@@ -178,8 +178,8 @@ def plan(a, d: int) -> dict:
     warm-up steps (lenscope's planner), the base learning rate, AuxK's ``k_aux`` (SAELens's ``d_in // 2``, which
     lenscope takes as a setting), the dead window."""
     from lenscope.features.train import AUX_COEF, DictSettings
-    from lenscope.lenses.training.plan import warmup_steps
     from lenscope.lenses.training.settings import TrainSettings
+    from lenscope.training.plan import warmup_steps
 
     s = DictSettings(kind="topk", width=a.width, k=a.k, tokens=a.tokens, batch_size=a.batch_size, buffer=a.buffer,
                      lr=a.lr, seed=a.seed, k_aux=d // 2)

@@ -166,7 +166,7 @@ class PreloadedData(ing.Data):
 class LenscopeRecipe(ing.Optimizer):
     """The library's optimizer ingredient with lenscope's recipe (``TrainSettings`` defaults): AdamW, lr 2e-3,
     weight decay 1e-3, linear warm-up over ``max(1, round(0.1 * num_steps))`` steps then linear decay to 0 (the
-    formula of ``lenscope.lenses.training.plan.lr_at``)."""
+    formula of ``lenscope.training.plan.lr_at``)."""
 
     lr: float = 2e-3
     warmup_fraction: float = 0.1

@@ -183,6 +183,30 @@ def test_refusals():
         Edit("resid_pre", 0, one, one, one, mode="replace")
 
 
+def test_run_options_are_one_object():
+    """Issue 43: ``run``'s options are one :class:`RunOptions`; the keywords build it, and keywords given beside an
+    object replace its fields."""
+    from lenscope.models.engine import RunOptions
+    from tests.tolerances import assert_same_computation
+
+    gpt2 = get_model("tiny:gpt2")
+    one = torch.ones(1, gpt2.anatomy.d_model)
+    edit = Edit("resid_pre", 1, torch.zeros(1, dtype=torch.long), torch.tensor([2]), one, mode="add")
+    mask = torch.ones(1, 7, dtype=torch.long)
+    mask[0, -2:] = 0
+    by_kw = run(gpt2, IDS, [edit], capture=["attn_out.0", "q.1"], attention_mask=mask, last_only=True)
+    opts = RunOptions(capture=("attn_out.0", "q.1"), attention_mask=mask, last_only=True)
+    by_obj = run(gpt2, IDS, [edit], options=opts)
+    assert by_obj.logits.shape == (1, 1, gpt2.anatomy.vocab_size)
+    assert_same_computation(by_obj.logits, by_kw.logits, why="the same pass")
+    assert_same_computation(dict(by_obj.captured.items()), dict(by_kw.captured.items()), why="the same pass")
+    mixed = run(gpt2, IDS, [edit], ["attn_out.0"], options=opts, logits=False)  # capture and logits replaced
+    assert mixed.logits is None and set(mixed.captured) == {("attn_out", 0)}
+    assert opts.logits and opts.capture == ("attn_out.0", "q.1")  # the object itself is unchanged (frozen)
+    with pytest.raises(TypeError, match="graad"):
+        run(gpt2, IDS, graad=True)
+
+
 def test_trace_is_a_view_on_the_engine(tiny):
     lm = tiny
     tr = trace(lm, IDS[0])

@@ -108,7 +108,7 @@ class DictSettings:
 def precision(bf16: bool | None = None) -> dict:
     """The dtype of the encoder and decoder matmuls: bfloat16 where the CPU (or GPU) runs it natively, else float32
     (:mod:`lenscope.lenses.training.precision`'s detection; ``$LENSCOPE_NATIVE_BF16`` decides in its place)."""
-    from ..lenses.training.precision import cpu_features, forced_native_bf16
+    from ..training.precision import cpu_features, forced_native_bf16
 
     rec = cpu_features()
     native = forced_native_bf16()
@@ -287,8 +287,8 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
     trained dictionaries (the normalisation folded in, the record in ``info``), or None when stopped by
     ``max_steps`` (a checkpoint is then in ``out``). ``resume``: continue from ``out``'s checkpoint. ``max_memory``:
     the budget (:func:`lenscope.memory.budget`) :func:`train_memory` must meet, else a one-line InputError."""
-    from ..lenses.training.plan import Planner
-    from ..lenses.training.settings import TrainSettings, TrainState
+    from ..training.plan import Planner, TrainState
+    from ..training.plan import PlanSettings as TrainSettings  # the planner's settings: lenscope.training
 
     s.check()
     started = clock()
@@ -321,7 +321,7 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
                       refit=not resume)
     planner.start(tstate)
     if not tstate.warm:
-        from ..lenses.training.plan import warmup_steps
+        from ..training.plan import warmup_steps
         tstate.warm = warmup_steps(tstate.n_steps, ts)
     log = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress and dist.main else (lambda msg: None)
     log(f"dict train: {len(targets)} {s.kind} dictionar{'y' if len(targets) == 1 else 'ies'} of width {s.width}, "
@@ -433,7 +433,7 @@ def _save(path: Path, ms: list[Trainable], opts, s: DictSettings, st: RunState, 
     began (the block is re-read and re-shuffled on resume), the counters."""
     from safetensors.torch import save_file
 
-    from ..lenses.training.checkpoint import flatten_optimizer
+    from ..training.checkpoint import flatten_optimizer
 
     path.mkdir(parents=True, exist_ok=True)
     tensors, metas = {"generator": gen_state.clone()}, []
@@ -454,7 +454,7 @@ def _save(path: Path, ms: list[Trainable], opts, s: DictSettings, st: RunState, 
 def _load(path: Path, ms: list[Trainable], opts, s: DictSettings) -> tuple[RunState, Tensor]:
     from safetensors.torch import load_file
 
-    from ..lenses.training.checkpoint import unflatten_optimizer
+    from ..training.checkpoint import unflatten_optimizer
 
     try:
         info = json.loads((path / "state.json").read_text())

@@ -1,6 +1,7 @@
 """The engine: the one way lenscope runs a real model with hooks, reads any site and edits it.
 
-Every method reaches the model through :func:`run` (or :func:`capture`, the same without edits); ``Trace``,
+Every method reaches the model through :func:`run` (or :func:`capture`, the same without edits), told how by one
+:class:`RunOptions` (or the same fields as keywords); ``Trace``,
 ``residual_states``, the interventions and the batched evaluation are views on it. The hooks go on the modules
 that the family file names (:class:`~lenscope.models.families.LayerHooks`); nothing here asks which family it runs.
 
@@ -14,7 +15,8 @@ captured positions where the mask is ``0`` are NaN, so nothing downstream can re
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -356,22 +358,22 @@ def _mid_needs(lm: LoadedModel, prefix: str, i: int) -> list[tuple]:
     return [(prefix + n, i) for n in names]
 
 
-def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), capture: Iterable = (), *,
-        inputs_embeds: Tensor | None = None, attention_mask: Tensor | None = None, stop_after=None,
-        logits: bool = True, last_only: bool = False, grad: bool = False, device=None, upcast: bool = False,
-        past=None, dictionaries: Iterable = (), splice: bool = False, source: Tensor | None = None,
-        source_mask: Tensor | None = None) -> Run:
-    """Run the real model on ``ids (b, p)`` (or ``inputs_embeds (b, p, d_model)``) with ``edits`` applied and the
-    sites in ``capture`` kept (see the module's site table). Returns :class:`Run` ``(logits, captured)``.
+@dataclass(frozen=True, eq=False)
+class RunOptions:
+    """How :func:`run` runs the model, in one object: every field is also :func:`run`'s keyword of the same name
+    (``run(lm, ids, edits, capture=..., grad=True)`` builds one; ``run(lm, ids, edits, options=opts)`` takes it
+    whole, and keywords given beside it replace its fields).
 
+    - ``capture``: the sites kept (see the module's site table).
+    - ``inputs_embeds (b, p, d_model)``: the input embeddings instead of token ids.
     - ``source (b, s)``: an encoder-decoder model's encoder input (``ids``: the decoder's, the target prefix from
       the decoder's start token); its encoder's sites are ``"enc.<site>"``. ``source_mask (b, s)``: the source's
       padding (``0``, after each row's tokens: right padding, as ``attention_mask`` then is for the target
       prefixes); captured source positions there (the ``enc.`` sites, ``cross_k``, ``cross_v``) are NaN.
-
     - ``attention_mask (b, p)``: padding (``0``); captured positions there are NaN.
     - ``stop_after``: a site; the pass ends as soon as it is reached (cheap reads of early activations).
-    - ``last_only``: logits of the last position only (``(b, 1, vocab)``).
+    - ``logits``: return the logits (False: ``Run.logits`` is None). ``last_only``: logits of the last position
+      only (``(b, 1, vocab)``).
     - ``grad``: run with autograd on; captures and logits keep their graph.
     - ``device``: move captures there as they arrive; ``upcast``: keep bfloat16 / float16 captures in float32.
     - ``past``: a key/value cache (:func:`new_cache`; causal decoders) holding the positions before ``ids``, which
@@ -383,57 +385,60 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
       the reconstruction error kept). ``splice``: every dictionary's reconstruction replaces its site (the error
       dropped; all transcoders of a model at once: the replacement model).
     """
+
+    capture: Iterable = ()
+    inputs_embeds: Tensor | None = None
+    attention_mask: Tensor | None = None
+    stop_after: Any = None
+    logits: bool = True
+    last_only: bool = False
+    grad: bool = False
+    device: Any = None
+    upcast: bool = False
+    past: Any = None
+    dictionaries: Iterable = ()
+    splice: bool = False
+    source: Tensor | None = None
+    source_mask: Tensor | None = None
+
+
+def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), capture: Iterable = (), *,
+        options: RunOptions | None = None, **kw) -> Run:
+    """Run the real model on ``ids (b, p)`` (or ``inputs_embeds (b, p, d_model)``) with ``edits`` applied and the
+    sites in ``capture`` kept, as ``options`` (:class:`RunOptions`) says; each keyword ``kw`` is one of its fields
+    (``attention_mask=``, ``grad=``, ``source=``, ...: their meaning is there), given instead of the object or
+    replacing its field. Returns :class:`Run` ``(logits, captured)``."""
+    changes = {"capture": capture, **kw} if capture else kw
+    if options is None:
+        options = RunOptions(**changes)
+    elif changes:
+        options = replace(options, **changes)
+    return _run(lm, ids, edits, options)
+
+
+def _run(lm: LoadedModel, ids: Tensor | None, edits: Iterable[Edit], o: RunOptions) -> Run:
     checkpoint()
     model = lm.model
-    if ids is not None:
-        ids = torch.as_tensor(ids, dtype=torch.long)
-        if ids.dim() == 1:
-            ids = ids[None]
-        B, P = ids.shape
-    elif inputs_embeds is not None:
-        B, P = inputs_embeds.shape[:2]
-    else:
-        raise InputError("run() needs token ids or inputs_embeds")
-    A = lm.anatomy
-    if B == 0 or P == 0:
-        raise InputError(f"run() needs at least one row and one position; got shape ({B}, {P})")
-    start = 0
-    if past is not None:
-        if not A.causal:
-            raise NotApplicableError("a key/value cache (past) needs a causal decoder")
-        if attention_mask is not None:
-            raise InputError("run() with a cache (past) takes no attention_mask: padding is not supported there")
-        start = past.get_seq_length()
-        edits = list(edits)
-        if any(e.mode == "call" for e in edits):
-            raise NotApplicableError("a call edit computes a site in one pass; it does not run with a cache (past)")
-        edits = edits_within(edits, start, start + P)
-    if start + P > A.n_ctx:
-        raise InputError(f"{start + P} positions are more than the model's context of {A.n_ctx}; shorten the input")
-    if ids is not None and (int(ids.min()) < 0 or int(ids.max()) >= A.vocab_size):
-        raise InputError(f"token ids must lie in 0..{A.vocab_size - 1}; got {int(ids.min())}..{int(ids.max())}")
-    P_src = _check_source(lm, source, B, inputs_embeds is not None or past is not None, source_mask)
-    if source is not None and attention_mask is not None:
-        _check_mask(torch.as_tensor(attention_mask), (B, P), "attention_mask")
-    if source_mask is not None and source is None:
-        raise InputError("source_mask is the padding of a source; give the source too")
-    requested = [site_key(c) for c in capture]
+    ids, B, P = _shape(ids, o.inputs_embeds)
+    edits, P_src = _check_inputs(lm, ids, B, P, edits, o)
+    requested = [site_key(c) for c in o.capture]
     mids = sorted({(stack_of(name)[0], layer) for name, layer in requested if stack_of(name)[1] == "resid_mid"})
-    if mids and grad:
+    if mids and o.grad:
         raise NotApplicableError("resid_mid is derived from other sites, so no gradient reaches it; capture "
                                  "resid_pre of the next block, or attn_out, with grad=True")
     extra = [k for p, i in mids for k in _mid_needs(lm, p, i) if k not in requested]
     want = [k for k in requested if stack_of(k[0])[1] not in ("resid_mid", "logits")] + extra
-    s = _Session(lm, B, P, list(edits), want, stop_after, grad, device, upcast, dictionaries, splice, P_src)
+    s = _Session(lm, B, P, list(edits), want, o.stop_after, o.grad, o.device, o.upcast, o.dictionaries, o.splice,
+                 P_src)
     hooks = family_for(model).hooks(model)
     handles: list = []
     out = None
     try:
         register(s, hooks, handles)
-        with torch.set_grad_enabled(grad):
-            out = model(**forward_kwargs(lm, ids, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                         last_only=last_only, past=past, source=source,
-                                         source_mask=source_mask))
+        with torch.set_grad_enabled(o.grad):
+            out = model(**forward_kwargs(lm, ids, inputs_embeds=o.inputs_embeds, attention_mask=o.attention_mask,
+                                         last_only=o.last_only, past=o.past, source=o.source,
+                                         source_mask=o.source_mask))
     except _Stop:
         pass
     finally:
@@ -447,14 +452,59 @@ def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), 
     for name in [n for n in cap._bufs if not any(k[0] == n for k in cap)]:
         del cap._bufs[name]
     lg = None if out is None else getattr(out, "logits", None)
-    if lg is not None and not grad:
+    if lg is not None and not o.grad:
         lg = lg.detach()
     if ("logits", None) in requested and lg is not None:
-        x = lg if device is None else lg.to(device)
-        cap[("logits", None)] = x.to(compute_dtype(x.dtype)) if upcast else x
-    if attention_mask is not None or source_mask is not None:
-        _blank_padding(cap, attention_mask, source_mask)
-    return Run(lg if logits else None, cap)
+        x = lg if o.device is None else lg.to(o.device)
+        cap[("logits", None)] = x.to(compute_dtype(x.dtype)) if o.upcast else x
+    if o.attention_mask is not None or o.source_mask is not None:
+        _blank_padding(cap, o.attention_mask, o.source_mask)
+    return Run(lg if o.logits else None, cap)
+
+
+def _shape(ids: Tensor | None, inputs_embeds: Tensor | None) -> tuple[Tensor | None, int, int]:
+    """The token ids as a ``(b, p)`` long tensor (None with ``inputs_embeds``) and the batch's shape."""
+    if ids is not None:
+        ids = torch.as_tensor(ids, dtype=torch.long)
+        if ids.dim() == 1:
+            ids = ids[None]
+        B, P = ids.shape
+    elif inputs_embeds is not None:
+        B, P = inputs_embeds.shape[:2]
+    else:
+        raise InputError("run() needs token ids or inputs_embeds")
+    if B == 0 or P == 0:
+        raise InputError(f"run() needs at least one row and one position; got shape ({B}, {P})")
+    return ids, B, P
+
+
+def _check_inputs(lm: LoadedModel, ids: Tensor | None, B: int, P: int, edits: Iterable[Edit],
+                  o: RunOptions) -> tuple[Iterable[Edit], int]:
+    """Refuse what the model cannot run (a cache where it does not apply, too many positions, ids outside the
+    vocabulary, a source that does not fit); returns the edits of the new positions (with a cache) and the
+    source's length."""
+    A = lm.anatomy
+    start = 0
+    if o.past is not None:
+        if not A.causal:
+            raise NotApplicableError("a key/value cache (past) needs a causal decoder")
+        if o.attention_mask is not None:
+            raise InputError("run() with a cache (past) takes no attention_mask: padding is not supported there")
+        start = o.past.get_seq_length()
+        edits = list(edits)
+        if any(e.mode == "call" for e in edits):
+            raise NotApplicableError("a call edit computes a site in one pass; it does not run with a cache (past)")
+        edits = edits_within(edits, start, start + P)
+    if start + P > A.n_ctx:
+        raise InputError(f"{start + P} positions are more than the model's context of {A.n_ctx}; shorten the input")
+    if ids is not None and (int(ids.min()) < 0 or int(ids.max()) >= A.vocab_size):
+        raise InputError(f"token ids must lie in 0..{A.vocab_size - 1}; got {int(ids.min())}..{int(ids.max())}")
+    P_src = _check_source(lm, o.source, B, o.inputs_embeds is not None or o.past is not None, o.source_mask)
+    if o.source is not None and o.attention_mask is not None:
+        _check_mask(torch.as_tensor(o.attention_mask), (B, P), "attention_mask")
+    if o.source_mask is not None and o.source is None:
+        raise InputError("source_mask is the padding of a source; give the source too")
+    return edits, P_src
 
 
 def capture(lm: LoadedModel, ids: Tensor, sites: Iterable, **kw) -> Captures:
@@ -504,5 +554,5 @@ def batches(n: int, size: int):
         yield s, min(n, s + size)
 
 
-__all__ = ["Captures", "Edit", "LAYER_SITES", "MODEL_SITES", "Run", "batches", "capture", "edits_within",
-           "forward_kwargs", "new_cache", "run", "site_key"]
+__all__ = ["Captures", "Edit", "LAYER_SITES", "MODEL_SITES", "Run", "RunOptions", "batches", "capture",
+           "edits_within", "forward_kwargs", "new_cache", "run", "site_key"]

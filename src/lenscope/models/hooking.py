@@ -16,7 +16,29 @@ from .sites import CROSS_SITES, ENC, NORM_SLOTS, ROUTER_SITES
 def register(s, hooks, handles: list) -> None:
     """Put on the real model the hooks the session ``s`` (the engine's ``_Session``) needs, and only those;
     their handles go to ``handles``."""
+    _Hooks(s, handles).add_all(hooks)
 
+
+class _Hooks:
+    """The hooks of one session ``s``: a factory per kind of site (each returns the hook function, which passes the
+    tensor through ``s.visit``) and the walk over a stack's blocks that registers them (handles into
+    ``handles``)."""
+
+    def __init__(self, s, handles: list):
+        self.s, self.handles = s, handles
+
+    def add_all(self, hooks) -> None:
+        """Both stacks' hooks: the decoder's (or the only) stack, then an encoder-decoder model's encoder."""
+        s = self.s
+        self.stack(hooks.layers, hooks.final_norm, "")
+        if hooks.encoder is not None:
+            self.stack(hooks.encoder.layers, hooks.encoder.final_norm, ENC)
+        elif any(name.startswith(ENC) for name, _ in s.wanted()):
+            raise NotApplicableError("the sites 'enc.*' exist only in encoder-decoder models (their encoder)")
+
+    # -- hook functions, one factory per kind of site ----------------------------------------------------------
+
+    @staticmethod
     def on_input(fn):  # a pre-hook (with_kwargs) passing the first input (or ``hidden_states``) through ``fn``
         def f(mod, args, kwargs):
             if args:
@@ -24,15 +46,18 @@ def register(s, hooks, handles: list) -> None:
             return args, {**kwargs, "hidden_states": fn(kwargs["hidden_states"])}
         return f
 
-    def pre(key, kw=False):
+    def pre(self, key, kw=False):
+        s = self.s
         if kw:
-            return on_input(lambda x: s.visit(key, x))
+            return self.on_input(lambda x: s.visit(key, x))
 
         def g(mod, args):
             return (s.visit(key, args[0]),) + tuple(args[1:])
         return g
 
-    def post(key, index=0):
+    def post(self, key, index=0):
+        s = self.s
+
         def f(mod, args, out):
             if isinstance(out, tuple):
                 i = index % len(out)  # -1: the last output (T5's attention: output, position bias, probabilities)
@@ -40,7 +65,8 @@ def register(s, hooks, handles: list) -> None:
             return s.visit(key, out)
         return f
 
-    def fused(layer, layout, prefix):
+    def fused(self, layer, layout, prefix):
+        s = self.s
         keys = [(prefix + n, layer) for n in ("q", "k", "v")]
 
         def f(mod, args, out):
@@ -61,7 +87,8 @@ def register(s, hooks, handles: list) -> None:
             return torch.cat(new, dim=dim).reshape(out.shape) if write else out
         return f
 
-    def router(layer):
+    def router(self, layer):
+        s = self.s
         kl, kw = ("router_logits", layer), ("routing_weights", layer)
 
         def f(mod, args, out):  # out: router logits, the chosen experts' weights, their indices
@@ -72,7 +99,8 @@ def register(s, hooks, handles: list) -> None:
             return out
         return f
 
-    def experts(layer):
+    def experts(self, layer):
+        s = self.s
         keys = {n: (n, layer) for n in MOE_SITES}
 
         def f(mod, args, out):
@@ -95,26 +123,32 @@ def register(s, hooks, handles: list) -> None:
                 else out  # with grad=True: the same numbers, and the gradient reaches the captures
         return f
 
-    def second_half(key):  # a fused [gate | up] projection (Phi-3): the site is its second half
+    def second_half(self, key):  # a fused [gate | up] projection (Phi-3): the site is its second half
+        s = self.s
+
         def f(mod, args, out):
             gate, up = out.chunk(2, dim=-1)
             return out if (new := s.visit(key, up)) is up else torch.cat([gate, new], dim=-1)
         return f
 
-    def norm(slot, layer, mod):  # slot: with its stack's prefix
+    # -- norms, cross-attention and the walk over the blocks ---------------------------------------------------
+
+    def norm(self, slot, layer, mod):  # slot: with its stack's prefix
+        s, handles = self.s, self.handles
         kin, kout, kscale = ((f"{slot}.{w}", layer) for w in ("in", "out", "scale"))
         if s.wants(kin):
-            handles.append(mod.register_forward_pre_hook(pre(kin)))
+            handles.append(mod.register_forward_pre_hook(self.pre(kin)))
         if s.wants(kout) or s.wants(kscale):
             def f(mod, args, out):
                 if s.wants(kscale):
                     s.visit(kscale, s.norm_scale(slot, layer, args[0]))
-                return post(kout)(mod, args, out) if s.wants(kout) else out
+                return self.post(kout)(mod, args, out) if s.wants(kout) else out
             handles.append(mod.register_forward_hook(f))
 
-    def absent_norm(slot, layer, reader):
+    def absent_norm(self, slot, layer, reader):
         """The sites of a norm slot the block lacks (the Anatomy's identity norm: OLMo 2's pre-norms): its input,
         scale and output are all the input of ``reader``, the sub-layer that reads the slot."""
+        s, handles = self.s, self.handles
         kin, kout, kscale = ((f"{slot}.{w}", layer) for w in ("in", "out", "scale"))
 
         def f(x):
@@ -124,12 +158,13 @@ def register(s, hooks, handles: list) -> None:
                 s.visit(kscale, s.norm_scale(slot, layer, x))
             return s.visit(kout, x) if s.wants(kout) else x
         if any(s.wants(k) for k in (kin, kout, kscale)):
-            handles.append(reader.register_forward_pre_hook(on_input(f), with_kwargs=True))
+            handles.append(reader.register_forward_pre_hook(self.on_input(f), with_kwargs=True))
 
-    def shared_norm(layer, mod, reader, prefix):
+    def shared_norm(self, layer, mod, reader, prefix):
         """The ``ln_mlp`` sites of a norm that attention and the MLP share (``LayerHooks.readers``): the MLP reads
         its own copy, the real norm module run again on the block's input as it entered the norm (before any
         ``ln_attn`` edit), after the ``ln_mlp`` edits."""
+        s, handles = self.s, self.handles
         keys = [(f"{prefix}{slot}.{w}", layer) for slot in ("ln_attn", "ln_mlp") for w in ("in", "out", "scale")]
         if not any(s.wants(k) for k in keys):  # the model's own single norm then serves both
             return
@@ -153,87 +188,84 @@ def register(s, hooks, handles: list) -> None:
         handles.append(mod.register_forward_pre_hook(keep_input))
         handles.append(reader.register_forward_pre_hook(mlp_input))
 
-    def cross(i, lh):  # a decoder block's cross-attention over the encoder's output
+    def cross(self, i, lh):  # a decoder block's cross-attention over the encoder's output
+        s, handles = self.s, self.handles
         w = lambda name: s.wants((name, i))  # noqa: E731
         if lh.cross is None:
             for n in (n for n in CROSS_SITES if w(n)):
                 raise NotApplicableError(f"site {n!r} exists only in the decoder blocks of an encoder-decoder model")
             return
         if w("cross_pattern"):
-            handles.append(lh.cross.register_forward_hook(post(("cross_pattern", i), index=lh.pattern_index)))
+            handles.append(lh.cross.register_forward_hook(self.post(("cross_pattern", i), index=lh.pattern_index)))
         if w("cross_out"):
-            handles.append(lh.cross_out.register_forward_hook(post(("cross_out", i))))
+            handles.append(lh.cross_out.register_forward_hook(self.post(("cross_out", i))))
         if w("cross_head"):
-            handles.append(lh.cross_out.register_forward_pre_hook(pre(("cross_head", i))))
+            handles.append(lh.cross_out.register_forward_pre_hook(self.pre(("cross_head", i))))
         for name, mod in (("cross_q", lh.cross_q), ("cross_k", lh.cross_k), ("cross_v", lh.cross_v)):
             if w(name):
-                handles.append(mod.register_forward_hook(post((name, i))))
+                handles.append(mod.register_forward_hook(self.post((name, i))))
 
-    def stack(layers, final_norm, prefix: str) -> None:
+    def stack(self, layers, final_norm, prefix: str) -> None:
+        s = self.s
         for i, lh in enumerate(layers):
-            block(i, lh, prefix)
+            self.block(i, lh, prefix)
         if any(s.wants((prefix + n, None)) for n in ("ln_final.in", "ln_final.out", "ln_final.scale")):
             if final_norm is None:
                 raise NotApplicableError(f"this model has no final norm (site {prefix + 'ln_final'!r})")
-            norm(prefix + "ln_final", None, final_norm)
+            self.norm(prefix + "ln_final", None, final_norm)
 
-    def block(i, lh, prefix: str) -> None:
+    def block(self, i, lh, prefix: str) -> None:
+        s, handles = self.s, self.handles
         w = lambda name: s.wants((prefix + name, i))  # noqa: E731
         k = lambda name: (prefix + name, i)  # noqa: E731
         if w("resid_pre"):
-            handles.append(lh.block.register_forward_pre_hook(pre(k("resid_pre"), kw=True), with_kwargs=True))
+            handles.append(lh.block.register_forward_pre_hook(self.pre(k("resid_pre"), kw=True), with_kwargs=True))
         if w("resid_post"):
-            handles.append(lh.block.register_forward_hook(post(k("resid_post"))))
+            handles.append(lh.block.register_forward_hook(self.post(k("resid_post"))))
         if w("pattern"):
-            handles.append(lh.attn.register_forward_hook(post(k("pattern"), index=lh.pattern_index)))
+            handles.append(lh.attn.register_forward_hook(self.post(k("pattern"), index=lh.pattern_index)))
         if w("attn_out"):
-            handles.append(lh.attn_out.register_forward_hook(post(k("attn_out"))))
+            handles.append(lh.attn_out.register_forward_hook(self.post(k("attn_out"))))
         if w("head"):
-            handles.append(lh.attn_out.register_forward_pre_hook(pre(k("head"))))
+            handles.append(lh.attn_out.register_forward_pre_hook(self.pre(k("head"))))
         if w("mlp_out"):
-            handles.append(lh.mlp_out.register_forward_hook(post(k("mlp_out"))))
+            handles.append(lh.mlp_out.register_forward_hook(self.post(k("mlp_out"))))
         if lh.experts is not None:  # a mixture of experts: the MLP sites come from the experts module
             if any(w(n) for n in MOE_SITES):
-                handles.append(lh.experts.register_forward_hook(experts(i)))
+                handles.append(lh.experts.register_forward_hook(self.experts(i)))
             if any(w(n) for n in ROUTER_SITES):
-                handles.append(lh.router.register_forward_hook(router(i)))
+                handles.append(lh.router.register_forward_hook(self.router(i)))
         else:
             for n in (n for n in ROUTER_SITES + ("expert_out",) if w(n)):
                 raise NotApplicableError(f"site {n!r} exists only for mixture-of-experts blocks; block {i} is dense")
             if w("mlp_hidden"):
-                handles.append(lh.mlp_out.register_forward_pre_hook(pre(k("mlp_hidden"))))
+                handles.append(lh.mlp_out.register_forward_pre_hook(self.pre(k("mlp_hidden"))))
             if w("mlp_pre"):
-                handles.append(lh.act.register_forward_pre_hook(pre(k("mlp_pre"))))
+                handles.append(lh.act.register_forward_pre_hook(self.pre(k("mlp_pre"))))
             if w("mlp_up"):
                 if lh.up is None:
                     raise NotApplicableError("site 'mlp_up' exists only for gated MLPs")
-                handles.append(lh.up.register_forward_hook(second_half(k("mlp_up")) if lh.up_fused
-                                                           else post(k("mlp_up"))))
+                handles.append(lh.up.register_forward_hook(self.second_half(k("mlp_up")) if lh.up_fused
+                                                           else self.post(k("mlp_up"))))
         if w("q") or w("k") or w("v"):
             if lh.qkv is not None:
-                handles.append(lh.qkv.register_forward_hook(fused(i, lh.qkv_layout, prefix)))
+                handles.append(lh.qkv.register_forward_hook(self.fused(i, lh.qkv_layout, prefix)))
             else:
                 for name, mod in (("q", lh.q), ("k", lh.k), ("v", lh.v)):
                     if w(name):
-                        handles.append(mod.register_forward_hook(post(k(name))))
+                        handles.append(mod.register_forward_hook(self.post(k(name))))
         for slot, mod in lh.norms.items():
             if slot in lh.readers:  # a norm shared with ln_attn: the reader runs its own copy
-                shared_norm(i, mod, lh.readers[slot], prefix)
+                self.shared_norm(i, mod, lh.readers[slot], prefix)
         for slot, mod in lh.norms.items():
             if slot not in lh.readers:
-                norm(prefix + slot, i, mod)
+                self.norm(prefix + slot, i, mod)
         for slot, reader in lh.readers.items():
             if slot not in lh.norms:
-                absent_norm(prefix + slot, i, reader)
+                self.absent_norm(prefix + slot, i, reader)
         for slot in NORM_SLOTS:
             if slot not in {**lh.norms, **lh.readers} and any(w(f"{slot}.{x}") for x in ("in", "out", "scale")):
                 raise NotApplicableError(f"this model's blocks have no norm {slot!r}; they have "
                                          f"{', '.join(lh.norms)}")
         if not prefix:
-            cross(i, lh)
-
-    stack(hooks.layers, hooks.final_norm, "")
-    if hooks.encoder is not None:
-        stack(hooks.encoder.layers, hooks.encoder.final_norm, ENC)
-    elif any(name.startswith(ENC) for name, _ in s.wanted()):
-        raise NotApplicableError("the sites 'enc.*' exist only in encoder-decoder models (their encoder)")
+            self.cross(i, lh)

@@ -26,12 +26,12 @@ from lenscope.lenses import (
 )
 from lenscope.lenses.training import checkpoint as C
 from lenscope.lenses.training import objective as O
-from lenscope.lenses.training import plan as PL
 from lenscope.lenses.training import precision as PR
 from lenscope.lenses.training import selection as SEL
 from lenscope.lenses.training import train as T
 from lenscope.lenses.trajectory import prediction_trajectory
 from lenscope.models.trace import residual_states
+from lenscope.training import plan as PL
 from tests.conftest import get_model
 from tests.tolerances import assert_same_computation
 

@@ -11,10 +11,9 @@ import lenscope
 from lenscope.lenses import TrainSettings, TunedLens
 from lenscope.lenses.training import precision as PR
 from lenscope.lenses.training.checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
-from lenscope.lenses.training.plan import BUDGET_MARGIN, CALIBRATION_STEPS, Planner, fit_steps, lr_at, warmup_steps
 from lenscope.lenses.training.selection import split_validation
-from lenscope.lenses.training.settings import TrainState
 from lenscope.lenses.training.train import BatchOrder, _optimizer
+from lenscope.training.plan import BUDGET_MARGIN, CALIBRATION_STEPS, Planner, TrainState, fit_steps, lr_at, warmup_steps
 from tests.conftest import get_model
 from tests.tolerances import assert_same_computation, assert_same_ints
 

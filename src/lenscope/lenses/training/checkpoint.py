@@ -1,9 +1,10 @@
 """Checkpoints of tuned-lens training: save and resume the whole training state.
 
-A checkpoint is two files in the run's output directory: ``checkpoint.safetensors`` (the translators
+A checkpoint is two files in the run's output directory (:mod:`lenscope.training.checkpoint`'s, the stem
+``checkpoint``): ``checkpoint.safetensors`` (the translators
 ``A, b`` and, with mid-layer translators, ``A_mid, b_mid``; the optimizer's state as ``opt.<param>.<key>``;
 with ``keep_best`` the selection's ``best.*`` tensors) and ``checkpoint.json`` (``state``: the
-:class:`~lenscope.lenses.training.settings.TrainState`, ``settings``, the model's ``fingerprint``, ``optimizer``: the
+:class:`~lenscope.training.plan.TrainState`, ``settings``, the model's ``fingerprint``, ``optimizer``: the
 optimizer's parameter groups and state keys). A resume must use the same model and settings.
 """
 
@@ -15,14 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor
 
 from ...errors import InputError
+from ...training.checkpoint import flatten_optimizer, read_state, unflatten_optimizer, write_state
+from ...training.plan import TrainState
 from ..lenses import TunedLens
-from .settings import TrainSettings, TrainState
+from .settings import TrainSettings
 
 if TYPE_CHECKING:
     from .selection import BestPerState
+
+CHECKPOINT = "checkpoint"  # the files' stem: checkpoint.safetensors, checkpoint.json
 
 
 def _settings_match(saved: dict, s: TrainSettings) -> dict:
@@ -34,48 +38,21 @@ def _settings_match(saved: dict, s: TrainSettings) -> dict:
             if saved.get(k, defaults[k]) != v and not (k == "bf16" and v is None)}
 
 
-def _flatten_optimizer(opt) -> tuple[dict, dict]:
-    sd = opt.state_dict()
-    tensors, meta = {}, {"param_groups": sd["param_groups"], "state_keys": {}}
-    for pid, st in sd["state"].items():
-        meta["state_keys"][str(pid)] = list(st)
-        for k, v in st.items():
-            tensors[f"opt.{pid}.{k}"] = v if isinstance(v, Tensor) else torch.tensor(v)
-    return tensors, meta
-
-
-def _unflatten_optimizer(opt, tensors: dict, meta: dict) -> None:
-    state = {int(pid): {k: tensors[f"opt.{pid}.{k}"] for k in keys} for pid, keys in meta["state_keys"].items()}
-    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-
-
 def save_checkpoint(path: Path, lens: TunedLens, opt, state: TrainState, settings: TrainSettings, fp: str,
                     best: BestPerState | None = None) -> None:
-    from safetensors.torch import save_file
-
-    path.mkdir(parents=True, exist_ok=True)
-    tensors, meta = _flatten_optimizer(opt)
+    tensors, meta = flatten_optimizer(opt)
     tensors.update({"A": lens.A.detach().contiguous(), "b": lens.b.detach().contiguous()})
     if lens.has_mid_translators:
         tensors.update({"A_mid": lens.A_mid.detach().contiguous(), "b_mid": lens.b_mid.detach().contiguous()})
     if best is not None:
         tensors.update(best.tensors())
-    tmp = path / "checkpoint.safetensors.tmp"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    tmp.replace(path / "checkpoint.safetensors")
-    (path / "checkpoint.json").write_text(json.dumps(
-        {"state": asdict(state), "settings": asdict(settings), "fingerprint": fp, "optimizer": meta}))
+    write_state(path, CHECKPOINT, tensors,
+                {"state": asdict(state), "settings": asdict(settings), "fingerprint": fp, "optimizer": meta})
 
 
 def load_checkpoint(path: Path, lens: TunedLens, opt, settings: TrainSettings, fp: str,
                     best: BestPerState | None = None) -> TrainState:
-    from safetensors.torch import load_file
-
-    try:
-        info = json.loads((path / "checkpoint.json").read_text())
-        tensors = load_file(str(path / "checkpoint.safetensors"))
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot resume: no readable checkpoint in {path} ({e})") from None
+    info, tensors = read_state(path, CHECKPOINT)
     if info["fingerprint"] != fp:
         raise InputError(f"cannot resume: the checkpoint in {path} was made for another model")
     diff = _settings_match(info["settings"], settings)
@@ -87,7 +64,7 @@ def load_checkpoint(path: Path, lens: TunedLens, opt, settings: TrainSettings, f
         if lens.has_mid_translators:
             lens.A_mid.copy_(tensors["A_mid"])
             lens.b_mid.copy_(tensors["b_mid"])
-    _unflatten_optimizer(opt, tensors, info["optimizer"])
+    unflatten_optimizer(opt, tensors, info["optimizer"])
     if best is not None:
         best.load(tensors)
     known = {f.name for f in fields(TrainState)}
@@ -97,12 +74,9 @@ def load_checkpoint(path: Path, lens: TunedLens, opt, settings: TrainSettings, f
 def read_checkpoint_info(path: Path) -> dict:
     """``checkpoint.json`` in ``path`` as a dict; ``{}`` when there is none or it cannot be read."""
     try:
-        return json.loads((path / "checkpoint.json").read_text())
+        return json.loads((path / f"{CHECKPOINT}.json").read_text())
     except (OSError, ValueError):
         return {}
 
 
-# public names (dictionary training's checkpoints store their optimizers the same way)
-flatten_optimizer, unflatten_optimizer = _flatten_optimizer, _unflatten_optimizer
-
-__all__ = ["flatten_optimizer", "load_checkpoint", "read_checkpoint_info", "save_checkpoint", "unflatten_optimizer"]
+__all__ = ["load_checkpoint", "read_checkpoint_info", "save_checkpoint"]

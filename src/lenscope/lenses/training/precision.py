@@ -2,8 +2,8 @@
 
 Input: a loaded model (its unembedding's device and shape) and the user's ``bf16`` setting; output: a record
 (:func:`choose_precision`) that training follows and keeps in the lens file's ``training`` record. The CPU's
-features (:func:`cpu_features`) and ``$LENSCOPE_NATIVE_BF16`` (:func:`forced_native_bf16`) say whether the
-hardware runs bfloat16 natively; without it a one-off timing of one block of the objective decides.
+features and ``$LENSCOPE_NATIVE_BF16`` (:mod:`lenscope.training.precision`, which dictionary training reads too) say
+whether the hardware runs bfloat16 natively; without it a one-off timing of one block of the objective decides.
 """
 
 from __future__ import annotations
@@ -14,30 +14,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ...errors import InputError
 from ...models.load import LoadedModel
+from ...training.precision import NATIVE_BF16_ENV, cpu_features, forced_native_bf16
 from .objective import LogPartition
-
-
-def cpu_features() -> dict:
-    """The CPU's name (``lscpu``'s "Model name") and whether it has native bfloat16 (AVX512-BF16, AMX-BF16)."""
-    import platform
-    import subprocess
-
-    name = platform.processor()
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False, timeout=10).stdout
-        name = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), name)
-    except (OSError, subprocess.SubprocessError):
-        pass
-
-    def probe(fn: str) -> bool:
-        try:
-            return bool(getattr(torch.cpu, fn)())
-        except (AttributeError, RuntimeError):  # private torch API: absent in some versions
-            return False
-
-    return {"cpu": name, "avx512_bf16": probe("_is_avx512_bf16_supported"), "amx_bf16": probe("_is_amx_tile_supported")}
 
 
 def _time_block(W: Tensor, x: Tensor, ref: Tensor, repeats: int = 2) -> float:
@@ -49,24 +28,6 @@ def _time_block(W: Tensor, x: Tensor, ref: Tensor, repeats: int = 2) -> float:
         LogPartition.apply(xx, W, None, ref).sum().backward()
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-# Set to 1 or 0 to decide "the hardware runs bfloat16 natively" instead of asking the CPU, so that both branches
-# of :func:`choose_precision` run (and are tested) on every machine; CI runs the lens tests with both.
-NATIVE_BF16_ENV = "LENSCOPE_NATIVE_BF16"
-
-
-def forced_native_bf16() -> bool | None:
-    """``$LENSCOPE_NATIVE_BF16`` as a bool (``1``: native, ``0``: not), None when unset or empty."""
-    import os
-
-    v = os.environ.get(NATIVE_BF16_ENV, "").strip()
-    if not v:
-        return None
-    if v not in ("0", "1"):
-        raise InputError(
-            f"{NATIVE_BF16_ENV} must be 1 (native bfloat16) or 0 (not), not {v!r}; unset it to ask the CPU")
-    return v == "1"
 
 
 # The precision probe times bfloat16 on 1/PROBE_FIRST_PART of its block first (see choose_precision).

@@ -1,12 +1,14 @@
-"""What a tuned-lens training run is told (:class:`TrainSettings`) and what it has done so far (:class:`TrainState`).
+"""What a tuned-lens training run is told (:class:`TrainSettings`; what it has done so far is the
+:class:`~lenscope.training.plan.TrainState` every training run keeps).
 
 Both go into the checkpoint (:mod:`lenscope.lenses.training.checkpoint`) and the settings into the lens file's
-``training`` record; the planner (:mod:`lenscope.lenses.training.plan`) fills in the state's plan.
+``training`` record; the planner (:mod:`lenscope.training.plan`, which reads these settings as its ``PlanSettings``)
+fills in the state's plan.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ...errors import InputError
 
@@ -66,20 +68,4 @@ class TrainSettings:
                              "with max_minutes)")
 
 
-@dataclass
-class TrainState:
-    """A run's progress: what a checkpoint restores."""
-
-    step: int = 0
-    seconds: float = 0.0
-    history: list = field(default_factory=list)  # [step, mean KL, seconds]
-    n_steps: int = 0  # planned steps (fixed by the token budget, fitted to the time budget)
-    warm: int = 0  # warm-up steps (0: warmup_fraction of n_steps)
-    every: int = 0  # steps between validations
-    precision: dict = field(default_factory=dict)  # the bfloat16 decision, kept on resume
-    timing: dict = field(default_factory=dict)  # time budget: measured seconds per step, validation, checkpoint
-    fits: list = field(default_factory=list)  # time budget: [step, planned steps, seconds per step] per (re)fit
-    init: dict = field(default_factory=dict)  # the translators' start (least-squares: tokens, seconds, ridge)
-
-
-__all__ = ["TrainSettings", "TrainState"]
+__all__ = ["TrainSettings"]

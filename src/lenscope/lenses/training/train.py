@@ -2,22 +2,23 @@
 
 :func:`train_tuned_lens` composes parts that each live, and are tested, on their own:
 
-- :mod:`lenscope.lenses.training.settings`: :class:`TrainSettings` (what a run is told) and ``TrainState`` (what it has
-  done; a checkpoint restores it);
+- :mod:`lenscope.lenses.training.settings`: :class:`TrainSettings` (what a run is told); what it has done is the
+  ``TrainState`` of :mod:`lenscope.training.plan` (a checkpoint restores it);
 - :mod:`lenscope.lenses.training.precision`: bfloat16 or float32 for the unembedding matmuls (:func:`choose_precision`:
   the CPU's features, ``$LENSCOPE_NATIVE_BF16``, a one-off timing);
-- :mod:`lenscope.lenses.training.plan`: the number of steps, the warm-up, the validation interval and the learning rate,
-  under a time budget fitted to the measured speed (:class:`~lenscope.lenses.training.plan.Planner`);
+- :mod:`lenscope.training.plan` (shared with dictionary training): the number of steps, the warm-up, the validation
+  interval and the learning rate, under a time budget fitted to the measured speed
+  (:class:`~lenscope.training.plan.Planner`);
 - :mod:`lenscope.lenses.training.objective`: the KL objective and its gradient (:func:`kl_backward`), the one readout of
   training;
 - :mod:`lenscope.lenses.training.selection`: per-state model selection on held-out sequences (``keep_best``);
-- :mod:`lenscope.lenses.training.checkpoint`: save and resume;
+- :mod:`lenscope.lenses.training.checkpoint`: save and resume (in :mod:`lenscope.training.checkpoint`'s files);
 - here: one training step (:func:`train_step`) and the loop, in one process or over several
   (:mod:`lenscope.distributed.ddp`).
 
 ``TrainSettings(max_minutes=M)`` sets a time budget instead of a token budget: the first steps are timed
 and the number of steps (and with it the warm-up and decay of the learning rate) is fitted to what the
-budget allows on this machine, refitted while the run goes on (see :func:`lenscope.lenses.training.plan.fit_steps`).
+budget allows on this machine, refitted while the run goes on (see :func:`lenscope.training.plan.fit_steps`).
 
 Before the first KL step every translator starts from its closed-form least-squares fit to the last state
 (:mod:`lenscope.lenses.training.warmstart`, ``init="least-squares"``, the default since issue 22; ``keep_best`` keeps it
@@ -44,13 +45,14 @@ from torch import Tensor
 from ...errors import InputError, UnsupportedModelError
 from ...models.load import LoadedModel, require_decoder
 from ...models.trace import residual_states
+from ...training.plan import Planner, TrainState, lr_at
+from ...training.precision import NATIVE_BF16_ENV, cpu_features, forced_native_bf16
 from ..lenses import TunedLens, fingerprint
 from .checkpoint import load_checkpoint, read_checkpoint_info, save_checkpoint
 from .objective import _groups, _training_states, kl_backward
-from .plan import Planner, lr_at
-from .precision import NATIVE_BF16_ENV, choose_precision, cpu_features, describe, forced_native_bf16, resumed_precision
+from .precision import choose_precision, describe, resumed_precision
 from .selection import BestPerState, split_validation
-from .settings import TrainSettings, TrainState
+from .settings import TrainSettings
 from .warmstart import regression_start
 
 
@@ -123,8 +125,8 @@ def train_tuned_lens(
     refits no more). ``max_steps`` stops early (after a checkpoint), to simulate an interruption.
 
     Time budget: the budget runs from ``started`` (a ``clock()`` reading; default: now), so a caller can count
-    its own model loading. The first :data:`.plan.CALIBRATION_STEPS` steps are timed; the number
-    of steps that fits what is left (validations and checkpoints included, :func:`.plan.fit_steps`)
+    its own model loading. The first :data:`lenscope.training.plan.CALIBRATION_STEPS` steps are timed; the number
+    of steps that fits what is left (validations and checkpoints included, :func:`lenscope.training.plan.fit_steps`)
     fixes the warm-up and the linear decay of the learning rate, and is refitted after every step when the
     measured speed says the plan is more than 3% off. ``clock`` (default ``time.perf_counter``) is what the budget
     is measured with (tests inject a fake one). ``log`` receives one-line messages (the precision decision, the
@@ -168,38 +170,15 @@ def train_tuned_lens(
     fp = fingerprint(A)
     lens = TunedLens(A, model_name=lm.name, mid_translators=s.mid)
     opt = _optimizer(lens, s)
-    state = TrainState()
-    if resume:
-        if out is None:
-            raise InputError("resume needs the output directory of the interrupted run")
-        # read the state first: the precision decision must be the interrupted run's
-        prec = resumed_precision(lm, read_checkpoint_info(out), s.bf16)
-    else:
-        prec = choose_precision(lm, s.bf16)
-    prec = ddp.broadcast(prec, d)  # every rank computes in rank 0's precision
+    prec = _precision(lm, s, out, resume, d)
     bf16 = bool(prec["bf16"])
     say(describe(prec))
     best = BestPerState(lm, lens, best_val, bf16, s.backoff, s.patience) if best_val is not None else None
     if resume:
         state = load_checkpoint(out, lens, opt, s, fp, best)
     else:
-        state.precision = prec
-        if best is not None:
-            t0 = clock()
-            best.update(lens, opt, 0)
-            dt = clock() - t0
-            state.seconds += dt
-            state.timing["validation_s"] = round(dt, 4)
-        if s.init == "least-squares":
-            t0 = clock()
-            deadline = t0 + s.init_max_fraction * 60.0 * s.max_minutes if plan.budgeted else None
-            state.init = regression_start(lm, lens, sequences, tokens=s.init_tokens, ridge=s.init_ridge,
-                                          batch_size=s.batch_size, seed=s.seed, dist=d, clock=clock,
-                                          deadline=deadline, progress=progress)
-            if best is not None:
-                best.adopt(lens)  # per state: the start where it beats the identity on held-out text
-            state.seconds += clock() - t0
-            say(f"least-squares start on {state.init['tokens']} tokens in {state.init['seconds']:.1f} s")
+        state = _first_state(lm, lens, opt, s, sequences, best, prec, budgeted=plan.budgeted, clock=clock, say=say,
+                             dist=d, progress=progress)
     plan.start(state)
 
     step_times: list[float] = list(state.timing.get("step_s", []))
@@ -251,22 +230,71 @@ def train_tuned_lens(
     bar.close()
     n_steps = state.n_steps
     selection = best.finish(lens, state.every) if best is not None and state.step >= n_steps else {}
-    budget = plan.record(state, step_times)
-    lens.training_info = {
-        "settings": asdict(s), "steps": state.step, "n_steps": n_steps, "tokens_seen": state.step * per_step,
-        "seconds": round(state.seconds, 2), "tokens_per_s": round(state.step * per_step / max(state.seconds, 1e-9), 2),
-        "precision": state.precision or prec, "history": state.history, "complete": state.step >= n_steps,
-        **({"selection": selection} if selection else {}), **({"time_budget": budget} if budget else {}),
-        **({"init": state.init} if state.init else {}),
-    }
-    if d.active:
-        lens.training_info["ranks"] = d.world
+    lens.training_info = _training_info(s, state, prec, per_step, selection, plan.record(state, step_times), d)
     if out is not None and state.step >= n_steps and d.main:
         lens.save(out)
     ddp.barrier(d)  # the lens is on disk before any rank returns
     return lens
 
 
+def _precision(lm: LoadedModel, s: TrainSettings, out: Path | None, resume: bool, dist) -> dict:
+    """The precision decision of the run (:mod:`.precision`): on resume the interrupted run's, read from its
+    checkpoint before anything else; rank 0's on every rank."""
+    from ...distributed import ddp
+
+    if resume:
+        if out is None:
+            raise InputError("resume needs the output directory of the interrupted run")
+        # read the state first: the precision decision must be the interrupted run's
+        prec = resumed_precision(lm, read_checkpoint_info(out), s.bf16)
+    else:
+        prec = choose_precision(lm, s.bf16)
+    return ddp.broadcast(prec, dist)  # every rank computes in rank 0's precision
+
+
+def _first_state(lm: LoadedModel, lens: TunedLens, opt, s: TrainSettings, sequences: Tensor,
+                 best: BestPerState | None, prec: dict, *, budgeted: bool, clock: Callable[[], float],
+                 say: Callable[[str], None], dist, progress: bool) -> TrainState:
+    """A new run's state before its first step: the identity judged on the held-out text (``best``), then the
+    least-squares start (``s.init``), their seconds counted."""
+    state = TrainState()
+    state.precision = prec
+    if best is not None:
+        t0 = clock()
+        best.update(lens, opt, 0)
+        dt = clock() - t0
+        state.seconds += dt
+        state.timing["validation_s"] = round(dt, 4)
+    if s.init == "least-squares":
+        t0 = clock()
+        deadline = t0 + s.init_max_fraction * 60.0 * s.max_minutes if budgeted else None
+        state.init = regression_start(lm, lens, sequences, tokens=s.init_tokens, ridge=s.init_ridge,
+                                      batch_size=s.batch_size, seed=s.seed, dist=dist, clock=clock,
+                                      deadline=deadline, progress=progress)
+        if best is not None:
+            best.adopt(lens)  # per state: the start where it beats the identity on held-out text
+        state.seconds += clock() - t0
+        say(f"least-squares start on {state.init['tokens']} tokens in {state.init['seconds']:.1f} s")
+    return state
+
+
+def _training_info(s: TrainSettings, state: TrainState, prec: dict, per_step: int, selection: dict, budget: dict,
+                   dist) -> dict:
+    """The lens file's ``training`` record of a run that has taken ``state.step`` steps."""
+    n_steps = state.n_steps
+    info = {
+        "settings": asdict(s), "steps": state.step, "n_steps": n_steps, "tokens_seen": state.step * per_step,
+        "seconds": round(state.seconds, 2), "tokens_per_s": round(state.step * per_step / max(state.seconds, 1e-9), 2),
+        "precision": state.precision or prec, "history": state.history, "complete": state.step >= n_steps,
+        **({"selection": selection} if selection else {}), **({"time_budget": budget} if budget else {}),
+        **({"init": state.init} if state.init else {}),
+    }
+    if dist.active:
+        info["ranks"] = dist.world
+    return info
+
+
 # the precision decision's public names, importable from here as before they moved to lenscope.lenses.training.precision
+# (and the hardware's part of it on to lenscope.training.precision)
 __all__ = ["NATIVE_BF16_ENV", "BatchOrder", "TrainSettings", "choose_precision", "cpu_features", "forced_native_bf16",
            "kl_backward", "train_step", "train_tuned_lens"]

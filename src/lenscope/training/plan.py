@@ -1,10 +1,12 @@
-"""The plan of a tuned-lens training run: how many steps, the warm-up, the validation interval, the learning rate.
+"""The plan of a training run (a tuned lens, sparse dictionaries): how many steps, the warm-up, the validation
+interval, the learning rate.
 
 A token budget fixes the number of steps (``tokens`` over the tokens per step, ``batch_size x seq_len``). A time
-budget (``TrainSettings.max_minutes``) fits it to the measured speed: :class:`Planner` times the first
-:data:`CALIBRATION_STEPS` steps, :func:`fit_steps` says how many steps fit the time left (validations and
-checkpoints included), and the plan is refitted while the run goes on when the speed changes. The plan is
-written into the run's :class:`~lenscope.lenses.training.settings.TrainState`, so a checkpoint keeps it.
+budget (``max_minutes``) fits it to the measured speed: :class:`Planner` times the first :data:`CALIBRATION_STEPS`
+steps, :func:`fit_steps` says how many steps fit the time left (validations and checkpoints included), and the plan
+is refitted while the run goes on when the speed changes. The plan is written into the run's :class:`TrainState`,
+so a checkpoint keeps it. The planner reads the run's settings through the fields of :class:`PlanSettings` (a
+tuned lens's :class:`~lenscope.lenses.training.settings.TrainSettings` has them all).
 """
 
 from __future__ import annotations
@@ -12,14 +14,49 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
-
-from .settings import TrainSettings, TrainState
+from dataclasses import dataclass, field
 
 # The time budget: steps timed before the number of steps is fixed (the first one, which also pays one-off
 # costs, is left out of the estimate), and the margin kept free for what the estimate cannot see.
 CALIBRATION_STEPS = 3
 RECENT_STEPS = 15  # the steps whose median speed a refit uses
 BUDGET_MARGIN = 0.02
+
+
+@dataclass
+class PlanSettings:
+    """What the planner reads of a run's settings: the token budget (``tokens``; 0: none, with ``max_minutes``),
+    the time budget (``max_minutes``), rows per step (``batch_size``) of ``seq_len`` tokens each, the peak
+    learning rate (``lr``, :meth:`base_lr`), the warm-up's share of the run, the steps between checkpoints and
+    between validations (0: none; validations: about 12 per run)."""
+
+    tokens: int
+    batch_size: int
+    lr: float
+    warmup_fraction: float
+    max_minutes: float | None = None
+    seq_len: int = 1
+    checkpoint_every: int = 0
+    validate_every: int = 0
+
+    def base_lr(self) -> float:
+        return self.lr
+
+
+@dataclass
+class TrainState:
+    """A run's progress: what a checkpoint restores."""
+
+    step: int = 0
+    seconds: float = 0.0
+    history: list = field(default_factory=list)  # [step, mean loss, seconds]
+    n_steps: int = 0  # planned steps (fixed by the token budget, fitted to the time budget)
+    warm: int = 0  # warm-up steps (0: warmup_fraction of n_steps)
+    every: int = 0  # steps between validations
+    precision: dict = field(default_factory=dict)  # the bfloat16 decision, kept on resume
+    timing: dict = field(default_factory=dict)  # time budget: measured seconds per step, validation, checkpoint
+    fits: list = field(default_factory=list)  # time budget: [step, planned steps, seconds per step] per (re)fit
+    init: dict = field(default_factory=dict)  # the parameters' start (a tuned lens's least-squares: tokens, seconds)
 
 
 def fit_steps(done: int, seconds_left: float, step_s: float, *, val_s: float = 0.0, every: int = 0,
@@ -44,38 +81,44 @@ def fit_steps(done: int, seconds_left: float, step_s: float, *, val_s: float = 0
     return n if cap is None else max(done, 1, min(n, cap))
 
 
-def warmup_steps(n_steps: int, s: TrainSettings) -> int:
+def warmup_steps(n_steps: int, s: PlanSettings) -> int:
     """Steps of the linear warm-up of a run of ``n_steps`` steps."""
     return max(1, round(s.warmup_fraction * n_steps))
 
 
-def lr_at(step: int, n_steps: int, s: TrainSettings, warm: int = 0) -> float:
-    """The learning rate of step ``step`` (from 0) of ``n_steps``: linear warm-up over ``warm`` steps (0: the
-    settings' fraction of the run), then linear decay to zero."""
-    warm = warm or warmup_steps(n_steps, s)
+def linear_lr(step: int, n_steps: int, warm: int, base: float) -> float:
+    """The learning rate of step ``step`` (from 0) of ``n_steps``: linear warm-up to ``base`` over ``warm`` steps,
+    then linear decay to zero at ``n_steps``."""
     if step < warm:
-        return s.base_lr() * (step + 1) / warm
-    return s.base_lr() * max(0.0, (n_steps - step) / max(1, n_steps - warm))
+        return base * (step + 1) / warm
+    return base * max(0.0, (n_steps - step) / max(1, n_steps - warm))
+
+
+def lr_at(step: int, n_steps: int, s: PlanSettings, warm: int = 0) -> float:
+    """:func:`linear_lr` at the settings' learning rate, the warm-up ``warm`` steps (0: the settings' fraction of
+    the run)."""
+    return linear_lr(step, n_steps, warm or warmup_steps(n_steps, s), s.base_lr())
 
 
 class Planner:
     """Plans one run's steps from the settings and, under a time budget, from the measured seconds per step.
 
-    ``seq_len``: tokens per sequence (a step has ``batch_size x seq_len`` tokens, :attr:`per_step`);
+    ``seq_len``: tokens per sequence (default: the settings'; a step has ``batch_size x seq_len`` tokens,
+    :attr:`per_step`);
     ``started``: the ``clock()`` reading the time budget runs from; ``validates``: validations run (their
     measured time counts against the budget); ``checkpoints``: checkpoints are written every
     ``settings.checkpoint_every`` steps; ``refit``: the plan may change after calibration (a resumed run keeps
     the plan it was interrupted with, so that it ends where the straight run would). The plan lives in a
-    :class:`~lenscope.lenses.training.settings.TrainState` (``n_steps``, ``every``, ``warm``, ``fits``; measured seconds
-    in ``timing``), which every method reads and updates.
+    :class:`TrainState` (``n_steps``, ``every``, ``warm``, ``fits``; measured seconds in ``timing``), which every
+    method reads and updates. ``s``: a :class:`PlanSettings` or any settings with its fields.
     """
 
-    def __init__(self, s: TrainSettings, seq_len: int, *, started: float, clock: Callable[[], float],
+    def __init__(self, s: PlanSettings, seq_len: int | None = None, *, started: float, clock: Callable[[], float],
                  validates: bool, checkpoints: bool, refit: bool = True):
         self.s, self.clock, self.started = s, clock, started
         self.validates, self.refit = validates, refit
         self.ckpt_every = s.checkpoint_every if checkpoints else 0
-        self.per_step = s.batch_size * seq_len
+        self.per_step = s.batch_size * (s.seq_len if seq_len is None else seq_len)
         self.budgeted = s.max_minutes is not None
         self.cap = max(1, math.ceil(s.tokens / self.per_step)) if s.tokens else None  # the token budget's steps
         self.deadline = started + 60.0 * s.max_minutes if self.budgeted else None
@@ -152,4 +195,5 @@ class Planner:
                 "warmup_steps": state.warm}
 
 
-__all__ = ["BUDGET_MARGIN", "CALIBRATION_STEPS", "RECENT_STEPS", "Planner", "fit_steps", "lr_at", "warmup_steps"]
+__all__ = ["BUDGET_MARGIN", "CALIBRATION_STEPS", "RECENT_STEPS", "PlanSettings", "Planner", "TrainState", "fit_steps",
+           "linear_lr", "lr_at", "warmup_steps"]
