@@ -19,7 +19,7 @@ input (and output, transcoders) from the first block so the mean squared norm is
 sqrt(16384 / width)`` for an SAE (Gao's scaling) and ``8e-3 · sqrt(4608 / width)`` for a transcoder (half the best of
 a probe on smollm2's MLPs, ``benchmarks/bench_dict_transcoder_init.py --lrs``: SAE's rate learns 10 times too slowly
 there), a linear warm-up over 5% of the run and a linear decay to 0 (the tuned-lens
-:class:`~lenscope.lenses.training.plan.Planner`, which also fits a time budget to the measured speed).
+:class:`~lenscope.training.plan.Planner`, which also fits a time budget to the measured speed).
 
 The encoder matmul (and JumpReLU's decoder matmul) runs in the precision :func:`precision` gives (bfloat16 only
 where the CPU runs it natively, as ``lens train`` decides; the rest in float32); one encoder matmul serves the
@@ -33,7 +33,6 @@ passes and each batch sharded over ranks, gradients averaged).
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -107,7 +106,7 @@ class DictSettings:
 
 def precision(bf16: bool | None = None) -> dict:
     """The dtype of the encoder and decoder matmuls: bfloat16 where the CPU (or GPU) runs it natively, else float32
-    (:mod:`lenscope.lenses.training.precision`'s detection; ``$LENSCOPE_NATIVE_BF16`` decides in its place)."""
+    (:mod:`lenscope.training.precision`'s detection; ``$LENSCOPE_NATIVE_BF16`` decides in its place)."""
     from ..training.precision import cpu_features, forced_native_bf16
 
     rec = cpu_features()
@@ -287,8 +286,7 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
     trained dictionaries (the normalisation folded in, the record in ``info``), or None when stopped by
     ``max_steps`` (a checkpoint is then in ``out``). ``resume``: continue from ``out``'s checkpoint. ``max_memory``:
     the budget (:func:`lenscope.memory.budget`) :func:`train_memory` must meet, else a one-line InputError."""
-    from ..training.plan import Planner, TrainState
-    from ..training.plan import PlanSettings as TrainSettings  # the planner's settings: lenscope.training
+    from ..training.plan import Planner, PlanSettings, TrainState, linear_lr
 
     s.check()
     started = clock()
@@ -313,8 +311,8 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
             raise InputError(f"cannot resume: no checkpoint in {out}")
         st, gen_state = _load(ckpt, trainables, opts, s)
         gen.set_state(gen_state)
-    ts = TrainSettings(tokens=s.tokens, max_minutes=s.max_minutes, seq_len=2, batch_size=s.batch_size,
-                       warmup_fraction=s.warmup_fraction, checkpoint_every=s.checkpoint_every, lr=s.base_lr())
+    ts = PlanSettings(tokens=s.tokens, max_minutes=s.max_minutes, seq_len=2, batch_size=s.batch_size,
+                      warmup_fraction=s.warmup_fraction, checkpoint_every=s.checkpoint_every, lr=s.base_lr())
     tstate = TrainState(step=st.step, n_steps=st.n_steps, every=st.every or 1, warm=st.warm, fits=st.fits,
                         timing=st.timing)
     planner = Planner(ts, 1, started=started, clock=clock, validates=False, checkpoints=bool(s.checkpoint_every),
@@ -355,7 +353,7 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
         t0 -= read_share
         sel = perm[st.block_batch * s.batch_size:(st.block_batch + 1) * s.batch_size]
         batch = rows[sel[ddp.shard(len(sel), dist)]]
-        lr = _lr(tstate.step, tstate.n_steps, tstate.warm, s.base_lr())
+        lr = linear_lr(tstate.step, tstate.n_steps, tstate.warm, s.base_lr())
         step_stats = []
         for m, opt, t, (sin, sout) in zip(trainables, opts, targets, st.scales):
             x, y = batch[:, t.i_in] * sin, batch[:, t.i_out] * sout
@@ -409,13 +407,6 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
     return result
 
 
-def _lr(step: int, n_steps: int, warm: int, base: float) -> float:
-    """Linear warm-up over ``warm`` steps, then linear decay to 0 at ``n_steps`` (the tuned-lens schedule)."""
-    if step < warm:
-        return base * (step + 1) / warm
-    return base * max(0.0, (n_steps - step) / max(1, n_steps - warm))
-
-
 def _normalisation(st: RunState, ms: list[Trainable], targets: list[Target], rows: Tensor) -> None:
     """The fixed scales from the first block, and ``b_dec`` at the mean of its (normalised) targets."""
     for m, t in zip(ms, targets):
@@ -431,11 +422,8 @@ def _save(path: Path, ms: list[Trainable], opts, s: DictSettings, st: RunState, 
           gen_state: Tensor) -> None:
     """The checkpoint: every parameter and buffer, the optimizers, the plan, the generator as the current block
     began (the block is re-read and re-shuffled on resume), the counters."""
-    from safetensors.torch import save_file
+    from ..training.checkpoint import flatten_optimizer, write_state
 
-    from ..training.checkpoint import flatten_optimizer
-
-    path.mkdir(parents=True, exist_ok=True)
     tensors, metas = {"generator": gen_state.clone()}, []
     for i, (m, opt) in enumerate(zip(ms, opts)):
         tensors.update({f"d{i}.{n}": v.detach().clone() for n, v in m.state_dict().items()})
@@ -445,22 +433,13 @@ def _save(path: Path, ms: list[Trainable], opts, s: DictSettings, st: RunState, 
     for name in ("step", "n_steps", "every", "warm", "fits", "timing"):
         setattr(st, name, getattr(tstate, name))
     st.seconds = seconds
-    tmp = path / "state.safetensors.tmp"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    tmp.replace(path / "state.safetensors")
-    (path / "state.json").write_text(json.dumps({"state": asdict(st), "settings": asdict(s), "optimizers": metas}))
+    write_state(path, "state", tensors, {"state": asdict(st), "settings": asdict(s), "optimizers": metas})
 
 
 def _load(path: Path, ms: list[Trainable], opts, s: DictSettings) -> tuple[RunState, Tensor]:
-    from safetensors.torch import load_file
+    from ..training.checkpoint import read_state, unflatten_optimizer
 
-    from ..training.checkpoint import unflatten_optimizer
-
-    try:
-        info = json.loads((path / "state.json").read_text())
-        tensors = load_file(str(path / "state.safetensors"))
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot resume: no readable checkpoint in {path} ({e})") from None
+    info, tensors = read_state(path, "state")
     now = asdict(s)
     diff = {k: (v, now.get(k)) for k, v in info["settings"].items()
             if now.get(k) != v and k not in ("max_minutes", "checkpoint_every")}
