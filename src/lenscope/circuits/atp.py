@@ -25,6 +25,7 @@ from ..models.moe import is_moe
 from ..models.request import Contrast, by_length, contrasts, metric_of, token_texts
 from ..models.sites import display_name
 from ..results import Result
+from .gradients import atp_delta, atp_product, corrupted_runs, metric_grads
 
 FINE = ("heads_pos", "mlps_pos", "resid")
 QKV = ("queries", "keys", "values")
@@ -147,11 +148,6 @@ def result(lm, method, ps: list[Contrast], scores: dict, m_clean: float, m_corr:
         position=ps[0].position, model=lm.name, method=method, n=len(ps), info=info, **extra)
 
 
-def read_at(pos: int, P: int) -> tuple[bool, int]:
-    """``(last_only, at)``: a metric read at the last position needs only the last logits."""
-    return (True, -1) if pos == P - 1 else (False, pos)
-
-
 def atp_sites(L: int, fine: bool, moe: bool = False) -> list[tuple[str, int]]:
     """The engine sites AtP reads (``moe``: a mixture of experts' per-expert outputs too)."""
     sites = [("resid_pre", 0)] + [(s, layer) for layer in range(L) for s in ("head", "mlp_out")]
@@ -167,14 +163,14 @@ def atp_terms(L: int, corr: dict, clean: dict, grads: dict, fine: bool) -> dict[
     unchanged)."""
 
     def dot(site):
-        return ((corr[site].float() - clean[site].detach().float()) * grads[site].float()).sum(-1)
+        return atp_product(corr[site], clean[site], grads[site]).sum(-1)
 
     out = {"embed": dot(("resid_pre", 0)).sum(-1),
            "heads_pos": torch.stack([dot(("head", layer)) for layer in range(L)], 1),
            "mlps_pos": torch.stack([dot(("mlp_out", layer)) for layer in range(L)], 1)}
     if ("expert_out", 0) in corr:
         out["experts_pos"] = torch.stack([torch.einsum(
-            "bped,bpd->bpe", corr["expert_out", layer].float() - clean["expert_out", layer].detach().float(),
+            "bped,bpd->bpe", atp_delta(corr["expert_out", layer], clean["expert_out", layer]),
             grads["mlp_out", layer].float()) for layer in range(L)], 1)
     if fine:
         out["resid"] = torch.stack([dot(("resid_pre", layer)) for layer in range(L)], 1)
@@ -204,15 +200,10 @@ def attribution_patching(lm: LoadedModel, clean=None, corrupted=None, target=Non
     sites = atp_sites(L, fine, is_moe(lm.anatomy))
     total: dict[str, Tensor] = {}
     m_clean = m_corr = 0.0
-    for g in by_length(ps):
-        c, x, t, f = g.clean, g.corrupted, g.target, g.foil
-        last_only, at = read_at(g.position, c.shape[1])
-        with torch.no_grad():
-            lg_x, corr = run(lm, x, capture=sites, last_only=last_only)
-        lg_c, cap = run(lm, c, capture=sites, grad=True, last_only=last_only)
-        m = metric_of(lg_c, metric, t, f, at=at)
-        wrt = [s for s in sites if s[0] != "expert_out"]  # an expert's gradient is the block output's
-        grads = dict(zip(wrt, torch.autograd.grad(m.sum(), [cap[s] for s in wrt])))
+    wrt = [s for s in sites if s[0] != "expert_out"]  # an expert's gradient is the block output's
+    for g, last_only, at, (lg_x, corr) in corrupted_runs(lm, by_length(ps), sites):
+        t, f = g.target, g.foil
+        m, cap, grads = metric_grads(lm, g.clean, wrt, metric, t, f, at=at, capture=sites, last_only=last_only)
         terms = coarse(atp_terms(L, corr, cap, grads, fine))
         if not fine:  # per position: prompts of one length only
             del terms["heads_pos"], terms["mlps_pos"]
@@ -258,11 +249,8 @@ def exact_effects(lm: LoadedModel, ps: list[tuple], nodes: list[tuple], metric: 
     sites = sorted({(s, layer) for s, layer, _, _ in nodes})
     out = torch.zeros(len(nodes), dtype=torch.float64)
     m_clean = m_corr = 0.0
-    for g in by_length(ps):
-        c, x, t, f = g.clean, g.corrupted, g.target, g.foil
-        b, P = c.shape
-        last_only, at = read_at(g.position, P)
-        lg_x, corr = run(lm, x, capture=sites, last_only=last_only, dictionaries=dictionaries)
+    for g, last_only, at, (lg_x, corr) in corrupted_runs(lm, by_length(ps), sites, dictionaries=dictionaries):
+        c, t, f = g.clean, g.target, g.foil
         lg_c, _ = run(lm, c, last_only=last_only)
         m0 = metric_of(lg_c, metric, t, f, at=at).double().cpu()
         m_clean += float(m0.sum())

@@ -35,7 +35,8 @@ from ..models.engine import batches, run
 from ..models.load import LoadedModel
 from ..models.moe import is_moe
 from ..models.request import by_length, metric_of
-from .atp import NodeAttribution, atp_terms, prompts, read_at, result
+from .atp import NodeAttribution, atp_terms, coarse, prompts, result
+from .gradients import corrupted_runs, metric_grads
 
 
 def pattern_grad(g_z: Tensor, v: Tensor, n_heads: int) -> Tensor:
@@ -164,15 +165,12 @@ def atp_star(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=None
     drop_sites = [(s, layer) for layer in range(L) for s in ("attn_out", "mlp_out")] if V > 1 else []
     total: dict[str, Tensor] = {}
     m_clean = m_corr = 0.0
-    for g in gs:
-        c, x, t, f = g.clean, g.corrupted, g.target, g.foil
+    for g, last_only, at, (lg_x, corr) in corrupted_runs(lm, gs, grad_sites + qk_sites + expert_sites):
+        c, t, f = g.clean, g.target, g.foil
         b, P = c.shape
-        last_only, at = read_at(g.position, P)
         positions = torch.arange(P)
         with torch.no_grad():
-            lg_x, corr = run(lm, x, capture=grad_sites + qk_sites + expert_sites, last_only=last_only)
-            lg_c, cl = run(lm, c, capture=drop_sites + qk_sites + expert_sites,
-                           last_only=last_only)
+            lg_c, cl = run(lm, c, capture=drop_sites + qk_sites + expert_sites, last_only=last_only)
         m_clean += float(metric_of(lg_c, metric, t, f, at=at).sum())
         m_corr += float(metric_of(lg_x, metric, t, f, at=at).sum())
         per: dict[str, list] = {}
@@ -182,14 +180,11 @@ def atp_star(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=None
             sel = (var > 0).nonzero()[:, 0].tolist() if V > 1 else []
             edits = patch_edits([(r, (site, int(var[r]) - 1, None, None), cl[(site, int(var[r]) - 1)][int(j[r])])
                                  for site in ("attn_out", "mlp_out") for r in sel], P)
-            lg, cap = run(lm, c[j], edits, capture=grad_sites, grad=True, last_only=last_only)
-            m = metric_of(lg, metric, t[j], None if f is None else f[j], at=at)
-            grads = dict(zip(grad_sites, torch.autograd.grad(m.sum(), [cap[k] for k in grad_sites])))
+            _, cap, grads = metric_grads(lm, c[j], grad_sites, metric, t[j], None if f is None else f[j], at=at,
+                                         edits=edits, last_only=last_only)
             xs = {k: corr[k][j] for k in grad_sites + expert_sites}
-            terms = atp_terms(L, xs, {**cap, **{k: cl[k][j] for k in expert_sites}}, grads, fine=False)
-            terms["heads"], terms["mlps"] = terms.pop("heads_pos").sum(-2), terms.pop("mlps_pos").sum(-1)
-            if expert_sites:
-                terms["experts"] = terms.pop("experts_pos").sum(-2)
+            terms = coarse(atp_terms(L, xs, {**cap, **{k: cl[k][j] for k in expert_sites}}, grads, fine=False))
+            del terms["heads_pos"], terms["mlps_pos"]
             qkv = [_layer_nodes(A.layers[i].attn, cl[("ln_attn.out", i)][j], corr[("ln_attn.out", i)][j],
                                 grads[("head", i)], cl[("v", i)][j], corr[("v", i)][j], positions, not qk_fix)
                    for i in range(L)]

@@ -29,8 +29,9 @@ from torch import Tensor
 from ..errors import InputError
 from ..models.engine import batches, run
 from ..models.load import LoadedModel
-from ..models.request import METRICS, metric_of
+from ..models.request import METRICS
 from ..results import Result
+from .gradients import metric_grads
 from .graph import ComponentGraph, end_metrics, groups, sender_writes, writer_sites
 
 METHODS = ("eap", "eap-ig")
@@ -125,11 +126,9 @@ def receiver_grads(lm: LoadedModel, graph: ComponentGraph, *, ids: Tensor | None
     sites = [(name, layer) for layer in range(L) for name in per_layer] + [("ln_final.in", None)]
     P = (ids if ids is not None else embeds).shape[1]
     last = position in (-1, P - 1)  # then only the last position's logits are computed (the unembedding is big)
-    lg, cap = run(lm, ids, capture=sites, inputs_embeds=embeds, grad=True, last_only=last)
-    m = metric_of(lg[:, -1 if last else position], metric, target, foil).sum()
     wrt = [(name, layer) for layer in range(L) for name in ("head", "q", "k", "v", "ln_mlp.out")]
-    grads = dict(zip(wrt + [("ln_final.in", None)],
-                     torch.autograd.grad(m, [cap[k] for k in wrt] + [cap["ln_final.in", None]])))
+    _, cap, grads = metric_grads(lm, ids, wrt + [("ln_final.in", None)], metric, target, foil,
+                                 at=-1 if last else position, capture=sites, inputs_embeds=embeds, last_only=last)
     first = cap["ln_attn.in", 0]
     b, _, d = first.shape
     G = first.new_empty(b, P, len(graph.receivers), d, requires_grad=False)

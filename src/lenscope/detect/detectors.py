@@ -7,6 +7,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, OutlierMixin, TransformerMixin
 
 from ..errors import InputError
+from ..stats import percentile_interval, resample
 
 # ------------------------------------------------------------------------------------------- detectors
 
@@ -104,17 +105,17 @@ def bootstrap_aurocs(labels, scores, n: int = 1000, seed: int = 0) -> np.ndarray
     """AUROCs of ``n`` stratified bootstrap resamples: positives and negatives are each resampled with
     replacement to their own count, so every resample has both classes.
 
-    Draws: ``rng = np.random.default_rng(seed)``, then ``rng.integers(0, n_pos, (n, n_pos))`` and
-    ``rng.integers(0, n_neg, (n, n_neg))``. A resample's AUROC is ``c_pos H c_neg / (n_pos n_neg)`` with
-    ``c`` the draw counts and ``H`` the pairwise matrix, i.e. exactly the AUROC of the resampled scores.
+    Draws (:func:`lenscope.stats.resample`): ``rng = np.random.default_rng(seed)``, then
+    ``rng.integers(0, n_pos, (n, n_pos))`` and ``rng.integers(0, n_neg, (n, n_neg))``. A resample's AUROC is
+    ``c_pos H c_neg / (n_pos n_neg)`` with ``c`` the draw counts and ``H`` the pairwise matrix, i.e. exactly the
+    AUROC of the resampled scores.
     """
     if isinstance(n, bool) or n < 1:
         raise InputError(f"the number of bootstrap resamples must be at least 1, not {n!r}")
     H = _pairwise(labels, scores)
     n_pos, n_neg = H.shape
     rng = np.random.default_rng(seed)
-    ip = rng.integers(0, n_pos, (n, n_pos))
-    ineg = rng.integers(0, n_neg, (n, n_neg))
+    ip, ineg = resample(n_pos, n, rng), resample(n_neg, n, rng)
     cp = np.zeros((n, n_pos))
     cn = np.zeros((n, n_neg))
     np.add.at(cp, (np.arange(n)[:, None], ip), 1.0)
@@ -123,8 +124,8 @@ def bootstrap_aurocs(labels, scores, n: int = 1000, seed: int = 0) -> np.ndarray
 
 
 def auroc_interval(replicates, level: float = 0.95) -> tuple[float, float]:
-    """Percentile interval of bootstrap replicates."""
+    """Percentile interval of bootstrap replicates (:func:`lenscope.stats.percentile_interval`)."""
     if not 0 < level < 1:
         raise InputError(f"the interval level must be between 0 and 1, not {level!r}")
-    lo, hi = np.quantile(np.asarray(replicates, dtype=np.float64), [(1 - level) / 2, (1 + level) / 2])
+    lo, hi = percentile_interval(np.asarray(replicates, dtype=np.float64), level)
     return float(lo), float(hi)

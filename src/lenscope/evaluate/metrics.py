@@ -1,4 +1,5 @@
-"""Alignment of one explanation with the evidence, and dataset means with bootstrap intervals.
+"""Alignment of one explanation with the evidence, and dataset means with bootstrap intervals
+(:func:`lenscope.stats.bootstrap_mean_ci`).
 
 For scores ``s`` over the rankable tokens and the evidence set ``E`` (non-empty, not every token):
 
@@ -23,6 +24,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from ..stats import bootstrap_mean_ci as bootstrap_ci  # the bootstrap's one home (re-exported)
 
 METRICS = ("rr", "probes", "dot")
 
@@ -53,20 +56,6 @@ def random_rr(n: int, k: int) -> float:
         raise ValueError("need 1 <= k <= n")
     total = math.comb(n, k)
     return sum(math.comb(n - r, k - 1) / total / r for r in range(1, n - k + 2))
-
-
-def bootstrap_ci(values, *, n_boot: int = 1000, seed: int = 0, level: float = 0.95) -> list | None:
-    """Percentile bootstrap interval ``[lo, hi]`` of the mean of ``values`` (None when empty)."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.size == 0:
-        return None
-    if v.size == 1:
-        return [float(v[0]), float(v[0])]
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, v.size, size=(n_boot, v.size))
-    means = v[idx].mean(1)
-    a = (1 - level) / 2
-    return [float(np.quantile(means, a)), float(np.quantile(means, 1 - a))]
 
 
 def mean_ci(values, **kw) -> tuple[float | None, list | None]:

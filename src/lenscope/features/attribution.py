@@ -33,7 +33,8 @@ import torch
 from torch import Tensor
 
 from ..attribution.dla import LogitTarget, direct_logit_attribution
-from ..circuits.atp import contrast_texts, exact_effects, one_length, prompts, read_at
+from ..circuits.atp import contrast_texts, exact_effects, one_length, prompts
+from ..circuits.gradients import atp_product, corrupted_runs, metric_grads
 from ..errors import InputError, InvariantError
 from ..models.algebra import write_pullback
 from ..models.dictionary import Dictionary
@@ -347,19 +348,13 @@ def feature_atp(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=N
     P = one_length(ps, "latents per position")
     sites = [site_key(latent_site(d)) for d in dicts]
     total = [torch.zeros(P, d.width, dtype=torch.float64) for d in dicts]
-    for g in by_length(ps):
-        c, x, t, f = g.clean, g.corrupted, g.target, g.foil
-        last_only, at = read_at(g.position, P)
-        with torch.no_grad():
-            corr = run(lm, x, capture=sites, logits=False, dictionaries=dicts).captured
-        lg_c, cap = run(lm, c, capture=sites, grad=True, last_only=last_only, dictionaries=dicts)
-        m = metric_of(lg_c, metric, t, f, at=at)
-        grads = torch.autograd.grad(m.sum(), [cap[s] for s in sites], allow_unused=True)
-        for j, (s, gr) in enumerate(zip(sites, grads)):
-            if gr is None:  # a latent the metric does not read (after the metric's position, say)
+    for g, last_only, at, (_, corr) in corrupted_runs(lm, by_length(ps), sites, dictionaries=dicts, logits=False):
+        _, cap, grads = metric_grads(lm, g.clean, sites, metric, g.target, g.foil, at=at, last_only=last_only,
+                                     dictionaries=dicts, allow_unused=True)
+        for j, s in enumerate(sites):
+            if grads[s] is None:  # a latent the metric does not read (after the metric's position, say)
                 continue
-            delta = corr[s].double() - cap[s].detach().double()
-            total[j] += (delta * gr.double()).sum(0).cpu()
+            total[j] += atp_product(corr[s], cap[s], grads[s], torch.float64).sum(0).cpu()
     n = len(ps)
     atp = torch.cat(total, -1) / n  # (pos, latent)
 
@@ -397,11 +392,9 @@ def feature_atp(lm: LoadedModel, clean=None, corrupted=None, target=None, foil=N
 def _metrics(lm, ps, metric) -> tuple[float, float]:
     """The mean clean and corrupted metric (where no latent was patched)."""
     mc = mx = 0.0
-    for g in by_length(ps):
-        last_only, at = read_at(g.position, g.clean.shape[1])
+    for g, last_only, at, (lg_x, _) in corrupted_runs(lm, by_length(ps)):
         mc += float(metric_of(run(lm, g.clean, last_only=last_only).logits, metric, g.target, g.foil, at=at).sum())
-        mx += float(metric_of(run(lm, g.corrupted, last_only=last_only).logits, metric, g.target, g.foil,
-                              at=at).sum())
+        mx += float(metric_of(lg_x, metric, g.target, g.foil, at=at).sum())
     return mc / len(ps), mx / len(ps)
 
 

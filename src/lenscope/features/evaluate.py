@@ -49,6 +49,7 @@ from ..models.dictionary import Dictionary, load_dictionaries
 from ..models.engine import Edit, run
 from ..models.load import LoadedModel
 from ..models.sites import site_key
+from ..stats import UneditedNextToken
 from .baselines import PCA, Linear, Moments, fit_linear, fit_pca  # noqa: F401 (fit_*: re-exported)
 
 DEAD_TOKENS = 100_000
@@ -338,7 +339,8 @@ def density(fired: Tensor, tokens: int) -> dict:
 
 
 class _Loss:
-    """Running next-token cross-entropy, KL(clean || this) and top-1 agreement of one variant of the model."""
+    """Running next-token cross-entropy, KL(clean || this) and top-1 agreement of one variant of the model
+    (:class:`lenscope.stats.UneditedNextToken` measures each batch)."""
 
     def __init__(self):
         self.ce = 0.0
@@ -346,15 +348,18 @@ class _Loss:
         self.agree = 0
         self.n = 0
 
-    def add(self, logp: Tensor, targets: Tensor, clean: Tensor | None) -> None:
-        """``logp, clean (tokens, vocab)`` log-probabilities; ``clean`` None for the clean model itself."""
-        self.ce -= float(logp.gather(1, targets[:, None]).double().sum())
-        self.n += targets.shape[0]
-        if clean is not None:
-            self.kl += float((clean.exp() * (clean - logp)).sum(-1).double().sum())
-            self.agree += int((logp.argmax(-1) == clean.argmax(-1)).sum())
-        else:
-            self.agree += targets.shape[0]
+    def add(self, clean: UneditedNextToken, targets: Tensor, logits: Tensor | None = None) -> None:
+        """``targets (b, n)`` the body tokens after each body position; ``logits (b, n, vocab)`` this variant's at
+        those positions, None for the clean model itself."""
+        self.n += targets.numel()
+        if logits is None:
+            self.ce += float(clean.nll(targets).sum())
+            self.agree += targets.numel()
+            return
+        nll, kl, top1 = clean.compare(logits, targets)
+        self.ce += float(nll.sum())
+        self.kl += float(kl.sum())
+        self.agree += int(top1.sum())
 
     def mean_ce(self) -> float:
         return self.ce / max(1, self.n)
@@ -370,9 +375,9 @@ class _Loss:
         return out
 
 
-def _log_probs(logits: Tensor, a: int, b: int) -> Tensor:
-    """Log-probabilities of the predictions from body position ``t`` of body token ``t + 1``: ``(tokens, vocab)``."""
-    return torch.log_softmax(logits[:, a:b - 1].float(), -1).reshape(-1, logits.shape[-1])
+def _body(logits: Tensor, a: int, b: int) -> Tensor:
+    """The logits ``(b, n, vocab)`` of the predictions from body position ``t`` of body token ``t + 1``."""
+    return logits[:, a:b - 1]
 
 
 def _whole(site: str, layer: int, values: Tensor) -> Edit:
@@ -497,28 +502,27 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
             if n_spl >= budget:
                 break
             out = run(lm, ids, capture=need if baselines else (), device="cpu")
-            targets = ids[:, a + 1:b].reshape(-1).to(out.logits.device)
-            lp0 = _log_probs(out.logits, a, b)
-            clean.add(lp0, targets, None)
+            targets = ids[:, a + 1:b].to(out.logits.device)
+            lp0 = UneditedNextToken(_body(out.logits, a, b))
+            clean.add(lp0, targets)
             for d in D:
                 name, layer = site_key(d.site)
                 L = losses[d.site]
                 spliced = run(lm, ids, dictionaries=[on[d.site]], splice=True).logits
-                L["dict"].add(_log_probs(spliced, a, b), targets, lp0)
+                L["dict"].add(lp0, targets, _body(spliced, a, b))
                 zero = torch.zeros(ids.shape[0], ids.shape[1], d.d_out)
-                L["zero"].add(_log_probs(run(lm, ids, [_whole(name, layer, zero)]).logits, a, b), targets, lp0)
+                L["zero"].add(lp0, targets, _body(run(lm, ids, [_whole(name, layer, zero)]).logits, a, b))
                 if baselines:
                     if d.transcoder:
                         yb = lins[d.site](out.captured[site_key(d.input_site)].double())
                     else:
                         yb = pcas[d.site].reconstruct(out.captured[site_key(d.site)].double(),
                                                       rec[d.site].components())
-                    L["base"].add(_log_probs(run(lm, ids, [_whole(name, layer, yb.float())]).logits, a, b),
-                                  targets, lp0)
+                    L["base"].add(lp0, targets, _body(run(lm, ids, [_whole(name, layer, yb.float())]).logits, a, b))
             if repl is not None:
                 spliced = run(lm, ids, dictionaries=[on[d.site] for d in transcoders], splice=True).logits
-                repl.add(_log_probs(spliced, a, b), targets, lp0)
-            n_spl += targets.shape[0]
+                repl.add(lp0, targets, _body(spliced, a, b))
+            n_spl += targets.numel()
             say(f"splices: {n_spl} predictions")
 
     scores = []

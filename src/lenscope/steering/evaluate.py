@@ -35,6 +35,7 @@ from ..models.engine import run
 from ..models.load import LoadedModel, require_decoder, token_str
 from ..models.request import Request
 from ..results import Result
+from ..stats import UneditedNextToken, percentile_interval, resample
 from .directions import Direction, add_edits, direction_dict, length_groups, text_ids
 
 DEFAULT_MULTIPLIERS = (-8.0, -4.0, -2.0, 0.0, 2.0, 4.0, 8.0)
@@ -218,12 +219,6 @@ def fit_slopes(alphas: Tensor, effects: Tensor) -> Tensor:
     return (effects.double() * a).sum(-1) / (a * a).sum()
 
 
-def _quantiles(x: Tensor, confidence: float) -> Tensor:
-    """``(draw, ...) -> (..., 2)``: the percentile interval of the draws."""
-    q = torch.tensor([(1 - confidence) / 2, (1 + confidence) / 2], dtype=x.dtype)
-    return torch.quantile(x, q, dim=0).movedim(0, -1)
-
-
 def bootstrap_stats(alphas: Tensor, effects: Tensor, slopes: Tensor, moved: Tensor, *, draws: int, seed: int,
                     confidence: float, chunk: int = 2 ** 22) -> dict[str, Tensor]:
     """Percentile bootstrap intervals: over the inputs for the mean effect, the mean slope and the three
@@ -231,11 +226,11 @@ def bootstrap_stats(alphas: Tensor, effects: Tensor, slopes: Tensor, moved: Tens
     draws are made in chunks of about ``chunk`` resampled values (memory stays bounded for many inputs)."""
     g = torch.Generator().manual_seed(int(seed))
     L, n, m = effects.shape
-    idx = torch.randint(0, n, (draws, n), generator=g)
+    idx = resample(n, draws, g)
     a = alphas.double()
     fit = effects.mean(-1, keepdim=True) + slopes[..., None] * (a - a.mean())
     res = effects - fit  # (layer, input, mult)
-    ridx = torch.randint(0, m, (draws, m), generator=g)
+    ridx = resample(m, draws, g)
     ind = _fractions(slopes, moved)  # (layer, input, 3)
     step = max(1, chunk // max(1, L * n * m))
     mean_eff, mean_slope, frac, boot_slope = [], [], [], []
@@ -245,10 +240,10 @@ def bootstrap_stats(alphas: Tensor, effects: Tensor, slopes: Tensor, moved: Tens
         mean_slope.append(slopes[:, i].mean(2).movedim(1, 0))  # (draw, layer)
         frac.append(ind[:, i].mean(2).movedim(1, 0))  # (draw, layer, 3)
         boot_slope.append(fit_slopes(a, fit[None] + res[..., r].movedim(2, 0)))  # (draw, layer, input)
-    return {"effect_ci": _quantiles(torch.cat(mean_eff), confidence),
-            "mean_slope_ci": _quantiles(torch.cat(mean_slope), confidence),
-            "fraction_ci": _quantiles(torch.cat(frac), confidence),
-            "slope_ci": _quantiles(torch.cat(boot_slope), confidence)}
+    return {"effect_ci": percentile_interval(torch.cat(mean_eff), confidence),
+            "mean_slope_ci": percentile_interval(torch.cat(mean_slope), confidence),
+            "fraction_ci": percentile_interval(torch.cat(frac), confidence),
+            "slope_ci": percentile_interval(torch.cat(boot_slope), confidence)}
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -374,7 +369,8 @@ def damage(lm: LoadedModel, vector: Tensor, seqs: Tensor, layers: list[int], alp
     added to ``resid_pre`` of the layer at every position: the change in mean next-token loss and the mean
     KL(unsteered || steered) over every position; exactly 0 at multiplier 0 (no run). Each sequence's unsteered
     distribution is computed once and compared with every setting's (rows of one batch, chunked so that at most
-    :data:`LOGITS_BYTES` of logits are held; ``log p = z - logsumexp(z)`` is never materialised)."""
+    :data:`LOGITS_BYTES` of logits are held; the loss and KL: :class:`lenscope.stats.UneditedNextToken`, which holds
+    one tensor of the steered logits' size besides them)."""
     L, M = len(layers), len(alphas)
     N, T = seqs.shape
     V = lm.anatomy.vocab_size
@@ -388,23 +384,19 @@ def damage(lm: LoadedModel, vector: Tensor, seqs: Tensor, layers: list[int], alp
     for s in range(N):
         x = seqs[s: s + 1]
         tgt = x[0, 1:]
-        logp0 = torch.log_softmax(run(lm, x).logits[0].float(), -1)  # (pos, vocab)
-        base_sum += float(-logp0[:-1].gather(1, tgt[:, None]).double().sum())
-        p0 = logp0.exp()
-        h0 = (p0 * logp0).sum(-1).double()  # sum p0 log p0, per position
+        ref = UneditedNextToken(run(lm, x).logits[0])  # (pos, vocab)
+        base_sum += float(ref.nll(tgt).sum())
         done += 1
         for a in range(0, len(settings), rows_per):
             chunk = settings[a: a + rows_per]
             lay = torch.tensor([layers[k] for k, _ in chunk])
             al = torch.stack([alphas[j] for _, j in chunk])
             edits = add_edits(vec, torch.arange(len(chunk)), lay, al, torch.arange(T))
-            z = run(lm, x.expand(len(chunk), -1), edits).logits.float()  # (row, pos, vocab)
-            lse = torch.logsumexp(z, -1)  # log p = z - lse: no (row, pos, vocab) log-probabilities held
-            nll = (lse[:, :-1] - z[:, :-1].gather(2, tgt[None, :, None].expand(len(chunk), -1, 1))[..., 0]).double()
-            cross = (torch.einsum("pv,rpv->rp", p0, z) - lse).double()  # sum p0 log p_steered (sum p0 = 1)
+            z = run(lm, x.expand(len(chunk), -1), edits).logits  # (row, pos, vocab)
+            nll, kl, _ = ref.compare(z, tgt)
             kj = (torch.tensor([k for k, _ in chunk]), torch.tensor([j for _, j in chunk]))
             loss_sum.index_put_(kj, nll.sum(1), accumulate=True)
-            kl_sum.index_put_(kj, (h0[None] - cross).sum(1), accumulate=True)
+            kl_sum.index_put_(kj, kl.sum(1), accumulate=True)
             del z
             done += len(chunk)
             if progress is not None:
