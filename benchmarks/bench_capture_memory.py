@@ -44,7 +44,7 @@ def child(variant: str, model: str, n_tokens: int) -> dict:
 
     torch.set_num_threads(1)
     import lenscope
-    from lenscope.models.engine import capture
+    from lenscope.models.runtime.engine import capture
 
     lm = lenscope.load(model)
     ids = torch.randint(0, lm.anatomy.vocab_size, (1, n_tokens), generator=torch.Generator().manual_seed(0))

@@ -34,7 +34,7 @@ from lenscope.circuits import (  # noqa: E402
     exact_node_patching,
 )
 from lenscope.data.contrast import ioi_contrasts, tokenize_with  # noqa: E402
-from lenscope.models.engine import run  # noqa: E402
+from lenscope.models.runtime.engine import run  # noqa: E402
 
 
 def _rss_mb(field: str) -> float:

@@ -34,8 +34,8 @@ def main(argv=None) -> int:
     machine = record()
 
     import lenscope
-    from lenscope.features.evaluate import evaluate_dictionaries
-    from lenscope.models.dictionary import load_dictionaries
+    from lenscope.features.dictionaries.evaluate import evaluate_dictionaries
+    from lenscope.models.dictionaries.dictionary import load_dictionaries
 
     lm = lenscope.load(args.model)
     dicts = load_dictionaries(args.dict)

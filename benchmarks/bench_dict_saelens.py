@@ -12,8 +12,10 @@ SAELens runs in its own virtual environment (its dependencies are not lenscope's
     /work/saelens-env/bin/pip install torch==2.13.0 && /work/saelens-env/bin/pip install sae-lens
 
 **Activations.** ``--site`` (``resid_post.5``) of ``--model`` (smollm2) on the corpus's train part, as lenscope's
-trainer streams them (:class:`lenscope.features.sources.StreamSource`, sequences of 256 tokens, BOS dropped), the
-first ``--rows`` rows saved once to ``--cache`` (safetensors, :func:`lenscope.features.synthetic.save_activations`;
+trainer streams them (:class:`lenscope.features.dictionaries.sources.StreamSource`, sequences of 256 tokens, BOS
+dropped), the
+first ``--rows`` rows saved once to ``--cache`` (safetensors,
+:func:`lenscope.features.dictionaries.synthetic.save_activations`;
 a JSON beside it says what they are) and reused. The last ``--held-out`` rows are held out; both trainers see
 only the rows before them.
 
@@ -37,7 +39,8 @@ the weights at the end of ``fit`` (``fold_activation_norm_scaling_factor``), as 
 dead-latent bookkeeping; the hyperparameters set to lenscope's (the results' ``settings``), what could not be
 made equal listed under ``differences``. Its weights are written by SAELens itself
 (``save_inference_model``: the decoder norms folded into the encoder; its ``cfg.json`` keeps
-``rescale_acts_by_decoder_norm=True``) and read by lenscope's :meth:`~lenscope.models.dictionary.Dictionary.load`,
+``rescale_acts_by_decoder_norm=True``) and read by lenscope's
+:meth:`~lenscope.models.dictionaries.dictionary.Dictionary.load`,
 which honours that setting as SAELens's inference ``TopKSAE`` does (``TopK(k)(((x - b_dec) @ W_enc + b_enc) * n)``,
 ``TopK`` keeping the k largest, ReLU'd, 0 elsewhere, and ``decode`` ``(z / n) @ W_dec + b_dec``, ``n`` the decoder
 rows' norms, 1 here after SAELens's fold) by folding ``n`` into the weights: lenscope's TopK dictionary
@@ -47,7 +50,8 @@ rows' norms, 1 here after SAELens's fold) by folding ``n`` into the weights: len
 ``torch.set_num_threads``); wall seconds (``time.perf_counter``) and CPU seconds (``time.process_time``, every
 thread of the process) around the training only (the activations already in memory; the model, the imports, the
 file and the first ``torch.optim.Adam``'s import of ``torch._dynamo`` excluded on both sides). Explained variance
-``1 - sum |x - x̂|² / sum |x - mean x|²`` and L0 on the held-out rows (:mod:`lenscope.features.evaluate`'s running
+``1 - sum |x - x̂|² / sum |x - mean x|²`` and L0 on the held-out rows (:mod:`lenscope.features.dictionaries.evaluate`'s
+running
 statistics, float64 sums); SAELens's side also reports the explained variance its own inference ``SAE`` gets on
 those rows, which must agree (to 1e-4). Sides (``--sides``): ``lenscope`` (its default precision: bfloat16 matmuls
 where the CPU runs them natively), ``lenscope-fp32`` (``bf16=False``, the equal-precision comparison), ``saelens``
@@ -134,7 +138,7 @@ def activations(a):
     import torch
     from safetensors import safe_open
 
-    from lenscope.features.synthetic import save_activations
+    from lenscope.features.dictionaries.synthetic import save_activations
 
     cache = Path(a.cache)
     meta_path = cache.with_suffix(".json")
@@ -148,7 +152,7 @@ def activations(a):
             print(f"activations: {a.rows} rows from {cache}", file=sys.stderr, flush=True)
             return x
     import lenscope
-    from lenscope.features.sources import StreamSource
+    from lenscope.features.dictionaries.sources import StreamSource
 
     t0 = time.perf_counter()
     lm = lenscope.load(a.model)
@@ -177,7 +181,7 @@ def plan(a, d: int) -> dict:
     """lenscope's run of ``a.tokens`` tokens as numbers SAELens's trainer takes: steps (``ceil(tokens / batch)``),
     warm-up steps (lenscope's planner), the base learning rate, AuxK's ``k_aux`` (SAELens's ``d_in // 2``, which
     lenscope takes as a setting), the dead window."""
-    from lenscope.features.train import AUX_COEF, DictSettings
+    from lenscope.features.dictionaries.train import AUX_COEF, DictSettings
     from lenscope.lenses.training.settings import TrainSettings
     from lenscope.training.plan import warmup_steps
 
@@ -199,7 +203,7 @@ def first_block_scale(x_train, p: dict) -> float:
     rows, cycling over the training rows)."""
     import torch
 
-    from lenscope.features.train import _scale
+    from lenscope.features.dictionaries.train import _scale
 
     n = min(p["buffer"], p["steps"] * p["batch_size"])
     return _scale(x_train[torch.arange(n) % len(x_train)])
@@ -231,9 +235,9 @@ def lenscope_child(cfg_path: str) -> int:
     torch.set_num_threads(cfg["threads"])
     from safetensors import safe_open
 
-    from lenscope.features.sources import FileSource, Target
-    from lenscope.features.train import DictSettings, train_dictionaries
-    from lenscope.models.dictionary import Dictionary
+    from lenscope.features.dictionaries.sources import FileSource, Target
+    from lenscope.features.dictionaries.train import DictSettings, train_dictionaries
+    from lenscope.models.dictionaries.dictionary import Dictionary
 
     with safe_open(cfg["activations"], "pt") as f:
         x = f.get_slice("activations")[:cfg["n_train"]].contiguous()
@@ -277,8 +281,8 @@ def run_side(side: str, a, p: dict, cache: str, n_train: int, scale: float, work
 
 def score(D, x) -> dict:
     """Explained variance and L0 of dictionary ``D`` reconstructing the rows ``x``, and the fraction of its latents
-    that never fire on them (:func:`lenscope.features.evaluate.reconstruction`)."""
-    from lenscope.features.evaluate import reconstruction
+    that never fire on them (:func:`lenscope.features.dictionaries.evaluate.reconstruction`)."""
+    from lenscope.features.dictionaries.evaluate import reconstruction
 
     r = reconstruction(D, x)
     return {"explained_variance": round(r["explained_variance"], 5), "l0": round(r["l0"], 3),
@@ -287,7 +291,7 @@ def score(D, x) -> dict:
 
 def lr_gap(p: dict, rates: list[float]) -> float:
     """The largest relative difference between SAELens's learning rate of each step and lenscope's."""
-    from lenscope.features.train import _lr
+    from lenscope.features.dictionaries.train import _lr
 
     if len(rates) != p["steps"]:
         raise SystemExit(f"error: SAELens ran {len(rates)} steps, not {p['steps']}")
@@ -346,7 +350,7 @@ def main(argv=None) -> int:
     machine = record()
     import torch
 
-    from lenscope.models.dictionary import Dictionary
+    from lenscope.models.dictionaries.dictionary import Dictionary
 
     x = activations(a)
     n_train = a.rows - a.held_out

@@ -1,5 +1,5 @@
 """The synthetic benchmark (issue 32): dictionaries trained by lenscope's trainer on activations made of known
-sparse features (:func:`lenscope.features.synthetic.make_synthetic`: Zipfian frequencies, a quarter of the
+sparse features (:func:`lenscope.features.dictionaries.synthetic.make_synthetic`: Zipfian frequencies, a quarter of the
 features children of others, superposition, noise), scored by how well they recover the true features.
 
     OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_dict_synthetic.py \
@@ -33,11 +33,11 @@ from machine import record
 
 def run_one(data, held, kind: str, k: int, width: int, tokens: int, seed: int) -> dict:
 
-    from lenscope.features.evaluate import reconstruction
-    from lenscope.features.sources import FileSource, Target
-    from lenscope.features.synthetic import recovery
-    from lenscope.features.train import DictSettings, train_dictionaries
-    from lenscope.models.dictionary import Dictionary
+    from lenscope.features.dictionaries.evaluate import reconstruction
+    from lenscope.features.dictionaries.sources import FileSource, Target
+    from lenscope.features.dictionaries.synthetic import recovery
+    from lenscope.features.dictionaries.train import DictSettings, train_dictionaries
+    from lenscope.models.dictionaries.dictionary import Dictionary
 
     s = DictSettings(kind=kind, width=width, k=k, tokens=tokens, batch_size=4096, buffer=65_536, seed=seed)
     like = Dictionary.init(data.d, 2, kind="topk", k=1)
@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
-    from lenscope.features.synthetic import make_synthetic
+    from lenscope.features.dictionaries.synthetic import make_synthetic
 
     machine = record()
     gen = dict(d=a.d, n_features=a.features, l0=a.l0, noise=a.noise)

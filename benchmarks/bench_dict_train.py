@@ -30,7 +30,7 @@ def forward_costs(lm, site: str, seq_len: int, batch: int, repeats: int = 2) -> 
     """Seconds of one forward pass over ``batch`` sequences: stopped after ``site`` (what training runs) and whole."""
     import torch
 
-    from lenscope.models import engine
+    from lenscope.models.runtime import engine
 
     ids = torch.randint(0, lm.anatomy.vocab_size, (batch, seq_len), generator=torch.Generator().manual_seed(0))
     out = {}
@@ -72,7 +72,7 @@ def main() -> None:
     import torch
 
     import lenscope
-    from lenscope.features.train import DictSettings, train
+    from lenscope.features.dictionaries.train import DictSettings, train
 
     machine = record()
     t0 = time.perf_counter()

@@ -43,10 +43,10 @@ def main() -> None:
 
 
     import lenscope
-    from lenscope.features.evaluate import reconstruction
-    from lenscope.features.sources import FileSource, sources
-    from lenscope.features.train import DictSettings, train_dictionaries
-    from lenscope.models import dictionary as dm
+    from lenscope.features.dictionaries.evaluate import reconstruction
+    from lenscope.features.dictionaries.sources import FileSource, sources
+    from lenscope.features.dictionaries.train import DictSettings, train_dictionaries
+    from lenscope.models.dictionaries import dictionary as dm
 
     machine = record()
     lm = lenscope.load(a.model, dtype="bfloat16")

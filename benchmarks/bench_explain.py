@@ -382,7 +382,7 @@ def bench_alti_phases(lm, args) -> dict:
     (the per-layer logit parts), ``mixing_matrices(rollout=False)`` (ALTI's contributions), ``carry_back`` of
     one row per layer, the former full rollout (which carry_back replaces), and the whole explanation."""
     from lenscope.mixing.alti import carry_back, mixing_matrices, rollout
-    from lenscope.models.trace import recompute_probs
+    from lenscope.models.runtime.trace import recompute_probs
 
     ids_all = wikitext_ids(lm, args.text, max(args.phase_lengths) + 1)
     out = {}

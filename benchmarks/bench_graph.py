@@ -35,9 +35,9 @@ def main(argv=None) -> int:
     machine = record()  # at the start: the load then; the run's own load is in "machine_end"
 
     import lenscope
-    from lenscope.features.graph import attribution_graph
-    from lenscope.features.graph_heads import edge_heads
-    from lenscope.models.dictionary import load_dictionaries
+    from lenscope.features.graphs.graph import attribution_graph
+    from lenscope.features.graphs.heads import edge_heads
+    from lenscope.models.dictionaries.dictionary import load_dictionaries
 
     t0 = time.perf_counter()
     lm = lenscope.load(args.model)

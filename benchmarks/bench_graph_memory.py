@@ -1,4 +1,4 @@
-"""The attribution graph's memory estimate (``lenscope.features.graph.GraphMemory``) against what the process's
+"""The attribution graph's memory estimate (``lenscope.features.graphs.graph.GraphMemory``) against what the process's
 resident memory grew by while building the graph: a tiny model with random transcoders on every block, prompts of a
 few lengths and two batch sizes, each run in a fresh interpreter (the peak resident size, ``ru_maxrss``, never
 falls within a process). The same for the head split of the graph's edges (``graph_heads.HeadsMemory``): the graph
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # the model, random transcoders on every block and the prompt, shared by both measurements (family, reps given)
 SETUP = """import lenscope, torch
-from lenscope.models.dictionary import Dictionary
+from lenscope.models.dictionaries.dictionary import Dictionary
 lm = lenscope.load(f"tiny:{family}")
 A = lm.anatomy
 ds = []
@@ -37,9 +37,9 @@ ONE = r"""
 import gc, json, resource, sys
 import torch
 import lenscope
-from lenscope.features.graph import attribution_graph, graph_memory, nbytes
-from lenscope.models.dictionary import Dictionary
-from lenscope.models.trace import trace
+from lenscope.features.graphs.graph import attribution_graph, graph_memory, nbytes
+from lenscope.models.dictionaries.dictionary import Dictionary
+from lenscope.models.runtime.trace import trace
 
 family, reps, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 """ + SETUP + r"""attribution_graph(lm, "The cat", ds, max_memory=10**12)  # warm: every code path loaded once
@@ -61,10 +61,10 @@ HEADS = r"""
 import gc, json, resource, sys
 import torch
 import lenscope
-from lenscope.features.graph import AttributionGraph, attribution_graph, nbytes
-from lenscope.features.graph_heads import edge_heads, heads_memory
-from lenscope.features.graph_prune import prune
-from lenscope.models.dictionary import Dictionary
+from lenscope.features.graphs.graph import AttributionGraph, attribution_graph, nbytes
+from lenscope.features.graphs.heads import edge_heads, heads_memory
+from lenscope.features.graphs.prune import prune
+from lenscope.models.dictionaries.dictionary import Dictionary
 
 family, reps, batch, path, build = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5] == "1"
 """ + SETUP + r"""if build:
@@ -78,9 +78,9 @@ gc.collect()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 eh = edge_heads(lm, g, ds, batch_size=batch, max_memory=10**12)  # the edges pruned first, as the CLI does
 grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-from lenscope.features.graph import graph_memory
-from lenscope.features.graph_prune import prune_memory
-from lenscope.models.trace import trace
+from lenscope.features.graphs.graph import graph_memory
+from lenscope.features.graphs.prune import prune_memory
+from lenscope.models.runtime.trace import trace
 dims = dict(n_pos=g.n_pos, n_layers=A.n_layers, d_model=A.d_model,
             n_heads=max(layer.attn.n_heads for layer in A.layers), n_active=g.n_active)
 frozen = graph_memory(n_features=0, n_logits=0, batch_size=0, block_active=0, **dims).frozen

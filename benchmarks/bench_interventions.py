@@ -16,7 +16,7 @@ r"""Speed of lenscope's batched interventions on smollm2 (CPU), against
    ``lm.model`` (the bridge wraps the modules it is given, so lenscope's own model stays untouched and both
    parts run in one process).
 2. ROME-style causal tracing as one forward pass per restored state (a loop written here, with
-   ``lenscope.models.engine.run`` and one edit set per call) against ``causal_trace`` (batched).
+   ``lenscope.models.runtime.engine.run`` and one edit set per call) against ``causal_trace`` (batched).
 
 One command writes docs/results/interventions/bench.json:
 
@@ -46,8 +46,8 @@ import torch
 import lenscope
 from lenscope.interventions import activation_patching, causal_trace
 from lenscope.interventions.tracing import KINDS, embedding_std, subject_positions, window_layers
-from lenscope.models.engine import Edit, run
-from lenscope.models.load import encode, resolve_token
+from lenscope.models.loading.load import encode, resolve_token
+from lenscope.models.runtime.engine import Edit, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import record

@@ -29,7 +29,7 @@ import lenscope
 from lenscope.lenses import TunedLens, read_text, split_text, token_sequences
 from lenscope.lenses import objective as O
 from lenscope.lenses.training.precision import cpu_features
-from lenscope.models.trace import residual_states
+from lenscope.models.runtime.trace import residual_states
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
 

@@ -24,7 +24,7 @@ from machine import record  # benchmarks/machine.py
 
 import lenscope
 from lenscope.mixing.maps import context_mixing
-from lenscope.models.load import encode
+from lenscope.models.loading.load import encode
 
 TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
 SENTENCE = ("The keys to the old wooden cabinet that my grandmother kept in the kitchen near the big window "

@@ -27,8 +27,8 @@ from machine import record  # benchmarks/machine.py
 
 import lenscope
 from lenscope.models.families import family_for
-from lenscope.models.load import LoadedModel, random_model
-from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
+from lenscope.models.loading.load import LoadedModel, random_model
+from lenscope.models.loading.tokenizer import tiny_special_ids, tiny_tokenizer
 
 
 def build(kind: str, args) -> LoadedModel:

@@ -40,8 +40,8 @@ from lenscope.lenses import (
     token_sequences,
 )
 from lenscope.lenses.lenses import decode
-from lenscope.models.engine import Edit, run
-from lenscope.models.trace import residual_states
+from lenscope.models.runtime.engine import Edit, run
+from lenscope.models.runtime.trace import residual_states
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
 

@@ -73,7 +73,7 @@ def sst2_inputs(n: int = 64):
 def per_setting(lm, vector, ids, answers, layers, alphas):
     """The measures by one forward pass per (layer, multiplier) setting: the inputs of one token length as one batch
     (the grouping lenscope's sweep uses; no padding), the vector added by the engine's edits."""
-    from lenscope.models.engine import run
+    from lenscope.models.runtime.engine import run
     from lenscope.steering import add_edits
     from lenscope.steering.directions import length_groups
 

@@ -24,7 +24,7 @@ from machine import record
 import lenscope
 from lenscope.lenses import LogitLens, TrainSettings, read_text, split_text, token_sequences, train_tuned_lens
 from lenscope.lenses.evaluate import lens_metrics
-from lenscope.models.trace import residual_states
+from lenscope.models.runtime.trace import residual_states
 
 DEFAULT_TEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext2" / "wiki.test.raw"
 

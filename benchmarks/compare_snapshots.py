@@ -27,7 +27,8 @@ line where REGEX matches (``re.search``; the first that matches); explained or n
 exit status 1.
 
 ``--preset issue-30`` compares a snapshot of commit 23036ce (before issue 30) with one of a later commit: it adds
-issue 30's renames of the Trace's fields to the engine's site names (RENAMES, as ``lenscope.models.trace.RENAMED``
+issue 30's renames of the Trace's fields to the engine's site names (RENAMES, as
+``lenscope.models.runtime.trace.RENAMED``
 lists them) on the ``python trace(...)`` entries, the explanations (EXPLAIN) of the null fields that issue 31 added
 after it and of what its families added to ``lenscope models``, and a note (NOTES) on the numbers that moved
 within the tolerance.
@@ -52,7 +53,7 @@ import sys
 from pathlib import Path
 
 # issue 30 (one name per activation): the Trace's old field names -> the engine's site names, as paths in the
-# snapshot's "python trace(...).norms" entries (lenscope.models.trace.RENAMED: norm_in / norm_out were dicts by
+# snapshot's "python trace(...).norms" entries (lenscope.models.runtime.trace.RENAMED: norm_in / norm_out were dicts by
 # norm slot of the ".in" / ".out" sites; final_in / final_out are None for encoders, which have no "ln_final" site)
 RENAMES = {
     "issue-30": ("python trace(*", ["attn_probs=pattern", "routing=routing_weights", "norm_in/*=norms/*.in",

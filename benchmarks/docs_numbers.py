@@ -48,7 +48,7 @@ def _scores(e) -> dict:
 def f_of_alpha(lm, text, target, foil, alphas, dtype=torch.float32) -> list[float]:
     """``f(alpha e) = logit[target] - logit[foil]`` at the last position with input embeddings scaled by alpha."""
     from lenscope.attribution.baselines import model_logits
-    from lenscope.models.load import resolve_token, token_ids
+    from lenscope.models.loading.load import resolve_token, token_ids
 
     t, f = resolve_token(lm, target), resolve_token(lm, foil)
     with torch.no_grad():
@@ -95,7 +95,7 @@ def attribution() -> dict:
 def eps_row(lm, text: str | None = None) -> dict:
     """verify's worst errors in units of eps, and the decompositions' completeness (see the module doc)."""
     from lenscope.mixing.maps import context_mixing
-    from lenscope.models.verify import DEFAULT_TEXT
+    from lenscope.models.runtime.verify import DEFAULT_TEXT
 
     text = text or DEFAULT_TEXT
     rep = lenscope.verify(lm, text)

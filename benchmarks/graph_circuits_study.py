@@ -97,7 +97,7 @@ def node_positions(g) -> torch.Tensor:
 def graph_summary(g, eh, skip_first: bool = False) -> dict:
     """A graph's layer, position and head scores (see the module's docstring), not yet divided by ``w``; with
     ``skip_first`` the nodes at the first position and the edges from or to them are left out."""
-    from lenscope.features.graph_prune import logit_weights, node_influence
+    from lenscope.features.graphs.prune import logit_weights, node_influence
 
     o = g.offsets()
     inf = node_influence(g)
@@ -209,11 +209,11 @@ def main(argv=None) -> int:
 
     import lenscope
     from lenscope.data.contrast import ioi_contrasts, sva_contrasts, tokenize_with
-    from lenscope.features.graph import attribution_graph
-    from lenscope.features.graph_heads import edge_heads
-    from lenscope.features.graph_prune import graph_scores, prune
-    from lenscope.models.dictionary import load_dictionaries
-    from lenscope.models.load import resolve_token
+    from lenscope.features.graphs.graph import attribution_graph
+    from lenscope.features.graphs.heads import edge_heads
+    from lenscope.features.graphs.prune import graph_scores, prune
+    from lenscope.models.dictionaries.dictionary import load_dictionaries
+    from lenscope.models.loading.load import resolve_token
 
     lm = lenscope.load(args.model)
     tok = tokenize_with(lm)

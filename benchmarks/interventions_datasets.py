@@ -23,7 +23,7 @@ from machine import cpu_name  # benchmarks/machine.py
 
 import lenscope
 from lenscope.interventions import activation_patching, causal_trace, path_patching
-from lenscope.models.load import encode
+from lenscope.models.loading.load import encode
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "results" / "interventions"
@@ -327,7 +327,7 @@ def run_ioi_head_positions(args) -> None:
     """One head patched (denoising) at one position at a time, every position, over the first ``--n`` IOI pairs:
     share of LD restored, grouped by the role of the position (IO1, S1, S2, last, other)."""
     from lenscope.interventions import Edit, run
-    from lenscope.models.load import resolve_token
+    from lenscope.models.loading.load import resolve_token
 
     lm = lenscope.load("smollm2")
     pairs, _ = ioi_rows(lm, args.n)
@@ -397,7 +397,7 @@ def cross_suppression(lm, results: list[dict]) -> dict:
     """Specificity check: mean P(target of fact B) over B's paraphrases with fact A's refined neurons set to 0,
     for every (A, B); and with only the neurons that all facts share."""
     from lenscope.interventions.neurons import _edit_probs
-    from lenscope.models.load import resolve_token
+    from lenscope.models.loading.load import resolve_token
 
     sets = {r["target"]: torch.tensor([[n["layer"], n["unit"]] for n in r["neurons"]], dtype=torch.long).reshape(-1, 2)
             for r in results}

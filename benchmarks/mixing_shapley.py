@@ -26,8 +26,8 @@ from machine import record  # noqa: E402
 
 import lenscope  # noqa: E402
 from lenscope.mixing.maps import context_mixing  # noqa: E402
-from lenscope.models.algebra import ig_hidden  # noqa: E402
-from lenscope.models.anatomy import ACTIVATIONS  # noqa: E402
+from lenscope.models.weights.algebra import ig_hidden  # noqa: E402
+from lenscope.models.weights.anatomy import ACTIVATIONS  # noqa: E402
 from tests.conftest import tiny_with_layers  # noqa: E402
 from tests.mixing.test_maps import TEXT, activation_module, brute_ig, brute_parts, lin, shapley, with_strong_mlp  # noqa: E402
 

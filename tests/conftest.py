@@ -58,8 +58,8 @@ def tiny_with_layers(family: str, n_layers: int):
     """A ``tiny:<family>`` model with ``n_layers`` blocks (same seed and recipe as ``lenscope.load``)."""
     key = (family, n_layers)
     if key not in _cache:
-        from lenscope.models.load import LoadedModel, random_model
-        from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
+        from lenscope.models.loading.load import LoadedModel, random_model
+        from lenscope.models.loading.tokenizer import tiny_special_ids, tiny_tokenizer
 
         fam = tiny_names()[family]
         cfg = fam.tiny[family](tiny_special_ids())

@@ -32,7 +32,7 @@ def logit_diff_scale(lm, ids: torch.Tensor, target: int, foil: int | None = None
     ``sum_i |x_i| |W_U[i, target] - W_U[i, foil]|`` with ``x`` the features that multiply the unembedding (plus
     the bias difference). A float32 logit difference is off by at most about :func:`pass_rounding` times this."""
     import lenscope
-    from lenscope.models.readout import Readout
+    from lenscope.models.weights.readout import Readout
 
     ro = Readout.from_anatomy(lm.anatomy)
     x = ro.features(lenscope.trace(lm, ids).final_resid[position].float())
@@ -201,7 +201,8 @@ def moe_rounding(moe, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """Per entry ``(token, d_model)``: how far two evaluations of a mixture-of-experts block's output
     ``sum_e w_e y_e(x)`` may lie apart (the model's loop over experts against the Anatomy's recomputation: other
     batch shapes of the routed tokens, other kernels, another order of the experts' sum). ``moe``: the block's
-    :class:`~lenscope.models.moe.MoE`; ``x (token, d_model)`` its input; ``weights (token, expert)`` the routing.
+    :class:`~lenscope.models.weights.moe.MoE`; ``x (token, d_model)`` its input; ``weights (token, expert)`` the
+    routing.
 
     An expert is three matmuls (gate ``g = x W_gate``, up ``v = x W_in``, out ``y = h W_out``) around the
     elementwise ``h = act(g) up(v)``. Each matmul's entry is off by a few u of the sum of its terms' sizes; an error

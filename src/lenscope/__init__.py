@@ -26,10 +26,10 @@ from .version import __version__ as __version__
 if TYPE_CHECKING:
     from .attribution import ComponentAttribution, Explanation, direct_logit_attribution, explain, explain_all
     from .generation import Generation, generate
-    from .models.anatomy import Anatomy
-    from .models.load import LoadedModel, available_names, load
-    from .models.trace import Trace, trace
-    from .models.verify import VerifyReport, verify
+    from .models.loading.load import LoadedModel, available_names, load
+    from .models.runtime.trace import Trace, trace
+    from .models.runtime.verify import VerifyReport, verify
+    from .models.weights.anatomy import Anatomy
     from .viz.notebook import show
 
 # The public names that need torch are imported on first use (``lenscope.load`` ...), so that ``import lenscope``
@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 _LAZY = {
     "ComponentAttribution": ".attribution", "Explanation": ".attribution", "direct_logit_attribution": ".attribution",
     "explain": ".attribution", "explain_all": ".attribution", "Generation": ".generation", "generate": ".generation",
-    "Anatomy": ".models.anatomy",
-    "LoadedModel": ".models.load", "available_names": ".models.load", "load": ".models.load",
-    "Trace": ".models.trace", "trace": ".models.trace", "VerifyReport": ".models.verify", "verify": ".models.verify",
+    "Anatomy": ".models.weights.anatomy",
+    "LoadedModel": ".models.loading.load", "available_names": ".models.loading.load", "load": ".models.loading.load",
+    "Trace": ".models.runtime.trace", "trace": ".models.runtime.trace", "VerifyReport": ".models.runtime.verify",
+    "verify": ".models.runtime.verify",
     "show": ".viz.notebook",
 }
 

@@ -42,7 +42,8 @@ class RenamedWarning(DeprecationWarning):
 
 # the files that resolve an old name: a warning names the line that used it, not these (nor a dataclass's generated
 # __init__, "<string>")
-_RESOLVERS = ("lenscope/errors.py", "lenscope/models/sites.py", "lenscope/models/engine.py", "lenscope/models/trace.py")
+_RESOLVERS = ("lenscope/errors.py", "lenscope/models/runtime/sites.py", "lenscope/models/runtime/engine.py",
+              "lenscope/models/runtime/trace.py")
 
 
 def warn_renamed(old: str, new: str) -> None:

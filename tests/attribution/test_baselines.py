@@ -438,7 +438,7 @@ def test_ig_misses_only_the_routing_jumps(family):
     a grid that is logarithmic near alpha = 0, where most of them are, and its jump measured; then
     sum(IG) + sum(jumps) = f(input) - f(baseline) (measured gap 1.6e-4 (mixtral), 2.4e-5 (gpt-oss, whose jumps are
     37% of delta) of |delta| at 256 nodes)."""
-    from lenscope.models.engine import run
+    from lenscope.models.runtime.engine import run
 
     lm = get_model(f"tiny:{family}")
     ids = ids_of(lm)

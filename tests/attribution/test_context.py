@@ -1,5 +1,5 @@
 """Logit, ALTI-Logit, ALTI and value zeroing: exactness on every family, against brute-force loops written
-here from the papers' equations (independent of lenscope.models.algebra)."""
+here from the papers' equations (independent of lenscope.models.weights.algebra)."""
 
 import dataclasses
 import json
@@ -17,7 +17,7 @@ from lenscope.attribution.explain import explain, explain_all
 from lenscope.attribution.explanation import Explanation
 from lenscope.errors import InputError, InvariantError, NotApplicableError
 from lenscope.mixing.alti import mixing_matrices
-from lenscope.models.anatomy import astype
+from lenscope.models.weights.anatomy import astype
 
 from ..conftest import DECODERS, ENCODERS, get_model, tiny_with_layers
 from ..tolerances import assert_same_computation
@@ -127,7 +127,8 @@ def brute_value_zeroing(lm, tr):
 def test_logit_matches_brute_force(family, layers):
     lm = tiny_with_layers(family, layers)
     tr = lenscope.trace(lm, TEXT)
-    w, f = lenscope.models.load.resolve_token(lm, " capital"), lenscope.models.load.resolve_token(lm, " of")
+    resolve = lenscope.models.loading.load.resolve_token
+    w, f = resolve(lm, " capital"), resolve(lm, " of")
     ref = brute_logit(lm, tr, len(tr.tokens) - 1, w, f)
     e = logit_explanation(lm, TEXT, " capital", " of", tr=tr)
     torch.testing.assert_close(e.head_scores.double(), ref, atol=1e-5, rtol=1e-5)
@@ -178,7 +179,8 @@ def test_value_zeroing_matches_brute_force(family):
 def test_alti_logit_matches_brute_force_rollout(family):
     lm = tiny_with_layers(family, 2)
     tr = lenscope.trace(lm, TEXT)
-    w, f = lenscope.models.load.resolve_token(lm, " capital"), lenscope.models.load.resolve_token(lm, " of")
+    resolve = lenscope.models.loading.load.resolve_token
+    w, f = resolve(lm, " capital"), resolve(lm, " of")
     delta = brute_logit(lm, tr, len(tr.tokens) - 1, w, f).sum(1)  # (layer, src)
     C = brute_alti(lm, tr)
     ref = delta[0] + delta[1] @ C[0]  # Eq. 10-11: layer 0 itself, layer 1 carried back through layer 0

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 import lenscope
 from lenscope.attribution.dla import ComponentAttribution
-from lenscope.models.readout import Readout
+from lenscope.models.weights.readout import Readout
 from tests.conftest import DECODERS, get_model
 from tests.tolerances import assert_same_computation
 
@@ -124,8 +124,8 @@ MOE = [n for n in DECODERS if get_model(f"tiny:{n}").anatomy.layers[0].mlp.__cla
 def test_experts_sum_to_their_layer(family, tmp_path):
     """DLA by expert: at each MoE block the chosen experts' components add up to the block's, each one equal to the
     readout of that expert's weighted output as the engine captures it (the real model's routing)."""
-    from lenscope.models.engine import capture
-    from lenscope.models.readout import Readout
+    from lenscope.models.runtime.engine import capture
+    from lenscope.models.weights.readout import Readout
 
     lm = get_model(f"tiny:{family}")
     whole = lenscope.direct_logit_attribution(lm, TEXT, " Mary")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from lenscope.attribution.context import value_logit_rows
-from lenscope.models.readout import Readout
+from lenscope.models.weights.readout import Readout
 from tests.models.test_encoder_decoder import KINDS, _model, _reader
 
 REL = 1e-12
@@ -80,7 +80,7 @@ def test_every_family_logit_difference_splits_into_source_and_target_prefix_part
     """Through Post-LN blocks (BART, Marian) too: each write read along the direction pulled back through the norms
     after it (``block_pullback``), the parts, the MLP writes, the embedding and the norms' biases add up to the
     model's logit difference at every target position."""
-    from lenscope.models.readout import block_pullback
+    from lenscope.models.weights.readout import block_pullback
 
     A = _reader(kind).read(_model(kind))
     memory, runs, final = _runs(A)
@@ -121,8 +121,8 @@ def test_direct_logit_attribution_with_cross_attention_heads(kind):
     every cross-attention head (``head_writes(..., which="cross")``), every MLP and the biases add up to the
     logit difference at every target position, each write read along its ``block_pullback`` direction; the
     cross-attention heads alone equal the source part of the Logit explanation."""
-    from lenscope.models.algebra import head_writes
-    from lenscope.models.readout import block_pullback
+    from lenscope.models.weights.algebra import head_writes
+    from lenscope.models.weights.readout import block_pullback
 
     A = _reader(kind).read(_model(kind))
     memory, runs, final = _runs(A)

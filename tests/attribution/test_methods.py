@@ -15,7 +15,7 @@ from starlette.testclient import TestClient
 import lenscope
 from lenscope.attribution import Explanation, Method, methods, register, unregister
 from lenscope.errors import InputError
-from lenscope.models.load import resolve_token, token_ids
+from lenscope.models.loading.load import resolve_token, token_ids
 
 from ..conftest import get_model
 from ..tolerances import assert_same_computation

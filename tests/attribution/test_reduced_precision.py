@@ -8,7 +8,7 @@ import torch
 
 import lenscope
 from lenscope.mixing.maps import context_mixing
-from lenscope.models.verify import completeness_tolerance
+from lenscope.models.runtime.verify import completeness_tolerance
 
 TEXT = "The capital of France is"
 

@@ -18,10 +18,10 @@ import torch
 import lenscope
 from lenscope.attribution import methods as table
 from lenscope.attribution.inputs import Inputs
-from lenscope.models.engine import forward_kwargs
-from lenscope.models.load import target_prefix_ids
-from lenscope.models.readout import Readout
-from lenscope.models.trace import source_ids, trace
+from lenscope.models.loading.load import target_prefix_ids
+from lenscope.models.runtime.engine import forward_kwargs
+from lenscope.models.runtime.trace import source_ids, trace
+from lenscope.models.weights.readout import Readout
 from tests.conftest import SEQ2SEQ as FAMILIES
 from tests.conftest import get_model
 from tests.tolerances import U32, assert_derivative, assert_same_computation, pass_rounding

@@ -7,8 +7,8 @@ import torch
 from lenscope.circuits import attribution_patching
 from lenscope.errors import InputError, NotApplicableError
 from lenscope.interventions.patching import metric_of
-from lenscope.models.engine import Edit, capture, run
-from lenscope.models.load import encode, resolve_token
+from lenscope.models.loading.load import encode, resolve_token
+from lenscope.models.runtime.engine import Edit, capture, run
 
 from ..conftest import get_model
 from ..tolerances import assert_same_computation

@@ -8,8 +8,8 @@ import torch
 
 from lenscope.circuits import atp_star, attribution_patching, check_against_exact, exact_node_patching
 from lenscope.circuits.atp_star import key_scores, query_scores
-from lenscope.models.engine import capture
-from lenscope.models.load import encode, resolve_token
+from lenscope.models.loading.load import encode, resolve_token
+from lenscope.models.runtime.engine import capture
 
 from ..conftest import get_model
 from ..tolerances import assert_same_computation
@@ -117,8 +117,8 @@ def _brute_grad_drop_terms(lm, clean, corrupt, target, foil):
     and the same shapes holding ``sum (|clean| + |corrupted|) |grad|``, the scale of each term's float32 rounding
     (the activations round relative to their own size, and their difference can be much smaller)."""
     from lenscope.interventions.patching import metric_of
-    from lenscope.models.engine import run
     from lenscope.models.families import family_for
+    from lenscope.models.runtime.engine import run
 
     L = lm.anatomy.n_layers
     c, x = encode(lm, clean)[None], encode(lm, corrupt)[None]

@@ -7,8 +7,8 @@ from lenscope.circuits.edges import EdgeAttribution, edge_attribution
 from lenscope.circuits.graph import ComponentGraph, end_metrics, groups, sender_writes, writer_sites
 from lenscope.circuits.patch import _writes, circuit_metrics, exact_edge_patching
 from lenscope.errors import InputError, NotApplicableError
-from lenscope.models.engine import Edit, capture, run
-from lenscope.models.verify import TOLERANCE
+from lenscope.models.runtime.engine import Edit, capture, run
+from lenscope.models.runtime.verify import TOLERANCE
 from tests.conftest import get_model
 from tests.tolerances import assert_derivative, pass_rounding
 

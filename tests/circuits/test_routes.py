@@ -14,9 +14,9 @@ from lenscope.circuits import InformationFlowRoutes, information_flow_routes, ro
 from lenscope.circuits.routes import attention_terms, ff_terms, routes_from_trace, term_importance
 from lenscope.errors import InputError, InvariantError, NotApplicableError
 from lenscope.mixing.alti import proximity
-from lenscope.models.algebra import activation_scale, relative_gap
-from lenscope.models.trace import prefix_trace, trace
-from lenscope.models.verify import TOLERANCE
+from lenscope.models.runtime.trace import prefix_trace, trace
+from lenscope.models.runtime.verify import TOLERANCE
+from lenscope.models.weights.algebra import activation_scale, relative_gap
 from tests.conftest import get_model
 from tests.tolerances import assert_same_computation, assert_same_ints
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import lenscope.data.text as text_mod
 from lenscope.cli import app
-from lenscope.models.dictionary import load_dictionaries
+from lenscope.models.dictionaries.dictionary import load_dictionaries
 
 runner = CliRunner()
 TEXT = "".join(f"Document {i}: when Mary and John went to the store, John gave a drink to Mary. The capital of "
@@ -66,7 +66,13 @@ def test_a_given_length_longer_than_the_context_is_a_one_line_error(data, cmd):
 
 
 def test_dict_train_help_states_each_roles_default_learning_rate():
-    from lenscope.features.train import SAE_LR, SAE_LR_WIDTH, TRANSCODER_LR, TRANSCODER_LR_WIDTH, DictSettings
+    from lenscope.features.dictionaries.train import (
+        SAE_LR,
+        SAE_LR_WIDTH,
+        TRANSCODER_LR,
+        TRANSCODER_LR_WIDTH,
+        DictSettings,
+    )
 
     def sci(x: float) -> str:  # 0.0002 -> "2e-4", as the help writes it
         m, e = f"{x:e}".split("e")

@@ -9,8 +9,8 @@ import torch
 from typer.testing import CliRunner
 
 from lenscope.cli import app
-from lenscope.models.dictionary import Dictionary, save_dictionaries
-from lenscope.models.summary import fingerprint
+from lenscope.models.dictionaries.dictionary import Dictionary, save_dictionaries
+from lenscope.models.loading.summary import fingerprint
 from tests.conftest import get_model
 from tests.features.test_evaluate import write_corpus
 from tests.tolerances import assert_same_computation

@@ -7,8 +7,8 @@ import json
 from typer.testing import CliRunner
 
 from lenscope.cli import app
-from lenscope.models.dictionary import save_dictionaries
-from lenscope.models.summary import fingerprint
+from lenscope.models.dictionaries.dictionary import save_dictionaries
+from lenscope.models.loading.summary import fingerprint
 from tests.conftest import get_model
 from tests.features.test_cards import corpus, random_dict
 

@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from lenscope.cli import app
-from lenscope.models.dictionary import load_dictionaries
+from lenscope.models.dictionaries.dictionary import load_dictionaries
 
 runner = CliRunner()
 TEXT = "".join(f"Document {i}: when Mary and John went to the store, John gave a drink to Mary.\n<|endoftext|>\n"

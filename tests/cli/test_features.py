@@ -10,11 +10,11 @@ import torch
 from typer.testing import CliRunner
 
 from lenscope.cli import app
-from lenscope.features.attribution import feature_dla
-from lenscope.features.result import active_features
-from lenscope.models.dictionary import save_dictionaries
-from lenscope.models.engine import run as run_model
-from lenscope.models.summary import fingerprint
+from lenscope.features.dictionaries.attribution import feature_dla
+from lenscope.features.dictionaries.result import active_features
+from lenscope.models.dictionaries.dictionary import save_dictionaries
+from lenscope.models.loading.summary import fingerprint
+from lenscope.models.runtime.engine import run as run_model
 from tests.conftest import get_model
 from tests.models.test_dictionary import _random
 from tests.tolerances import assert_same_ints, matmul_rounding

@@ -10,10 +10,10 @@ import torch
 from typer.testing import CliRunner
 
 from lenscope.cli import app
-from lenscope.features.graph import AttributionGraph, attribution_graph, graph_memory, nbytes
-from lenscope.models.dictionary import save_dictionaries
-from lenscope.models.summary import fingerprint
-from lenscope.models.trace import trace
+from lenscope.features.graphs.graph import AttributionGraph, attribution_graph, graph_memory, nbytes
+from lenscope.models.dictionaries.dictionary import save_dictionaries
+from lenscope.models.loading.summary import fingerprint
+from lenscope.models.runtime.trace import trace
 from tests.conftest import get_model
 from tests.models.test_dictionary import _random
 from tests.tolerances import assert_same_computation, assert_same_ints

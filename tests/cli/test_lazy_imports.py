@@ -55,7 +55,7 @@ def test_python_m_lenscope_help_does_not_import_torch():
 def test_public_names_still_load_on_first_use():
     code = ("import sys, lenscope\nassert 'torch' not in sys.modules\n"
             "assert set(lenscope.__all__) <= set(dir(lenscope))\n"
-            "from lenscope import load, trace, explain, Anatomy\nimport lenscope.models.load as L\n"
+            "from lenscope import load, trace, explain, Anatomy\nimport lenscope.models.loading.load as L\n"
             "assert lenscope.load is L.load and callable(explain) and callable(trace)\n"
             "assert lenscope.__version__\nprint('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)

@@ -23,7 +23,7 @@ from lenscope.data import (
 from lenscope.data.contrast import SVA_NOUNS, SVA_TEMPLATES
 from lenscope.data.ioi import NAMES
 from lenscope.errors import InputError
-from lenscope.models.load import resolve_token
+from lenscope.models.loading.load import resolve_token
 from tests.conftest import get_model
 
 HEADER = "clean,corrupted,target,foil\n"

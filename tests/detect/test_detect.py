@@ -34,7 +34,7 @@ from lenscope.detect import (
 from lenscope.errors import InputError, NotApplicableError
 from lenscope.lenses import LogitLens, TunedLens, decode
 from lenscope.lenses.trajectory import prediction_trajectory
-from lenscope.models.trace import residual_states
+from lenscope.models.runtime.trace import residual_states
 from tests.conftest import get_model
 from tests.lenses.test_trajectory import perturbed_tuned_lens
 from tests.tolerances import assert_same_computation

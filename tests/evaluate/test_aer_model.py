@@ -14,8 +14,8 @@ from lenscope.cli import app
 from lenscope.data.alignments import read_gold_alignments
 from lenscope.errors import InputError
 from lenscope.evaluate.aer import _token_words, alignment_error_rate, model_alignments
-from lenscope.models.load import target_prefix_ids
-from lenscope.models.trace import source_ids
+from lenscope.models.loading.load import target_prefix_ids
+from lenscope.models.runtime.trace import source_ids
 from tests.conftest import get_model
 
 GOLD = [

@@ -10,7 +10,7 @@ from lenscope.attribution.explain import explain
 from lenscope.data.datasets import Example
 from lenscope.evaluate.alignment import evaluate_example, evaluate_examples
 from lenscope.evaluate.metrics import alignment
-from lenscope.models.trace import batch_traces
+from lenscope.models.runtime.trace import batch_traces
 
 from ..conftest import DECODERS, get_model, tiny_with_layers
 from ..tolerances import alignment_rounding, assert_close_nested
@@ -19,7 +19,7 @@ TEXTS = ["The keys to the cabinet", "A dog with the old bones", "The cat sat on 
 
 
 def _same_length_ids(lm, n=None):
-    rows = [lenscope.models.load.token_ids(lm, t).tolist() for t in TEXTS]
+    rows = [lenscope.models.loading.load.token_ids(lm, t).tolist() for t in TEXTS]
     n = n or min(len(r) for r in rows)
     return torch.tensor([r[:n] for r in rows])
 

@@ -8,7 +8,7 @@ import pytest
 
 from lenscope.data.datasets import Example
 from lenscope.evaluate.evidence import evidence_positions, prepare, word_spans
-from lenscope.models.tokenizer import tiny_tokenizer
+from lenscope.models.loading.tokenizer import tiny_tokenizer
 
 from ..conftest import get_model
 
@@ -19,7 +19,7 @@ def sentencepiece_like():
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    import lenscope.models.tokenizer as T
+    import lenscope.models.loading.tokenizer as T
 
     text = Path(T.__file__).with_name("tiny_corpus.txt").read_text().splitlines()
     tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
@@ -112,7 +112,7 @@ def test_prepare_on_a_byte_level_model():
 @pytest.mark.parametrize("name", ["smollm2", "gemma3-270m"])
 def test_real_tokenizers(name):
     """smollm2 (byte-level BPE, no BOS) and gemma3-270m (SentencePiece, BOS): evidence on crafted strings."""
-    from lenscope.models.load import installed
+    from lenscope.models.loading.load import installed
 
     if not installed(name):
         pytest.skip(f"{name} is not installed")

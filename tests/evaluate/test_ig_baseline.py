@@ -62,7 +62,8 @@ def test_pad_and_mean_change_the_scores():
 
 def test_batched_rows_are_the_single_example_method():
     lm = get_model("tiny:qwen2")
-    ids = torch.tensor([lenscope.models.load.token_ids(lm, t).tolist()[:5] for t in [TEXT, "A dog with the old bones"]])
+    token_ids = lenscope.models.loading.load.token_ids
+    ids = torch.tensor([token_ids(lm, t).tolist()[:5] for t in [TEXT, "A dog with the old bones"]])
     t, f = torch.tensor([5, 7]), torch.tensor([9, 4])
     for b in ("zero", "mean"):
         got = integrated_gradients_rows(lm, ids, t, f, steps=4, max_tokens=12, baseline=b, last_only=True)

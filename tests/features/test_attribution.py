@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from lenscope.errors import InputError
-from lenscope.features.attribution import FeatureAtP, FeatureAttribution, feature_atp, feature_dla
-from lenscope.models.engine import Edit, capture, run
+from lenscope.features.dictionaries.attribution import FeatureAtP, FeatureAttribution, feature_atp, feature_dla
 from lenscope.models.families import family_for
-from lenscope.models.load import LoadedModel, encode
-from lenscope.models.request import metric_of
+from lenscope.models.loading.load import LoadedModel, encode
+from lenscope.models.runtime.engine import Edit, capture, run
+from lenscope.models.runtime.request import metric_of
 from tests.conftest import DECODERS, get_model
 from tests.models.test_dictionary import _random
 from tests.tolerances import assert_same_computation

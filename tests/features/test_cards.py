@@ -9,8 +9,8 @@ import torch
 
 from lenscope.data.corpus import token_batches
 from lenscope.errors import InputError
-from lenscope.features.cards import FeatureCard, decoder_logits, feature_card, feature_cards
-from lenscope.models.engine import capture
+from lenscope.features.dictionaries.cards import FeatureCard, decoder_logits, feature_card, feature_cards
+from lenscope.models.runtime.engine import capture
 from tests.conftest import get_model
 from tests.models.test_dictionary import _random as random_dict  # noqa: F401 (used here and by the view tests)
 from tests.tolerances import assert_same_computation, assert_same_ints

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from lenscope.data.corpus import token_batches
 from lenscope.errors import InputError
-from lenscope.features.evaluate import (
+from lenscope.features.dictionaries.evaluate import (
     DEAD_TOKENS,
     DictionaryEvaluation,
     eval_memory,
@@ -24,8 +24,8 @@ from lenscope.features.evaluate import (
     fit_pca,
     reconstruction,
 )
-from lenscope.models.dictionary import Dictionary
-from lenscope.models.engine import Edit, capture, run
+from lenscope.models.dictionaries.dictionary import Dictionary
+from lenscope.models.runtime.engine import Edit, capture, run
 from tests.conftest import get_model
 from tests.tolerances import assert_same_computation, assert_same_ints
 
@@ -274,7 +274,7 @@ def test_only_heldout_documents_are_evaluated(tmp_path):
     evaluated: they are the held-out stream's body tokens, never a train document's, never the BOS."""
     from tokenizers import processors
 
-    from lenscope.models.tokenizer import tiny_tokenizer
+    from lenscope.models.loading.tokenizer import tiny_tokenizer
 
     base = get_model("tiny:llama")
     tok = tiny_tokenizer()

@@ -13,13 +13,13 @@ import torch
 
 import lenscope
 from lenscope.errors import InputError, NotApplicableError
-from lenscope.features.graph import AttributionGraph, attribution_graph, node_id
-from lenscope.features.graph_export import cantor, circuit_tracer_json, write_circuit_tracer
-from lenscope.features.graph_prune import graph_scores, influence, normalize, prune, threshold_of
-from lenscope.features.replacement import Frozen, parts_rounding
-from lenscope.models.load import encode
-from lenscope.models.trace import trace
-from lenscope.models.verify import completeness_tolerance
+from lenscope.features.graphs.export import cantor, circuit_tracer_json, write_circuit_tracer
+from lenscope.features.graphs.graph import AttributionGraph, attribution_graph, node_id
+from lenscope.features.graphs.prune import graph_scores, influence, normalize, prune, threshold_of
+from lenscope.features.graphs.replacement import Frozen, parts_rounding
+from lenscope.models.loading.load import encode
+from lenscope.models.runtime.trace import trace
+from lenscope.models.runtime.verify import completeness_tolerance
 from tests.conftest import DECODERS, get_model
 from tests.models.test_dictionary import _random
 from tests.tolerances import assert_same_computation
@@ -260,9 +260,9 @@ def test_a_contrastive_node_is_the_targets_row_minus_the_foils(family, tmp_path)
     """With a foil the one logit node reads logit(target) - logit(foil) (before any soft-cap): its input is the
     model's, its edges the target's demeaned row minus the foil's (the mean cancels), exact as every node; the head
     split and the real-model check read the same contrast; the graph saves and loads with its foil."""
-    from lenscope.features.graph_check import intervene
-    from lenscope.features.graph_heads import edge_heads
-    from lenscope.models.readout import Readout
+    from lenscope.features.graphs.check import intervene
+    from lenscope.features.graphs.heads import edge_heads
+    from lenscope.models.weights.readout import Readout
 
     lm = get_model(f"tiny:{family}")
     tc = _transcoders(lm, every=2)
@@ -316,7 +316,7 @@ def test_bad_input_is_a_clear_error():
 
 @pytest.mark.parametrize("family", DECODERS)
 def test_heads_on_the_edges_add_up_to_each_edge(family):
-    from lenscope.features.graph_heads import edge_heads
+    from lenscope.features.graphs.heads import edge_heads
 
     lm = get_model(f"tiny:{family}")
     ds = _transcoders(lm)
@@ -352,7 +352,7 @@ def test_one_heads_part_equals_the_edge_with_only_that_head_attending(family):
     feature of block 0; parallel blocks, whose MLP reads the block's input: of block 1), the part of head h plus the
     attention-free part is the edge through the frozen model whose other heads there attend nowhere (their patterns
     zeroed): remove the token's embedding and read the feature's pre-activation."""
-    from lenscope.features.graph_heads import edge_heads
+    from lenscope.features.graphs.heads import edge_heads
 
     lm = get_model(f"tiny:{family}")
     ds = _transcoders(lm)
@@ -387,7 +387,7 @@ def test_one_heads_part_equals_the_edge_with_only_that_head_attending(family):
 
 @pytest.mark.parametrize("family", DECODERS)
 def test_qk_attribution_splits_the_score_exactly(family):
-    from lenscope.features.graph_qk import qk_attribution
+    from lenscope.features.graphs.qk import qk_attribution
 
     lm = get_model(f"tiny:{family}")
     ds = _transcoders(lm)
@@ -425,8 +425,8 @@ def test_qk_attribution_splits_the_score_exactly(family):
     fz = Frozen(lm, tr, {d.layer: d for d in ds})
     import dataclasses
 
-    from lenscope.features.graph_qk import _Recorder
-    from lenscope.features.replacement import FrozenNorm
+    from lenscope.features.graphs.qk import _Recorder
+    from lenscope.features.graphs.replacement import FrozenNorm
 
     pos = torch.arange(g.n_pos)
 
@@ -480,7 +480,7 @@ def test_the_sums_are_checked_in_float32_for_a_bfloat16_model_and_the_check_can_
     """The frozen model runs in float32 whatever the model's dtype: a bfloat16 model's graph sums to float32's
     bound (not bfloat16's 0.125), its real run to bfloat16's; a gap of more than the bound raises."""
     from lenscope.errors import InvariantError
-    from lenscope.features.replacement import check_parts
+    from lenscope.features.graphs.replacement import check_parts
 
     lm = lenscope.load("tiny:llama", dtype="bfloat16")
     g = attribution_graph(lm, TEXT, _transcoders(lm))

@@ -1,4 +1,4 @@
-"""Checking what an attribution graph claims (features/graph_check.py): in the frozen replacement model the graph's
+"""Checking what an attribution graph claims (features/graphs/check.py): in the frozen replacement model the graph's
 predictions are exact (``frozen_total``: every downstream feature responding linearly, recomputed block by block;
 ``direct``: every other node held); in the real model, a feature of the last block at the last position moves the
 logits by ``direct`` up to the change of the norms' scales after it, which the test computes from the two runs; a
@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from lenscope.errors import InputError
-from lenscope.features.graph import attribution_graph, node_id
-from lenscope.features.graph_check import GraphIntervention, intervene
-from lenscope.features.replacement import Frozen
-from lenscope.models.engine import run
-from lenscope.models.readout import Readout
-from lenscope.models.sites import Edit
-from lenscope.models.trace import trace
+from lenscope.features.graphs.check import GraphIntervention, intervene
+from lenscope.features.graphs.graph import attribution_graph, node_id
+from lenscope.features.graphs.replacement import Frozen
+from lenscope.models.runtime.engine import run
+from lenscope.models.runtime.sites import Edit
+from lenscope.models.runtime.trace import trace
+from lenscope.models.weights.readout import Readout
 from tests.conftest import get_model
 from tests.features.test_graph import TEXT, _transcoders
 from tests.models.test_dictionary import _random

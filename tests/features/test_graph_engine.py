@@ -9,12 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lenscope.features.graph import attribution_graph
-from lenscope.features.replacement import Frozen
-from lenscope.models.engine import Edit, run
-from lenscope.models.load import encode
-from lenscope.models.readout import Readout
-from lenscope.models.trace import trace
+from lenscope.features.graphs.graph import attribution_graph
+from lenscope.features.graphs.replacement import Frozen
+from lenscope.models.loading.load import encode
+from lenscope.models.runtime.engine import Edit, run
+from lenscope.models.runtime.trace import trace
+from lenscope.models.weights.readout import Readout
 from tests.conftest import DECODERS, get_model
 from tests.features.test_graph import TEXT, _transcoders
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from benchmarks.ct_export_fixture import transcoders
-from lenscope.features.graph import attribution_graph
-from lenscope.features.graph_export import cantor, circuit_tracer_json
-from lenscope.features.replacement import parts_rounding
-from lenscope.models.load import encode
+from lenscope.features.graphs.export import cantor, circuit_tracer_json
+from lenscope.features.graphs.graph import attribution_graph
+from lenscope.features.graphs.replacement import parts_rounding
+from lenscope.models.loading.load import encode
 from tests.conftest import get_model
 from tests.tolerances import U32, assert_same_ints
 

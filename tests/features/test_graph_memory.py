@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from lenscope.errors import InputError
-from lenscope.features.graph import attribution_graph, graph_memory, nbytes
-from lenscope.features.replacement import active_counts
+from lenscope.features.graphs.graph import attribution_graph, graph_memory, nbytes
+from lenscope.features.graphs.replacement import active_counts
 from lenscope.memory import format_bytes, parse_size
-from lenscope.models.trace import trace
+from lenscope.models.runtime.trace import trace
 from tests.conftest import get_model
 from tests.features.test_graph import TEXT, _transcoders
 from tests.tolerances import assert_same_ints
@@ -94,8 +94,8 @@ def test_heads_on_the_edges_fit_the_budget_by_their_batch_or_refuse_in_one_line(
     """The head split's estimate (HeadsMemory) holds what the graph holds and grows with the batch of sources; a
     budget met only by a smaller batch lowers it (the same parts within the split's own bound: another batch shape,
     another computation); one that even one source a pass cannot meet is a one-line error naming --no-heads."""
-    from lenscope.features.graph_heads import edge_heads, heads_memory
-    from lenscope.features.replacement import parts_rounding
+    from lenscope.features.graphs.heads import edge_heads, heads_memory
+    from lenscope.features.graphs.replacement import parts_rounding
 
     lm, ds, g, _ = setup
     edges = (g.adjacency != 0).nonzero()
@@ -110,7 +110,7 @@ def test_heads_on_the_edges_fit_the_budget_by_their_batch_or_refuse_in_one_line(
     assert est[0].held == held > g.adjacency.numel() * 4 and est[0].per_source > 0
     assert all(a.total < b.total for a, b in zip(est, est[1:]))
     # the real run adds the trace and the frozen model to what is held: a budget between 4 and 5 sources a pass
-    from lenscope.features.graph import graph_memory
+    from lenscope.features.graphs.graph import graph_memory
 
     extra = nbytes(trace(lm, TEXT)) + graph_memory(n_features=0, n_logits=0, batch_size=0, block_active=0,
                                                    **{k: v for k, v in dims.items() if k not in ("n_targets",

@@ -1,6 +1,7 @@
-"""The table of sparse-dictionary kinds (``lenscope.models.dictionary_kinds``): a kind declared in this one file and
+"""The table of sparse-dictionary kinds (``lenscope.models.dictionaries.kinds``): a kind declared in this one file and
 registered, with no other edit, is listed by ``lenscope dict train``'s choices and help, encodes and decodes as a
-:class:`~lenscope.models.dictionary.Dictionary`, trains (by the CLI, on an activations file), saves and loads (its
+:class:`~lenscope.models.dictionaries.dictionary.Dictionary`, trains (by the CLI, on an activations file), saves and
+loads (its
 SAELens architecture and lenscope's record), and runs as the engine's latent sites. The built-in table keeps its
 names and order, and no module outside the kinds' files branches on a kind's name."""
 
@@ -17,10 +18,10 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from lenscope.errors import InputError
-from lenscope.models import dictionary_kinds as kinds
-from lenscope.models.dictionary import Dictionary, load_dictionaries
-from lenscope.models.engine import run
-from lenscope.models.summary import fingerprint
+from lenscope.models.dictionaries import kinds as kinds
+from lenscope.models.dictionaries.dictionary import Dictionary, load_dictionaries
+from lenscope.models.loading.summary import fingerprint
+from lenscope.models.runtime.engine import run
 from tests.conftest import get_model
 from tests.tolerances import assert_same_computation
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from lenscope.errors import InputError
-from lenscope.features.result import FeatureActivations, active_features
-from lenscope.models.dictionary import Dictionary
-from lenscope.models.engine import capture
+from lenscope.features.dictionaries.result import FeatureActivations, active_features
+from lenscope.models.dictionaries.dictionary import Dictionary
+from lenscope.models.runtime.engine import capture
 from tests.conftest import get_model
 from tests.tolerances import assert_same_ints
 

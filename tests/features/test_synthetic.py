@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from lenscope.errors import InputError
-from lenscope.features.synthetic import (
+from lenscope.features.dictionaries.synthetic import (
     correlations,
     make_synthetic,
     mcc,
@@ -19,7 +19,7 @@ from lenscope.features.synthetic import (
     save_activations,
     zipf_frequencies,
 )
-from lenscope.models.dictionary import Dictionary
+from lenscope.models.dictionaries.dictionary import Dictionary
 from tests.tolerances import assert_same_computation
 
 N = 40_000

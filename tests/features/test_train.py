@@ -1,4 +1,5 @@
-"""Training sparse dictionaries (lenscope.features.train): every kind and role learns, on synthetic activations
+"""Training sparse dictionaries (lenscope.features.dictionaries.train): every kind and role learns, on synthetic
+activations
 with a known sparse dictionary and on a tiny model's streamed activations; the unit-norm decoder; BatchTopK's
 stored threshold and JumpReLU's adapted sparsity give an L0 near k; one forward pass feeds every dictionary;
 an interrupted run resumes to the same tensors bit for bit; the activations file and its errors."""
@@ -16,10 +17,10 @@ import torch
 from safetensors.torch import save_file
 
 from lenscope.errors import InputError
-from lenscope.features import sources as src_mod
-from lenscope.features.sources import FileSource, StreamSource, Target, last_site, load_activations
-from lenscope.features.train import DictSettings, Trainable, train, train_dictionaries, train_memory
-from lenscope.models.dictionary import Dictionary, load_dictionaries
+from lenscope.features.dictionaries import sources as src_mod
+from lenscope.features.dictionaries.sources import FileSource, StreamSource, Target, last_site, load_activations
+from lenscope.features.dictionaries.train import DictSettings, Trainable, train, train_dictionaries, train_memory
+from lenscope.models.dictionaries.dictionary import Dictionary, load_dictionaries
 from tests.conftest import get_model
 from tests.tolerances import assert_same_computation, assert_same_ints
 
@@ -168,7 +169,7 @@ def _dense_loss(m: Trainable, x: torch.Tensor, y: torch.Tensor, dead: torch.Tens
                                             ("topk", "transcoder", False), ("topk", "skip", False),
                                             ("topk", "sae", True), ("batchtopk", "transcoder", True)])
 def test_the_sparse_gradients_equal_dense_autograd_in_float64(kind, role, dead):
-    from lenscope.features.train import AUX_COEF
+    from lenscope.features.dictionaries.train import AUX_COEF
 
     x, _ = _synthetic(256, pairs=role != "sae", seed=3)
     x, y = (x, x) if role == "sae" else (x[:, 0], x[:, 1])
@@ -216,7 +217,7 @@ def test_every_kind_and_role_trains_on_a_tiny_model(tmp_path, kind, role, site):
 
 
 def test_one_forward_pass_feeds_every_dictionary(tmp_path, monkeypatch):
-    from lenscope.models import engine
+    from lenscope.models.runtime import engine
 
     lm = get_model("tiny:llama")
     calls = []
@@ -246,7 +247,7 @@ def test_last_site_stops_as_early_as_the_sites_allow():
 
 def test_streamed_rows_drop_the_special_positions(tmp_path, monkeypatch):
     from lenscope.data import text as text_mod
-    from lenscope.models import engine
+    from lenscope.models.runtime import engine
 
     lm = get_model("tiny:llama")
     bos = 1
@@ -384,7 +385,7 @@ def test_two_ranks_train_the_same_dictionary_as_one(tmp_path):
 
 
 def test_default_learning_rates_by_role():
-    from lenscope.features.train import TRANSCODER_LR, DictSettings
+    from lenscope.features.dictionaries.train import TRANSCODER_LR, DictSettings
 
     assert DictSettings(width=16384).base_lr() == pytest.approx(2e-4)  # Gao et al.'s scaling for SAEs
     assert DictSettings(width=4096).base_lr() == pytest.approx(4e-4)

@@ -34,7 +34,7 @@ def test_smollm2_greedy_is_transformers_generate_and_explains_each_step(smollm2)
     # each step's statistics recomputed from the real model's logits (float64 softmax). Both are float32 passes of
     # the same model, so the logits differ by at most verify's LOGIT_TOL (1e-3): a probability then moves by a
     # factor within exp(+-2 LOGIT_TOL), an entropy by at most 2 LOGIT_TOL sum_i p_i |log p_i + H|
-    from lenscope.models.verify import LOGIT_TOL
+    from lenscope.models.runtime.verify import LOGIT_TOL
 
     logits = lm.model(g.ids[None]).logits[0, g.prompt_len - 1 : -1].double()
     logp = logits.log_softmax(-1)

@@ -20,9 +20,9 @@ from lenscope.cli import app
 from lenscope.errors import InputError, NotApplicableError
 from lenscope.generation import Generation, generate
 from lenscope.lenses.depth import depths_from_agreement
-from lenscope.models.load import target_prefix_ids
-from lenscope.models.readout import Readout
-from lenscope.models.trace import source_ids, trace
+from lenscope.models.loading.load import target_prefix_ids
+from lenscope.models.runtime.trace import source_ids, trace
+from lenscope.models.weights.readout import Readout
 from tests.conftest import SEQ2SEQ, get_model
 from tests.tolerances import U32, assert_same_computation, assert_same_ints
 

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from lenscope.cli import app
 from lenscope.interventions import activation_patching
-from lenscope.models.load import encode, resolve_token
+from lenscope.models.loading.load import encode, resolve_token
 
 from ..conftest import get_model
 from ..tolerances import assert_same_computation, logit_diff_scale, pass_rounding

@@ -7,7 +7,7 @@ import torch
 from lenscope.errors import InputError
 from lenscope.interventions import KnowledgeNeurons, knowledge_neurons, neuron_attributions, run
 from lenscope.models.families import family_for
-from lenscope.models.load import encode, resolve_token
+from lenscope.models.loading.load import encode, resolve_token
 
 from ..conftest import get_model
 from ..tolerances import assert_same_ints

@@ -7,7 +7,7 @@ import pytest
 from lenscope.errors import InputError
 from lenscope.interventions import knowledge_neurons, refined_knowledge_neurons
 from lenscope.interventions.neurons import _edit_probs
-from lenscope.models.load import encode, resolve_token
+from lenscope.models.loading.load import encode, resolve_token
 
 from ..conftest import get_model
 from ..tolerances import assert_same_computation, assert_same_ints

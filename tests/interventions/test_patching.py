@@ -7,7 +7,7 @@ import torch
 from lenscope.errors import InputError
 from lenscope.interventions import Edit, PatchingResult, activation_patching, run
 from lenscope.models.families import family_for
-from lenscope.models.load import encode, resolve_token
+from lenscope.models.loading.load import encode, resolve_token
 
 from ..conftest import DECODERS, get_model, module_output, with_module_output
 from ..tolerances import assert_same_computation, logit_diff_scale, pass_rounding

@@ -8,7 +8,7 @@ import torch
 import lenscope
 from lenscope.errors import InputError
 from lenscope.interventions import path_patching, run
-from lenscope.models.load import encode, resolve_token
+from lenscope.models.loading.load import encode, resolve_token
 
 from ..conftest import get_model, module_output, with_module_output
 from ..tolerances import logit_diff_scale, pass_rounding

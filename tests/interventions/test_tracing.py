@@ -8,8 +8,8 @@ from lenscope.errors import InputError
 from lenscope.interventions import CausalTrace, Edit, causal_trace, embedding_std, run, subject_positions
 from lenscope.interventions.tracing import window_layers
 from lenscope.models.families import family_for
-from lenscope.models.load import encode, resolve_token
-from lenscope.models.sites import PART_SITES
+from lenscope.models.loading.load import encode, resolve_token
+from lenscope.models.runtime.sites import PART_SITES
 
 from ..conftest import get_model, module_output, with_module_output
 from ..tolerances import assert_same_computation

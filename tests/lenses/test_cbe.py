@@ -46,7 +46,7 @@ def decode64(A, x):
         x = A.final_norm.to(torch.float64)(x)
     u = A.unembed
     if u.transform_W is not None:
-        from lenscope.models.anatomy import ACTIVATIONS
+        from lenscope.models.weights.anatomy import ACTIVATIONS
 
         x = ACTIVATIONS[u.transform_act](x @ u.transform_W.double() + u.transform_b.double())
         x = u.transform_norm.to(torch.float64)(x)
@@ -234,7 +234,7 @@ def test_cbe_finds_the_one_direction_a_lens_reads(family):
     influential direction, and every direction orthogonal to it has no influence at all."""
     import dataclasses
 
-    from lenscope.models.load import LoadedModel
+    from lenscope.models.loading.load import LoadedModel
 
     base = tiny_with_layers(family, 2)
     lm = LoadedModel(model=base.model, tokenizer=base.tokenizer, name=base.name,

@@ -22,7 +22,7 @@ from lenscope.lenses.depth import (
     trajectory_depth,
 )
 from lenscope.lenses.trajectory import prediction_trajectory
-from lenscope.models.trace import residual_states
+from lenscope.models.runtime.trace import residual_states
 from tests.conftest import get_model, tiny_with_layers
 from tests.tolerances import assert_same_computation, assert_same_ints
 

@@ -10,7 +10,7 @@ import torch
 import lenscope
 from lenscope.lenses.influence import AblatedLogPartition, factored_base
 from lenscope.lenses.training.objective import kl_terms, log_partition
-from lenscope.models.readout import Readout
+from lenscope.models.weights.readout import Readout
 from tests.conftest import get_model
 
 TEXT = "When Mary and John went to the store, John gave a drink to"

@@ -21,7 +21,7 @@ from lenscope.lenses import (
 )
 from lenscope.lenses.evaluate import prediction_depth
 from lenscope.lenses.training.objective import chunks, kl_backward
-from lenscope.models.trace import residual_states
+from lenscope.models.runtime.trace import residual_states
 from tests.conftest import get_model
 from tests.tolerances import assert_close_nested, assert_same_computation, kl_tol
 

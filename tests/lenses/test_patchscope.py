@@ -12,8 +12,8 @@ from lenscope.cli import app
 from lenscope.errors import InputError, NotApplicableError
 from lenscope.lenses import LogitLens, PatchscopeLens, evaluate_lenses, prediction_trajectory, token_sequences
 from lenscope.lenses.depth import text_depths
-from lenscope.models.engine import Edit, run
-from lenscope.models.trace import residual_states
+from lenscope.models.runtime.engine import Edit, run
+from lenscope.models.runtime.trace import residual_states
 from tests.conftest import ENCODERS, get_model, tiny_with_layers
 from tests.tolerances import assert_same_computation, assert_same_ints
 
@@ -203,7 +203,7 @@ def test_trajectory_and_depth_read_the_lens():
 
 
 def lenscope_encode(lm, text):
-    from lenscope.models.load import encode
+    from lenscope.models.loading.load import encode
 
     return encode(lm, text)
 

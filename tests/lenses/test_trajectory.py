@@ -10,8 +10,8 @@ import torch
 import lenscope
 from lenscope.lenses import LensEvaluation, LogitLens, TunedLens, decode
 from lenscope.lenses.trajectory import PredictionTrajectory, prediction_trajectory
-from lenscope.models.load import LoadedModel, encode
-from lenscope.models.trace import residual_states
+from lenscope.models.loading.load import LoadedModel, encode
+from lenscope.models.runtime.trace import residual_states
 from lenscope.viz.html import script_json, trajectory_html
 from lenscope.viz.lens_plots import plot_lens_evaluation, plot_trajectories, plot_trajectory, show_token
 from lenscope.viz.plots import save_figure

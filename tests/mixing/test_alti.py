@@ -7,7 +7,7 @@ import torch
 
 from lenscope.errors import InputError
 from lenscope.mixing.alti import carry_back, mixing_matrices, rollout
-from lenscope.models.trace import trace
+from lenscope.models.runtime.trace import trace
 
 from ..conftest import get_model
 from ..tolerances import assert_same_computation
@@ -74,7 +74,7 @@ def test_mixing_matrices_without_rollout(tmp_path):
 def _alti_float64_dense(A, tr, l):
     """The former ALTI: the (pos, src, d_model) parts in float64, ||y||_1 - ||y - part||_1, rows normalised."""
     from lenscope.mixing.alti import normalize_rows, proximity
-    from lenscope.models.algebra import attention_input_parts, f32, resid_mid_parts, value_writes
+    from lenscope.models.weights.algebra import attention_input_parts, f32, resid_mid_parts, value_writes
 
     dt = torch.float64
     z, _ = attention_input_parts(A.layers[l], tr, l, "sources", dt)
@@ -104,7 +104,7 @@ def test_float32_alti_equals_float64_dense(tiny):
 def test_factored_proximity_any_rows(tiny_decoder):
     """Rows in any order, some repeated, against the dense proximity; the total is the decomposition's."""
     from lenscope.mixing.alti import factored_proximity, proximity
-    from lenscope.models.algebra import f32, resid_mid_parts
+    from lenscope.models.weights.algebra import f32, resid_mid_parts
 
     tr = trace(tiny_decoder, "one two three four five six seven eight nine ten eleven twelve")
     A = tiny_decoder.anatomy

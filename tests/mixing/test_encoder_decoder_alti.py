@@ -12,7 +12,7 @@ import torch
 
 import lenscope
 from lenscope.mixing.alti import carry_back_encoder_decoder, cross_alti_layer, encoder_decoder_mixing
-from lenscope.models.trace import trace
+from lenscope.models.runtime.trace import trace
 from tests.conftest import SEQ2SEQ, get_model
 from tests.tolerances import U32
 

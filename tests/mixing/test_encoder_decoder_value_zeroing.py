@@ -15,8 +15,8 @@ import torch
 import lenscope
 from lenscope.attribution import methods as table
 from lenscope.mixing.alti import encoder_decoder_mixing, mixing_matrices, value_zeroing_decoder_layer
-from lenscope.models.engine import Edit, run
-from lenscope.models.trace import trace
+from lenscope.models.runtime.engine import Edit, run
+from lenscope.models.runtime.trace import trace
 from tests.conftest import SEQ2SEQ, get_model
 from tests.models.test_encoder_decoder_engine import SRC, TGT, _lm
 from tests.tolerances import U32

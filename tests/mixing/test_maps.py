@@ -382,8 +382,8 @@ def test_ig_against_exact_shapley(family, strong):
     2-3x those: loose, but a split that is not IG (e.g. the gated product divided in proportion to the gate
     parts, also efficient) breaks them.
     """
-    from lenscope.models.algebra import ig_hidden
-    from lenscope.models.anatomy import ACTIVATIONS
+    from lenscope.models.weights.algebra import ig_hidden
+    from lenscope.models.weights.anatomy import ACTIVATIONS
 
     lm = with_strong_mlp(family) if strong else tiny_with_layers(family, 1)
     layer = lm.anatomy.layers[0]
@@ -473,8 +473,8 @@ def test_gated_quadrature_error_is_small(family):
 def test_ig_hidden_against_autograd_on_wide_inputs():
     """The closed forms of every activation on pre-activations up to ~30 in size (and exactly 0 for some units),
     gated and element-wise, against a 4000-point midpoint rule through autograd (measured gap <= 1e-6)."""
-    from lenscope.models.algebra import ig_hidden
-    from lenscope.models.anatomy import ACTIVATIONS
+    from lenscope.models.weights.algebra import ig_hidden
+    from lenscope.models.weights.anatomy import ACTIVATIONS
 
     g = torch.Generator().manual_seed(0)
     rows, src, units = 3, 4, 50

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lenscope.models.anatomy import MLP, Attention, Norm, Rotary, alibi_slopes
+from lenscope.models.weights.anatomy import MLP, Attention, Norm, Rotary, alibi_slopes
 
 
 def test_layernorm_matches_torch():
@@ -104,7 +104,7 @@ def test_gated_mlp_by_hand():
 
 @pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "relu", "silu"])
 def test_activations_match_torch(name):
-    from lenscope.models.anatomy import ACTIVATIONS
+    from lenscope.models.weights.anatomy import ACTIVATIONS
 
     x = torch.linspace(-4, 4, 101)
     ref = {"gelu": torch.nn.functional.gelu(x), "gelu_tanh": torch.nn.functional.gelu(x, approximate="tanh"),
@@ -115,8 +115,8 @@ def test_activations_match_torch(name):
 def test_split_attention_equals_the_real_heads_and_reads_each_input(tiny_decoder):
     """``Attention.split`` with every head reading the block's normed input is the real model's per-head output
     (engine ``head`` site), batched; changing one head's key input changes that head alone."""
-    from lenscope.models.engine import capture
-    from lenscope.models.verify import TOLERANCE
+    from lenscope.models.runtime.engine import capture
+    from lenscope.models.runtime.verify import TOLERANCE
 
     lm = tiny_decoder
     A = lm.anatomy

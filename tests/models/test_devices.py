@@ -17,11 +17,11 @@ import lenscope
 from lenscope.attribution.dla import direct_logit_attribution
 from lenscope.errors import InputError
 from lenscope.mixing.maps import context_mixing
-from lenscope.models.anatomy import to_device
-from lenscope.models.devices import compute_dtype, main_device, parse_device_map, parse_dtype
 from lenscope.models.families import family_for
-from lenscope.models.trace import residual_states
-from lenscope.models.verify import LOGIT_TOL, RESID_TOL, tolerances
+from lenscope.models.loading.devices import compute_dtype, main_device, parse_device_map, parse_dtype
+from lenscope.models.runtime.trace import residual_states
+from lenscope.models.runtime.verify import LOGIT_TOL, RESID_TOL, tolerances
+from lenscope.models.weights.anatomy import to_device
 from tests.conftest import DECODERS, TINY, get_model
 from tests.tolerances import assert_same_computation
 
@@ -331,7 +331,7 @@ def test_math_device_gathers_the_anatomy_and_traces():
 
 
 def test_completeness_tolerance():
-    from lenscope.models.verify import completeness_tolerance
+    from lenscope.models.runtime.verify import completeness_tolerance
 
     assert_same_computation((completeness_tolerance(torch.float32), completeness_tolerance(get_model("tiny:gpt2"))),
                             (1e-3, 1e-3), why="the float32 constant, returned as it is")
@@ -420,7 +420,7 @@ def test_offload_folders_of_processes_that_no_longer_run_are_removed(tmp_path):
     import subprocess
     import sys
 
-    from lenscope.models.devices import OFFLOAD_PREFIX, sweep_offload_dirs
+    from lenscope.models.loading.devices import OFFLOAD_PREFIX, sweep_offload_dirs
 
     p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = int(p.stdout)  # that process has exited

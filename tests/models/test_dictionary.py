@@ -11,9 +11,15 @@ import pytest
 import torch
 
 from lenscope.errors import InputError
-from lenscope.models.dictionary import Dictionary, load_dictionaries, save_dictionaries, site_of_hook, tl_hook_name
-from lenscope.models.engine import Edit, run
-from lenscope.models.summary import fingerprint
+from lenscope.models.dictionaries.dictionary import (
+    Dictionary,
+    load_dictionaries,
+    save_dictionaries,
+    site_of_hook,
+    tl_hook_name,
+)
+from lenscope.models.loading.summary import fingerprint
+from lenscope.models.runtime.engine import Edit, run
 from tests.conftest import TINY, get_model
 from tests.tolerances import assert_same_computation
 
@@ -169,7 +175,7 @@ def test_the_model_in_bfloat16_or_float32_is_one_model():
     fingerprint samples the weights rounded to bfloat16. A file holding the legacy fingerprint (before that
     rounding) is still accepted by the model in its dtype; another model's is not."""
     import lenscope
-    from lenscope.models.summary import same_model
+    from lenscope.models.loading.summary import same_model
 
     f32 = lenscope.load("tiny:llama")
     b16 = lenscope.load("tiny:llama", dtype="bfloat16")

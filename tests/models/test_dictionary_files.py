@@ -15,8 +15,8 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from lenscope.errors import InputError
-from lenscope.models.dictionary import Dictionary, load_dictionaries, save_circuit_tracer, site_of_hook
-from lenscope.models.engine import run
+from lenscope.models.dictionaries.dictionary import Dictionary, load_dictionaries, save_circuit_tracer, site_of_hook
+from lenscope.models.runtime.engine import run
 from tests.conftest import get_model
 from tests.tolerances import U32, assert_same_computation
 

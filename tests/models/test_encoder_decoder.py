@@ -156,8 +156,8 @@ def test_a_saved_folder_of_each_kind_loads_and_verifies(tmp_path, kind):
     """A user's own folder (model and tokenizer, as save_pretrained writes them) loads as a sequence-to-sequence
     model with its Anatomy, and verify checks both stacks on a source and a target prefix."""
     import lenscope
-    from lenscope.models.tokenizer import tiny_tokenizer
-    from lenscope.models.verify import verify
+    from lenscope.models.loading.tokenizer import tiny_tokenizer
+    from lenscope.models.runtime.verify import verify
 
     _model(kind).save_pretrained(tmp_path)
     tiny_tokenizer(kind="encoder-decoder").save_pretrained(tmp_path)
@@ -173,7 +173,7 @@ def test_relative_position_buckets_are_t5s(bidirectional, n_buckets, max_distanc
     """Every distance from -300 to 300 falls in the bucket transformers' T5 puts it in (its own function)."""
     from transformers.models.t5.modeling_t5 import T5Attention
 
-    from lenscope.models.anatomy import RelativeBias
+    from lenscope.models.weights.anatomy import RelativeBias
 
     rel = torch.arange(-300, 301)[None, :]
     want = T5Attention._relative_position_bucket(rel, bidirectional=bidirectional, num_buckets=n_buckets,

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from lenscope.errors import InputError, NotApplicableError
-from lenscope.models.engine import Edit, run
-from lenscope.models.load import LoadedModel
-from lenscope.models.trace import trace
-from lenscope.models.verify import verify
+from lenscope.models.loading.load import LoadedModel
+from lenscope.models.runtime.engine import Edit, run
+from lenscope.models.runtime.trace import trace
+from lenscope.models.runtime.verify import verify
 from tests.conftest import get_model
 from tests.models.test_encoder_decoder import KINDS, Capture, _close, _model, _reader
 from tests.tolerances import U32, assert_same_computation, assert_same_ints
@@ -231,7 +231,7 @@ def _seq2seq_tokenizer(template: str):
     from tokenizers import Tokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
-    from lenscope.models.tokenizer import tiny_tokenizer
+    from lenscope.models.loading.tokenizer import tiny_tokenizer
 
     tok = Tokenizer.from_str(tiny_tokenizer().backend_tokenizer.to_str())
     special = [(t, tok.token_to_id(t)) for t in ("<s>", "</s>") if t in template]
@@ -245,8 +245,8 @@ def test_texts_become_the_source_and_the_decoders_shifted_target_prefix(kind, te
     end token (transformers' labels shifted right); the source keeps its special tokens; an empty prefix is the
     start token and what the tokenizer puts before a target's text (BART's ``<s>``), as in the shifted labels (the
     first target token is then predicted)."""
-    from lenscope.models.load import encode
-    from lenscope.models.trace import source_ids
+    from lenscope.models.loading.load import encode
+    from lenscope.models.runtime.trace import source_ids
 
     lm = _lm(kind)
     tok = _seq2seq_tokenizer(template)

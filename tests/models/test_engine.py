@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from lenscope.errors import InputError, NotApplicableError, RenamedWarning
-from lenscope.models.engine import Edit, capture, run, site_key
-from lenscope.models.trace import trace, trace_sites
+from lenscope.models.runtime.engine import Edit, capture, run, site_key
+from lenscope.models.runtime.trace import trace, trace_sites
 from tests.conftest import get_model
 from tests.tolerances import assert_derivative, logit_diff_scale, pass_rounding
 
@@ -186,7 +186,7 @@ def test_refusals():
 def test_run_options_are_one_object():
     """Issue 43: ``run``'s options are one :class:`RunOptions`; the keywords build it, and keywords given beside an
     object replace its fields."""
-    from lenscope.models.engine import RunOptions
+    from lenscope.models.runtime.engine import RunOptions
     from tests.tolerances import assert_same_computation
 
     gpt2 = get_model("tiny:gpt2")
@@ -248,7 +248,7 @@ def test_fused_qkv_gradients_with_an_upstream_site_captured(family):
 def test_moe_sites_exist_only_on_moe_blocks(tiny_decoder):
     """router_logits, routing_weights and expert_out on every decoder family: their shapes on a mixture of experts
     (tests/models/test_moe.py checks their values against the real block), a one-line refusal on a dense MLP."""
-    from lenscope.models.moe import is_moe
+    from lenscope.models.weights.moe import is_moe
 
     lm = tiny_decoder
     sites = [("router_logits", 0), ("routing_weights", 0), ("expert_out", 0)]
@@ -288,7 +288,7 @@ def test_a_call_edit_computes_a_site_from_the_pass():
         run(lm, ids, edits=[Edit("mlp_out", 0, rows=None, pos=None, values=lambda x: x[:, :1], mode="call")])
     with pytest.raises(InputError, match="function"):
         Edit("mlp_out", 0, rows=None, pos=None, values=torch.ones(3), mode="call")
-    from lenscope.models.engine import new_cache
+    from lenscope.models.runtime.engine import new_cache
 
     with pytest.raises(NotApplicableError, match="cache"):
         run(lm, ids[:1], edits=[Edit("mlp_out", 0, rows=None, pos=None, values=double, mode="call")],

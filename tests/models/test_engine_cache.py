@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lenscope.errors import InputError, NotApplicableError
-from lenscope.models.engine import Edit, edits_within, new_cache, run
+from lenscope.models.runtime.engine import Edit, edits_within, new_cache, run
 
 from ..conftest import get_model
 from ..tolerances import assert_same_computation

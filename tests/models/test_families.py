@@ -12,12 +12,12 @@ import torch
 
 import lenscope
 from lenscope.errors import UnsupportedModelError
-from lenscope.models.anatomy import Rotary
-from lenscope.models.engine import Edit, capture, run
 from lenscope.models.families import randomize_, read_anatomy, tiny_tokens
-from lenscope.models.load import LoadedModel
-from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
-from lenscope.models.verify import RESID_TOL
+from lenscope.models.loading.load import LoadedModel
+from lenscope.models.loading.tokenizer import tiny_special_ids, tiny_tokenizer
+from lenscope.models.runtime.engine import Edit, capture, run
+from lenscope.models.runtime.verify import RESID_TOL
+from lenscope.models.weights.anatomy import Rotary
 from tests.conftest import get_model
 from tests.models import test_engine as engine_checks
 from tests.tolerances import assert_same_computation

@@ -12,9 +12,9 @@ import lenscope
 from lenscope.errors import InputError, UnsupportedModelError
 from lenscope.mixing.maps import context_mixing
 from lenscope.models.families import family_for
-from lenscope.models.load import LoadedModel, random_model
-from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
-from lenscope.models.verify import TOLERANCE
+from lenscope.models.loading.load import LoadedModel, random_model
+from lenscope.models.loading.tokenizer import tiny_special_ids, tiny_tokenizer
+from lenscope.models.runtime.verify import TOLERANCE
 from tests.tolerances import assert_same_computation
 
 TEXT = "The capital of France is Paris, and the capital of Germany is"
@@ -171,7 +171,7 @@ def test_variant_verifies_and_decomposes_exactly(name):
         if scope != "attention":
             assert maps.completeness_error <= 1e-4, scope
     # the per-head split (edge patching) with every head reading the block's normed input is the real model's heads
-    from lenscope.models.engine import capture
+    from lenscope.models.runtime.engine import capture
 
     ids = torch.tensor([[3, 7, 1, 9, 4, 2, 8, 5]])
     L = lm.anatomy.n_layers - 1

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import lenscope
-from lenscope.models import load as load_mod
-from lenscope.models.load import encode, resolve_token
+from lenscope.models.loading import load as load_mod
+from lenscope.models.loading.load import encode, resolve_token
 from tests.conftest import get_model
 from tests.tolerances import assert_same_computation
 

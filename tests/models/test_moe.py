@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from lenscope.errors import NotApplicableError, UnsupportedModelError
-from lenscope.models.engine import Edit, capture, run
 from lenscope.models.families import family_for
-from lenscope.models.moe import MoE
+from lenscope.models.runtime.engine import Edit, capture, run
+from lenscope.models.weights.moe import MoE
 from tests.conftest import DECODERS, get_model
 from tests.tolerances import assert_derivative, logit_diff_scale, moe_rounding, pass_rounding
 
@@ -177,7 +177,7 @@ def test_unsupported_moe_variants_are_refused():
     from transformers import AutoModelForCausalLM
 
     from lenscope.models.families import tiny_names
-    from lenscope.models.tokenizer import tiny_special_ids
+    from lenscope.models.loading.tokenizer import tiny_special_ids
 
     cfg = tiny_names()["qwen3-moe"].tiny["qwen3-moe"](tiny_special_ids())
     cfg.mlp_only_layers = [0]

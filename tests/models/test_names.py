@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from lenscope.errors import InputError, RenamedWarning
-from lenscope.models.engine import Edit, capture
-from lenscope.models.sites import (
+from lenscope.models.runtime.engine import Edit, capture
+from lenscope.models.runtime.sites import (
     ALIASES,
     DISPLAY,
     LAYER_SITES,
@@ -24,7 +24,7 @@ from lenscope.models.sites import (
     display_name,
     site_key,
 )
-from lenscope.models.trace import RENAMED, SITE_FIELDS, trace
+from lenscope.models.runtime.trace import RENAMED, SITE_FIELDS, trace
 from tests.conftest import get_model
 from tests.tolerances import assert_same_computation
 
@@ -193,7 +193,7 @@ def test_design_docs_site_table_is_the_engines():
 
 
 def test_sites_docstring_table_is_the_engines():
-    import lenscope.models.sites as sites
+    import lenscope.models.runtime.sites as sites
 
     lines = sites.__doc__.splitlines()
     rule = [i for i, line in enumerate(lines) if line.startswith("====")]
@@ -201,4 +201,4 @@ def test_sites_docstring_table_is_the_engines():
     for line in lines[rule[1] + 1: rule[2]]:
         if line[:24].strip():
             rows.append((re.findall(r"``([^`]+)``", line[:24]), line[48:56].strip()))
-    _check_table(rows, "lenscope.models.sites")
+    _check_table(rows, "lenscope.models.runtime.sites")

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import lenscope
-from lenscope.models.anatomy import Norm, Unembed
-from lenscope.models.readout import Readout
+from lenscope.models.weights.anatomy import Norm, Unembed
+from lenscope.models.weights.readout import Readout
 from tests.conftest import get_model
 from tests.tolerances import assert_same_computation, assert_same_ints
 
@@ -153,7 +153,7 @@ def test_converted_unembedding_is_never_another_tensors():
     before/after snapshot: prediction depth on one tiny model read another one's bfloat16 unembedding.)"""
     import gc
 
-    from lenscope.models.readout import _converted
+    from lenscope.models.weights.readout import _converted
 
     g = torch.Generator().manual_seed(0)
     for _ in range(20):

@@ -1,4 +1,4 @@
-"""One request (``models/request.py``) and one head-write function (``models/algebra.head_writes``)."""
+"""One request (``models/runtime/request.py``) and one head-write function (``models/algebra.head_writes``)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from lenscope.errors import InputError
-from lenscope.models.algebra import head_outputs, head_writes
-from lenscope.models.engine import run
-from lenscope.models.load import encode, resolve_token
-from lenscope.models.request import Contrast, Request, by_length, contrast, contrasts, metric_of, position_in
-from lenscope.models.trace import trace
+from lenscope.models.loading.load import encode, resolve_token
+from lenscope.models.runtime.engine import run
+from lenscope.models.runtime.request import Contrast, Request, by_length, contrast, contrasts, metric_of, position_in
+from lenscope.models.runtime.trace import trace
+from lenscope.models.weights.algebra import head_outputs, head_writes
 
 from ..conftest import DECODERS, get_model
 from ..tolerances import assert_same_computation, assert_same_ints

@@ -19,7 +19,7 @@ import lenscope
 from lenscope.attribution.dla import direct_logit_attribution
 from lenscope.cli import app
 from lenscope.errors import NotApplicableError
-from lenscope.models.verify import verify
+from lenscope.models.runtime.verify import verify
 from tests.conftest import SEQ2SEQ, get_model
 from tests.tolerances import U32, assert_same_computation, assert_same_ints
 
@@ -60,7 +60,7 @@ def test_verify_cli_with_a_source(name):
 
 
 def lm_prefix(name):
-    from lenscope.models.load import encode
+    from lenscope.models.loading.load import encode
 
     return encode(get_model(f"tiny:{name}"), PREFIX).tolist()
 
@@ -84,8 +84,8 @@ def test_direct_logit_attribution_is_complete_with_cross_attention(name):
             split = sum(hv[f"L{l}.{head}{h}"] for h in range(4)) + hv[f"L{l}.{bias}"]
             assert abs(split - v[f"L{l}.{kind}"]) <= _tol(heads), (l, kind)
     # the logit is the model's own (its logits at the last target-prefix position)
-    from lenscope.models.load import encode
-    from lenscope.models.trace import source_ids
+    from lenscope.models.loading.load import encode
+    from lenscope.models.runtime.trace import source_ids
 
     lm_ids = encode(lm, PREFIX)
     with torch.no_grad():
@@ -97,8 +97,8 @@ def test_direct_logit_attribution_is_complete_with_cross_attention(name):
 def test_post_ln_writes_are_read_along_their_own_directions():
     """BART's blocks normalise the whole stream after each sub-layer: reading every write along the final direction
     (as for a Pre-LN model) does not add up to the logit; along the pulled-back directions it does."""
-    from lenscope.models.readout import Readout
-    from lenscope.models.trace import trace
+    from lenscope.models.runtime.trace import trace
+    from lenscope.models.weights.readout import Readout
 
     lm = get_model("tiny:bart")
     res = direct_logit_attribution(lm, PREFIX, " the", " a", source=SOURCE)
@@ -139,7 +139,7 @@ def test_a_method_refuses_an_encoder_decoder_model_given_a_trace():
     which read one, explain the trace as they explain the source."""
     from lenscope.attribution import methods as table
     from lenscope.mixing.maps import context_mixing
-    from lenscope.models.trace import trace
+    from lenscope.models.runtime.trace import trace
 
     lm = get_model("tiny:bart")
     tr = trace(lm, PREFIX, source=SOURCE)
@@ -165,7 +165,7 @@ def test_the_logit_explanation_splits_into_source_and_target_prefix(name):
     cross-attention) and per target-prefix token (through the self-attention); per layer the scores and the
     remainder add up to the attention updates, and the updates, MLP updates, embedding and constant to the model's
     logit difference; each head's source and prefix parts equal its direct logit attribution (cross and self)."""
-    from lenscope.models.trace import source_ids
+    from lenscope.models.runtime.trace import source_ids
 
     lm = get_model(f"tiny:{name}")
     e = lenscope.explain(lm, PREFIX, " the", " a", method="logit", source=SOURCE, position=-2)
@@ -221,8 +221,8 @@ def _variant(name: str):
     from transformers import BartConfig, M2M100Config, MarianConfig, MBartConfig, PegasusConfig, T5Config
 
     from lenscope.models.families import family_for
-    from lenscope.models.load import LoadedModel, random_model
-    from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
+    from lenscope.models.loading.load import LoadedModel, random_model
+    from lenscope.models.loading.tokenizer import tiny_special_ids, tiny_tokenizer
 
     tok = tiny_special_ids()
     ids = dict(vocab_size=tok["vocab_size"], pad_token_id=tok["pad"], eos_token_id=tok["eos"])
@@ -287,7 +287,7 @@ def test_an_encoder_decoder_model_lenscope_does_not_read_is_refused_in_one_line(
     from transformers import AutoModelForSeq2SeqLM, BartConfig, ProphetNetConfig
 
     from lenscope.errors import UnsupportedModelError
-    from lenscope.models.tokenizer import tiny_special_ids, tiny_tokenizer
+    from lenscope.models.loading.tokenizer import tiny_special_ids, tiny_tokenizer
 
     tok = tiny_special_ids()
     if kind == "prophetnet":
@@ -331,8 +331,8 @@ def test_language_codes_start_the_target_prefix(tmp_path, kind):
     prefix too; verify and the Logit explanation run on it, the code one of the target-prefix tokens."""
     from transformers import M2M100Config, MBartConfig
 
-    from lenscope.models.load import encode, random_model
-    from lenscope.models.trace import source_ids
+    from lenscope.models.loading.load import encode, random_model
+    from lenscope.models.runtime.trace import source_ids
 
     tok, lang = _lang_tokenizer(kind)
     code = tok.convert_tokens_to_ids(lang)

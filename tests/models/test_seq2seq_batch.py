@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from lenscope.errors import InputError, NotApplicableError
-from lenscope.models.engine import run
-from lenscope.models.trace import batch_traces, trace, trace_sites
+from lenscope.models.runtime.engine import run
+from lenscope.models.runtime.trace import batch_traces, trace, trace_sites
 from tests.conftest import get_model
 from tests.models.test_encoder_decoder import KINDS
 from tests.models.test_encoder_decoder_engine import _lm

@@ -9,7 +9,7 @@ import torch
 
 from lenscope.errors import InputError
 from lenscope.mixing.alti import mixing_matrices
-from lenscope.models.trace import (
+from lenscope.models.runtime.trace import (
     RecomputedLogits,
     RecomputedMLP,
     RecomputedNorm,
@@ -18,7 +18,7 @@ from lenscope.models.trace import (
     recompute_probs,
     trace,
 )
-from lenscope.models.verify import verify
+from lenscope.models.runtime.verify import verify
 
 from ..conftest import get_model
 from ..tolerances import assert_same_computation, assert_same_ints
@@ -142,7 +142,7 @@ def test_auto_recomputes_only_long_float32_inputs(monkeypatch):
     n = 20
     assert not recompute_probs(lm, n)
     assert recompute_probs(lm, n, "recompute") and not recompute_probs(lm, n, "keep")
-    import lenscope.models.trace as trace_module
+    import lenscope.models.runtime.trace as trace_module
 
     monkeypatch.setattr(trace_module, "KEEP_BYTES", 1000)
     assert recompute_probs(lm, n)
@@ -208,7 +208,7 @@ def test_verify_given_a_lean_trace_checks_the_model_itself(monkeypatch):
     themselves, so it captures the model's (a wrong reading of the model then still fails)."""
     lm = get_model("tiny:llama")
     lean = trace(lm, TEXT, pattern="recompute")
-    import lenscope.models.verify as V
+    import lenscope.models.runtime.verify as V
 
     seen = []
     real_trace = V.trace

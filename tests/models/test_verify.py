@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import lenscope
-from lenscope.models.verify import LOGIT_TOL, RESID_TOL
+from lenscope.models.runtime.verify import LOGIT_TOL, RESID_TOL
 from tests.tolerances import assert_same_computation
 
 

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from lenscope.attribution.methods import source_readers
 from lenscope.data.alignments import AlignedPair, read_gold_alignments
 from lenscope.evaluate.aer import alignment_error_rate, model_alignments, pair_scores
-from lenscope.models.request import token_texts
+from lenscope.models.runtime.request import token_texts
 from lenscope.report import build_report, unpack
 from lenscope.report.alignment import gold_pair
 

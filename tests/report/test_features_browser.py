@@ -11,9 +11,9 @@ import shutil
 
 import pytest
 
-from lenscope.features.cards import feature_cards
-from lenscope.features.result import active_features
-from lenscope.models.dictionary import save_dictionaries
+from lenscope.features.dictionaries.cards import feature_cards
+from lenscope.features.dictionaries.result import active_features
+from lenscope.models.dictionaries.dictionary import save_dictionaries
 from lenscope.viz import views
 
 from ..browser import isolated_page, wait_drawn

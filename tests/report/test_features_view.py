@@ -9,8 +9,8 @@ import json
 import pytest
 
 from lenscope.errors import InputError
-from lenscope.features.cards import feature_cards
-from lenscope.features.result import active_features
+from lenscope.features.dictionaries.cards import feature_cards
+from lenscope.features.dictionaries.result import active_features
 from lenscope.report import build_report
 from lenscope.viz import views
 from lenscope.viz.notebook import view

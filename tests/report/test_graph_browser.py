@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-from lenscope.features.graph import attribution_graph
-from lenscope.models.dictionary import save_dictionaries
+from lenscope.features.graphs.graph import attribution_graph
+from lenscope.models.dictionaries.dictionary import save_dictionaries
 from lenscope.viz import views
 
 from ..browser import isolated_page, wait_drawn

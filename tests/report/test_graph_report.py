@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from lenscope.cli import app
-from lenscope.features.graph import attribution_graph
-from lenscope.models.dictionary import save_dictionaries
+from lenscope.features.graphs.graph import attribution_graph
+from lenscope.models.dictionaries.dictionary import save_dictionaries
 from lenscope.report import ReportContext, build_report
 from lenscope.report.sections import Graph
 from lenscope.viz.views.graph import graph_payload

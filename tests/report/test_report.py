@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import lenscope
 from lenscope.cli import app
-from lenscope.models.readout import Readout
+from lenscope.models.weights.readout import Readout
 from lenscope.report import SECTION_KEYS, build_report, packed, unpack
 
 from ..conftest import DECODERS, ENCODERS, get_model

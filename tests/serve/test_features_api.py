@@ -9,9 +9,9 @@ import torch
 from starlette.testclient import TestClient
 
 from lenscope.errors import InputError
-from lenscope.features.cards import feature_card
-from lenscope.features.result import active_features
-from lenscope.models.dictionary import save_dictionaries
+from lenscope.features.dictionaries.cards import feature_card
+from lenscope.features.dictionaries.result import active_features
+from lenscope.models.dictionaries.dictionary import save_dictionaries
 from lenscope.serve import create_app
 from lenscope.viz.views.feature import feature_payload
 

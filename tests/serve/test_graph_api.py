@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from starlette.testclient import TestClient
 
-from lenscope.features.graph import attribution_graph
-from lenscope.models.dictionary import save_dictionaries
+from lenscope.features.graphs.graph import attribution_graph
+from lenscope.models.dictionaries.dictionary import save_dictionaries
 from lenscope.report.sections import Graph
 from lenscope.serve import create_app
 from lenscope.viz.views.graph import graph_payload

@@ -1,7 +1,7 @@
 """``lenscope serve`` under concurrency: the model pool never holds more than ``--max-resident`` models, resident or
 loading, however many first requests arrive at once (a fake loader, many threads), and concurrent requests for one
 model share its one load; a running job whose client has gone stops at its next chunk
-(:func:`lenscope.models.stop.checkpoint`), so a new prompt's first views wait for at most the chunk in progress,
+(:func:`lenscope.models.runtime.stop.checkpoint`), so a new prompt's first views wait for at most the chunk in progress,
 through the worker alone and through a real uvicorn server with a client that closes its connection (what the page
 does to the requests of the input it leaves)."""
 
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from lenscope.errors import Stopped
-from lenscope.models.stop import checkpoint, stoppable
+from lenscope.models.runtime.stop import checkpoint, stoppable
 from lenscope.serve import create_app
 from lenscope.serve.jobs import Jobs, ModelPool
 

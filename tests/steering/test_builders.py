@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import lenscope.steering
 from lenscope.cli import app
 from lenscope.errors import InputError
-from lenscope.models.load import token_ids
+from lenscope.models.loading.load import token_ids
 from lenscope.steering import Builder, Direction, build_direction, builders
 from lenscope.steering.directions import states_at
 

@@ -120,7 +120,7 @@ def test_steered_greedy_generation_is_a_brute_force_loop(tiny_decoder, where):
 
 def test_cached_steps_see_the_edits_of_their_own_positions():
     """A head ablated while the model writes: the engine's edits of any site reach every decoding step."""
-    from lenscope.models.engine import Edit
+    from lenscope.models.runtime.engine import Edit
 
     lm = get_model("tiny:llama")
     ids = _ids(lm)

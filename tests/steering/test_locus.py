@@ -6,8 +6,8 @@ last state; the depths are the trajectories'."""
 import pytest
 
 from lenscope.lenses.trajectory import prediction_trajectory
-from lenscope.models.readout import Readout
-from lenscope.models.trace import trace
+from lenscope.models.runtime.trace import trace
+from lenscope.models.weights.readout import Readout
 from lenscope.steering import SteeringLocus, steered_logits, steering_edits, steering_locus
 
 from ..conftest import get_model

@@ -74,9 +74,9 @@ def _imports(path: Path) -> set[str]:
 def test_the_trainers_share_the_core_not_each_other():
     """Dictionary training takes the planner, the optimizer's checkpoint form and the bfloat16 detection from the
     core, not from the tuned lens's trainer; the lens trainer has no copy of them."""
-    features = _imports(SRC / "features" / "train.py")
+    features = _imports(SRC / "features" / "dictionaries" / "train.py")
     assert not [m for m in features if "lenses" in m], features
-    assert {"..training.plan", "..training.checkpoint", "..training.precision"} <= features
+    assert {"...training.plan", "...training.checkpoint", "...training.precision"} <= features
     lens_defs = {n.name for p in (SRC / "lenses" / "training").glob("*.py")
                  for n in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
                  if isinstance(n, (ast.FunctionDef, ast.ClassDef))}

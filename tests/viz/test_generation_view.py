@@ -146,7 +146,7 @@ def test_report_section_on_a_real_generation():
 
 def test_standalone_page_and_png_of_a_real_generation(tmp_path):
     from lenscope.generation import generate
-    from lenscope.models.verify import completeness_tolerance
+    from lenscope.models.runtime.verify import completeness_tolerance
     from lenscope.viz.generation_plots import generation_matrix, plot_generation
 
     lm = get_model("tiny:llama")

@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from lenscope.cli import app
 from lenscope.errors import InputError
-from lenscope.features.graph import AttributionGraph, attribution_graph, node_id
-from lenscope.features.graph_prune import node_influence
-from lenscope.models.dictionary import save_dictionaries
-from lenscope.models.summary import fingerprint
+from lenscope.features.graphs.graph import AttributionGraph, attribution_graph, node_id
+from lenscope.features.graphs.prune import node_influence
+from lenscope.models.dictionaries.dictionary import save_dictionaries
+from lenscope.models.loading.summary import fingerprint
 from lenscope.viz import views
 from lenscope.viz.notebook import view
 

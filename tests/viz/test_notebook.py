@@ -204,7 +204,7 @@ def test_circuit_neuron_and_lens_results_show_a_plot_or_a_table(lm):
     from lenscope.data.contrast import ContrastPair
     from lenscope.interventions import knowledge_neurons
     from lenscope.lenses import evaluate_lens, text_depths
-    from lenscope.models.load import encode
+    from lenscope.models.loading.load import encode
 
     pairs = [ContrastPair(TEXT, "The capital of Spain is", TARGET, FOIL)]
     edges = circuits.edge_attribution(lm, pairs, method="eap")

@@ -13,9 +13,9 @@ import pytest
 
 import lenscope
 from lenscope.attribution import ComponentAttribution, Explanation
-from lenscope.features.cards import FeatureCard
-from lenscope.features.graph import AttributionGraph
-from lenscope.features.result import FeatureActivations
+from lenscope.features.dictionaries.cards import FeatureCard
+from lenscope.features.dictionaries.result import FeatureActivations
+from lenscope.features.graphs.graph import AttributionGraph
 from lenscope.generation import Generation
 from lenscope.lenses.trajectory import PredictionTrajectory, prediction_trajectory
 from lenscope.mixing.alti import MixingMatrices

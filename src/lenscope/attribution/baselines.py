@@ -54,9 +54,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.algebra import gauss_legendre
-from ..models.load import LoadedModel, require_decoder, target_fields, token_ids
-from ..models.request import Request, metric_of, position_in
+from ..models.loading.load import LoadedModel, require_decoder, target_fields, token_ids
+from ..models.runtime.request import Request, metric_of, position_in
+from ..models.weights.algebra import gauss_legendre
 from .explanation import Explanation
 from .inputs import IG_BASELINES, Inputs, eval_mode, ig_baseline
 
@@ -74,7 +74,7 @@ class _Problem:
     """A validated single-text request: ids, the explained position and the target/foil ids."""
 
     def __init__(self, lm: LoadedModel, method: str, text, target, foil, position: int, source=None):
-        from ..models.trace import source_ids
+        from ..models.runtime.trace import source_ids
 
         _require(lm, method, source)
         self.lm = lm
@@ -118,7 +118,7 @@ def _rows(lm: LoadedModel, method: str, ids, target, foil, position, last_only: 
     for a plain logit) and the explained position ``p`` in ``0..pos-1``: one int for every row, or (``position``
     a sequence or tensor of ``batch`` ints) a ``(batch,)`` tensor, one per row. ``source``: an encoder-decoder
     model's source ids ``(batch, src)`` (checked, on the model's device: the caller's ``source``)."""
-    from ..models.devices import main_device
+    from ..models.loading.devices import main_device
 
     _require(lm, method, source)
     device = main_device(lm.model)  # accelerate's execution device of a split model, never "meta"
@@ -196,10 +196,10 @@ def model_logits(lm: LoadedModel, *, input_ids: Tensor | None = None, inputs_emb
     models) only the last position's, ``(batch, 1, vocab)``, so a batch of long inputs stays small; with
     ``keep`` (causal models) the last ``keep`` positions', ``(batch, keep, vocab)``. An encoder-decoder model
     reads ``source (batch, src)`` ids or ``source_embeds (batch, src, d_model)``
-    (:func:`lenscope.models.engine.forward_kwargs`); its logits are the decoder's (``last_only`` and ``keep``
+    (:func:`lenscope.models.runtime.engine.forward_kwargs`); its logits are the decoder's (``last_only`` and ``keep``
     slice them: these models compute every position's)."""
-    from ..models.engine import forward_kwargs
-    from ..models.stop import checkpoint
+    from ..models.runtime.engine import forward_kwargs
+    from ..models.runtime.stop import checkpoint
 
     checkpoint()  # every forward pass of the baselines is a chunk a caller that no longer waits can stop before
     kw = forward_kwargs(lm, input_ids, inputs_embeds=inputs_embeds, last_only=last_only, source=source,
@@ -279,7 +279,7 @@ def integrated_gradients_rows(lm: LoadedModel, ids: Tensor, target, foil=None, *
 
     ``scores[b, j] = sum_d (e_bj,d - b_d) * int_0^1 df_b/de_bj,d(b + alpha (e_b - b)) d alpha`` with ``b`` the
     baseline (:func:`ig_baseline`), the integral by ``steps``-node Gauss-Legendre quadrature
-    (:func:`lenscope.models.algebra.gauss_legendre`); every (example, node) pair is one row of the forward and
+    (:func:`lenscope.models.weights.algebra.gauss_legendre`); every (example, node) pair is one row of the forward and
     backward passes (``internal_batch_size`` rows, or ``max_tokens`` tokens, per pass; default all).
 
     Returns ``{"ig": (batch, pos) float32 CPU, "f_input", "f_baseline", "sum", "completeness_error",

@@ -3,7 +3,7 @@
 For a decoder explaining the logit of ``w`` (minus foil ``f``) at position ``t``, with the final norm affine
 given its traced scale at ``t``, the residual-stream read-out direction is
 ``d = final_norm.pullback(U_w - U_f, s_t)``. Layer ``l``'s attention writes ``sum_j T^l_{t,j}(x_j) + rest``
-(:mod:`lenscope.models.algebra`), so
+(:mod:`lenscope.models.weights.algebra`), so
 
     Logit:       Delta^l_j = T^l_{t,j}(x_j) . d                  (per head as well; Eq. 8-9)
     ALTI-Logit:  sum_l Delta^l M^{l-1}   with the ALTI rollout M (M^{-1} = identity; Eq. 10-11)
@@ -23,17 +23,17 @@ from torch import Tensor
 
 from ..errors import InvariantError
 from ..mixing.alti import EncoderDecoderMixing, carry_back, encoder_decoder_mixing, mixing_matrices
-from ..models.algebra import (
+from ..models.loading.load import LoadedModel, require_decoder, target_fields
+from ..models.runtime.request import Request, position_in
+from ..models.runtime.trace import Trace, prefix_trace, trace
+from ..models.weights.algebra import (
     attention_input_parts,
     bias_through_attention,
     f32,
     projected_value_writes,
     write_pullback,
 )
-from ..models.load import LoadedModel, require_decoder, target_fields
-from ..models.readout import Readout, traced_pullbacks
-from ..models.request import Request, position_in
-from ..models.trace import Trace, prefix_trace, trace
+from ..models.weights.readout import Readout, traced_pullbacks
 from .explanation import Explanation
 from .methods import ALTI_LOGIT
 
@@ -67,8 +67,8 @@ def attention_logit_rows(A, tr: Trace, l: int, rows: Tensor, directions: Tensor)
     and the remainders ``(k,)``, with ``scores[r].sum() + remainder[r] == attn_write[l, rows[r]] . directions[r]``.
 
     The directions are pulled back through the write (a sandwich norm, a residual multiplier:
-    :func:`~lenscope.models.algebra.write_pullback`) and then through ``W_O`` / ``W_V``
-    (:func:`~lenscope.models.algebra.projected_value_writes`), so nothing of size (src, d_model) is built; one
+    :func:`~lenscope.models.weights.algebra.write_pullback`) and then through ``W_O`` / ``W_V``
+    (:func:`~lenscope.models.weights.algebra.projected_value_writes`), so nothing of size (src, d_model) is built; one
     call serves every generated token of a text (``k`` rows) as well as one prediction (``k = 1``)."""
     layer = A.layers[l]
     z, beta = attention_input_parts(layer, tr, l, "sources")
@@ -100,7 +100,7 @@ def logit_parts(lm: LoadedModel, tr: Trace, rows: Tensor, t_ids: Tensor, f_ids: 
     An encoder-decoder model (a trace with its source): the scores are over the source tokens, then the target
     prefix's (``src`` = both): cross-attention's parts over the source, self-attention's over the prefix, in the
     same heads' rows; the attention updates hold both; each write is read along the direction carried back to it
-    through the Post-LN blocks after it (:func:`~lenscope.models.readout.traced_pullbacks`), whose norms' biases
+    through the Post-LN blocks after it (:func:`~lenscope.models.weights.readout.traced_pullbacks`), whose norms' biases
     join the constant."""
     A = lm.anatomy
     direction, const, logit = _readout(lm, tr, rows, t_ids, f_ids)
@@ -153,9 +153,10 @@ def _row(parts: dict, r: int = 0) -> dict:
 
 
 def tolerance(lm: LoadedModel) -> float:
-    """The largest invariant / completeness error a method accepts: :data:`lenscope.models.verify.TOLERANCE` for
-    float32 models, more for bfloat16 / float16 ones (their own rounding; see ``lenscope.models.verify.tolerances``)."""
-    from ..models.verify import completeness_tolerance
+    """The largest invariant / completeness error a method accepts: :data:`lenscope.models.runtime.verify.TOLERANCE` for
+    float32 models, more for bfloat16 / float16 ones (their own rounding; see
+    ``lenscope.models.runtime.verify.tolerances``)."""
+    from ..models.runtime.verify import completeness_tolerance
 
     return completeness_tolerance(lm)
 

@@ -7,12 +7,13 @@ final norm's per-token scale ``s`` taken from the trace, the norm is affine, so 
     logit = sum_c  u . (w * s * center(c))  +  u . b_norm  +  b_U[t] - b_U[f],   u = W_U[:, t] - W_U[:, f]
 
 A mixture of experts' write splits into its chosen experts (``L{l}.E{e}.mlp``): with the routing read from the trace,
-the block's output is the sum of the experts' weighted outputs (:meth:`lenscope.models.moe.MoE.expert_outputs`).
+the block's output is the sum of the experts' weighted outputs (:meth:`lenscope.models.weights.moe.MoE.expert_outputs`).
 Each attention write splits further into its heads and its output bias through the one head-write function
-(:func:`lenscope.models.algebra.head_writes` with the ``"rest"`` bias convention, on the heads' outputs recomputed
+(:func:`lenscope.models.weights.algebra.head_writes` with the ``"rest"`` bias convention, on the heads' outputs
+recomputed
 with the attention weights from the trace; through Gemma's sandwich norm, affine given its traced scale, and times
 Granite's residual multiplier); the final
-norm, the biases and the soft-cap are read through :class:`lenscope.models.readout.Readout`. The parts sum to
+norm, the biases and the soft-cap are read through :class:`lenscope.models.weights.readout.Readout`. The parts sum to
 the model's logit up to float error; ``completeness_error`` reports how far.
 """
 
@@ -24,12 +25,12 @@ import torch
 from torch import Tensor
 
 from ..errors import NotApplicableError
-from ..models.algebra import f32, head_outputs, head_writes
-from ..models.load import LoadedModel, require_decoder, target_fields
-from ..models.readout import Readout, traced_pullbacks
-from ..models.request import Request, position_in
-from ..models.sites import display_name
-from ..models.trace import Trace, trace
+from ..models.loading.load import LoadedModel, require_decoder, target_fields
+from ..models.runtime.request import Request, position_in
+from ..models.runtime.sites import display_name
+from ..models.runtime.trace import Trace, trace
+from ..models.weights.algebra import f32, head_outputs, head_writes
+from ..models.weights.readout import Readout, traced_pullbacks
 from ..results import Result
 
 
@@ -37,7 +38,7 @@ from ..results import Result
 class LogitTarget:
     """The logit an exact decomposition writes as a sum: the logit of ``target`` (minus ``foil``; None: no foil,
     ``foil_id`` None too) at ``position`` of ``tokens``, in ``model``. The first fields of
-    :class:`ComponentAttribution` and :class:`lenscope.features.attribution.FeatureAttribution`."""
+    :class:`ComponentAttribution` and :class:`lenscope.features.dictionaries.attribution.FeatureAttribution`."""
 
     model: str
     tokens: list[str]
@@ -123,7 +124,8 @@ def traced_head_writes(A, tr: Trace, l: int, p: int, which: str = "attn") -> tup
     """What each head of layer ``l`` adds to the residual stream at position ``p``, ``(head, d_model)``, and the
     part no head writes (the output bias; for a sandwich block, through the post-attention norm with its traced
     scale, plus that norm's bias; times a residual multiplier), ``(d_model,)``:
-    :func:`lenscope.models.algebra.head_writes` with the ``"rest"`` bias convention, on the heads' outputs read from
+    :func:`lenscope.models.weights.algebra.head_writes` with the ``"rest"`` bias convention, on the heads' outputs read
+    from
     the trace. ``which="cross"``: an encoder-decoder block's cross-attention heads."""
     pattern = tr.cross_pattern if which == "cross" else tr.pattern
     rows = torch.tensor([p], device=pattern[l].device)

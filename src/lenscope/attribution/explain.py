@@ -9,8 +9,8 @@ from ..errors import InputError, NotApplicableError
 from . import methods as table
 
 if TYPE_CHECKING:  # imported by the package's light face (no torch at import)
-    from ..models.load import LoadedModel
-    from ..models.trace import Trace
+    from ..models.loading.load import LoadedModel
+    from ..models.runtime.trace import Trace
     from .explanation import Explanation
 
 
@@ -50,7 +50,7 @@ def explain_all(lm: LoadedModel, text, target=None, foil=None, *, methods=None, 
                 **options) -> dict[str, Explanation]:
     """Several methods on one text, sharing one trace: ``{method: Explanation}``. Without a target, only the
     methods that need none run (``alti``, ``value-zeroing``)."""
-    from ..models.trace import trace
+    from ..models.runtime.trace import trace
 
     if methods is None:
         methods = table.names() if target is not None else table.without_target()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ..models.sites import display_name
+from ..models.runtime.sites import display_name
 from ..results import Result
 
 

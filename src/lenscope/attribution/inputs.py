@@ -7,7 +7,7 @@ scale), given to the model as ``inputs_embeds``.
 
 An encoder-decoder model (its ``source`` given): the source tokens' embeddings first, then the target prefix's,
 each as its stack computes it from ids before adding positions: ``W_E[id] * scale`` with the stack's
-:class:`~lenscope.models.anatomy.Embedding` (``lm.anatomy.encoder.embed``, ``lm.anatomy.embed``; BART, mBART and
+:class:`~lenscope.models.weights.anatomy.Embedding` (``lm.anatomy.encoder.embed``, ``lm.anatomy.embed``; BART, mBART and
 M2M-100 scale in their embedding module, Marian and Pegasus in the stack, T5 not at all: the family's reader
 knows). The model is given them as the encoder's ``inputs_embeds`` and the ``decoder_inputs_embeds``; a stack that
 multiplies given embeddings by a factor ``k`` itself (transformers' Marian and Pegasus decoders:
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..models.load import LoadedModel, token_str
+from ..models.loading.load import LoadedModel, token_str
 
 IG_BASELINES = ("zero", "pad", "mean")
 
@@ -51,7 +51,7 @@ def _embedder(lm: LoadedModel, stack=None, fed: bool = False):
     """``ids -> embeddings``: the model's input-embedding module (``stack`` None), or an encoder-decoder stack's
     token embedding before positions, ``W_E[ids] * scale``, in the model's dtype on its device (``fed``: what the
     stack is given for it, ``W_E[ids] * (scale / k)``)."""
-    from ..models.devices import main_device
+    from ..models.loading.devices import main_device
 
     if stack is None:
         return lm.model.get_input_embeddings()
@@ -139,7 +139,7 @@ def ig_baseline(lm: LoadedModel, baseline: str | Tensor = "zero", stack=None) ->
     position. The second value is ``info`` for the explanation: ``{"baseline": name}`` plus
     ``baseline_token``/``baseline_token_id`` for ``"pad"``.
     """
-    from ..models.devices import main_device
+    from ..models.loading.devices import main_device
 
     if isinstance(baseline, Tensor):
         if baseline.dim() != 1:

@@ -17,7 +17,7 @@ import time
 import torch
 
 from ..errors import InputError
-from ..models.load import LoadedModel
+from ..models.loading.load import LoadedModel
 from .atp import _ranks, attribution_patching, check_against_exact, exact_node_patching
 from .atp_star import atp_star
 from .circuit import Circuit

@@ -19,11 +19,11 @@ from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
 from ..interventions.patching import patch_nodes
-from ..models.engine import run
-from ..models.load import LoadedModel, token_str
-from ..models.moe import is_moe
-from ..models.request import Contrast, by_length, contrasts, metric_of, token_texts
-from ..models.sites import display_name
+from ..models.loading.load import LoadedModel, token_str
+from ..models.runtime.engine import run
+from ..models.runtime.request import Contrast, by_length, contrasts, metric_of, token_texts
+from ..models.runtime.sites import display_name
+from ..models.weights.moe import is_moe
 from ..results import Result
 from .gradients import atp_delta, atp_product, corrupted_runs, metric_grads
 
@@ -116,7 +116,7 @@ class NodeAttribution(Result):
 
 def prompts(lm: LoadedModel, clean, corrupted, target, foil, metric: str, position: int, pairs=None,
             what: str = "attribution patching") -> list[Contrast]:
-    """The checked prompts of a node method (:func:`lenscope.models.request.contrasts`)."""
+    """The checked prompts of a node method (:func:`lenscope.models.runtime.request.contrasts`)."""
     return contrasts(lm, clean, corrupted, target, foil, metric, position, pairs, what)
 
 

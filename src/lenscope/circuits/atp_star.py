@@ -31,10 +31,10 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..interventions.patching import patch_edits
-from ..models.engine import batches, run
-from ..models.load import LoadedModel
-from ..models.moe import is_moe
-from ..models.request import by_length, metric_of
+from ..models.loading.load import LoadedModel
+from ..models.runtime.engine import batches, run
+from ..models.runtime.request import by_length, metric_of
+from ..models.weights.moe import is_moe
 from .atp import NodeAttribution, atp_terms, coarse, prompts, result
 from .gradients import corrupted_runs, metric_grads
 

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..models.load import LoadedModel
+from ..models.loading.load import LoadedModel
 from ..results import Result
 from .graph import ComponentGraph, end_metrics, groups
 from .patch import _writes, circuit_metrics, mean_writes

@@ -27,9 +27,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..models.engine import batches, run
-from ..models.load import LoadedModel
-from ..models.request import METRICS
+from ..models.loading.load import LoadedModel
+from ..models.runtime.engine import batches, run
+from ..models.runtime.request import METRICS
 from ..results import Result
 from .gradients import metric_grads
 from .graph import ComponentGraph, end_metrics, groups, sender_writes, writer_sites

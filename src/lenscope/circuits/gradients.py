@@ -1,5 +1,5 @@
 """The metric gradients of attribution patching, one home for every AtP method (nodes :mod:`.atp`, AtP*
-:mod:`.atp_star`, edges :mod:`.edges`, a dictionary's latents :mod:`lenscope.features.attribution`).
+:mod:`.atp_star`, edges :mod:`.edges`, a dictionary's latents :mod:`lenscope.features.dictionaries.attribution`).
 
 Each of them runs the prompts grouped by token length (no padding), the corrupted prompts without gradients
 (:func:`corrupted_runs`, which also reads where the metric is), the clean ones through the engine with gradients
@@ -15,9 +15,9 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import Tensor
 
-from ..models.engine import Run, run
-from ..models.load import LoadedModel
-from ..models.request import Group, metric_of
+from ..models.loading.load import LoadedModel
+from ..models.runtime.engine import Run, run
+from ..models.runtime.request import Group, metric_of
 
 
 def read_at(pos: int, P: int) -> tuple[bool, int]:
@@ -41,7 +41,8 @@ def metric_grads(lm: LoadedModel, ids: Tensor | None, wrt: list, metric: str, ta
                  capture=None, edits=(), last_only: bool = False, inputs_embeds: Tensor | None = None,
                  dictionaries=(), allow_unused: bool = False) -> tuple[Tensor, dict, dict]:
     """One engine run of ``ids`` (or ``inputs_embeds``) with gradients and ``edits``: ``(metric (row,), captured,
-    grads)``, the per-row ``metric`` read at ``at`` (:func:`lenscope.models.request.metric_of`) and ``grads[site]``
+    grads)``, the per-row ``metric`` read at ``at`` (:func:`lenscope.models.runtime.request.metric_of`) and
+    ``grads[site]``
     the gradient of its sum at each site of ``wrt`` (None where ``allow_unused`` and the metric does not read it).
     ``capture``: the sites kept (default ``wrt``); the metric and captures keep their graph."""
     lg, cap = run(lm, ids, edits, capture=wrt if capture is None else capture, inputs_embeds=inputs_embeds,

@@ -24,13 +24,13 @@ from torch import Tensor
 
 from ..data.contrast import ContrastPair
 from ..errors import InputError, NotApplicableError
-from ..models.algebra import head_writes
-from ..models.anatomy import Layer
-from ..models.engine import run
-from ..models.load import LoadedModel, require_decoder
-from ..models.moe import is_moe
-from ..models.request import Group, by_length, contrasts, metric_of
-from ..models.sites import display_name
+from ..models.loading.load import LoadedModel, require_decoder
+from ..models.runtime.engine import run
+from ..models.runtime.request import Group, by_length, contrasts, metric_of
+from ..models.runtime.sites import display_name
+from ..models.weights.algebra import head_writes
+from ..models.weights.anatomy import Layer
+from ..models.weights.moe import is_moe
 
 __all__ = ["ComponentGraph", "Group", "end_metrics", "groups", "mlp_write", "sender_writes",
            "writer_sites"]
@@ -135,7 +135,7 @@ class ComponentGraph:
 
 def mlp_write(layer: Layer, mlp_out: Tensor) -> Tensor:
     """What the MLP adds to the residual stream (its output, through a post-MLP norm when there is one, times a
-    residual multiplier): :meth:`~lenscope.models.anatomy.Layer.write`."""
+    residual multiplier): :meth:`~lenscope.models.weights.anatomy.Layer.write`."""
     return layer.write("mlp", mlp_out)
 
 

@@ -22,10 +22,10 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..models.algebra import head_writes
-from ..models.engine import batches, run
-from ..models.load import LoadedModel
-from ..models.request import metric_of
+from ..models.loading.load import LoadedModel
+from ..models.runtime.engine import batches, run
+from ..models.runtime.request import metric_of
+from ..models.weights.algebra import head_writes
 from .edges import EdgeAttribution
 from .graph import (
     ComponentGraph,

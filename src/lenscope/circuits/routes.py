@@ -1,8 +1,9 @@
 """Information-flow routes (Ferrando & Voita, 2024): per prediction, the graph of (token, layer) nodes whose edges
 carry more than a threshold ``tau`` of each node's state, built top-down from the predicted token's last node.
 
-Every block update is a sum of vectors, read from one :class:`~lenscope.models.trace.Trace` with the decomposition
-algebra of :mod:`lenscope.models.algebra` (``"sources"`` bias convention, as ALTI):
+Every block update is a sum of vectors, read from one :class:`~lenscope.models.runtime.trace.Trace` with the
+decomposition
+algebra of :mod:`lenscope.models.weights.algebra` (``"sources"`` bias convention, as ALTI):
 
 - after attention, ``x_i^mid = x_i^l + sum_h sum_j c_{h, j->i} + b``, where ``c_{h, j->i} = A_h[i, j] (LN(x_j)
   W_V^h + b_V^h) W_O^h`` is head ``h``'s write from token ``j`` and ``b`` the output bias (a term of the sum,
@@ -26,7 +27,8 @@ Families:
 
 - pre-norm, sequential residual (GPT-2, OPT, BLOOM, Llama, Qwen2): the paper's case.
 - sandwich norms (Gemma 3): a sub-layer's write is its output through a norm whose per-token scale is taken from
-  the trace, so the write is linear in the head contributions (:func:`~lenscope.models.algebra.write_step`): each
+  the trace, so the write is linear in the head contributions (:func:`~lenscope.models.weights.algebra.write_step`):
+  each
   head term is the normed contribution, the bias term is the normed output bias plus the norm's bias; the FF term
   is the normed MLP output (``tr.mlp_write``). A residual multiplier (Granite) scales every term of the write.
 - parallel residual (GPT-NeoX): attention and the FF block both read ``x^l``, so a block is one sum,
@@ -46,12 +48,12 @@ from torch import Tensor
 
 from ..errors import InputError, InvariantError, NotApplicableError
 from ..mixing.alti import proximity, row_chunks
-from ..models.algebra import activation_scale, attention_write_parts, f32, relative_gap
-from ..models.anatomy import Anatomy
-from ..models.load import LoadedModel, require_decoder, token_str
-from ..models.sites import display_name
-from ..models.trace import Trace, prefix_trace, trace
-from ..models.verify import TOLERANCE, completeness_tolerance
+from ..models.loading.load import LoadedModel, require_decoder, token_str
+from ..models.runtime.sites import display_name
+from ..models.runtime.trace import Trace, prefix_trace, trace
+from ..models.runtime.verify import TOLERANCE, completeness_tolerance
+from ..models.weights.algebra import activation_scale, attention_write_parts, f32, relative_gap
+from ..models.weights.anatomy import Anatomy
 from ..results import Result
 
 KINDS = ("resid", "mid")  # node kinds, coded 0 and 1
@@ -271,9 +273,9 @@ def _per_row_bytes(A: Anatomy, l: int, n_src: int, per_head: bool) -> int:
 def routes_from_trace(A: Anatomy, tr: Trace, *, tau: float = 0.04, per_head: bool = True, model: str = "",
                       prediction: str = "", tolerance: float | None = None) -> InformationFlowRoutes:
     """The routes of the last position of ``tr`` (a causal decoder's trace, cut to the predicted position with
-    :func:`~lenscope.models.trace.prefix_trace`); see :func:`information_flow_routes`. Raises
+    :func:`~lenscope.models.runtime.trace.prefix_trace`); see :func:`information_flow_routes`. Raises
     :class:`~lenscope.errors.InvariantError` when a sum's terms miss the traced state by more than ``tolerance``
-    (default :data:`lenscope.models.verify.TOLERANCE`)."""
+    (default :data:`lenscope.models.runtime.verify.TOLERANCE`)."""
     if A.placement == "post" or not A.causal:
         raise NotApplicableError("information-flow routes explain a causal decoder's next-token prediction; use a "
                                  "pre-norm, sandwich or parallel decoder (GPT-2, Llama, Gemma 3, GPT-NeoX, ...)")
@@ -341,7 +343,7 @@ def information_flow_routes(lm: LoadedModel, text_or_ids, *, position: int = -1,
     """The information-flow routes of the prediction at ``position`` (Ferrando & Voita 2024): the edges that carry
     more than ``tau`` (paper: about 0.04) of their node's state, reached top-down from the last-layer node of
     ``position``; heads apart (``per_head``) or summed per layer (``L{l}.attn``). One forward pass (a
-    :class:`~lenscope.models.trace.Trace`); a causal decoder of any placement but Post-LN (module docstring)."""
+    :class:`~lenscope.models.runtime.trace.Trace`); a causal decoder of any placement but Post-LN (module docstring)."""
     require_decoder(lm, "information-flow routes", instead="use a causal decoder (GPT-2, Llama, Gemma 3, ...)",
                     causal=True)
     if not isinstance(tau, (int, float)) or not tau >= 0:

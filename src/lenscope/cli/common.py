@@ -78,7 +78,7 @@ def print_json(obj) -> None:
 def load_model(name: str, dtype: str | None = None, device_map: str | dict | None = None):
     """Load a model for a command; ``dtype`` / ``device_map`` as given by ``--dtype`` / ``--device-map`` (None:
     float32 on one device, as before)."""
-    from ..models.load import load
+    from ..models.loading.load import load
 
     if dtype is None and device_map is None:
         return load(name)

@@ -1,5 +1,5 @@
 """``lenscope dict eval``: a dictionary (or a folder of them) evaluated on held-out text beside its baselines
-(:func:`lenscope.features.evaluate.evaluate_dictionaries`)."""
+(:func:`lenscope.features.dictionaries.evaluate.evaluate_dictionaries`)."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def eval_cmd(
     held-out text, beside PCA (SAEs) or linear (transcoders) baselines; the replacement model of several
     transcoders."""
     from ..errors import InputError
-    from ..features.evaluate import evaluate_dictionaries
+    from ..features.dictionaries.evaluate import evaluate_dictionaries
     from ..memory import parse_size
-    from ..models.dictionary import load_dictionaries
+    from ..models.dictionaries.dictionary import load_dictionaries
 
     for name, v in (("--tokens", tokens), ("--splice-tokens", splice_tokens), ("--fit-tokens", fit_tokens),
                     ("--seq-len", seq_len), ("--batch-size", batch_size)):

@@ -12,7 +12,7 @@ def pick_dictionary(dicts: list, site: str | None, path: str):
     """The one dictionary of a ``--dict`` folder that a command uses: the only one, or the one of ``--site``
     (a folder with several needs it; a one-line InputError otherwise)."""
     from ..errors import InputError
-    from ..models.sites import site_key
+    from ..models.runtime.sites import site_key
 
     sites = [d.site for d in dicts]
     if site is None:
@@ -47,7 +47,7 @@ def dict_show_cmd(
     """One feature of a dictionary, on held-out text: top contexts, histogram, density, promoted tokens."""
     from ..data.corpus import corpus_files
     from ..errors import InputError
-    from ..models.dictionary import load_dictionaries
+    from ..models.dictionaries.dictionary import load_dictionaries
 
     if not (html or as_json or save):
         raise InputError("nothing to write: give --html PATH, --json or --save PATH")
@@ -57,7 +57,7 @@ def dict_show_cmd(
     if not 0 <= feature < d.width:
         raise InputError(f"--feature {feature} is outside the dictionary's {d.width} latents (0..{d.width - 1})")
     corpus_files(data)  # a missing file is refused before the model loads
-    from ..features.cards import feature_card
+    from ..features.dictionaries.cards import feature_card
     from .common import load_model
 
     lm = load_model(model)

@@ -1,11 +1,11 @@
 """``lenscope dict train``: train sparse dictionaries (SAEs, transcoders, skip transcoders) from a model's activations
-streamed over a text, or from a tensor file (:mod:`lenscope.features.train`)."""
+streamed over a text, or from a tensor file (:mod:`lenscope.features.dictionaries.train`)."""
 
 from __future__ import annotations
 
 import typer
 
-from ..models import dictionary_kinds as kinds
+from ..models.dictionaries import kinds as kinds
 from .common import MODEL_HELP, handle_errors, load_model, print_json
 from .options import DTYPE_OPTION, JSON_SUMMARY_OPTION, MAX_MEMORY_OPTION, RESUME_OPTION, SEED_OPTION, SEQ_LEN_OPTION
 
@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         """Train sparse dictionaries on a model's activations (--data) or on a tensor file (--activations)."""
         from ..distributed import ddp
         from ..errors import InputError
-        from ..features.train import DictSettings, train
+        from ..features.dictionaries.train import DictSettings, train
         from ..memory import parse_size
 
         if transcoder and skip:

@@ -32,11 +32,11 @@ def register(app: typer.Typer) -> None:
         """The features of sparse dictionaries (SAEs, transcoders) active at each token of TEXT; with --target, the
         logit of TARGET (minus FOIL) as an exact sum over those features, the dictionaries' biases and errors and the
         other components."""
-        from ..features.attribution import feature_dla
-        from ..features.result import active_features
-        from ..models.dictionary import load_dictionaries
-        from ..models.load import token_ids
-        from ..models.request import position_in
+        from ..features.dictionaries.attribution import feature_dla
+        from ..features.dictionaries.result import active_features
+        from ..models.dictionaries.dictionary import load_dictionaries
+        from ..models.loading.load import token_ids
+        from ..models.runtime.request import position_in
 
         if top < 1:
             fail("--top must be at least 1")

@@ -46,10 +46,10 @@ def register(app: typer.Typer) -> None:
         circuit-tracer prunes."""
         from pathlib import Path
 
-        from ..features.graph import attribution_graph
-        from ..features.graph_export import write_circuit_tracer
+        from ..features.graphs.export import write_circuit_tracer
+        from ..features.graphs.graph import attribution_graph
         from ..memory import parse_size
-        from ..models.dictionary import load_dictionaries
+        from ..models.dictionaries.dictionary import load_dictionaries
 
         for name, v in (("--node-threshold", node_threshold), ("--edge-threshold", edge_threshold)):
             if not 0.0 <= v <= 1.0:
@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
                               batch_size=batch_size, max_memory=budget, progress=not as_json)
         th = {"node_threshold": node_threshold, "edge_threshold": edge_threshold}
         if heads:
-            from ..features.graph_heads import edge_heads
+            from ..features.graphs.heads import edge_heads
 
             g.set_heads(edge_heads(lm, g, dicts, max_memory=budget, progress=not as_json, **th))
         if out:

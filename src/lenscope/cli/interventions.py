@@ -176,7 +176,7 @@ def neurons_cmd(
 ):
     """Knowledge neurons (Dai et al. 2022): IG over MLP hidden units, then suppress / amplify vs random ones."""
     from ..interventions.neurons import knowledge_neurons
-    from ..models.sites import display_name
+    from ..models.runtime.sites import display_name
 
     if steps < 1 or batch_size < 1:
         fail("--steps and --batch-size must be at least 1")

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
         """List the model names lenscope knows (and whether each is installed), and every model family it reads with
         what the family supports (read from the Anatomies of its tiny models)."""
         from ..models.families import family_rows, tiny_names
-        from ..models.load import EMBEDDED, installed
+        from ..models.loading.load import EMBEDDED, installed
 
         rows = [{"name": m.name, "kind": "embedded", "installed": installed(m.name), "description": m.description,
                  "install": m.install} for m in EMBEDDED.values()]
@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = JSON_OPTION,
     ):
         """Recompute every sub-layer with lenscope's own math and compare with the real model (exit 1 if not ok)."""
-        from ..models.verify import DEFAULT_TEXT, PATTERN_KEY, verify
+        from ..models.runtime.verify import DEFAULT_TEXT, PATTERN_KEY, verify
 
         lm = model.load()
         rep = verify(lm, text if text is not None else DEFAULT_TEXT, source=source)

@@ -74,7 +74,7 @@ def report_cmd(
     method_list = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
     dictionaries = None
     if dict_dir is not None:
-        from ..models.dictionary import load_dictionaries
+        from ..models.dictionaries.dictionary import load_dictionaries
 
         dictionaries = load_dictionaries(dict_dir)
     con = Console(stderr=True, soft_wrap=True)

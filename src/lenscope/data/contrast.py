@@ -15,7 +15,7 @@ prompt and low (ideally flipped) on the corrupted one. Where pairs come from (:f
 Token lengths and single-token targets depend on the model's tokenizer: :func:`check_lengths` checks a list
 of pairs, and the generators take the same ``tokenize`` to draw only pairs that fit. ``tokenize(text) ->
 list[int]`` must not add special tokens (a BOS would make every target two tokens); :func:`tokenize_with`
-makes one from a tokenizer or a loaded model, the way :func:`lenscope.models.load.resolve_token` reads a
+makes one from a tokenizer or a loaded model, the way :func:`lenscope.models.loading.load.resolve_token` reads a
 target (``add_special_tokens=False``, the text as given, ``"#ID"`` a token id).
 """
 
@@ -67,7 +67,7 @@ class ContrastPair:
 
 def tokenize_with(tokenizer) -> Tokenize:
     """``tokenize(text) -> list[int]`` from a transformers tokenizer (or a loaded model: its ``.tokenizer``),
-    without special tokens, as :func:`lenscope.models.load.resolve_token` reads a target."""
+    without special tokens, as :func:`lenscope.models.loading.load.resolve_token` reads a target."""
     tok = getattr(tokenizer, "tokenizer", tokenizer)
     if not callable(tok):
         raise InputError(f"tokenize_with needs a tokenizer or a loaded model, not {type(tokenizer).__name__}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from ..models.load import LoadedModel
+from ..models.loading.load import LoadedModel
 
 
 def read_text(path: str | Path) -> str:

@@ -10,8 +10,8 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..lenses.lenses import Lens, LogitLens, decode
-from ..models.load import LoadedModel, require_decoder
-from ..models.trace import residual_states
+from ..models.loading.load import LoadedModel, require_decoder
+from ..models.runtime.trace import residual_states
 from ..results import Result, axis_size
 from .task import ANSWER_WORDS, answer_token_ids, first_token_ids, prompt_ids
 

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..lenses.lenses import Lens
-from ..models.load import LoadedModel
+from ..models.loading.load import LoadedModel
 from ..results import Result
 from .detectors import DETECTORS, anomaly_scores, auroc, auroc_interval, bootstrap_aurocs, make_detector
 from .features import DetectionFeatures, detection_features

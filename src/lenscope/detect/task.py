@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..data.shared import shared_file
 from ..errors import InputError
-from ..models.load import LoadedModel
+from ..models.loading.load import LoadedModel
 
 # ---------------------------------------------------------------------------------------------- the task
 

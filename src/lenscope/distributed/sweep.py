@@ -43,7 +43,7 @@ class _Worker:
     def __init__(self, model: str, threads: int, load_kwargs: dict):
         import torch
 
-        from ..models.load import load
+        from ..models.loading.load import load
 
         torch.set_num_threads(threads)
         self.lm = load(model, **load_kwargs)
@@ -96,7 +96,7 @@ def sweep_map(job: Callable, items: Sequence, todo: Sequence[int], *, lm=None, m
     todo = list(todo)
     if not ray:
         if lm is None:
-            from ..models.load import load
+            from ..models.loading.load import load
 
             lm = load(model)
         for i in todo:

@@ -13,7 +13,7 @@ The run is organised so that it can be resumed and, later, distributed:
    (means, bootstrap intervals, groups, per-layer contributions, timing).
 
 The methods run through their batch forms (``lenscope.attribution.baselines.*_rows``, the same code as
-``lenscope.explain``); the trace-based ones on :func:`lenscope.models.trace.batch_traces`.
+``lenscope.explain``); the trace-based ones on :func:`lenscope.models.runtime.trace.batch_traces`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import torch
 
 from ..data.datasets import Example, expand_specs, load_dataset
 from ..errors import InputError, LenscopeError
-from ..models.load import require_decoder
+from ..models.loading.load import require_decoder
 from .evidence import prepare
 from .metrics import POSITIONAL, alignment, positional_scores
 from .summary import AlignmentSummary, _clean, summarise
@@ -74,7 +74,7 @@ def _floats(t) -> list:
 def sentence_logprob(lm, ids: list[int]) -> float:
     """``sum_k log p(ids[k] | ids[:k])`` for ``k >= 1`` (the first id is the start token)."""
     from ..attribution.baselines import eval_mode, model_logits
-    from ..models.devices import main_device
+    from ..models.loading.devices import main_device
 
     x = torch.as_tensor(ids, dtype=torch.long, device=main_device(lm.model))[None]
     with eval_mode(lm.model):
@@ -107,7 +107,7 @@ def evaluate_examples(lm, examples: list[Example], methods=None, *, ig_steps: in
     """
     from ..attribution import baselines as rows
     from ..attribution import methods as table
-    from ..models.trace import batch_traces
+    from ..models.runtime.trace import batch_traces
     from ..version import code_version
 
     check_model(lm)

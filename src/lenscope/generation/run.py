@@ -2,7 +2,7 @@
 
 In a causal decoder the prediction of generated token ``p`` (read at ``p - 1``) sees only tokens ``0..p-1``, so
 the states every step's explanation needs are all in one forward pass over the final sequence: a prefix's trace
-is the full trace cut short (:func:`lenscope.models.trace.prefix_trace`), and a prefix's ALTI / value-zeroing
+is the full trace cut short (:func:`lenscope.models.runtime.trace.prefix_trace`), and a prefix's ALTI / value-zeroing
 contributions are the top-left block of the full ones. So
 
 - Logit and ALTI-Logit: one trace; the per-step read-out directions go through the logit algebra as the rows of
@@ -36,11 +36,11 @@ from ..attribution import methods as table
 from ..errors import InputError, NotApplicableError, UnsupportedModelError
 from ..lenses.depth import depths_from_agreement
 from ..lenses.lenses import Lens, LogitLens
-from ..models.engine import edits_within
-from ..models.load import LoadedModel, require_decoder, token_ids
-from ..models.readout import Readout
-from ..models.request import Request
-from ..models.trace import source_ids, trace
+from ..models.loading.load import LoadedModel, require_decoder, token_ids
+from ..models.runtime.engine import edits_within
+from ..models.runtime.request import Request
+from ..models.runtime.trace import source_ids, trace
+from ..models.weights.readout import Readout
 from .result import Generation, stack_scores
 
 MAX_TOKENS = table.MAX_TOKENS
@@ -84,12 +84,12 @@ def _edit_list(lm: LoadedModel, edits, prompt_len: int, max_new_tokens: int) -> 
         return None
     if callable(edits):
         edits = edits(prompt_len, prompt_len + max_new_tokens)
-    from ..models.engine import Edit
+    from ..models.runtime.engine import Edit
 
     edits = list(edits)
     for e in edits:
         if not isinstance(e, Edit):
-            raise InputError(f"edits must be lenscope.models.engine.Edit objects, not {type(e).__name__}")
+            raise InputError(f"edits must be lenscope.models.runtime.engine.Edit objects, not {type(e).__name__}")
         if int(torch.as_tensor(e.rows).max()) > 0:
             raise InputError("a generation is one batch row: its edits take rows=0")
     return edits
@@ -99,10 +99,11 @@ def _edit_list(lm: LoadedModel, edits, prompt_len: int, max_new_tokens: int) -> 
 def _decode_edited(lm: LoadedModel, ids: Tensor, max_new_tokens: int, edits: list, eos, sample: bool,
                    seed: int | None, temperature: float) -> Tensor:
     """The decoding loop with the engine's ``edits`` applied at every step: one forward pass per token through
-    :func:`lenscope.models.engine.run` with a key/value cache (each step's edits are the entries at its position).
+    :func:`lenscope.models.runtime.engine.run` with a key/value cache (each step's edits are the entries at its
+    position).
     Greedy takes the arg-max (as transformers does); sampling draws from the softmax at ``temperature`` with a
     generator seeded by ``seed`` (the global random state is untouched)."""
-    from ..models.engine import new_cache, run
+    from ..models.runtime.engine import new_cache, run
 
     stop = set(eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos])
     gen = None
@@ -132,11 +133,12 @@ def decode(lm: LoadedModel, ids: Tensor, max_new_tokens: int, *, sample: bool = 
     ``generate`` (greedy, or sampling from the softmax at ``temperature`` with no top-k / top-p cut, seeded by
     ``seed`` without touching the global random state), stopping after the end-of-sequence token.
 
-    ``edits``: the engine's edits (:class:`~lenscope.models.engine.Edit`, row 0, positions counted from the start
+    ``edits``: the engine's edits (:class:`~lenscope.models.runtime.engine.Edit`, row 0, positions counted from the
+    start
     of the prompt) applied at every decoding step, through lenscope's own loop with the key/value cache (see
     :func:`_decode_edited`); or a function ``(prompt_len, max_len) -> edits``. An empty list applies nothing and
     uses transformers' ``generate``, like None."""
-    from ..models.devices import main_device
+    from ..models.loading.devices import main_device
 
     tok = lm.tokenizer
     eos = _eos(lm)
@@ -205,7 +207,7 @@ def _source(lm: LoadedModel, source, methods: list[str], *, chat: bool, sample: 
 @torch.no_grad()
 def decode_source(lm: LoadedModel, source: Tensor, ids: Tensor, max_new_tokens: int) -> tuple[Tensor, list[str]]:
     """An encoder-decoder model's decoder sequence ``(pos,)``: its input ``ids`` (from the decoder's start token:
-    :func:`lenscope.models.load.target_prefix_ids`) and up to ``max_new_tokens`` tokens of transformers' greedy
+    :func:`lenscope.models.loading.load.target_prefix_ids`) and up to ``max_new_tokens`` tokens of transformers' greedy
     ``generate`` given ``source (src,)``, stopping after the end-of-sequence token; and notes.
 
     ``ids`` go in as they are (``decoder_input_ids``, with ``decoder_start_token_id`` their first token, so that
@@ -213,7 +215,7 @@ def decode_source(lm: LoadedModel, source: Tensor, ids: Tensor, max_new_tokens: 
     token is the most likely (:data:`PLAIN`: e.g. Marian's ``forced_eos_token_id``, mBART-50's forced language
     code) are turned off, and each one that was set is named in a note: every token is the argmax of the model's
     logits, the prediction its explanation explains."""
-    from ..models.devices import main_device
+    from ..models.loading.devices import main_device
 
     tok = lm.tokenizer
     eos = _eos(lm)
@@ -299,15 +301,18 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
     ``steps`` / ``baseline`` (ig), ``batch_size`` (rows per pass of the gradient methods and erasure).
     ``progress(stage, done, total)`` is called as the stages advance.
 
-    ``edits``: the engine's edits (:class:`~lenscope.models.engine.Edit`; row 0, positions counted from the start
+    ``edits``: the engine's edits (:class:`~lenscope.models.runtime.engine.Edit`; row 0, positions counted from the
+    start
     of the prompt, e.g. a steering vector from :func:`lenscope.steering.steering_edits`, or a head ablated while
     the model writes), or a function ``(prompt_len, max_len) -> edits``: applied at every decoding step (with
     the cache) and in the pass that the statistics and depths are read from. The explanations decompose the
     unedited model, so they are refused with edits (``explain=()``).
 
-    ``source``: an encoder-decoder (translation) model's source text (or ids: :func:`lenscope.models.trace.source_ids`);
+    ``source``: an encoder-decoder (translation) model's source text (or ids:
+    :func:`lenscope.models.runtime.trace.source_ids`);
     ``prompt`` is then the target prefix (may be ``""``: the decoder reads its start token, and a multilingual
-    tokenizer's target language code, :func:`lenscope.models.load.target_prefix_ids`; ids are the decoder's input
+    tokenizer's target language code, :func:`lenscope.models.loading.load.target_prefix_ids`; ids are the decoder's
+    input
     from its start token). Greedy, through transformers' ``generate`` (:func:`decode_source`); the scores run over
     the source's tokens and then the decoder's (``Generation.n_source``), by the methods that read a source
     (:func:`lenscope.attribution.methods.source_readers`). Sampling, ``chat``, ``edits`` and ``lens`` are refused
@@ -383,7 +388,7 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
     positions = list(range(P, n))
 
     def f_input():
-        from ..models.request import metric_of
+        from ..models.runtime.request import metric_of
 
         return metric_of(tr.logits[rows], "logit_diff", tok, foils).double()
 

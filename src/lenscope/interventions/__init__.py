@@ -1,10 +1,10 @@
 """Interventions: activation patching and causal tracing, batched, on every family.
 
-Every method runs the model through the engine (:mod:`lenscope.models.engine`: sites, captures and edits), so
+Every method runs the model through the engine (:mod:`lenscope.models.runtime.engine`: sites, captures and edits), so
 nothing here asks which family it runs on.
 """
 
-from ..models.engine import Edit, run
+from ..models.runtime.engine import Edit, run
 from .neurons import KnowledgeNeurons, RefinedNeurons, knowledge_neurons, neuron_attributions, refined_knowledge_neurons
 from .patching import PatchingResult, activation_patching
 from .paths import path_patching

@@ -28,10 +28,10 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, encode, require_decoder, token_ids, token_str
-from ..models.moe import MoE
-from ..models.request import Request, position_in, token_texts
+from ..models.loading.load import LoadedModel, encode, require_decoder, token_ids, token_str
+from ..models.runtime.engine import Edit, batches, run
+from ..models.runtime.request import Request, position_in, token_texts
+from ..models.weights.moe import MoE
 from ..results import Result
 
 # the target's probability: unedited, then the neurons and the random control each × 0 and × 2

@@ -17,10 +17,10 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, require_decoder, target_fields
-from ..models.request import METRICS, check_metric, contrast, metric_of, position_in, token_texts
-from ..models.sites import PART_SITES, display_name
+from ..models.loading.load import LoadedModel, require_decoder, target_fields
+from ..models.runtime.engine import Edit, batches, run
+from ..models.runtime.request import METRICS, check_metric, contrast, metric_of, position_in, token_texts
+from ..models.runtime.sites import PART_SITES, display_name
 from ..results import Result
 
 __all__ = ["METRICS", "WHATS", "PatchingResult", "activation_patching", "contrast", "metric_of", "patch_edits",

@@ -19,10 +19,10 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, require_decoder, target_fields
-from ..models.request import METRICS, contrast, metric_of, token_texts
-from ..models.sites import PART_SITES
+from ..models.loading.load import LoadedModel, require_decoder, target_fields
+from ..models.runtime.engine import Edit, batches, run
+from ..models.runtime.request import METRICS, contrast, metric_of, token_texts
+from ..models.runtime.sites import PART_SITES
 from .patching import PatchingResult, patch_edits, share_restored
 
 SENDERS = ("heads", "attn", "mlp")

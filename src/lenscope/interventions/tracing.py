@@ -24,10 +24,10 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..models.engine import Edit, batches, run
-from ..models.load import LoadedModel, encode, require_decoder, token_str
-from ..models.request import Request, token_texts
-from ..models.sites import PART_SITES
+from ..models.loading.load import LoadedModel, encode, require_decoder, token_str
+from ..models.runtime.engine import Edit, batches, run
+from ..models.runtime.request import Request, token_texts
+from ..models.runtime.sites import PART_SITES
 from ..results import Result
 from .patching import patch_edits
 

@@ -14,7 +14,7 @@ evaluations on all of them. The basis is finally sorted by ``sigma`` (a later di
 earlier one when the earlier search stopped at a local maximum); ``reordered`` says whether it had to.
 
 **Causal fidelity** ablates each basis direction in the *model's* residual stream at the same state (every
-position, mean ablation as above, through the engine, :func:`lenscope.models.engine.run`) and measures the KL of
+position, mean ablation as above, through the engine, :func:`lenscope.models.runtime.engine.run`) and measures the KL of
 the model's final output: ``model_sigma``. A lens whose features are causally faithful ranks the directions
 the way the model does: ``fidelity_spearman`` is the Spearman correlation of ``sigma`` and ``model_sigma``.
 """
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError
-from ..models.load import LoadedModel
+from ..models.loading.load import LoadedModel
 from ..results import Result, axis_size
 from ..stats import spearman_or_none
 from .influence import InfluenceObjective, influence_objective, layer_states, lens_influence, model_influence

@@ -11,7 +11,8 @@ token; the token itself for masked-LM encoders): ``spearman_with_loss`` ranks ne
 every settled one (depth ``n_layers``), ``mean_depth`` averages the tokens that settle.
 
 Speed: only top-1 tokens are needed, so the lens states are decoded with a bfloat16 unembedding matmul
-(AMX/AVX-512) and made exact afterwards (:meth:`lenscope.models.readout.Readout.top1`): the 16 best candidates of
+(AMX/AVX-512) and made exact afterwards (:meth:`lenscope.models.weights.readout.Readout.top1`): the 16 best candidates
+of
 each row are recomputed in float32, and a row is recomputed entirely in float32 unless its exact best beats every
 other token's bfloat16 logit by more than a rounding-error bound (so the result equals the float32 argmax).
 """
@@ -28,9 +29,9 @@ from torch import Tensor
 
 from ..data.jsonl import jsonl_rows
 from ..errors import InputError, NotApplicableError
-from ..models.load import LoadedModel, encode, require_decoder
-from ..models.readout import Readout
-from ..models.trace import residual_states
+from ..models.loading.load import LoadedModel, encode, require_decoder
+from ..models.runtime.trace import residual_states
+from ..models.weights.readout import Readout
 from ..results import Result, axis_size
 from ..stats import spearman_or_none
 from .evaluate import prediction_depth

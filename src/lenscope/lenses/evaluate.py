@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..models.load import LoadedModel
-from ..models.trace import residual_states
+from ..models.loading.load import LoadedModel
+from ..models.runtime.trace import residual_states
 from ..results import Result
 from .lenses import Lens, decode
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from ..errors import InputError
-from ..models.load import LoadedModel
-from ..models.summary import same_model
+from ..models.loading.load import LoadedModel
+from ..models.loading.summary import same_model
 from .lenses import LENS_FORMAT, TunedLens
 
 

@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.load import LoadedModel
-from ..models.readout import Readout
+from ..models.loading.load import LoadedModel
+from ..models.weights.readout import Readout
 from .lenses import Lens, LogitLens, decode
 
 __all__ = ["InfluenceObjective", "influence_objective", "layer_states", "lens_influence", "model_influence"]
@@ -43,8 +43,8 @@ def layer_states(lm: LoadedModel, sequences: Tensor, layer: int, *, batch_size: 
                  skip_first: bool = True) -> Tensor:
     """Residual states ``(tokens, d_model)`` at state ``layer`` of every position of ``sequences (n_seq, pos)``
     (float32; without each sequence's first position when ``skip_first``)."""
-    from ..models.engine import run
-    from ..models.trace import residual_states
+    from ..models.runtime.engine import run
+    from ..models.runtime.trace import residual_states
 
     L = lm.anatomy.n_layers
     if not 0 <= layer <= L:
@@ -241,7 +241,7 @@ def model_influence(lm: LoadedModel, sequences: Tensor, layer: int, directions: 
 
     ``layer == n_layers`` (the last residual state, before the final norm) is the logit lens's influence there.
     """
-    from ..models.engine import Edit, run
+    from ..models.runtime.engine import Edit, run
 
     A = lm.anatomy
     L = A.n_layers

@@ -24,9 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import InputError, NotApplicableError
-from ..models.anatomy import Anatomy
-from ..models.load import LoadedModel
-from ..models.summary import fingerprint  # noqa: F401 (re-exported)
+from ..models.loading.load import LoadedModel
+from ..models.loading.summary import fingerprint  # noqa: F401 (re-exported)
+from ..models.weights.anatomy import Anatomy
 
 LENS_FORMAT = 1
 

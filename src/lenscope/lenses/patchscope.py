@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.engine import capture
-from ..models.load import LoadedModel, encode, require_decoder
+from ..models.loading.load import LoadedModel, encode, require_decoder
+from ..models.runtime.engine import capture
 from .lenses import Lens
 
 IDENTITY_PROMPT = "cat -> cat; 1135 -> 1135; hello -> hello; ?"
@@ -154,7 +154,7 @@ class PatchscopeLens(Lens):
     def _last_row_attention(self, j: int):
         """Block ``j``'s attention without its mask (the same weights, no copies) when the prompt's last query may
         attend to every key of the prompt (no ALiBi, no window shorter than the prompt): then its probabilities
-        are :meth:`~lenscope.models.anatomy.Attention.probs` of that query alone. None otherwise."""
+        are :meth:`~lenscope.models.weights.anatomy.Attention.probs` of that query alone. None otherwise."""
         if self._unmasked is None:
             P = self.n_prompt
             self._unmasked = [

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.load import LoadedModel, encode, require_decoder
-from ..models.trace import Trace, residual_states
+from ..models.loading.load import LoadedModel, encode, require_decoder
+from ..models.runtime.trace import Trace, residual_states
 from ..results import Result, axis_size
 from ..viz.notebook import ReportView
 from .lenses import Lens, LogitLens, decode

@@ -6,7 +6,7 @@ composes the layers: ``M^0 = C^0``, ``M^l = C^l M^{l-1}``.
 
 - ALTI (each contribution computed as a sum of element-wise terms that do not cancel, see
   :func:`factored_proximity`, so float32 suffices): the state after attention + residual (Post-LN: + its
-  LayerNorm) decomposed exactly by :mod:`lenscope.models.algebra` (``"sources"`` convention):
+  LayerNorm) decomposed exactly by :mod:`lenscope.models.weights.algebra` (``"sources"`` convention):
   ``y_i = sum_j T~_i(j) + rest_i``;
   ``c_ij = max(0, ||y_i||_1 - ||y_i - T~_i(j)||_1)``, rows normalised. The MLP does not mix tokens.
 - Value zeroing: the whole block recomputed with source ``j``'s value vectors zeroed in every head;
@@ -21,7 +21,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, NotApplicableError
-from ..models.algebra import (
+from ..models.runtime.stop import checkpoint
+from ..models.runtime.trace import Trace, prefix_trace
+from ..models.weights.algebra import (
     Factored,
     activation_scale,
     add_residual,
@@ -35,9 +37,7 @@ from ..models.algebra import (
     value_writes,
     write_step,
 )
-from ..models.anatomy import Anatomy, astype
-from ..models.stop import checkpoint
-from ..models.trace import Trace, prefix_trace
+from ..models.weights.anatomy import Anatomy, astype
 from ..results import Result
 from ..viz.notebook import ReportView
 

@@ -2,7 +2,7 @@
 
 For every layer and scope, an ``(pos, src)`` map whose cell ``(i, j)`` is ``||F_i(x_j)||_2``: the norm of the
 part of output ``i`` that comes from the layer's input ``x_j``. The parts come from
-:mod:`lenscope.models.algebra` (``"remainder"`` convention: every bias goes to the remainder), carried one
+:mod:`lenscope.models.weights.algebra` (``"remainder"`` convention: every bias goes to the remainder), carried one
 sub-layer at a time; each scope's parts plus its remainder add up to the real activation read from the
 trace, and the result reports how closely (``completeness_error``: the worst position's error norm relative
 to the RMS of the activation's vector norms).
@@ -27,7 +27,9 @@ import torch
 from torch import Tensor
 
 from ..errors import InputError, InvariantError
-from ..models.algebra import (
+from ..models.runtime.stop import checkpoint
+from ..models.runtime.trace import Trace, prefix_trace
+from ..models.weights.algebra import (
     Decomposition,
     Factored,
     activation_scale,
@@ -41,8 +43,6 @@ from ..models.algebra import (
     relative_gap,
     write_step,
 )
-from ..models.stop import checkpoint
-from ..models.trace import Trace, prefix_trace
 from ..results import Result
 from ..viz.notebook import ReportView
 from .alti import refuse_encoder_decoder
@@ -204,7 +204,7 @@ def context_mixing(lm, text=None, scopes=None, *, layers=None, tr: Trace | None 
     the model is then wrong (float32 rounding stays near 1e-5). With ``numeric_steps`` the FF scopes' error
     includes the quadrature's (gated MLPs: ~1e-2 at 20 steps) and is reported only.
     """
-    from ..models.trace import trace
+    from ..models.runtime.trace import trace
 
     A = lm.anatomy
     if tr is not None:
@@ -254,7 +254,7 @@ def context_mixing(lm, text=None, scopes=None, *, layers=None, tr: Trace | None 
             progress(l)
     info = {"ig": "numeric" if numeric_steps else "exact", "nodes": nodes, "numeric_steps": numeric_steps,
             "quadrature_error": quad}
-    from ..models.verify import completeness_tolerance
+    from ..models.runtime.verify import completeness_tolerance
 
     tol = completeness_tolerance(lm)  # models.verify.TOLERANCE; more for bfloat16 / float16 models
     out = {}

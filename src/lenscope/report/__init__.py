@@ -102,7 +102,8 @@ def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None
     ``generate``: a number of tokens to generate after ``text`` and explain token by token (adds the generation
     view, :class:`~.sections.Generation`); ``explain``: that view's methods (default
     :attr:`~.sections.Generation.methods`).
-    ``dictionaries``: sparse dictionaries (:func:`~lenscope.models.dictionary.load_dictionaries`): adds the features
+    ``dictionaries``: sparse dictionaries (:func:`~lenscope.models.dictionaries.dictionary.load_dictionaries`): adds the
+    features
     view (:class:`~.sections.Features`), with the cards of the strongest features at the last position measured on
     ``dict_tokens`` held-out tokens of ``dict_data`` (a text file or corpus folder) when given, and, when they include
     transcoders, the attribution graph (:class:`~.sections.Graph`).
@@ -163,9 +164,9 @@ def _alignment_report(ctx: ReportContext, sections, progress, t0: float) -> Repo
 
 def alignment_meta(ctx: ReportContext) -> dict:
     """The run card of a translation pair: the model, the source and the target (the text) with their tokens."""
-    from ..models.load import target_prefix_ids
-    from ..models.request import token_texts
-    from ..models.trace import source_ids
+    from ..models.loading.load import target_prefix_ids
+    from ..models.runtime.request import token_texts
+    from ..models.runtime.trace import source_ids
 
     A, lm = ctx.lm.anatomy, ctx.lm
     return {"model": lm.name, "family": A.family, "model_type": A.model_type, "n_layers": A.n_layers,

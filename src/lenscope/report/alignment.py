@@ -88,8 +88,8 @@ def alignment_view(lm, source: str, target: str, methods=None, gold: AlignedPair
     (``[(name, value, tolerance)]``: ``verify`` on the pair, then each method's invariants, checked on every target
     token by ``pair_scores``)."""
     from ..evaluate.aer import alignment_error_rate, pair_words
-    from ..models.request import token_texts
-    from ..models.verify import verify
+    from ..models.runtime.request import token_texts
+    from ..models.runtime.verify import verify
     from ..viz.views.alignment import alignment_payload
 
     check_pair(lm, source)

@@ -10,8 +10,8 @@ from functools import cached_property
 from torch import Tensor
 
 from ..errors import InputError
-from ..models.load import LoadedModel, token_ids
-from ..models.request import Request
+from ..models.loading.load import LoadedModel, token_ids
+from ..models.runtime.request import Request
 from ..viz.report.payloads import packed, unpack  # noqa: F401 - re-exported: lenscope.report.packed
 
 
@@ -53,7 +53,8 @@ class ReportContext:
     circuit: dict | None = None  # a circuit_json result computed elsewhere (lenscope circuit --html) to show as is
     generate: int | None = None  # tokens to generate after the text and explain (the generation view)
     explain: tuple[str, ...] | None = None  # the generation view's methods (default: sections.Generation.methods)
-    dictionaries: list | None = None  # sparse dictionaries (lenscope.models.dictionary.Dictionary): the features view
+    # sparse dictionaries (lenscope.models.dictionaries.dictionary.Dictionary): the features view
+    dictionaries: list | None = None
     dict_data: str | None = None  # text whose held-out part the features view's cards are measured on
     dict_tokens: int = 16_384  # held-out tokens read for those cards
     source: str | None = None  # an encoder-decoder model's source (the text is the target): the alignment view
@@ -133,8 +134,8 @@ class ReportContext:
     def _check_contrast(self) -> None:
         """A corrupted prompt is refused before any view is computed: it needs a target and a foil (the circuit's
         metric is logit(target) - logit(foil)), a decoder, and as many tokens as the clean text."""
-        from ..models.load import require_decoder
-        from ..models.request import contrast
+        from ..models.loading.load import require_decoder
+        from ..models.runtime.request import contrast
 
         if self.target is None or self.foil is None:
             raise InputError("a corrupted prompt needs a target and a foil (the circuit is scored on "
@@ -147,7 +148,7 @@ class ReportContext:
 
     @cached_property
     def trace(self):
-        from ..models.trace import trace
+        from ..models.runtime.trace import trace
 
         return trace(self.lm, self.ids)
 

@@ -25,7 +25,7 @@ SECTIONS: list[type[Section]] = []
 
 def _tol(ctx: ReportContext) -> float:
     """The methods' own limit for this model (larger for bfloat16 / float16 models: their rounding)."""
-    from ..models.verify import completeness_tolerance
+    from ..models.runtime.verify import completeness_tolerance
 
     return completeness_tolerance(ctx.lm)
 
@@ -82,7 +82,7 @@ class Prediction(Section):
     key = "prediction"
 
     def compute(self, ctx: ReportContext) -> dict:
-        from ..models.verify import verify
+        from ..models.runtime.verify import verify
 
         rep = verify(ctx.lm, tr=ctx.trace)
         ctx.check(self.key, "verify: largest relative residual error", rep.max_rel_resid_error, rep.resid_tol)
@@ -159,7 +159,7 @@ class Attribution(Section):
         from ..attribution.explain import explain
         from ..attribution.methods import view_methods
         from ..errors import NotApplicableError
-        from ..models.stop import checkpoint
+        from ..models.runtime.stop import checkpoint
 
         for m in view_methods(has_logits=has_logits, causal=lm.anatomy.causal):
             checkpoint()  # each method is a chunk (and within one, each forward pass or layer)
@@ -320,8 +320,8 @@ class Features(Section):
         return None
 
     def compute(self, ctx: ReportContext) -> dict:
-        from ..features.cards import feature_cards
-        from ..features.result import active_features
+        from ..features.dictionaries.cards import feature_cards
+        from ..features.dictionaries.result import active_features
 
         fa = active_features(ctx.lm, ctx.ids, ctx.dictionaries)
         cards = []
@@ -362,7 +362,7 @@ class Graph(Section):
 
     def graph(self, ctx: ReportContext, target=...):
         """The graph (``target``: the logit node; default the report's target when one was given)."""
-        from ..features.graph import attribution_graph
+        from ..features.graphs.graph import attribution_graph
 
         if target is ...:
             target = ctx.target_id if ctx.target_given else None

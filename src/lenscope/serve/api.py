@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import InputError, NotApplicableError
-from ..models.stop import checkpoint
+from ..models.runtime.stop import checkpoint
 from ..report import SECTIONS, Report, ReportContext, report_meta, run_section, section_keys
 from ..report.sections import Attribution
 from ..viz.report.payloads import rounded as _r
@@ -129,7 +129,7 @@ class Service:
                 import logging
 
                 from ..errors import LenscopeError
-                from ..models.dictionary import load_dictionaries
+                from ..models.dictionaries.dictionary import load_dictionaries
 
                 got = []
                 for d in load_dictionaries(self.dict_dir):
@@ -166,7 +166,7 @@ class Service:
         got = self.contexts.get(key)
         if got is not None:
             return got
-        from ..models.load import token_ids
+        from ..models.loading.load import token_ids
 
         lm, lens = self.pool.get(name)
         dicts = self.dictionaries(name, lm)
@@ -338,8 +338,8 @@ class Service:
     @staticmethod
     def _head_write(ctx: ReportContext, layer: int, head: int, p: int) -> dict:
         from ..attribution.dla import traced_head_writes
-        from ..models.load import require_decoder
-        from ..models.readout import Readout
+        from ..models.loading.load import require_decoder
+        from ..models.weights.readout import Readout
 
         lm = ctx.lm
         require_decoder(lm, "a head's write read through the unembedding", sum_of_blocks=True,
@@ -374,7 +374,7 @@ class Service:
 
     def token(self, name: str, text: str, position: int, target=None, foil=None) -> dict:
         """``POST /api/token``: every attribution method's explanation of the prediction at ``position``."""
-        from ..models.request import Request
+        from ..models.runtime.request import Request
 
         entry = self.context(name, text)
         ctx = entry.ctx
@@ -424,7 +424,7 @@ class Service:
 
     def features(self, name: str, text: str, position: int) -> dict:
         """``POST /api/features``: the active features of every dictionary at one token of ``text``."""
-        from ..features.result import active_features
+        from ..features.dictionaries.result import active_features
 
         lm, dicts = self._need_dicts(name)
         entry = self.context(name, text)
@@ -450,7 +450,7 @@ class Service:
     def feature(self, name: str, site: str, feature: int) -> dict:
         """``POST /api/feature``: one feature's card (the ``feature`` view's data), measured on the held-out part of
         ``--dict-data``."""
-        from ..features.cards import feature_card
+        from ..features.dictionaries.cards import feature_card
         from ..viz.views.feature import feature_payload
 
         lm, dicts = self._need_dicts(name)
@@ -539,8 +539,8 @@ class Service:
         report's alignment view: :func:`lenscope.report.alignment.alignment_view`): every target token's scores over
         the source and the target prefix by each of ``methods`` (default every method that reads a source), the word
         links and, with ``gold`` (``{"sure": [[i, j], ...], "possible": [...]}``), each method's AER."""
-        from ..models.load import target_prefix_ids
-        from ..models.trace import source_ids
+        from ..models.loading.load import target_prefix_ids
+        from ..models.runtime.trace import source_ids
         from ..report.alignment import alignment_view, check_pair, gold_of, normalized, view_methods
         from ..report.context import Check
 

@@ -52,9 +52,10 @@ def _localhost(host: str) -> bool:
 
 def _check_settings(models: list[str] | None, max_tokens: int, max_queue: int, max_resident: int, dicts: str | None,
                     dict_data: str | None) -> list[str]:
-    """The served names (default :func:`lenscope.models.load.available_names`), each a registered name or an existing
+    """The served names (default :func:`lenscope.models.loading.load.available_names`), each a registered name or an
+    existing
     path, and the limits and dictionaries checked, before anything starts."""
-    from ..models.load import available_names
+    from ..models.loading.load import available_names
 
     known = list(available_names())
     models = list(dict.fromkeys(known if models is None else models))
@@ -70,7 +71,7 @@ def _check_settings(models: list[str] | None, max_tokens: int, max_queue: int, m
     if int(max_queue) < 0:
         raise InputError("--max-queue must be at least 0")
     if dicts is not None:
-        from ..models.dictionary import load_dictionaries
+        from ..models.dictionaries.dictionary import load_dictionaries
 
         load_dictionaries(dicts)  # an unreadable folder is refused at start
     if dict_data is not None:
@@ -86,7 +87,7 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
                max_queue: int = 16, max_resident: int = 2, lens: str | None = None, loader=None,
                dicts: str | None = None, dict_data: str | None = None) -> Starlette:
     """The ``lenscope serve`` application (ASGI, Starlette). ``models``: the registered names a client may ask for
-    (default :func:`lenscope.models.load.available_names`; the first is the page's default); ``token``: require
+    (default :func:`lenscope.models.loading.load.available_names`; the first is the page's default); ``token``: require
     ``Authorization: Bearer <token>`` on every API request; ``max_tokens``: tokens per request (413 above);
     ``max_queue``: jobs waiting in all (503 above); ``max_resident``: models kept loaded; ``lens``: a tuned-lens
     directory shown beside the logit lens for the model it fits; ``dicts``: sparse dictionaries (a folder, or a
@@ -94,7 +95,7 @@ def create_app(models: list[str] | None = None, *, token: str | None = None, max
     attribution graph, ``/api/graph`` and ``/api/supernode``); ``dict_data``: text whose
     held-out part ``/api/feature``'s cards are measured on. ``loader(name) -> LoadedModel`` replaces
     :func:`lenscope.load` (tests). Every view is also at ``/api/view/<key>`` (:mod:`lenscope.serve.routes`)."""
-    from ..models.load import is_encoder_decoder
+    from ..models.loading.load import is_encoder_decoder
 
     models = _check_settings(models, max_tokens, max_queue, max_resident, dicts, dict_data)
     seq2seq = [m for m in models if is_encoder_decoder(m)]  # the page's source field and alignment view

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from ..errors import Stopped
-from ..models.stop import stoppable
+from ..models.runtime.stop import stoppable
 
 log = logging.getLogger("lenscope.serve")
 
@@ -86,7 +86,7 @@ class LRU:
 
 class Job(Future):
     """A job's future with a way to stop it: :meth:`stop` drops it if it has not started, else asks it to stop at its
-    next chunk (:func:`lenscope.models.stop.checkpoint`: before a forward pass, a layer of a mixing loop, an
+    next chunk (:func:`lenscope.models.runtime.stop.checkpoint`: before a forward pass, a layer of a mixing loop, an
     attribution method, a view); it then ends with :class:`~lenscope.errors.Stopped` and nothing of it is cached."""
 
     def __init__(self):
@@ -227,7 +227,7 @@ class ModelPool:
                 if self._loader is not None:
                     lm = self._loader(name)
                 else:
-                    from ..models.load import load
+                    from ..models.loading.load import load
 
                     lm = load(name)
                 lens = self._load_lens(lm)

@@ -34,9 +34,9 @@ from torch import Tensor
 
 from ..data.steering import SteeringPair, data_hash
 from ..errors import InputError
-from ..models.engine import Edit, capture, run
-from ..models.load import LoadedModel, require_decoder, token_ids
-from ..models.summary import fingerprint, same_model
+from ..models.loading.load import LoadedModel, require_decoder, token_ids
+from ..models.loading.summary import fingerprint, same_model
+from ..models.runtime.engine import Edit, capture, run
 from . import builders
 
 SITE = "resid_pre"

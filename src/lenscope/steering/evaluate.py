@@ -31,9 +31,9 @@ from torch import Tensor
 
 from ..data.steering import SteeringInput, data_hash
 from ..errors import InputError
-from ..models.engine import run
-from ..models.load import LoadedModel, require_decoder, token_str
-from ..models.request import Request
+from ..models.loading.load import LoadedModel, require_decoder, token_str
+from ..models.runtime.engine import run
+from ..models.runtime.request import Request
 from ..results import Result
 from ..stats import UneditedNextToken, percentile_interval, resample
 from .directions import Direction, add_edits, direction_dict, length_groups, text_ids

@@ -2,7 +2,7 @@
 unsteered one, on one input.
 
 Both runs are traced by the engine (the steered one with the vector added as an edit,
-:func:`lenscope.models.trace.trace`'s ``edits``), and lenscope's own methods read them unchanged:
+:func:`lenscope.models.runtime.trace.trace`'s ``edits``), and lenscope's own methods read them unchanged:
 
 - the lens trajectory (:func:`lenscope.lenses.trajectory.prediction_trajectory`, logit lens by default) at the
   input's last position: each state's top-1 token, the prediction depth (the state from which the top-1 is the
@@ -25,9 +25,9 @@ from ..attribution.dla import direct_logit_attribution
 from ..lenses.depth import depths_from_agreement
 from ..lenses.lenses import Lens, LogitLens
 from ..lenses.trajectory import prediction_trajectory
-from ..models.load import LoadedModel, require_decoder, token_ids
-from ..models.readout import Readout
-from ..models.trace import trace
+from ..models.loading.load import LoadedModel, require_decoder, token_ids
+from ..models.runtime.trace import trace
+from ..models.weights.readout import Readout
 from ..results import Result
 from .directions import Direction, direction_dict, steering_edits
 from .evaluate import resolve_inputs

@@ -25,7 +25,7 @@ from ..data.shared import require_shared
 from ..errors import InputError
 from ..mixing.analysis import contextualization_change, ff_amp, pre_post_ff, scope_pairs, top_pairs
 from ..mixing.maps import check_scopes, layer_decompositions
-from ..models.trace import trace
+from ..models.runtime.trace import trace
 from ..results import field_values, finite_json, read_summary
 from ..stats import pearson, spearman
 
@@ -216,7 +216,7 @@ def _nanmean(cols: list[list[float]]) -> list:
 def study_job(lm, item: tuple[int, str, int]) -> tuple[dict, torch.Tensor | None, int]:
     """One sentence of a study: ``(record, FF |value| sums or None, tokens)``; a sweep job (see
     :func:`lenscope.distributed.run_sweep`)."""
-    from ..models.load import encode
+    from ..models.loading.load import encode
 
     idx, s, max_tokens = item
     try:

@@ -3,7 +3,7 @@ dictionaries): the plan (:mod:`.plan`: the number of steps under a token or time
 decay of the learning rate, the run's :class:`~.plan.TrainState`), the checkpoint's files and an optimizer's state
 in them (:mod:`.checkpoint`), and whether the machine runs bfloat16 natively (:mod:`.precision`). Data-parallel
 runs use :mod:`lenscope.distributed.ddp`. What a run computes (its objective, its parameters, its data) stays with
-the method: ``lenses/training/``, ``features/train.py``.
+the method: ``lenses/training/``, ``features/dictionaries/train.py``.
 """
 
 from .checkpoint import flatten_optimizer, read_state, unflatten_optimizer, write_state

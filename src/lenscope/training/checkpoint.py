@@ -1,7 +1,8 @@
 """The files of a training run's checkpoint, whatever it trains: its tensors in ``<stem>.safetensors`` (written to
 a temporary file first, then moved into place), its record in ``<stem>.json``, and an optimizer's state as tensors
 ``opt.<param>.<key>`` plus a record of its parameter groups (:func:`flatten_optimizer`). A tuned lens's checkpoint
-(:mod:`lenscope.lenses.training.checkpoint`) and sparse dictionaries' (:mod:`lenscope.features.train`) are these
+(:mod:`lenscope.lenses.training.checkpoint`) and sparse dictionaries' (:mod:`lenscope.features.dictionaries.train`) are
+these
 files with their own tensors and records.
 """
 

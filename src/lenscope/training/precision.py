@@ -1,6 +1,6 @@
 """Whether this machine runs bfloat16 natively, which a training run's choice of matmul precision starts from (a
 tuned lens's :func:`~lenscope.lenses.training.precision.choose_precision`, sparse dictionaries'
-:func:`~lenscope.features.train.precision`): the CPU's features (:func:`cpu_features`), or
+:func:`~lenscope.features.dictionaries.train.precision`): the CPU's features (:func:`cpu_features`), or
 ``$LENSCOPE_NATIVE_BF16`` in their place (:func:`forced_native_bf16`).
 """
 

@@ -17,7 +17,7 @@ def plot_feature_card(card, *, title: str | None = None):
 
     d = card.to_dict() if hasattr(card, "to_dict") else card
     if not isinstance(d, dict) or "histogram" not in d:
-        raise InputError("give a feature card (lenscope.features.cards.feature_card) or its to_dict()")
+        raise InputError("give a feature card (lenscope.features.dictionaries.cards.feature_card) or its to_dict()")
     fig, (a, b) = plt.subplots(1, 2, figsize=(9.5, 3.6))
     counts, edges = d["histogram"]["counts"], d["histogram"]["edges"]
     a.bar(edges[:-1], counts, width=[hi - lo for lo, hi in zip(edges[:-1], edges[1:])], align="edge",

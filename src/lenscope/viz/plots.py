@@ -37,7 +37,8 @@ def _figure(ax, size):
 
 def plot_components(result, ax=None, top: int | None = None):
     """Horizontal bars of a :class:`ComponentAttribution` or a
-    :class:`~lenscope.features.attribution.FeatureAttribution` (features, dictionaries' bias, skip and error terms
+    :class:`~lenscope.features.dictionaries.attribution.FeatureAttribution` (features, dictionaries' bias, skip and
+    error terms
     beside the components), in model order (or the ``top`` largest)."""
     recs = result.to_records()
     if top is not None:

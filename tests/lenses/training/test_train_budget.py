@@ -30,7 +30,7 @@ from lenscope.lenses.training import precision as PR
 from lenscope.lenses.training import selection as SEL
 from lenscope.lenses.training import train as T
 from lenscope.lenses.trajectory import prediction_trajectory
-from lenscope.models.trace import residual_states
+from lenscope.models.runtime.trace import residual_states
 from lenscope.training import plan as PL
 from tests.conftest import get_model
 from tests.tolerances import assert_same_computation
@@ -315,7 +315,7 @@ def test_mid_translators_trained_evaluated_saved_and_used(tmp_path):
     # trajectories use them: each mid row is the decoded translated mid state
     text = "When Mary and John went to the store"
     traj = prediction_trajectory(lm, text, back, mid=True)
-    ids = lenscope.models.load.encode(lm, text)
+    ids = lenscope.models.loading.load.encode(lm, text)
     cap = residual_states(lm, ids[None], mid=True)
     logp = torch.log_softmax(cap["logits"][0].float(), -1)
     for i in range(lm.anatomy.n_layers):

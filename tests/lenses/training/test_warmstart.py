@@ -7,7 +7,7 @@ import torch
 import lenscope
 from lenscope.lenses import LogitLens, TrainSettings, TunedLens, evaluate_lenses, token_sequences, train_tuned_lens
 from lenscope.lenses.training.warmstart import NormalEquations, regression_start
-from lenscope.models.trace import residual_states
+from lenscope.models.runtime.trace import residual_states
 from tests.conftest import DECODERS, get_model
 from tests.tolerances import assert_same_computation
 

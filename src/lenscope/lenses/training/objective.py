@@ -1,7 +1,7 @@
 """The tuned lens's training objective: KL(final || lens) per state and token, and its gradient.
 
 Training goes from a residual state to logits through the model's readout
-(:class:`lenscope.models.readout.Readout`: the final norm, the unembedding and its bias), and from logits to the
+(:class:`lenscope.models.weights.readout.Readout`: the final norm, the unembedding and its bias), and from logits to the
 KL here, with the fused log-partition (:class:`LogPartition`) and the KL terms;
 :mod:`lenscope.lenses.training.precision` times the log-partition and :mod:`lenscope.lenses.training.selection`
 evaluates the objective.
@@ -28,8 +28,8 @@ import itertools
 import torch
 from torch import Tensor
 
-from ...models.load import LoadedModel
-from ...models.readout import Readout
+from ...models.loading.load import LoadedModel
+from ...models.weights.readout import Readout
 from ..lenses import TunedLens
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ...models.load import LoadedModel
+from ...models.loading.load import LoadedModel
 from ...training.precision import NATIVE_BF16_ENV, cpu_features, forced_native_bf16
 from .objective import LogPartition
 

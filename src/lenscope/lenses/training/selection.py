@@ -12,8 +12,8 @@ import math
 import torch
 from torch import Tensor
 
-from ...models.load import LoadedModel
-from ...models.trace import residual_states
+from ...models.loading.load import LoadedModel
+from ...models.runtime.trace import residual_states
 from ..lenses import TunedLens
 from .objective import (
     _groups,

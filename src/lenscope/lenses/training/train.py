@@ -43,8 +43,8 @@ import torch
 from torch import Tensor
 
 from ...errors import InputError, UnsupportedModelError
-from ...models.load import LoadedModel, require_decoder
-from ...models.trace import residual_states
+from ...models.loading.load import LoadedModel, require_decoder
+from ...models.runtime.trace import residual_states
 from ...training.plan import Planner, TrainState, lr_at
 from ...training.precision import NATIVE_BF16_ENV, cpu_features, forced_native_bf16
 from ..lenses import TunedLens, fingerprint

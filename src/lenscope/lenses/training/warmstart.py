@@ -25,8 +25,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ...models.load import LoadedModel
-from ...models.trace import residual_states
+from ...models.loading.load import LoadedModel
+from ...models.runtime.trace import residual_states
 from ..lenses import TunedLens
 from .objective import _training_states, write_translators
 

@@ -1,7 +1,7 @@
 """The one place where model families are known.
 
 Each module in this package defines ``FAMILY``: a :class:`Family` that reads a transformers model
-into an :class:`~lenscope.models.anatomy.Anatomy`, tells the tracer which modules to hook, and
+into an :class:`~lenscope.models.weights.anatomy.Anatomy`, tells the tracer which modules to hook, and
 builds the small random configs used by ``tiny:<name>`` models. Adding a family is adding a module
 here (it is discovered automatically) plus its test.
 """
@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import UnsupportedModelError
-from ..anatomy import MLP, Anatomy, Norm, Rotary
-from ..moe import MoE
+from ..weights.anatomy import MLP, Anatomy, Norm, Rotary
+from ..weights.moe import MoE
 
 
 @dataclass
@@ -47,7 +47,7 @@ class LayerHooks:
       gives the MLP its own copy (the real norm module run again on the block's input), so that an edit or a
       gradient at ``ln_mlp`` reaches only the MLP and one at ``ln_attn`` only the attention, as for two norms with
       the same weights.
-    - mixture-of-experts blocks (:class:`~lenscope.models.moe.MoE`): ``router``: output = ``(router logits,
+    - mixture-of-experts blocks (:class:`~lenscope.models.weights.moe.MoE`): ``router``: output = ``(router logits,
       the chosen experts' weights, their indices)``; ``experts``: input = ``(hidden states, expert indices, expert
       weights)``, output = the weighted sum of the experts' outputs; ``mlp_out`` is then the whole block and
       ``act``, ``up`` are not used (the engine computes the experts' units with the Anatomy's math)
@@ -166,7 +166,7 @@ def split_bias(b: Tensor | None, n_heads: int) -> Tensor | None:
 
 
 def separate_qkv(q: nn.Module, k: nn.Module, v: nn.Module, o: nn.Module, n_heads: int, n_kv_heads: int) -> dict:
-    """An :class:`~lenscope.models.anatomy.Attention`'s weights from separate q, k, v and output ``nn.Linear``
+    """An :class:`~lenscope.models.weights.anatomy.Attention`'s weights from separate q, k, v and output ``nn.Linear``
     modules, as its keyword arguments: ``W_Q (head, d_model, d_head)``, ``W_K, W_V (kv_head, d_model, d_head)``,
     ``W_O (head, d_head, d_model)``, ``b_Q (head, d_head)``, ``b_K, b_V (kv_head, d_head)``, ``b_O (d_model,)``
     (a bias is None where the module has none)."""
@@ -206,7 +206,7 @@ def stacked_experts(ex: nn.Module, act: str, *, interleaved: bool = False, trans
 
 
 def moe_block(router: nn.Module, experts: MLP, top_k: int, **kw) -> MoE:
-    """An :class:`~lenscope.models.moe.MoE` from a router module (``weight (expert, d_model)``, optional
+    """An :class:`~lenscope.models.weights.moe.MoE` from a router module (``weight (expert, d_model)``, optional
     ``bias``) and its experts; ``kw``: how the routing weights are formed (``softmax_first``, ``renormalize``)."""
     require(experts.W_in.shape[0] == router.weight.shape[0],
             f"the router scores {router.weight.shape[0]} experts but the block holds {experts.W_in.shape[0]}")
@@ -347,8 +347,8 @@ def family_rows() -> list[dict]:
     """One row per family: its name, the model types it reads, and what it supports (:func:`summarize`),
     read from the Anatomies of its ``tiny:`` models (every list the union over them). ``lenscope models`` prints
     these rows."""
-    from ..load import load
-    from ..summary import summarize
+    from ..loading.load import load
+    from ..loading.summary import summarize
 
     rows = []
     for fam in sorted(families().values(), key=lambda f: f.name):

@@ -17,7 +17,7 @@ methods do with an encoder-decoder model is in docs/encoder-decoder.md.
 
 from __future__ import annotations
 
-from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
+from ..weights.anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
 from . import Family, ModelHooks, layer_norm, linear_in_out, require, separate_qkv, t
 
 POST_LN = ("bart", "marian")

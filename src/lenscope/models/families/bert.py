@@ -3,7 +3,7 @@ bidirectional attention; the masked-LM head (dense, activation, LayerNorm, decod
 
 from __future__ import annotations
 
-from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
+from ..weights.anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
 from . import Family, ModelHooks, layer_norm, linear_in_out, split_bias, split_heads_in, split_heads_out, t
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, alibi_slopes
+from ..weights.anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, alibi_slopes
 from . import PRE_NORMS, Family, ModelHooks, layer_norm, linear_in_out, require, split_heads_out, t, tiny_tokens
 
 

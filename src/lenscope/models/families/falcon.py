@@ -14,7 +14,7 @@ rounds Falcon's ALiBi bias to bfloat16, which lenscope does not model.
 
 from __future__ import annotations
 
-from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
+from ..weights.anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
 from . import (
     Family,
     ModelHooks,

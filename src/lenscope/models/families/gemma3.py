@@ -9,7 +9,7 @@ layout, shared with Gemma 2 (``gemma2.py``)."""
 from __future__ import annotations
 
 from .. import families as fam
-from ..anatomy import Anatomy, Attention, Embedding, Layer, Unembed, activation_name
+from ..weights.anatomy import Anatomy, Attention, Embedding, Layer, Unembed, activation_name
 
 GEMMA_NORMS = {"ln_attn": "input_layernorm", "ln_mlp": "pre_feedforward_layernorm",
                "ln_attn_out": "post_attention_layernorm", "ln_mlp_out": "post_feedforward_layernorm"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
+from ..weights.anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
 from . import Family, ModelHooks, layer_norm, split_bias, split_heads_in, split_heads_out, t
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
+from ..weights.anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
 from . import PRE_NORMS, Family, ModelHooks, layer_norm, linear_in_out, rope_context, rotary, split_heads_out, t
 
 

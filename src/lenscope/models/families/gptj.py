@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Rotary, Unembed, activation_name
+from ..weights.anatomy import MLP, Anatomy, Attention, Embedding, Layer, Rotary, Unembed, activation_name
 from . import Family, ModelHooks, layer_norm, linear_in_out, require, separate_qkv, t, tiny_tokens
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Norm, Unembed, activation_name
-from ..moe import MoE
+from ..weights.anatomy import MLP, Anatomy, Attention, Embedding, Layer, Norm, Unembed, activation_name
+from ..weights.moe import MoE
 from . import (
     SEPARATE_QKV,
     Family,

@@ -5,8 +5,8 @@ Mixtral, when ``norm_topk_prob`` for Qwen3-MoE), SwiGLU experts without biases."
 
 from __future__ import annotations
 
-from ..anatomy import activation_name
-from ..moe import MoE
+from ..weights.anatomy import activation_name
+from ..weights.moe import MoE
 from . import Family, moe_block, require, stacked_experts, tiny_tokens
 from .llama import Layout
 

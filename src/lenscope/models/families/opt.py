@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
+from ..weights.anatomy import MLP, Anatomy, Attention, Embedding, Layer, Unembed, activation_name
 from . import SEPARATE_QKV, Family, ModelHooks, layer_norm, linear_in_out, require, separate_qkv, t, tiny_tokens
 
 

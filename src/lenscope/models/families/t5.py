@@ -9,7 +9,7 @@ methods do with an encoder-decoder model is in docs/encoder-decoder.md.
 
 from __future__ import annotations
 
-from ..anatomy import MLP, Anatomy, Attention, Embedding, Layer, RelativeBias, Unembed, activation_name
+from ..weights.anatomy import MLP, Anatomy, Attention, Embedding, Layer, RelativeBias, Unembed, activation_name
 from . import Family, ModelHooks, linear_in_out, require, rms_norm, separate_qkv, t
 
 MODEL_TYPES = ("t5",)

@@ -10,7 +10,7 @@ from .. import Shown, View, one, view_meta
 
 
 class FeatureCardLike(Protocol):
-    """One feature's card (:class:`lenscope.features.cards.FeatureCard`)."""
+    """One feature's card (:class:`lenscope.features.dictionaries.cards.FeatureCard`)."""
 
     model: str
     site: str

@@ -13,7 +13,7 @@ from ..feature import feature_payload
 
 
 class FeatureActivationsLike(Protocol):
-    """The features of a prompt (:class:`lenscope.features.result.FeatureActivations`)."""
+    """The features of a prompt (:class:`lenscope.features.dictionaries.result.FeatureActivations`)."""
 
     tokens: list[str]
     sites: list[str]

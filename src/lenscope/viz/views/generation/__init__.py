@@ -107,7 +107,7 @@ class GenerationView(View):
         reported)."""
         d = as_dict(one(obj, "a collection of generations"))
         if tolerance is None and lm is not None:
-            from ....models.verify import completeness_tolerance
+            from ....models.runtime.verify import completeness_tolerance
 
             tolerance = completeness_tolerance(lm)
         checks = []

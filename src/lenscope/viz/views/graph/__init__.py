@@ -12,7 +12,7 @@ from .. import Shown, View, meta_of, one
 
 
 class AttributionGraphLike(Protocol):
-    """An attribution graph (:class:`lenscope.features.graph.AttributionGraph`)."""
+    """An attribution graph (:class:`lenscope.features.graphs.graph.AttributionGraph`)."""
 
     model: str
     tokens: list[str]
