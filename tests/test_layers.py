@@ -1,10 +1,10 @@
 """Layers point down (docs/design.md, "Layers"): every import under src/lenscope goes from a package to one in
 the same or a lower layer, the package graph has no cycle, and viz never imports a method or an application.
 
-The layers, lowest first (a package is the first name under ``lenscope``; the single modules errors, memory, results,
-stats and version are layer 0, each its own node):
+The layers, lowest first (a package is the first name under ``lenscope``; the single modules errors, memory, registry,
+results, stats and version are layer 0, each its own node):
 
-    layer 0  errors, memory, results, stats, version
+    layer 0  errors, memory, registry, results, stats, version
     core     models, data, distributed, training
     viz      draws results
     methods  lenses, attribution, mixing, interventions, circuits, steering, features
@@ -28,7 +28,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "lenscope"
 
 LAYERS: dict[str, tuple[str, ...]] = {
-    "layer 0": ("errors", "memory", "results", "stats", "version"),
+    "layer 0": ("errors", "memory", "registry", "results", "stats", "version"),
     "core": ("models", "data", "distributed", "training"),
     "viz": ("viz",),
     "methods": ("lenses", "attribution", "mixing", "interventions", "circuits", "steering", "features"),

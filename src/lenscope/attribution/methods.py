@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..errors import InputError
+from ..registry import Table
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -198,89 +199,64 @@ class Method:
         return scores, inv
 
 
-_TABLE: dict[str, Method] = {}
-
-
-def register(method: Method) -> Method:
-    """Add ``method`` to the table (last in :func:`names`); a name already there is refused."""
-    if method.name in _TABLE:
-        raise ValueError(f"an attribution method named {method.name!r} is already registered")
-    _TABLE[method.name] = method
-    return method
-
-
-def unregister(name: str) -> None:
-    _TABLE.pop(name, None)
-
-
-def names() -> tuple[str, ...]:
-    """The method names in table order (the CLI's ``--method`` choices)."""
-    return tuple(_TABLE)
-
-
-def methods() -> list[Method]:
-    return list(_TABLE.values())
-
-
-def lookup(name: str) -> Method | None:
-    return _TABLE.get(name)
+_TABLE: Table[Method] = Table("an attribution method", "unknown method {name!r}; {choose} {names}")
+register, unregister, lookup = _TABLE.register, _TABLE.unregister, _TABLE.lookup
+names = _TABLE.names  # the method names in table order (the CLI's ``--method`` choices)
+methods = _TABLE.entries
 
 
 def get(name: str, *, choose: str = "choose one of") -> Method:
     """The method named ``name``, or an :class:`InputError` listing the names."""
-    m = _TABLE.get(name)
-    if m is None:
-        raise InputError(f"unknown method {name!r}; {choose} {', '.join(_TABLE)}")
-    return m
+    return _TABLE.get(name, choose=choose)
 
 
 def needs_target(name: str) -> bool:
     """Whether method ``name`` explains a logit (an unknown name, e.g. from an old file, is taken to)."""
-    m = _TABLE.get(name)
+    m = _TABLE.lookup(name)
     return True if m is None else m.needs_target
 
 
 def without_target() -> tuple[str, ...]:
     """The methods that need no target (what ``explain_all`` runs without one)."""
-    return tuple(m.name for m in _TABLE.values() if not m.needs_target)
+    return tuple(m.name for m in _TABLE.entries() if not m.needs_target)
 
 
 def source_readers() -> tuple[str, ...]:
     """The methods that explain an encoder-decoder model given its source (``reads_source``), in table order."""
-    return tuple(m.name for m in _TABLE.values() if m.reads_source)
+    return tuple(m.name for m in _TABLE.entries() if m.reads_source)
 
 
 def eval_methods() -> tuple[str, ...]:
     """The methods eval alignment runs (those with a ``texts`` form), in table order."""
-    return tuple(m.name for m in _TABLE.values() if m.texts is not None)
+    return tuple(m.name for m in _TABLE.entries() if m.texts is not None)
 
 
 def eval_timers() -> tuple[str, ...]:
     """The timing stages of eval alignment's methods (a group's methods share one), in table order."""
-    return tuple(dict.fromkeys(m.group or m.name for m in _TABLE.values() if m.texts is not None))
+    return tuple(dict.fromkeys(m.group or m.name for m in _TABLE.entries() if m.texts is not None))
 
 
 def view_methods(*, has_logits: bool = True, causal: bool = True) -> list[Method]:
     """The methods of the report's and the app's attribution views for a model, in view order: those needing a
     target only with a language-model head, those needing a causal decoder only for one."""
-    out = [m for m in _TABLE.values() if (has_logits or not m.needs_target) and (causal or not m.needs_causal)]
+    out = [m for m in _TABLE.entries() if (has_logits or not m.needs_target) and (causal or not m.needs_causal)]
     return sorted(out, key=lambda m: m.view_rank)
 
 
 def generation_view_methods() -> tuple[str, ...]:
     """The report's generation view's default methods, in view order."""
-    return tuple(m.name for m in sorted(_TABLE.values(), key=lambda m: m.view_rank) if m.in_generation_view)
+    return tuple(m.name for m in sorted(_TABLE.entries(), key=lambda m: m.view_rank) if m.in_generation_view)
 
 
 def taking(option: str) -> tuple[str, ...]:
     """The methods that take ``option`` (e.g. ``steps``), in table order."""
-    return tuple(m.name for m in _TABLE.values() if option in m.options)
+    return tuple(m.name for m in _TABLE.entries() if option in m.options)
 
 
 def option_methods() -> dict[str, tuple[str, ...]]:
     """``{option: methods taking it}`` for ``generate``, options in first-seen order."""
     out: dict[str, list[str]] = {}
-    for m in _TABLE.values():
+    for m in _TABLE.entries():
         for o in m.options:
             out.setdefault(o, []).append(m.name)
     return {o: tuple(ms) for o, ms in out.items()}

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..errors import InputError
+from ..registry import Table
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -46,36 +46,10 @@ class Builder:
     options: tuple[str, ...] = ()
 
 
-_TABLE: dict[str, Builder] = {}
-
-
-def register(builder: Builder) -> Builder:
-    """Add ``builder`` to the table (last in :func:`names`); a name already there is refused."""
-    if builder.name in _TABLE:
-        raise ValueError(f"a steering direction builder named {builder.name!r} is already registered")
-    _TABLE[builder.name] = builder
-    return builder
-
-
-def unregister(name: str) -> None:
-    _TABLE.pop(name, None)
-
-
-def names() -> tuple[str, ...]:
-    """The builder names in table order (``lenscope steer build``'s ``--method`` choices)."""
-    return tuple(_TABLE)
-
-
-def builders() -> list[Builder]:
-    return list(_TABLE.values())
-
-
-def get(name: str) -> Builder:
-    """The builder named ``name``, or an :class:`InputError` listing the names."""
-    b = _TABLE.get(name)
-    if b is None:
-        raise InputError(f"unknown method {name!r}; choose from {', '.join(_TABLE)}")
-    return b
+_TABLE: Table[Builder] = Table("a steering direction builder", "unknown method {name!r}; choose from {names}")
+register, unregister, get = _TABLE.register, _TABLE.unregister, _TABLE.get
+names = _TABLE.names  # the builder names in table order (``lenscope steer build``'s ``--method`` choices)
+builders = _TABLE.entries
 
 
 # ------------------------------------------------------------------------------------ the built-in builders

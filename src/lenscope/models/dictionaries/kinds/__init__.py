@@ -25,6 +25,7 @@ from __future__ import annotations
 from importlib import import_module
 
 from ....errors import InputError
+from ....registry import Table
 
 DEFAULT = "topk"  # the kind Dictionary.init, DictSettings and ``dict train --kind`` start from
 
@@ -118,41 +119,15 @@ class Kind:
         """Add the kind's parameters (``threshold``) to the trained weights ``tensors``."""
 
 
-_TABLE: dict[str, Kind] = {}
-
-
-def register(kind: Kind) -> Kind:
-    """Add ``kind`` to the table (last in :func:`names`); a name already there is refused."""
-    if not kind.name or kind.name in _TABLE:
-        raise ValueError(f"a dictionary kind named {kind.name!r} is already registered (or has no name)")
-    _TABLE[kind.name] = kind
-    return kind
-
-
-def unregister(name: str) -> None:
-    _TABLE.pop(name, None)
-
-
-def names() -> tuple[str, ...]:
-    """The kinds' names in table order (the CLI's ``--kind`` choices)."""
-    return tuple(_TABLE)
-
-
-def kinds() -> list[Kind]:
-    return list(_TABLE.values())
-
-
-def get(name: str) -> Kind:
-    """The kind named ``name``, or an :class:`InputError` listing the names."""
-    k = _TABLE.get(name)
-    if k is None:
-        raise InputError(f"unknown dictionary kind {name!r}; kinds: {', '.join(_TABLE)}")
-    return k
+_TABLE: Table[Kind] = Table("a dictionary kind", "unknown dictionary kind {name!r}; kinds: {names}")
+register, unregister, get = _TABLE.register, _TABLE.unregister, _TABLE.get
+names = _TABLE.names  # the kinds' names in table order (the CLI's ``--kind`` choices)
+kinds = _TABLE.entries
 
 
 def reading(base: str, cfg: dict, tensors: dict) -> tuple[Kind, dict] | None:
     """The first kind that reads SAELens's architecture ``base`` (:meth:`Kind.reads`) and its parameters."""
-    for k in _TABLE.values():
+    for k in _TABLE.entries():
         got = k.reads(base, cfg, tensors)
         if got is not None:
             return k, got
@@ -165,17 +140,17 @@ def _or(words: list[str]) -> str:
 
 def kind_help() -> str:
     """``dict train --kind``'s help: every kind with its line."""
-    return "; ".join(f"{k.name}: {k.help}" for k in _TABLE.values()) + "."
+    return "; ".join(f"{k.name}: {k.help}" for k in _TABLE.entries()) + "."
 
 
 def k_help() -> str:
     """``dict train --k``'s help: what ``k`` is for each kind."""
-    return "; ".join(f"{k.name}: {k.k_help}" for k in _TABLE.values()) + "."
+    return "; ".join(f"{k.name}: {k.k_help}" for k in _TABLE.entries()) + "."
 
 
 def circuit_tracer_kinds() -> str:
     """The kinds circuit-tracer's layout holds, in words (``batchtopk or jumprelu``)."""
-    return _or([k.name for k in _TABLE.values() if k.threshold])
+    return _or([k.name for k in _TABLE.entries() if k.threshold])
 
 
 # the built-in kinds, each registering itself, in the table's order (the first to read a file wins: TopK's reading of
