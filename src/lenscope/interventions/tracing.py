@@ -25,6 +25,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models.loading.load import LoadedModel, encode, require_decoder, token_str
+from ..models.loading.tokenizer import TINY_CORPUS
 from ..models.runtime.engine import Edit, batches, run
 from ..models.runtime.request import Request, token_texts
 from ..models.runtime.sites import PART_SITES
@@ -32,7 +33,7 @@ from ..results import Result
 from .patching import patch_edits
 
 KINDS = ("resid", "mlp", "attn")
-DEFAULT_CORPUS = Path(__file__).resolve().parent.parent / "models" / "tiny_corpus.txt"
+DEFAULT_CORPUS = TINY_CORPUS
 _STD_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(corpus, ...): std}
 
 

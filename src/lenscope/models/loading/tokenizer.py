@@ -8,6 +8,7 @@ from pathlib import Path
 
 TINY_VOCAB = 512
 SPECIALS = ["<|endoftext|>", "<pad>", "<s>", "</s>", "<mask>"]
+TINY_CORPUS = Path(__file__).with_name("tiny_corpus.txt")  # the tiny tokenizer's text; causal tracing's corpus
 
 
 @cache
@@ -19,7 +20,7 @@ def _tokenizer_json() -> str:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=TINY_VOCAB, special_tokens=SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    text = (Path(__file__).with_name("tiny_corpus.txt")).read_text().splitlines()
+    text = TINY_CORPUS.read_text().splitlines()
     tok.train_from_iterator(text, trainer=trainer)
     return tok.to_str()
 
