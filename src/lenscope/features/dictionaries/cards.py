@@ -156,6 +156,105 @@ def _check(lm: LoadedModel, d: Dictionary, features, top: int, context, bins: in
     return feats
 
 
+class CardPass:
+    """The running state of :func:`feature_cards` for ``n`` features of one dictionary over a pass of held-out
+    text: the top contexts (values ``(n, top)``, window ids and activations ``(n, top, W)``, where ``(n, top, 2)``),
+    the active values and which feature they belong to. :meth:`update` takes one batch's latents of these features,
+    :meth:`cards` makes the cards. Several passes (chunks of a dictionary's features) can share one stream of
+    batches (:func:`lenscope.features.dictionaries.labels.feature_labels`)."""
+
+    def __init__(self, n: int, top: int, context: tuple[int, int]):
+        self.n, self.top = int(n), int(top)
+        self.before, self.after = int(context[0]), int(context[1])
+        W = self.before + self.after + 1
+        self.best_v = torch.full((n, 0), -1.0)
+        self.best_ids = torch.zeros((n, 0, W), dtype=torch.long)
+        self.best_acts = torch.zeros((n, 0, W))
+        self.best_where = torch.zeros((n, 0, 2), dtype=torch.long)
+        self.active_vals, self.active_feat = [], []
+        self.seq0 = 0
+
+    def update(self, ids: Tensor, z: Tensor) -> None:
+        """One batch: ``ids (b, p)`` and the features' latents ``z (b, p, n)`` (float32, 0 at uncounted tokens)."""
+        B, P = ids.shape
+        F, top = self.n, self.top
+        nz = z > 0
+        self.active_vals.append(z[nz])
+        self.active_feat.append(nz.nonzero()[:, 2])
+        # the batch's candidates: its top positions per feature (only active ones can be a context)
+        flat = z.reshape(B * P, F).T  # (F, b*p)
+        k = min(top, B * P)
+        cv, ci = flat.topk(k, dim=1)
+        rows, pos = ci // P, ci % P  # (F, k)
+        win = pos[..., None] + torch.arange(-self.before, self.after + 1)  # (F, k, W)
+        inside = (win >= 0) & (win < P)
+        winc = win.clamp(0, P - 1)
+        r3 = rows[..., None].expand_as(winc)
+        wid = torch.where(inside, ids[r3, winc], torch.full_like(winc, -1))
+        fa = torch.arange(F)[:, None, None].expand_as(winc)
+        wact = torch.where(inside, z[r3, winc, fa], torch.zeros(()))
+        where = torch.stack([rows + self.seq0, pos], -1)
+        cv = torch.where(cv > 0, cv, torch.full_like(cv, -1.0))  # inactive: never a context
+        allv = torch.cat([self.best_v, cv], 1)
+        keep = allv.topk(min(top, allv.shape[1]), dim=1).indices  # (F, top)
+        self.best_v = allv.gather(1, keep)
+        self.best_ids = torch.cat([self.best_ids, wid], 1)[torch.arange(F)[:, None], keep]
+        self.best_acts = torch.cat([self.best_acts, wact], 1)[torch.arange(F)[:, None], keep]
+        self.best_where = torch.cat([self.best_where, where], 1)[torch.arange(F)[:, None], keep]
+        self.seq0 += B
+
+    def cards(self, lm: LoadedModel, d: Dictionary, feats: list[int], data, seen: int, *, bins: int = 40,
+              vocab_top: int = 10, vocab_cache: dict | None = None) -> list[FeatureCard]:
+        """The cards of ``feats`` (this pass's features, in order) after ``seen`` counted tokens."""
+        vals = torch.cat(self.active_vals) if self.active_vals else torch.zeros(0)
+        which = torch.cat(self.active_feat) if self.active_feat else torch.zeros(0, dtype=torch.long)
+        order = torch.sort(which, stable=True).indices  # each feature's values in the order they came
+        per = torch.bincount(which, minlength=self.n).tolist()
+        groups = vals[order].split(per)
+        logit_dirs = decoder_logits(lm, d, feats)  # (F, vocab)
+        kv = min(int(vocab_top), logit_dirs.shape[1])
+        up, down = logit_dirs.topk(kv, dim=1), (-logit_dirs).topk(kv, dim=1)
+        del logit_dirs
+        cache = {} if vocab_cache is None else vocab_cache
+
+        def text(i: int) -> str | None:
+            if i < 0:
+                return None
+            if i not in cache:
+                cache[i] = token_str(lm, i)
+            return cache[i]
+
+        cards = []
+        for j, f in enumerate(feats):
+            v = groups[j]
+            n = int(v.numel())
+            hi = float(v.max()) if n else 0.0
+            edges = torch.linspace(0.0, hi if hi > 0 else 1.0, bins + 1)
+            counts = torch.histc(v, bins=bins, min=0.0, max=float(edges[-1])) if n else torch.zeros(bins)
+            real = self.best_v[j] > 0
+            cards.append(FeatureCard(
+                model=lm.name, site=d.site, feature=f, width=d.width, kind=d.kind, role=d.role, data=str(data),
+                tokens_seen=seen, active=n, density=n / seen, max_activation=hi,
+                mean_activation=float(v.mean()) if n else 0.0, center=self.before,
+                context_tokens=[[text(int(t)) for t in row] for row in self.best_ids[j][real].tolist()],
+                context_values=self.best_acts[j][real].contiguous(), context_max=self.best_v[j][real].contiguous(),
+                context_where=self.best_where[j][real].contiguous(), hist_counts=counts.to(torch.long),
+                hist_edges=edges, promoted=[text(int(i)) for i in up.indices[j]],
+                promoted_ids=up.indices[j].contiguous(), promoted_values=up.values[j].contiguous(),
+                suppressed=[text(int(i)) for i in down.indices[j]], suppressed_ids=down.indices[j].contiguous(),
+                suppressed_values=(-down.values[j]).contiguous()))
+        return cards
+
+
+def counted_latents(lm: LoadedModel, d: Dictionary, ids: Tensor, special: Tensor) -> tuple[Tensor, Tensor]:
+    """One batch's latents of ``d`` ``(b, p, width)`` (float32, 0 at the ``special`` tokens, which are not counted)
+    from a pass stopped at the latent site, and the counted mask ``(b, p)``."""
+    site = latent_site(d)
+    z = run(lm, ids, capture=[site], dictionaries=[d], stop_after=site, logits=False).captured[site]
+    counted = ~torch.isin(ids, special)
+    return torch.where(counted[..., None], z.float(), torch.zeros(())), counted
+
+
 def feature_cards(lm: LoadedModel, d: Dictionary, features, data, *, tokens: int = DEFAULT_TOKENS, top: int = 20,
                   context: tuple[int, int] = (12, 4), bins: int = 40, vocab_top: int = 10, seq_len: int = 128,
                   batch_size: int = 8) -> list[FeatureCard]:
@@ -165,89 +264,18 @@ def feature_cards(lm: LoadedModel, d: Dictionary, features, data, *, tokens: int
     kept."""
     feats = _check(lm, d, features, top, context, bins, tokens)
     seq_len = min(int(seq_len), lm.anatomy.n_ctx)
-    before, after = int(context[0]), int(context[1])
-    W = before + after + 1
-    F = len(feats)
     idx = torch.tensor(feats, dtype=torch.long)
-    site = latent_site(d)
     special = torch.tensor(sorted(set(lm.tokenizer.all_special_ids)), dtype=torch.long)
-    # running top contexts per feature: values (F, top), ids and activations of the window (F, top, W), where
-    best_v = torch.full((F, 0), -1.0)
-    best_ids = torch.zeros((F, 0, W), dtype=torch.long)
-    best_acts = torch.zeros((F, 0, W))
-    best_where = torch.zeros((F, 0, 2), dtype=torch.long)
-    active_vals, active_feat = [], []
+    state = CardPass(len(feats), top, context)
     seen = 0
-    seq0 = 0
-    max_seq = -(-int(tokens) // seq_len)
-    offs = torch.arange(-before, after + 1)
     for ids in token_batches(lm.tokenizer, data, seq_len=seq_len, batch_size=batch_size, part="heldout",
-                             max_sequences=max_seq):
-        B, P = ids.shape
-        z = run(lm, ids, capture=[site], dictionaries=[d], stop_after=site, logits=False).captured[site]
-        z = z[..., idx].float()  # (b, p, F)
-        counted = ~torch.isin(ids, special)  # (b, p)
-        z = torch.where(counted[..., None], z, torch.zeros(()))
+                             max_sequences=-(-int(tokens) // seq_len)):
+        z, counted = counted_latents(lm, d, ids, special)
         seen += int(counted.sum())
-        nz = z > 0
-        active_vals.append(z[nz])
-        active_feat.append(nz.nonzero()[:, 2])
-        # the batch's candidates: its top positions per feature (only active ones can be a context)
-        flat = z.reshape(B * P, F).T  # (F, b*p)
-        k = min(top, B * P)
-        cv, ci = flat.topk(k, dim=1)
-        rows, pos = ci // P, ci % P  # (F, k)
-        win = pos[..., None] + offs  # (F, k, W)
-        inside = (win >= 0) & (win < P)
-        winc = win.clamp(0, P - 1)
-        r3 = rows[..., None].expand_as(winc)
-        wid = torch.where(inside, ids[r3, winc], torch.full_like(winc, -1))
-        fa = torch.arange(F)[:, None, None].expand_as(winc)
-        wact = torch.where(inside, z[r3, winc, fa], torch.zeros(()))
-        where = torch.stack([rows + seq0, pos], -1)
-        cv = torch.where(cv > 0, cv, torch.full_like(cv, -1.0))  # inactive: never a context
-        allv = torch.cat([best_v, cv], 1)
-        keep = allv.topk(min(top, allv.shape[1]), dim=1).indices  # (F, top)
-        best_v = allv.gather(1, keep)
-        best_ids = torch.cat([best_ids, wid], 1)[torch.arange(F)[:, None], keep]
-        best_acts = torch.cat([best_acts, wact], 1)[torch.arange(F)[:, None], keep]
-        best_where = torch.cat([best_where, where], 1)[torch.arange(F)[:, None], keep]
-        seq0 += B
+        state.update(ids, z[..., idx])
     if seen == 0:
         raise InputError(f"the held-out part of {data} holds no token to measure the features on")
-    vals = torch.cat(active_vals) if active_vals else torch.zeros(0)
-    which = torch.cat(active_feat) if active_feat else torch.zeros(0, dtype=torch.long)
-    logit_dirs = decoder_logits(lm, d, feats)  # (F, vocab)
-    kv = min(int(vocab_top), logit_dirs.shape[1])
-    up, down = logit_dirs.topk(kv, dim=1), (-logit_dirs).topk(kv, dim=1)
-    vocab_cache: dict[int, str] = {}
-
-    def text(i: int) -> str | None:
-        if i < 0:
-            return None
-        if i not in vocab_cache:
-            vocab_cache[i] = token_str(lm, i)
-        return vocab_cache[i]
-
-    cards = []
-    for j, f in enumerate(feats):
-        v = vals[which == j]
-        n = int(v.numel())
-        hi = float(v.max()) if n else 0.0
-        edges = torch.linspace(0.0, hi if hi > 0 else 1.0, bins + 1)
-        counts = torch.histc(v, bins=bins, min=0.0, max=float(edges[-1])) if n else torch.zeros(bins)
-        real = best_v[j] > 0
-        cards.append(FeatureCard(
-            model=lm.name, site=d.site, feature=f, width=d.width, kind=d.kind, role=d.role, data=str(data),
-            tokens_seen=seen, active=n, density=n / seen, max_activation=hi,
-            mean_activation=float(v.mean()) if n else 0.0, center=before,
-            context_tokens=[[text(int(t)) for t in row] for row in best_ids[j][real].tolist()],
-            context_values=best_acts[j][real].contiguous(), context_max=best_v[j][real].contiguous(),
-            context_where=best_where[j][real].contiguous(), hist_counts=counts.to(torch.long), hist_edges=edges,
-            promoted=[text(int(i)) for i in up.indices[j]], promoted_ids=up.indices[j].contiguous(),
-            promoted_values=up.values[j].contiguous(), suppressed=[text(int(i)) for i in down.indices[j]],
-            suppressed_ids=down.indices[j].contiguous(), suppressed_values=(-down.values[j]).contiguous()))
-    return cards
+    return state.cards(lm, d, feats, data, seen, bins=bins, vocab_top=vocab_top)
 
 
 def feature_card(lm: LoadedModel, d: Dictionary, feature: int, data, **kw) -> FeatureCard:
@@ -255,4 +283,5 @@ def feature_card(lm: LoadedModel, d: Dictionary, feature: int, data, **kw) -> Fe
     return feature_cards(lm, d, [feature], data, **kw)[0]
 
 
-__all__ = ["DEFAULT_TOKENS", "FeatureCard", "decoder_logits", "feature_card", "feature_cards"]
+__all__ = ["DEFAULT_TOKENS", "CardPass", "FeatureCard", "counted_latents", "decoder_logits", "feature_card",
+           "feature_cards"]
