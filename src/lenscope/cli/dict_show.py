@@ -66,10 +66,14 @@ def dict_show_cmd(
         card.to_html(html)
     if save:
         card.save(save)
+    from ..features.dictionaries.labels import labels_for
+
+    label = labels_for(dict_dir).get(d.site)
     if as_json:
-        print_json(card.to_dict())
+        print_json({**card.to_dict(), "label": label[feature]} if label else card.to_dict())
     else:
-        typer.echo(f"{d.site} #{feature}: density {card.density:.4g} ({card.active} of {card.tokens_seen} held-out "
+        typer.echo(f"{d.site} #{feature}" + (f" {label[feature]}" if label else "")
+                   + f": density {card.density:.4g} ({card.active} of {card.tokens_seen} held-out "
                    f"tokens), max {card.max_activation:.4g}" + (f"; page written: {html}" if html else ""))
 
 

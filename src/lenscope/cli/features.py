@@ -62,8 +62,13 @@ def register(app: typer.Typer) -> None:
 
             standalone(fa, html)
         if as_json:
+            from ..features.dictionaries.labels import labels_for
+
+            labels = labels_for(dict_dir)  # each active feature's label where `dict label` cached them
+            active = [{**r, "label": labels[r["site"]][r["feature"]]} if r["site"] in labels else r
+                      for r in fa.to_records()]
             out = {"model": lm.name, "tokens": fa.tokens, "sites": fa.sites, "widths": fa.widths,
-                   "active": fa.to_records(), "l0": fa.l0.tolist()}
+                   "active": active, "l0": fa.l0.tolist()}
             if dla is not None:
                 out["dla"] = dla.to_dict()
             print_json(out)

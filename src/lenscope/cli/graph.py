@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
         circuit-tracer prunes."""
         from pathlib import Path
 
+        from ..features.dictionaries.labels import labels_for
         from ..features.graphs.export import write_circuit_tracer
         from ..features.graphs.graph import attribution_graph
         from ..memory import parse_size
@@ -62,6 +63,7 @@ def register(app: typer.Typer) -> None:
         g = attribution_graph(lm, text, dicts, target=target, foil=foil, max_feature_nodes=max_feature_nodes,
                               batch_size=batch_size, max_memory=budget, progress=not as_json)
         th = {"node_threshold": node_threshold, "edge_threshold": edge_threshold}
+        labels = labels_for(dict_dir) or None  # the features' labels where `dict label` cached them
         if heads:
             from ..features.graphs.heads import edge_heads
 
@@ -69,14 +71,14 @@ def register(app: typer.Typer) -> None:
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
             g.save(Path(out) / "graph.safetensors")
-            write_circuit_tracer(g, Path(out) / "graph.json", **th)
+            write_circuit_tracer(g, Path(out) / "graph.json", labels=labels, **th)
         if export:
-            write_circuit_tracer(g, export, **th)
+            write_circuit_tracer(g, export, labels=labels, **th)
         if html:
             from ..viz.views import standalone
 
             standalone(g, html, **th)
-        d = g.to_dict(**th)
+        d = g.to_dict(labels=labels, **th)
         if as_json:
             print_json(d)
             return

@@ -8,9 +8,11 @@ transcoders (circuit-tracer's: the transcoder set's name, its files). A feature'
 the Cantor pairing of its layer and latent, an error's -1, a token's its position, a logit's its token id; the
 logits' ``layer`` is one past the last block (``n_layers + 1``), the tokens' ``"E"``. Checked against a file
 circuit-tracer wrote (``tests/features/test_graph_export_ct.py``). The graph is pruned with the
-given thresholds first (:func:`lenscope.features.graphs.prune.prune`); ``influence`` is each node's cumulative share
-of the total influence at its rank; supernodes (:meth:`AttributionGraph.group`) go to ``qParams.supernodes``.
-Everything else (the bias terms, the checks) stays in lenscope's own file (:meth:`AttributionGraph.save`).
+given thresholds first (:func:`lenscope.features.graphs.prune.prune`); a feature's ``clerp`` is its cached
+label (:mod:`lenscope.features.dictionaries.labels`) where one is given, else empty; ``influence`` is each node's
+cumulative share of the total influence at its rank; supernodes (:meth:`AttributionGraph.group`) go to
+``qParams.supernodes``. Everything else (the bias terms, the checks) stays in lenscope's own file
+(:meth:`AttributionGraph.save`).
 """
 
 from __future__ import annotations
@@ -32,10 +34,20 @@ def _token(s: str) -> str:
     return s.replace("\n", "⏎").replace("\t", "→").replace("\r", "↵")
 
 
+def node_label(g, rec: dict, labels: dict | None) -> str | None:
+    """The label of the feature node ``rec`` of ``g`` from ``labels`` (``{site: [label of each feature]}``,
+    :func:`lenscope.features.dictionaries.labels.labels_for`); None for other nodes and where there is none."""
+    if not labels or rec["kind"] != "feature":
+        return None
+    site = next((s for s in g.sites if s.rpartition(".")[2] == str(rec["layer"])), None)
+    got = labels.get(site)
+    return got[rec["feature"]] if got is not None and rec["feature"] < len(got) else None
+
+
 def circuit_tracer_json(g, slug: str = "lenscope-graph", node_threshold: float = 0.8,
-                        edge_threshold: float = 0.98) -> dict:
+                        edge_threshold: float = 0.98, labels: dict | None = None) -> dict:
     """The graph ``g`` (an :class:`~lenscope.features.graphs.graph.AttributionGraph`) as circuit-tracer's JSON
-    document."""
+    document; with ``labels`` (``{site: [label of each feature]}``) each feature node's ``clerp`` is its label."""
     from .graph import node_id
 
     pr = prune(g, node_threshold, edge_threshold)
@@ -53,7 +65,8 @@ def circuit_tracer_json(g, slug: str = "lenscope-graph", node_threshold: float =
              "clerp": "", "influence": float(pr.influence[i]), "activation": None}
         if k == "feature":
             n.update(feature=cantor(r["layer"], r["feature"]), layer=str(r["layer"]),
-                     jsNodeId=f"{r['layer']}_{r['feature']}-0", activation=r["activation"])
+                     jsNodeId=f"{r['layer']}_{r['feature']}-0", activation=r["activation"],
+                     clerp=node_label(g, r, labels) or "")
         elif k == "error":
             n.update(feature=-1, layer=str(r["layer"]), jsNodeId=f"{r['layer']}_{p}-0")
         elif k == "token":
@@ -86,4 +99,4 @@ def write_circuit_tracer(g, path: str | Path, **kw) -> Path:
     return path
 
 
-__all__ = ["cantor", "circuit_tracer_json", "write_circuit_tracer"]
+__all__ = ["cantor", "circuit_tracer_json", "node_label", "write_circuit_tracer"]

@@ -198,8 +198,10 @@ class AttributionGraph(ReportView, Result):
         return pd.DataFrame({"source": [ids[i] for i in s.tolist()], "target": [ids[i] for i in t.tolist()],
                              "weight": self.adjacency[t, s].tolist()})
 
-    def to_dict(self, node_threshold: float = 0.8, edge_threshold: float = 0.98) -> dict:
-        """The pruned graph as the CLI's JSON: ``nodes``, ``links``, the scores and the checks."""
+    def to_dict(self, node_threshold: float = 0.8, edge_threshold: float = 0.98, labels: dict | None = None) -> dict:
+        """The pruned graph as the CLI's JSON (``nodes``, ``links``, scores, checks); with ``labels`` (``{site: [label
+        of each feature]}``) each feature node's ``label`` (None where its site has none)."""
+        from .export import node_label
         from .prune import graph_scores, prune
 
         pr = prune(self, node_threshold, edge_threshold)
@@ -208,7 +210,8 @@ class AttributionGraph(ReportView, Result):
         for i in keep:
             rec = self.node(i)
             rec["influence"] = float(pr.influence[i])
-            nodes.append(rec)
+            nodes.append({**rec, "label": node_label(self, rec, labels)} if labels and rec["kind"] == "feature"
+                         else rec)
         ids = {i: node_id(self, i) for i in keep}
         t, s = pr.edge_mask.nonzero(as_tuple=True)
         links = [{"source": ids[b], "target": ids[a], "weight": float(self.adjacency[a, b])}
