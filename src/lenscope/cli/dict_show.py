@@ -69,6 +69,7 @@ def dict_show_cmd(
     from ..features.dictionaries.labels import labels_for
 
     label = labels_for(dict_dir).get(d.site)
+    label = label if label is not None and len(label) == d.width else None  # labels of another width: none
     if as_json:
         print_json({**card.to_dict(), "label": label[feature]} if label else card.to_dict())
     else:

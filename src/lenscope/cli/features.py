@@ -65,8 +65,8 @@ def register(app: typer.Typer) -> None:
             from ..features.dictionaries.labels import labels_for
 
             labels = labels_for(dict_dir)  # each active feature's label where `dict label` cached them
-            active = [{**r, "label": labels[r["site"]][r["feature"]]} if r["site"] in labels else r
-                      for r in fa.to_records()]
+            active = [{**r, "label": labels[r["site"]][r["feature"]] if r["feature"] < len(labels[r["site"]])
+                       else None} if r["site"] in labels else r for r in fa.to_records()]
             out = {"model": lm.name, "tokens": fa.tokens, "sites": fa.sites, "widths": fa.widths,
                    "active": active, "l0": fa.l0.tolist()}
             if dla is not None:
