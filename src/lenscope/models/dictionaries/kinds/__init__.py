@@ -88,8 +88,7 @@ class Kind:
         if not self.threshold:
             raise InputError(f"the transcoder for {D.site} is {self.name}, which circuit-tracer cannot read")
 
-    # -- training (``m``: a lenscope.features.dictionaries.train.Trainable)
-    # -----------------------------------------------------
+    # -- training (``m``: a lenscope.features.dictionaries.train.Trainable) ------------------------------------------
 
     def setup(self, m, D) -> None:
         """Add this kind's trained parameters to ``m``; the two scalar buffers every checkpoint holds (a running
