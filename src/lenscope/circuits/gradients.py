@@ -42,8 +42,8 @@ def metric_grads(lm: LoadedModel, ids: Tensor | None, wrt: list, metric: str, ta
                  dictionaries=(), allow_unused: bool = False) -> tuple[Tensor, dict, dict]:
     """One engine run of ``ids`` (or ``inputs_embeds``) with gradients and ``edits``: ``(metric (row,), captured,
     grads)``, the per-row ``metric`` read at ``at`` (:func:`lenscope.models.runtime.request.metric_of`) and
-    ``grads[site]``
-    the gradient of its sum at each site of ``wrt`` (None where ``allow_unused`` and the metric does not read it).
+    ``grads[site]`` the gradient of its sum at each site of ``wrt`` (None where ``allow_unused`` and the metric does
+    not read it).
     ``capture``: the sites kept (default ``wrt``); the metric and captures keep their graph."""
     lg, cap = run(lm, ids, edits, capture=wrt if capture is None else capture, inputs_embeds=inputs_embeds,
                   grad=True, last_only=last_only, dictionaries=dictionaries)

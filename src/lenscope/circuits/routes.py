@@ -2,8 +2,7 @@
 carry more than a threshold ``tau`` of each node's state, built top-down from the predicted token's last node.
 
 Every block update is a sum of vectors, read from one :class:`~lenscope.models.runtime.trace.Trace` with the
-decomposition
-algebra of :mod:`lenscope.models.weights.algebra` (``"sources"`` bias convention, as ALTI):
+decomposition algebra of :mod:`lenscope.models.weights.algebra` (``"sources"`` bias convention, as ALTI):
 
 - after attention, ``x_i^mid = x_i^l + sum_h sum_j c_{h, j->i} + b``, where ``c_{h, j->i} = A_h[i, j] (LN(x_j)
   W_V^h + b_V^h) W_O^h`` is head ``h``'s write from token ``j`` and ``b`` the output bias (a term of the sum,
@@ -28,8 +27,7 @@ Families:
 - pre-norm, sequential residual (GPT-2, OPT, BLOOM, Llama, Qwen2): the paper's case.
 - sandwich norms (Gemma 3): a sub-layer's write is its output through a norm whose per-token scale is taken from
   the trace, so the write is linear in the head contributions (:func:`~lenscope.models.weights.algebra.write_step`):
-  each
-  head term is the normed contribution, the bias term is the normed output bias plus the norm's bias; the FF term
+  each head term is the normed contribution, the bias term is the normed output bias plus the norm's bias; the FF term
   is the normed MLP output (``tr.mlp_write``). A residual multiplier (Granite) scales every term of the write.
 - parallel residual (GPT-NeoX): attention and the FF block both read ``x^l``, so a block is one sum,
   ``x_i^{l+1} = x_i^l + sum_h sum_j c_{h, j->i} + b + f_i``, and there are no ``mid`` nodes: every edge of the

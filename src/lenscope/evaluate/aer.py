@@ -239,8 +239,7 @@ def pair_scores(lm, pairs: Sequence[tuple[str, str]], methods=("logit",), *, ids
     """Every target token of each ``(source text, target text)`` pair explained by each method that reads a source
     (:func:`lenscope.attribution.methods.source_readers`), the pairs ``batch_size`` at a time through one padded
     forward pass (:func:`lenscope.models.runtime.trace.batch_traces`; pairs of similar lengths share a batch), each
-    pair's
-    methods through the method table's rows from its own trace (the invariants checked). ``ids``: the pairs' ids
+    pair's methods through the method table's rows from its own trace (the invariants checked). ``ids``: the pairs' ids
     (default their index). ``end``: one more row, the prediction of the end token after the whole target (the
     step that reads the last target token). ``progress(done, total)`` after each batch."""
     from ..attribution import methods as table

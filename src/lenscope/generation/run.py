@@ -134,8 +134,7 @@ def decode(lm: LoadedModel, ids: Tensor, max_new_tokens: int, *, sample: bool = 
     ``seed`` without touching the global random state), stopping after the end-of-sequence token.
 
     ``edits``: the engine's edits (:class:`~lenscope.models.runtime.engine.Edit`, row 0, positions counted from the
-    start
-    of the prompt) applied at every decoding step, through lenscope's own loop with the key/value cache (see
+    start of the prompt) applied at every decoding step, through lenscope's own loop with the key/value cache (see
     :func:`_decode_edited`); or a function ``(prompt_len, max_len) -> edits``. An empty list applies nothing and
     uses transformers' ``generate``, like None."""
     from ..models.loading.devices import main_device
@@ -302,8 +301,7 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
     ``progress(stage, done, total)`` is called as the stages advance.
 
     ``edits``: the engine's edits (:class:`~lenscope.models.runtime.engine.Edit`; row 0, positions counted from the
-    start
-    of the prompt, e.g. a steering vector from :func:`lenscope.steering.steering_edits`, or a head ablated while
+    start of the prompt, e.g. a steering vector from :func:`lenscope.steering.steering_edits`, or a head ablated while
     the model writes), or a function ``(prompt_len, max_len) -> edits``: applied at every decoding step (with
     the cache) and in the pass that the statistics and depths are read from. The explanations decompose the
     unedited model, so they are refused with edits (``explain=()``).
@@ -312,8 +310,7 @@ def generate(lm: LoadedModel, prompt, max_new_tokens: int = 16, *, explain=(tabl
     :func:`lenscope.models.runtime.trace.source_ids`);
     ``prompt`` is then the target prefix (may be ``""``: the decoder reads its start token, and a multilingual
     tokenizer's target language code, :func:`lenscope.models.loading.load.target_prefix_ids`; ids are the decoder's
-    input
-    from its start token). Greedy, through transformers' ``generate`` (:func:`decode_source`); the scores run over
+    input from its start token). Greedy, through transformers' ``generate`` (:func:`decode_source`); the scores run over
     the source's tokens and then the decoder's (``Generation.n_source``), by the methods that read a source
     (:func:`lenscope.attribution.methods.source_readers`). Sampling, ``chat``, ``edits`` and ``lens`` are refused
     with a source (one line each).

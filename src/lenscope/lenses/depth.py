@@ -12,8 +12,7 @@ every settled one (depth ``n_layers``), ``mean_depth`` averages the tokens that 
 
 Speed: only top-1 tokens are needed, so the lens states are decoded with a bfloat16 unembedding matmul
 (AMX/AVX-512) and made exact afterwards (:meth:`lenscope.models.weights.readout.Readout.top1`): the 16 best candidates
-of
-each row are recomputed in float32, and a row is recomputed entirely in float32 unless its exact best beats every
+of each row are recomputed in float32, and a row is recomputed entirely in float32 unless its exact best beats every
 other token's bfloat16 logit by more than a rounding-error bound (so the result equals the float32 argmax).
 """
 

@@ -2,8 +2,7 @@
 a temporary file first, then moved into place), its record in ``<stem>.json``, and an optimizer's state as tensors
 ``opt.<param>.<key>`` plus a record of its parameter groups (:func:`flatten_optimizer`). A tuned lens's checkpoint
 (:mod:`lenscope.lenses.training.checkpoint`) and sparse dictionaries' (:mod:`lenscope.features.dictionaries.train`) are
-these
-files with their own tensors and records.
+these files with their own tensors and records.
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ its traced scale. A dictionary splits the activation ``x`` at its site exactly::
 (the last term: the reconstruction error), so its site's share of the logit splits into each active latent's
 decoded write, the decoder bias, the skip path and the error. A sub-layer's site (``attn_out.L``, a transcoder's
 ``mlp_out.L``) reaches the residual stream through :meth:`~lenscope.models.weights.anatomy.Layer.write` (a sandwich
-norm,
-affine given its traced scale, and a residual multiplier): the read-out direction is carried back through it
+norm, affine given its traced scale, and a residual multiplier): the read-out direction is carried back through it
 (:func:`lenscope.models.weights.algebra.write_pullback`), and the dictionary's parts replace that sub-layer's rows. A
 residual-stream dictionary (``resid_post.L``, ``resid_pre.L``) stands for everything written up to its site: its
 parts replace the embedding and every component before it; the components after it stay. The parts sum to the

@@ -424,8 +424,7 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
                           splice_tokens: int | None = None, progress: bool = False,
                           max_memory: int | str | None = None) -> DictionaryEvaluation:
     """Evaluate ``dicts`` (a :class:`~lenscope.models.dictionaries.dictionary.Dictionary`, a list, or a dictionary
-    folder) on
-    about ``tokens`` held-out tokens of ``data`` (a text file or folder, :mod:`lenscope.data.corpus`), beside
+    folder) on about ``tokens`` held-out tokens of ``data`` (a text file or folder, :mod:`lenscope.data.corpus`), beside
     their baselines (``baselines=True``: fitted on ``fit_tokens`` train tokens, default
     ``min(tokens, FIT_TOKENS)``). The splice metrics use the first ``splice_tokens`` of those tokens (default
     ``min(tokens, SPLICE_TOKENS)``: each variant is a full forward pass, where the statistics stop at the last

@@ -10,8 +10,7 @@ tensor, or the one named ``activations``, float ``(n, d)`` or ``(n, 2, d)`` (inp
 its rows are read in order, cycling (epochs).
 
 The trainer (:mod:`lenscope.features.dictionaries.train`) shuffles within a block of ``buffer`` rows (the shuffle
-buffer,
-bounded memory: ``buffer x S x d`` floats), so a block is fully determined by its first unit: a resumed run
+buffer, bounded memory: ``buffer x S x d`` floats), so a block is fully determined by its first unit: a resumed run
 re-reads the block it was interrupted in instead of storing it.
 """
 

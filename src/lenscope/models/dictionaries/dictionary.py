@@ -24,8 +24,7 @@ square norm to the mean norm); the factor is folded into the weights (:meth:`Dic
 reads and writes the model's own activations, and is recorded (``scale_in``, ``scale_out``).
 
 The engine (:func:`lenscope.models.runtime.engine.run` with ``dictionaries=``) exposes a dictionary's latents as the
-site
-``"<site>.latents"`` (``("mlp_out.latents", 5)``), to capture and to edit with the reconstruction error kept.
+site ``"<site>.latents"`` (``("mlp_out.latents", 5)``), to capture and to edit with the reconstruction error kept.
 
 Files (:meth:`Dictionary.save`, :func:`load_dictionaries`): a folder with ``cfg.json`` and
 ``sae_weights.safetensors`` as SAELens writes them (``architecture``, ``d_in``, ``d_sae``, ``metadata.hook_name``

@@ -1,7 +1,6 @@
 """Dictionary files other tools write and read: SAELens's inference settings folded into lenscope's one form
 (:func:`saelens_form`, called by :meth:`~lenscope.models.dictionaries.dictionary.Dictionary.load`) and circuit-tracer's
-per-layer
-transcoder layout (:func:`save_circuit_tracer`, :func:`load_circuit_tracer`, read by
+per-layer transcoder layout (:func:`save_circuit_tracer`, :func:`load_circuit_tracer`, read by
 :func:`~lenscope.models.dictionaries.dictionary.load_dictionaries`). See :mod:`lenscope.models.dictionaries.dictionary`
 for the formats."""
 

@@ -1,8 +1,7 @@
 """The Trace: one forward pass of the real model with what the methods need captured.
 
 A Trace is a view on the engine (:mod:`lenscope.models.runtime.engine`): the sites of :func:`trace_sites`, captured in
-one
-pass. All tensors are for a single sequence (no batch axis).
+one pass. All tensors are for a single sequence (no batch axis).
 
 Devices and dtypes: a model split across devices runs as placed; each capture is copied into one ``(layer, ...)``
 tensor on the trace's device (``trace(..., device=)``, see :func:`trace`). Captures of bfloat16 / float16 models are
