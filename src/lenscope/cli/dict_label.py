@@ -21,6 +21,12 @@ def label_cmd(
     seq_len: int = SEQ_LEN_OPTION,
     batch_size: int = typer.Option(8, "--batch-size", help="Sequences per forward pass."),
     force: bool = typer.Option(False, "--force", help="Compute again even when labels.json holds these labels."),
+    explain: int = typer.Option(0, "--explain", help="Also explain N live features of each dictionary, drawn at "
+                                "random (--seed), in words written by --explainer from their top contexts, each "
+                                "scored by detection (AUROC); kept in labels.json."),
+    explainer: str = typer.Option(None, "--explainer", help="The model that writes and judges the explanations "
+                                  "(any model lenscope loads; default: --model)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the features drawn for --explain."),
     max_memory: str = MAX_MEMORY_OPTION,
     as_json: bool = JSON_OPTION,
 ):
@@ -42,9 +48,14 @@ def label_cmd(
     kw = {"seq_len": seq_len} if seq_len is not None else {}
     doc, computed = cached_labels(lm, dicts, dict_dir, data, tokens=tokens, top=top, force=force,
                                   batch_size=batch_size, max_memory=max_memory, progress=not as_json, **kw)
+    expl = _explain(lm, dicts, dict_dir, data, doc, explain, explainer, seed, not as_json) if explain else []
     if as_json:
-        print_json({**doc, "path": f"{dict_dir.rstrip('/')}/{LABELS_FILE}", "computed": computed})
+        print_json({**doc, "path": f"{dict_dir.rstrip('/')}/{LABELS_FILE}", "computed": computed,
+                    "explained": [r.to_dict() for r in expl]})
         return
+    for r in expl:
+        typer.echo(f"{r.site}: {len(r.features)} features explained by {r.explainer}, mean detection AUROC "
+                   f"{r.mean_detection() if r.mean_detection() is None else round(r.mean_detection(), 3)}")
     for d in dicts:
         rec = doc["dictionaries"][d.site]
         dead = rec["label"].count("dead")
@@ -52,6 +63,25 @@ def label_cmd(
                    + "; ".join(f"#{i} {rec['label'][i]}" for i in range(min(3, d.width))))
     typer.echo(f"{'written to' if computed else 'read from'} {dict_dir.rstrip('/')}/{LABELS_FILE} "
                f"({doc['tokens']} held-out tokens of {doc['data']})")
+
+
+def _explain(lm, dicts, folder, data, doc, n, explainer, seed, progress):
+    """``--explain``: explain ``n`` live features of each dictionary (``lenscope.evaluate.explanations``)."""
+    from ..errors import InputError
+    from ..evaluate.explanations import explain_features, pick_features, save_explanations
+
+    if n < 2:
+        raise InputError(f"--explain needs at least 2 features (each one's inactive texts are the others'); got {n}")
+    judge = lm if explainer is None or explainer == lm.name else load_model(explainer)
+    out = []
+    for d in dicts:
+        rec = doc["dictionaries"][d.site]
+        feats = pick_features(d.width, n, seed, [lab != "dead" for lab in rec["label"]])
+        r = explain_features(lm, d, feats, data, judge, seed=seed, labels=[rec["label"][f] for f in feats],
+                             progress=progress)
+        save_explanations(r, folder)
+        out.append(r)
+    return out
 
 
 def register(app: typer.Typer) -> None:
