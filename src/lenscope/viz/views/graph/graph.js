@@ -122,8 +122,9 @@
         el = n.kind === "feature" ? LS.svg("circle", { r: 4, fill: FEAT }, gNodes)
           : LS.svg("rect", { width: 7.6, height: 7.6, fill: ERR }, gNodes);
         if (n.label) {
-          n.lab = LS.text(gLabels, 0, 0, short(n.label, chars), { "font-size": 9.5, fill: "#374151", "data-role": "node-label",
-            "data-node": n.id });
+          n.lab = LS.text(gLabels, 0, 0, short(n.label, chars), { "font-size": 9.5, fill: "#1f2937", stroke: "#fff", "stroke-width": 3,
+            "paint-order": "stroke", "data-role": "node-label",
+            "data-label-of": n.id });
         }
       }
       n.el = el;
