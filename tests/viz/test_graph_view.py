@@ -135,12 +135,17 @@ def test_graph_cli_writes_the_page(setup, tmp_path):
     assert [n["id"] for n in sec["data"]["nodes"]] == [n["id"] for n in json.loads(r.stdout)["nodes"]]
 
 
-def brute_first_share(g) -> float:
-    """The first position's share of the feature and error nodes' influence, node by node from their records."""
+def brute_first_parts(g) -> tuple[float, float]:
+    """The feature and error nodes' influence at the first position and in all, node by node from their records."""
     inf = node_influence(g).tolist()
     recs = [g.node(i) for i in range(g.n_nodes)]
     fe = [(r["position"], x) for r, x in zip(recs, inf) if r["kind"] in ("feature", "error")]
-    return sum(x for p, x in fe if p == 0) / sum(x for _, x in fe)
+    return sum(x for p, x in fe if p == 0), sum(x for _, x in fe)
+
+
+def brute_first_share(g) -> float:
+    first, total = brute_first_parts(g)
+    return first / total
 
 
 def test_graph_payload_labels_and_first_token_share(setup):
@@ -158,8 +163,10 @@ def test_graph_payload_labels_and_first_token_share(setup):
     assert [{k: v for k, v in n.items() if k != "label"} for n in q["nodes"]] == \
         [{k: v for k, v in n.items() if k != "label"} for n in p["nodes"]]
     # the first position's share of the influence, against the nodes' influence summed by position
-    share = brute_first_share(g)
-    assert 0.0 < share < 1.0 and g.skip_first is False and p["skip_first"] is False
+    first, total = brute_first_parts(g)
+    share = first / total
+    assert first > 0 and total > first  # nodes with influence at the first position and after it
+    assert g.skip_first is False and p["skip_first"] is False
     assert p["first_position_share"] == pytest.approx(share, rel=1e-4)  # rounded to 5 significant digits
     assert p["hide_first"] == (share >= SINK_SHARE) and p["edge_share"] == EDGE_SHARE
     assert views.shown(g, first_token="hide").data["hide_first"] is True
