@@ -19,6 +19,7 @@
 (function () {
   "use strict";
   var POS = "#c0281b", NEG = "#2b59c3", FEAT = "#f08c2e", ERR = "#adb5bd", DOT = 11, LINE = 14, LIST = 6, BANDS = 8;
+  var MAXCOL = 200; // the widest a column grows for its labels or its grid
   var RING = ["#7048e8", "#0ca678", "#e8590c", "#1c7ed6", "#d6336c", "#5c940d"];
 
   function name(n) {
@@ -90,14 +91,13 @@
     bGroup.setAttribute("data-role", "supernode-group"); bSave.setAttribute("data-role", "supernode-download");
     var say = LS.el("span", "meta", null, sctl);
 
-    // the columns: one per position, wide enough for a label where there are few
-    var cw = Math.max(70, Math.min(170, Math.floor(1100 / Math.max(1, P)))), left = 64;
-    var cap = Math.max(1, Math.floor((cw - 8) / DOT)), chars = Math.max(4, Math.floor((cw - 22) / 5.4));
+    // the columns: one per position, each as wide as its cells need (labels beside the nodes of a list cell, a grid
+    // about twice as wide as tall), at least an even share of 1,100 pixels (44 to 130)
+    var minCol = Math.max(44, Math.min(130, Math.floor(1100 / Math.max(1, P)))), left = 64, colW = [], colX = [];
     var logits = nodes.filter(function (n) { return n.kind === "logit"; })
       .sort(function (a, b) { return b.activation - a.activation; });
-    var bw = 78, x0 = Math.max(left, left + P * cw - logits.length * (bw + 4));
-    var W = Math.max(left + P * cw, x0 + logits.length * (bw + 4)) + 12;
-    var svg = LS.svg("svg", { width: W, height: 100, "class": "attr-graph" }, body);
+    var bw = 78, x0 = left;
+    var svg = LS.svg("svg", { width: 100, height: 100, "class": "attr-graph" }, body);
     var gGrid = LS.svg("g", {}, svg), gBoxes = LS.svg("g", {}, svg), gEdges = LS.svg("g", { "pointer-events": "none" }, svg);
     var gNodes = LS.svg("g", {}, svg), gLabels = LS.svg("g", { "pointer-events": "none" }, svg);
     var list = LS.el("div", "tokens", null, body);
@@ -110,9 +110,8 @@
       var el;
       if (n.kind === "token") {
         el = LS.svg("g", {}, gNodes);
-        n.box = LS.svg("rect", { width: cw - 6, height: 22, rx: 5, fill: "#e9ecef", stroke: "#adb5bd" }, el);
-        n.txt = LS.text(el, 0, 0, LS.show(n.token, Math.max(3, Math.floor((cw - 10) / 7))),
-          { "text-anchor": "middle", "font-size": 11, "class": "mono", fill: "#1d2230" });
+        n.box = LS.svg("rect", { height: 22, rx: 5, fill: "#e9ecef", stroke: "#adb5bd" }, el);
+        n.txt = LS.text(el, 0, 0, "", { "text-anchor": "middle", "font-size": 11, "class": "mono", fill: "#1d2230" });
       } else if (n.kind === "logit") {
         el = LS.svg("g", {}, gNodes);
         n.box = LS.svg("rect", { width: bw, height: 30, rx: 6, fill: "#d3f9d8", stroke: "#2f9e44" }, el);
@@ -122,7 +121,7 @@
         el = n.kind === "feature" ? LS.svg("circle", { r: 4, fill: FEAT }, gNodes)
           : LS.svg("rect", { width: 7.6, height: 7.6, fill: ERR }, gNodes);
         if (n.label) {
-          n.lab = LS.text(gLabels, 0, 0, short(n.label, chars), { "font-size": 9.5, fill: "#1f2937", stroke: "#fff", "stroke-width": 3,
+          n.lab = LS.text(gLabels, 0, 0, "", { "font-size": 9.5, fill: "#1f2937", stroke: "#fff", "stroke-width": 3,
             "paint-order": "stroke", "data-role": "node-label",
             "data-label-of": n.id });
         }
@@ -165,11 +164,22 @@
         var k = n.layer + "_" + n.position;
         (cells[k] = cells[k] || []).push(n);
       });
+      for (p = 0; p < P; p++) colW[p] = minCol;
       Object.keys(cells).forEach(function (k) {
-        var c = cells[k];
+        var c = cells[k], p = c[0].position;
         c.sort(function (a, b) { return (a.kind === "error") - (b.kind === "error") || a.influence - b.influence; });
         c.list = c.length <= LIST;
-        c.h = c.list ? c.length * LINE : Math.ceil(c.length / cap) * DOT;
+        if (c.list) c.forEach(function (n) { if (n.label) colW[p] = Math.max(colW[p], Math.min(MAXCOL, 24 + 5.4 * n.label.length)); });
+        else colW[p] = Math.max(colW[p], Math.min(MAXCOL, 10 + DOT * Math.ceil(Math.sqrt(2 * c.length))));
+      });
+      var x = left;
+      for (p = 0; p < P; p++) { colX[p] = x; x += colW[p]; }
+      x0 = Math.max(left, x - logits.length * (bw + 4));
+      svg.setAttribute("width", Math.max(x, x0 + logits.length * (bw + 4)) + 12);
+      Object.keys(cells).forEach(function (k) {
+        var c = cells[k];
+        c.cap = Math.max(1, Math.floor((colW[c[0].position] - 8) / DOT));
+        c.h = c.list ? c.length * LINE : Math.ceil(c.length / c.cap) * DOT;
         rows[c[0].layer] = Math.max(rows[c[0].layer], c.h);
       });
       var y = 8, rowMid = {}, base = {}, minH = Math.max(26, Math.min(60, Math.floor(400 / Math.max(1, L))));
@@ -183,28 +193,34 @@
       })).forEach(function (r) {
         LS.text(gGrid, left - 8, r[1] + 3.5, r[0], { "text-anchor": "end", "font-size": 10, fill: "#6b7280" });
       });
-      for (l = 0; l < L; l++) LS.svg("line", { x1: left, x2: left + P * cw, y1: base[l] + 3, y2: base[l] + 3, stroke: "#f1f3f5" }, gGrid);
-      for (p = 1; p < P; p++) LS.svg("line", { x1: left + p * cw, x2: left + p * cw, y1: rowMid.logit + 18, y2: rowMid.token,
+      for (l = 0; l < L; l++) LS.svg("line", { x1: left, x2: x, y1: base[l] + 3, y2: base[l] + 3, stroke: "#f1f3f5" }, gGrid);
+      for (p = 1; p < P; p++) LS.svg("line", { x1: colX[p], x2: colX[p], y1: rowMid.logit + 18, y2: rowMid.token,
         stroke: "#f5f6f8" }, gGrid);
       Object.keys(cells).forEach(function (k) {
         var c = cells[k];
+        var w = colW[c[0].position], x1 = colX[c[0].position], cap = c.cap;
         c.forEach(function (n, i) {
-          var cx, cy, x1 = left + n.position * cw;
+          var cx, cy;
           if (c.list) { cx = x1 + 9; cy = base[n.layer] - DOT / 2 - i * LINE; }
           else {
-            cx = x1 + (cw - Math.min(c.length, cap) * DOT) / 2 + DOT / 2 + (i % cap) * DOT;
+            cx = x1 + (w - Math.min(c.length, cap) * DOT) / 2 + DOT / 2 + (i % cap) * DOT;
             cy = base[n.layer] - DOT / 2 - Math.floor(i / cap) * DOT;
           }
           setXY(n, cx, cy);
-          if (n.lab) { n.lab.setAttribute("x", cx + 7); n.lab.setAttribute("y", cy + 3.5); n.lab.style.display = c.list ? "" : "none"; }
           n.labelled = !!(n.lab && c.list);
+          if (n.labelled) {
+            n.lab.setAttribute("x", cx + 7); n.lab.setAttribute("y", cy + 3.5);
+            n.lab.textContent = short(n.label, Math.max(4, Math.floor((w - 24) / 5.4)));
+          }
         });
       });
       nodes.forEach(function (n) {
         var cx, cy;
         if (n.kind === "token") {
-          cx = left + n.position * cw + cw / 2; cy = rowMid.token;
-          n.box.setAttribute("x", cx - cw / 2 + 3); n.box.setAttribute("y", cy - 11);
+          var w = colW[n.position];
+          cx = colX[n.position] + w / 2; cy = rowMid.token;
+          n.box.setAttribute("x", cx - w / 2 + 3); n.box.setAttribute("y", cy - 11); n.box.setAttribute("width", w - 6);
+          n.txt.textContent = LS.show(n.token, Math.max(3, Math.floor((w - 10) / 7)));
           n.txt.setAttribute("x", cx); n.txt.setAttribute("y", cy + 4);
           n.ax = [cx, cy - 11];
         } else if (n.kind === "logit") {
@@ -265,7 +281,8 @@
         var c = RING[i % RING.length], g = LS.svg("g", { "data-role": "supernode-box", "data-supernode": s[0] }, gBoxes);
         LS.svg("rect", { x: x1 - 8, y: y1 - 8, width: x2 - x1 + 16, height: y2 - y1 + 16, rx: 5, fill: c, "fill-opacity": 0.07,
           stroke: c, "stroke-width": 1.5 }, g);
-        LS.text(g, x1 - 7, y1 - 11, short(s[0], 24), { "font-size": 10, "font-weight": 600, fill: c });
+        LS.text(g, x1 - 7, y1 - 11, short(s[0], 24), { "font-size": 10, "font-weight": 600, fill: c, stroke: "#fff",
+          "stroke-width": 3, "paint-order": "stroke" });
       });
     }
 
