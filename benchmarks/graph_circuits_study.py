@@ -87,17 +87,10 @@ def roles(task: str, tokens: list[str], meta: dict) -> list[str]:
     return out
 
 
-def node_positions(g) -> torch.Tensor:
-    """Every node's position ``(node,)``."""
-    o, P = g.offsets(), g.n_pos
-    return torch.cat([g.feature_pos.long(), torch.arange(o["token"] - o["error"]) % P, torch.arange(P),
-                      torch.full((g.n_logits,), P - 1)])
-
-
 def graph_summary(g, eh, skip_first: bool = False) -> dict:
     """A graph's layer, position and head scores (see the module's docstring), not yet divided by ``w``; with
     ``skip_first`` the nodes at the first position and the edges from or to them are left out."""
-    from lenscope.features.graphs.prune import logit_weights, node_influence
+    from lenscope.features.graphs.prune import logit_weights, node_influence, node_positions
 
     o = g.offsets()
     inf = node_influence(g)
@@ -211,7 +204,7 @@ def main(argv=None) -> int:
     from lenscope.data.contrast import ioi_contrasts, sva_contrasts, tokenize_with
     from lenscope.features.graphs.graph import attribution_graph
     from lenscope.features.graphs.heads import edge_heads
-    from lenscope.features.graphs.prune import graph_scores, prune
+    from lenscope.features.graphs.prune import first_position_share, graph_scores, prune
     from lenscope.models.dictionaries.dictionary import load_dictionaries
     from lenscope.models.loading.load import resolve_token
 
@@ -270,7 +263,7 @@ def main(argv=None) -> int:
                                            if j or v == "all"}),
                       "top_heads": top(heads)}
             if v == "all":
-                rec["first_position_share"] = float(s["position"][0] / s["position"].sum())
+                rec["first_position_share"] = first_position_share(g)
         prompts.append(rec)
         print(json.dumps({k: x for k, x in rec.items() if k not in ("tokens", "roles")}), flush=True)
 

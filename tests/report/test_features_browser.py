@@ -54,7 +54,8 @@ def test_features_page_in_a_browser(browser, tmp_path):
     first = int(fa.ids[0, 3, 0])
     cards = feature_cards(lm, dicts[0], [first], data, tokens=800, seq_len=32, top=5)
     path = tmp_path / "features.html"
-    path.write_text(views.page(fa, cards=cards))
+    labels = {"resid_post.1": [f"r{i}" for i in range(40)]}  # cached labels for one of the two dictionaries
+    path.write_text(views.page(fa, cards=cards, labels=labels))
     ctx, page, errors, blocked = isolated_page(browser, ("file:",), viewport={"width": 1400, "height": 1000})
     try:
         page.goto(path.resolve().as_uri())
@@ -67,9 +68,13 @@ def test_features_page_in_a_browser(browser, tmp_path):
                                            "e.getAttribute('data-feature'))")
         want = [f"{s}#{int(i)}" for j, s in enumerate(fa.sites) for i in fa.ids[j, 3].tolist() if i >= 0]
         assert listed == want
+        shown = page.eval_on_selector_all("[data-role=feature-list] [data-role=feature-label]",
+                                          "els => els.map(e => e.textContent.trim())")
+        assert shown == [f"r{int(i)}" for i in fa.ids[0, 3].tolist() if i >= 0] and fa.sites[0] == "resid_post.1"
         page.click(f"[data-role=feature-list] b.feature-link[data-feature='resid_post.1#{first}']")
         card = page.locator(f".feature-card-holder .feature-card[data-feature='resid_post.1#{first}']")
         assert card.count() == 1
+        assert card.locator("[data-role=feature-label]").text_content().strip() == f"r{first}"
         assert page.locator(".feature-card-holder .feature-context").count() == cards[0].context_max.shape[0]
         assert page.locator(".feature-card-holder svg.feature-hist rect").count() > 0
         assert page.locator(".feature-card-holder svg.feature-promoted rect").count() == 10

@@ -30,7 +30,7 @@ pytestmark = [
 ]
 NODES = "svg.attr-graph [data-node]"
 IDS = "els => els.map(e => e.getAttribute('data-node'))"
-EDGES = "els => els.map(e => e.getAttribute('data-edge'))"
+EDGES = "svg => svg.lsEdges"  # the edges drawn, "source>target" (one SVG path per sign and strength band)
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +41,16 @@ def browser():
         b.close()
 
 
-def _move(page, value: float) -> None:
-    page.eval_on_selector("[data-role=graph-threshold]",
+def _move(page, value: float, role: str = "graph-threshold") -> None:
+    page.eval_on_selector(f"[data-role={role}]",
                           f"el => {{ el.value = {value}; el.dispatchEvent(new Event('input')); }}")
+
+
+def show_everything(page) -> None:
+    """Every edge (the edge slider at 0) and the first position's nodes (the first-token switch on)."""
+    _move(page, 0, "graph-edge-threshold")
+    if not page.is_checked("[data-role=graph-first-token]") and page.is_enabled("[data-role=graph-first-token]"):
+        page.check("[data-role=graph-first-token]")
 
 
 def test_graph_page_in_a_browser(browser, tmp_path):
@@ -56,6 +63,7 @@ def test_graph_page_in_a_browser(browser, tmp_path):
     try:
         page.goto(path.resolve().as_uri())
         wait_drawn(page)
+        show_everything(page)
         kinds = [n["kind"] for n in d["nodes"]]
         assert page.locator(NODES).count() == len(d["nodes"])
         assert page.locator("svg.attr-graph circle[data-kind=feature]").count() == kinds.count("feature")
@@ -63,7 +71,7 @@ def test_graph_page_in_a_browser(browser, tmp_path):
         assert page.locator("svg.attr-graph [data-kind=logit]").count() == g.n_logits
         svg = page.locator("svg.attr-graph")
         assert int(svg.get_attribute("data-nodes")) == len(d["nodes"])
-        edges = page.eval_on_selector_all("svg.attr-graph line[data-edge]", EDGES)
+        edges = page.eval_on_selector("svg.attr-graph", EDGES)
         assert int(svg.get_attribute("data-edges")) == len(edges) == len(d["links"])
         assert sorted(edges) == sorted(f"{e['source']}>{e['target']}" for e in d["links"])
 
@@ -78,7 +86,7 @@ def test_graph_page_in_a_browser(browser, tmp_path):
         assert set(shown) == keep and page.locator(NODES + "[data-shown='0']").first.is_hidden()
         kept = [f"{e['source']}>{e['target']}" for e in d["links"] if e["source"] in keep and e["target"] in keep]
         assert int(svg.get_attribute("data-edges")) == len(kept) < len(d["links"])
-        assert sorted(page.eval_on_selector_all("svg.attr-graph line[data-edge]", EDGES)) == sorted(kept)
+        assert sorted(page.eval_on_selector("svg.attr-graph", EDGES)) == sorted(kept)
         assert f"{len(keep)} of {len(d['nodes'])} nodes" in page.text_content("[data-role=graph-count]")
 
         # a click shows a node's details; shift-click selects more; a label groups them into a supernode

@@ -11,6 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from lenscope.cli import app
+from lenscope.features.dictionaries.labels import FORMAT as LABELS_FORMAT
+from lenscope.features.dictionaries.labels import LABELS_FILE
 from lenscope.features.graphs.graph import attribution_graph
 from lenscope.models.dictionaries.dictionary import save_dictionaries
 from lenscope.report import ReportContext, build_report
@@ -79,3 +81,18 @@ def test_report_cli_adds_the_graph_with_transcoders(setup, tmp_path):
     d = json.loads(r.stdout)
     assert [s["key"] for s in d["sections"]] == ["prediction", "features", "graph"] and d["ok"]
     assert 'data-section="graph"' in out.read_text(encoding="utf-8")
+    # the labels `lenscope dict label` cached in the folder: on the graph's feature nodes and the features view's
+    (folder / LABELS_FILE).write_text(json.dumps({"format": LABELS_FORMAT, "dictionaries": {
+        "mlp_out.1": {"width": 40, "label": [f"one {i}" for i in range(40)]}}}))
+    r = CliRunner().invoke(app, ["report", TEXT, "--model", "tiny:llama", "--sections", "features,graph", "--dict",
+                                 str(folder), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    page = out.read_text(encoding="utf-8")
+    start = page.index('id="lenscope-data">') + len('id="lenscope-data">')
+    secs = {s["key"]: s["data"] for s in json.loads(page[start:page.index("</script>", start)])["sections"]}
+    feats = [n for n in secs["graph"]["nodes"] if n["kind"] == "feature"]
+    assert any(n["layer"] == 1 for n in feats)
+    assert all(n["label"] == (f"one {n['feature']}" if n["layer"] == 1 else None) for n in feats)
+    j = secs["features"]["sites"].index("mlp_out.1")
+    active = {i for row in secs["features"]["active"][j] for i, _ in row}
+    assert secs["features"]["labels"] == {"mlp_out.1": {str(i): f"one {i}" for i in sorted(active)}}

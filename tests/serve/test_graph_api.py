@@ -5,9 +5,13 @@ carry it), their errors, the token rule, and the page asking for the view."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from starlette.testclient import TestClient
 
+from lenscope.features.dictionaries.labels import FORMAT as LABELS_FORMAT
+from lenscope.features.dictionaries.labels import LABELS_FILE
 from lenscope.features.graphs.graph import attribution_graph
 from lenscope.models.dictionaries.dictionary import save_dictionaries
 from lenscope.report.sections import Graph
@@ -100,3 +104,22 @@ def test_without_transcoders_or_token(setup):
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
         ok = c.post("/api/graph", json={"text": TEXT}, headers={"Authorization": "Bearer s3cret"})
         assert ok.status_code == 200
+
+
+def test_cached_labels_on_the_graph_and_the_features(setup):
+    """Labels that ``lenscope dict label`` cached in ``--dict``: on the graph's feature nodes and on
+    ``/api/features``'s features (None where a site has none)."""
+    c, lm, ts, tmp = setup
+    folder = save_dictionaries(ts, tmp / "labelled")
+    (folder / LABELS_FILE).write_text(json.dumps({"format": LABELS_FORMAT, "dictionaries": {
+        "mlp_out.0": {"width": 40, "label": [f"zero {i}" for i in range(40)]}}}))
+    with TestClient(create_app(["tiny:llama"], loader=get_model, dicts=str(folder))) as lc:
+        g = lc.post("/api/graph", json={"model": "tiny:llama", "text": TEXT}).json()["graph"]
+        feats = [n for n in g["nodes"] if n["kind"] == "feature"]
+        assert any(n["layer"] == 0 for n in feats)
+        assert all(n["label"] == (f"zero {n['feature']}" if n["layer"] == 0 else None) for n in feats)
+        r = lc.post("/api/features", json={"model": "tiny:llama", "text": TEXT, "position": 2})
+        assert r.status_code == 200, r.text
+        fs = r.json()["features"]
+        assert fs["mlp_out.0"] and all(x["label"] == f"zero {x['feature']}" for x in fs["mlp_out.0"])
+        assert fs["mlp_out.1"] and all(x["label"] is None for x in fs["mlp_out.1"])

@@ -62,18 +62,21 @@ def dict_show_cmd(
 
     lm = load_model(model)
     card = feature_card(lm, d, feature, data, tokens=tokens, top=top)
+    from ..features.dictionaries.labels import labels_for
+    from ..viz.views.feature import feature_label
+
+    labels = labels_for(dict_dir)
+    label = feature_label(labels, d.site, feature, d.width)  # labels of another width: none
     if html:
-        card.to_html(html)
+        from ..viz.views import standalone
+
+        standalone(card, html, labels=labels)
     if save:
         card.save(save)
-    from ..features.dictionaries.labels import labels_for
-
-    label = labels_for(dict_dir).get(d.site)
-    label = label if label is not None and len(label) == d.width else None  # labels of another width: none
     if as_json:
-        print_json({**card.to_dict(), "label": label[feature]} if label else card.to_dict())
+        print_json({**card.to_dict(), "label": label} if label is not None else card.to_dict())
     else:
-        typer.echo(f"{d.site} #{feature}" + (f" {label[feature]}" if label else "")
+        typer.echo(f"{d.site} #{feature}" + (f" {label}" if label is not None else "")
                    + f": density {card.density:.4g} ({card.active} of {card.tokens_seen} held-out "
                    f"tokens), max {card.max_activation:.4g}" + (f"; page written: {html}" if html else ""))
 

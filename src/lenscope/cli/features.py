@@ -57,16 +57,19 @@ def register(app: typer.Typer) -> None:
         p = position_in(position, ids.numel())
         fa = active_features(lm, ids, dicts, top=top)
         dla = feature_dla(lm, text, dicts, target, foil, position=p) if target is not None else None
+        from ..features.dictionaries.labels import labels_for
+
+        labels = labels_for(dict_dir)  # each active feature's label where `dict label` cached them
         if html:
             from ..viz.views import standalone
 
-            standalone(fa, html)
+            standalone(fa, html, labels=labels)
         if as_json:
-            from ..features.dictionaries.labels import labels_for
+            from ..viz.views.feature import feature_label
 
-            labels = labels_for(dict_dir)  # each active feature's label where `dict label` cached them
-            active = [{**r, "label": labels[r["site"]][r["feature"]] if r["feature"] < len(labels[r["site"]])
-                       else None} if r["site"] in labels else r for r in fa.to_records()]
+            width = dict(zip(fa.sites, fa.widths))
+            active = [{**r, "label": feature_label(labels, r["site"], r["feature"], width[r["site"]])}
+                      if r["site"] in labels else r for r in fa.to_records()]
             out = {"model": lm.name, "tokens": fa.tokens, "sites": fa.sites, "widths": fa.widths,
                    "active": active, "l0": fa.l0.tolist()}
             if dla is not None:

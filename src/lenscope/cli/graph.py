@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import fail, handle_errors, load_model, print_json
+from .common import fail, handle_errors, load_model, one_of, print_json
 from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MAX_MEMORY_OPTION, MODEL_OPTION
 
 
@@ -34,6 +34,10 @@ def register(app: typer.Typer) -> None:
                                    "that carry it (exact; each link's `heads`)."),
         as_json: bool = JSON_OPTION,
         html: str = typer.Option(None, "--html", help="Write the graph's page to this file."),
+        first_token: str = typer.Option("auto", "--first-token", help="The page's first-token switch at first: hide "
+                                        "or show the first position's feature and error nodes; auto: hidden when "
+                                        "they carry at least half the influence (the attention sink of a model "
+                                        "without a BOS)."),
         out: str = typer.Option(None, "--out", help="Save the graph to this folder (graph.safetensors, reloadable "
                                 "with AttributionGraph.load, and graph.json, circuit-tracer's JSON)."),
         export: str = typer.Option(None, "--export-circuit-tracer", help="Write circuit-tracer's JSON (its viewer "
@@ -57,6 +61,9 @@ def register(app: typer.Typer) -> None:
                 fail(f"{name} must lie in [0, 1]; got {v}")
         if max_feature_nodes < 0 or batch_size < 1:
             fail("--max-feature-nodes must be at least 0 and --batch-size at least 1")
+        from ..viz.views.graph import FIRST_TOKEN
+
+        one_of("--first-token", first_token, FIRST_TOKEN)
         budget = parse_size(max_memory) if max_memory is not None else None
         dicts = load_dictionaries(dict_dir)
         lm = load_model(model, dtype=dtype, device_map=device_map)
@@ -77,7 +84,7 @@ def register(app: typer.Typer) -> None:
         if html:
             from ..viz.views import standalone
 
-            standalone(g, html, **th)
+            standalone(g, html, labels=labels, first_token=first_token, **th)
         d = g.to_dict(labels=labels, **th)
         if as_json:
             print_json(d)

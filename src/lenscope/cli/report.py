@@ -72,11 +72,13 @@ def report_cmd(
 
         gold_rows = read_gold_alignments(gold)  # a bad file is refused before the model is loaded
     method_list = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
-    dictionaries = None
+    dictionaries = labels = None
     if dict_dir is not None:
+        from ..features.dictionaries.labels import labels_for
         from ..models.dictionaries.dictionary import load_dictionaries
 
         dictionaries = load_dictionaries(dict_dir)
+        labels = labels_for(dict_dir)  # the features' labels where `lenscope dict label` cached them
     con = Console(stderr=True, soft_wrap=True)
     t0 = time.perf_counter()
     con.print(f"lenscope report: loading [bold]{model.name}[/] "
@@ -112,7 +114,7 @@ def report_cmd(
 
         rep = build_report(lm, text, target, foil, corrupted=corrupted, lens=tuned, sections=keys,
                            progress=progress, generate=generate, dictionaries=dictionaries, dict_data=dict_data,
-                           source=source, gold=pair, methods=method_list)
+                           source=source, gold=pair, methods=method_list, labels=labels)
     path = rep.write(out)
     size = path.stat().st_size
     if as_json:

@@ -87,7 +87,7 @@ def _versions() -> dict:
 def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None = None, lens=None, sections=None,
                  top_k: int = 10, progress=None, circuit: dict | None = None, generate: int | None = None,
                  explain=None, dictionaries=None, dict_data=None, dict_tokens: int = 16_384, source: str | None = None,
-                 gold=None, methods=None) -> Report:
+                 gold=None, methods=None, labels: dict | None = None) -> Report:
     """Compute every view of the prediction at the last position of ``text``.
 
     ``target``/``foil``: the token to explain (text, ``"#ID"`` or id) and an optional contrast; without a
@@ -106,7 +106,9 @@ def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None
     features
     view (:class:`~.sections.Features`), with the cards of the strongest features at the last position measured on
     ``dict_tokens`` held-out tokens of ``dict_data`` (a text file or corpus folder) when given, and, when they include
-    transcoders, the attribution graph (:class:`~.sections.Graph`).
+    transcoders, the attribution graph (:class:`~.sections.Graph`); ``labels``: their features' labels (``{site:
+    [label of each feature]}``, :func:`~lenscope.features.dictionaries.labels.labels_for` of their folder), shown in
+    both views.
     ``source``: an encoder-decoder (translation) model's source, ``text`` being the target: the report is the
     alignment view (:class:`~.sections.Alignment`, by ``methods``, default every method that reads a source; ``gold``:
     the pair's gold links, an :class:`~lenscope.data.alignments.AlignedPair`), and one note names the views left out.
@@ -119,7 +121,7 @@ def build_report(lm, text: str, target=None, foil=None, *, corrupted: str | None
     t0 = time.perf_counter()
     ctx = ReportContext(lm, text, target, foil, lens=lens, top_k=top_k, corrupted=corrupted, circuit=circuit,
                         generate=generate, explain=explain, dictionaries=dictionaries, dict_data=dict_data,
-                        dict_tokens=dict_tokens, source=source, gold=gold, methods=methods)
+                        dict_tokens=dict_tokens, source=source, gold=gold, methods=methods, labels=labels)
     if ctx.source is not None:
         return _alignment_report(ctx, sections, progress, t0)
     if sections is None:

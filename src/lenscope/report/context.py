@@ -57,6 +57,7 @@ class ReportContext:
     dictionaries: list | None = None
     dict_data: str | None = None  # text whose held-out part the features view's cards are measured on
     dict_tokens: int = 16_384  # held-out tokens read for those cards
+    labels: dict | None = None  # the dictionaries' feature labels, {site: [label of each feature]} (labels_for)
     source: str | None = None  # an encoder-decoder model's source (the text is the target): the alignment view
     gold: object | None = None  # the pair's gold links (lenscope.data.alignments.AlignedPair) for the alignment view
     methods: tuple[str, ...] | None = None  # the alignment view's methods (default: every one that reads a source)

@@ -332,7 +332,7 @@ class Features(Section):
                     cards += feature_cards(ctx.lm, d, top, ctx.dict_data, tokens=ctx.dict_tokens)
         for j, s in enumerate(fa.sites):
             ctx.check(self.key, f"{s}: mean active features per token (L0, reported)", float(fa.l0[j].float().mean()))
-        return features_payload(fa, cards)
+        return features_payload(fa, cards, ctx.labels)
 
 
 def transcoders(ctx: ReportContext) -> list:
@@ -371,7 +371,7 @@ class Graph(Section):
 
     def payload(self, ctx: ReportContext, g) -> dict:
         """The view's data, its checks recorded in ``ctx``."""
-        d = graph_payload(g)
+        d = graph_payload(g, labels=ctx.labels)
         for name, value, tol in graph_checks(g, d):
             ctx.check(self.key, name, value, tol)
         return d

@@ -97,6 +97,7 @@ class Service:
         self.models = list(models)
         self.dict_dir, self.dict_data, self.dict_tokens = dicts, dict_data, int(dict_tokens)
         self._dicts: dict[str, list] = {}  # model name -> the dictionaries of --dict that fit it
+        self._labels: dict | None = None  # the features' labels cached in --dict (labels_for), read once
         self._dict_lock = threading.Lock()
         self.max_tokens = int(max_tokens)
         self.contexts = LRU(contexts, max_bytes=int(context_mb * 2**20), sizeof=_context_bytes)
@@ -142,6 +143,18 @@ class Service:
                 self._dicts[name] = got
             return got or None
 
+    def labels(self) -> dict | None:
+        """The features' labels that ``lenscope dict label`` cached in ``--dict`` (``{site: [label of each
+        feature]}``, :func:`~lenscope.features.dictionaries.labels.labels_for`), read once; None without ``--dict``."""
+        if self.dict_dir is None:
+            return None
+        with self._dict_lock:
+            if self._labels is None:
+                from ..features.dictionaries.labels import labels_for
+
+                self._labels = labels_for(self.dict_dir)
+            return self._labels
+
     # ------------------------------------------------------------------------------------------ models
 
     def models_info(self) -> list[dict]:
@@ -183,7 +196,8 @@ class Service:
             target = f"#{top[0]}"
             if foil is None:
                 foil = f"#{top[1]}"
-        ctx = ReportContext(lm, text, target, foil, lens=lens, corrupted=corrupted, dictionaries=dicts)
+        ctx = ReportContext(lm, text, target, foil, lens=lens, corrupted=corrupted, dictionaries=dicts,
+                            labels=self.labels())
         if base is not None:
             ctx.__dict__["trace"] = base.trace  # the one forward pass (cached_property's slot)
         ctx.target_id, ctx.foil_id  # noqa: B018 - a target/foil that is not one token is refused here (400)
@@ -423,8 +437,10 @@ class Service:
         return lm, dicts
 
     def features(self, name: str, text: str, position: int) -> dict:
-        """``POST /api/features``: the active features of every dictionary at one token of ``text``."""
+        """``POST /api/features``: the active features of every dictionary at one token of ``text``, each with its
+        label where cached (None elsewhere)."""
         from ..features.dictionaries.result import active_features
+        from ..viz.views.feature import feature_label
 
         lm, dicts = self._need_dicts(name)
         entry = self.context(name, text)
@@ -442,14 +458,16 @@ class Service:
                               for ids, vals in zip(fa.ids[j].tolist(), fa.values[j].tolist())]
                              for j in range(len(fa.sites))]}
             self.extras.put(fkey, fa)
+        labels = self.labels()
         return {"position": p, "token": entry.card.tokens[p], "sites": fa["sites"], "widths": fa["widths"],
                 "l0": {s: fa["l0"][j][p] for j, s in enumerate(fa["sites"])},
-                "features": {s: [{"feature": i, "activation": v} for i, v in fa["active"][j][p]]
+                "features": {s: [{"feature": i, "activation": v,
+                                  "label": feature_label(labels, s, i, fa["widths"][j])} for i, v in fa["active"][j][p]]
                              for j, s in enumerate(fa["sites"])}}
 
     def feature(self, name: str, site: str, feature: int) -> dict:
-        """``POST /api/feature``: one feature's card (the ``feature`` view's data), measured on the held-out part of
-        ``--dict-data``."""
+        """``POST /api/feature``: one feature's card (the ``feature`` view's data, with its label where cached),
+        measured on the held-out part of ``--dict-data``."""
         from ..features.dictionaries.cards import feature_card
         from ..viz.views.feature import feature_payload
 
@@ -463,7 +481,7 @@ class Service:
         hit = self.extras.get(key)
         if hit is None:
             hit = feature_payload(feature_card(lm, by_site[site], int(feature), self.dict_data,
-                                               tokens=self.dict_tokens))
+                                               tokens=self.dict_tokens), self.labels())
             self.extras.put(key, hit)
         return hit
 

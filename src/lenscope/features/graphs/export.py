@@ -39,9 +39,10 @@ def node_label(g, rec: dict, labels: dict | None) -> str | None:
     :func:`lenscope.features.dictionaries.labels.labels_for`); None for other nodes and where there is none."""
     if not labels or rec["kind"] != "feature":
         return None
+    from ...viz.views.feature import feature_label
+
     site = next((s for s in g.sites if s.rpartition(".")[2] == str(rec["layer"])), None)
-    got = labels.get(site)
-    return got[rec["feature"]] if got is not None and rec["feature"] < len(got) else None
+    return feature_label(labels, site, rec["feature"])
 
 
 def circuit_tracer_json(g, slug: str = "lenscope-graph", node_threshold: float = 0.8,

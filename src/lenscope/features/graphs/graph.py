@@ -199,10 +199,11 @@ class AttributionGraph(ReportView, Result):
                              "weight": self.adjacency[t, s].tolist()})
 
     def to_dict(self, node_threshold: float = 0.8, edge_threshold: float = 0.98, labels: dict | None = None) -> dict:
-        """The pruned graph as the CLI's JSON (``nodes``, ``links``, scores, checks); with ``labels`` (``{site: [label
-        of each feature]}``) each feature node's ``label`` (None where its site has none)."""
+        """The pruned graph as the CLI's JSON (``nodes``, ``links``, scores, checks, ``first_position_share``: see
+        :func:`.prune.first_position_share`); with ``labels`` (``{site: [label of each feature]}``) each feature node's
+        ``label`` (None where its site has none)."""
         from .export import node_label
-        from .prune import graph_scores, prune
+        from .prune import first_position_share, graph_scores, prune
 
         pr = prune(self, node_threshold, edge_threshold)
         keep = pr.node_mask.nonzero()[:, 0].tolist()
@@ -221,13 +222,13 @@ class AttributionGraph(ReportView, Result):
                 heads = self.heads_of(a, b)
                 if heads is not None:
                     link["heads"] = heads
-        rep, comp = graph_scores(self)
+        rep, comp, first = *graph_scores(self), first_position_share(self)
         return {"model": self.model, "tokens": self.tokens, "sites": self.sites, "nodes": nodes, "links": links,
                 "replacement_score": rep, "completeness_score": comp, "max_exactness_error": self.exactness_error,
                 "real_error": self.real_error, "tolerance": self.tolerance, "n_active_features": self.n_active,
-                "n_feature_nodes": self.n_features, "node_threshold": node_threshold,
-                "edge_threshold": edge_threshold, "seconds": self.seconds, "supernodes": self.supernodes,
-                "head_error": self.head_error, "foil_id": self.foil_id}
+                "n_feature_nodes": self.n_features, "node_threshold": node_threshold, "edge_threshold": edge_threshold,
+                "seconds": self.seconds, "supernodes": self.supernodes, "head_error": self.head_error,
+                "foil_id": self.foil_id, "skip_first": self.skip_first, "first_position_share": first}
 
     def __repr__(self) -> str:
         return (f"AttributionGraph({self.n_pos} tokens, {self.n_features} of {self.n_active} active features, "

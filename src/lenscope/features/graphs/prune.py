@@ -183,5 +183,24 @@ def graph_scores(g) -> tuple[float, float]:
     return replacement, completeness
 
 
-__all__ = ["CHUNK", "Normalized", "Pruned", "graph_scores", "influence", "node_influence", "normalize", "prune",
-           "prune_memory", "threshold_of"]
+def node_positions(g) -> Tensor:
+    """Every node's position ``(node,)`` (a logit node's: the last)."""
+    o, P = g.offsets(), g.n_pos
+    return torch.cat([g.feature_pos.long(), torch.arange(o["token"] - o["error"]) % P, torch.arange(P),
+                      torch.full((g.n_logits,), P - 1)])
+
+
+def first_position_share(g, inf: Tensor | None = None) -> float:
+    """The share of the feature and error nodes' influence on the logits (``inf``, default
+    :func:`node_influence`) that lies at the first position: in a model without a BOS the first token is the
+    attention sink and carries most of it (docs/circuits.md); 0.0 for a graph whose feature and error nodes have no
+    influence."""
+    inf = node_influence(g) if inf is None else inf
+    o = g.offsets()
+    fe = inf[: o["token"]].double()
+    total = float(fe.sum())
+    return float(fe[node_positions(g)[: o["token"]] == 0].sum()) / total if total > 0 else 0.0
+
+
+__all__ = ["CHUNK", "Normalized", "Pruned", "first_position_share", "graph_scores", "influence", "node_influence",
+           "node_positions", "normalize", "prune", "prune_memory", "threshold_of"]

@@ -19,9 +19,23 @@ class FeatureCardLike(Protocol):
     def to_dict(self) -> dict: ...
 
 
-def feature_payload(card: FeatureCardLike | dict) -> dict:
-    """The ``feature`` view: one feature's card (its ``to_dict()``), floats to 5 significant digits."""
-    return rounded_tree(card.to_dict() if hasattr(card, "to_dict") else dict(card))
+def feature_label(labels: dict | None, site: str, feature: int, width: int | None = None) -> str | None:
+    """Feature ``feature``'s label at ``site`` in ``labels`` (``{site: [label of each feature]}``, as
+    :func:`lenscope.features.dictionaries.labels.labels_for` reads them from a dictionary folder); None where there
+    is none: no labels for the site, too few, or (given the dictionary's ``width``) labels of another width (a
+    dictionary overwritten since it was labelled)."""
+    got = (labels or {}).get(site)
+    if got is None or feature >= len(got) or (width is not None and len(got) != width):
+        return None
+    return got[feature]
+
+
+def feature_payload(card: FeatureCardLike | dict, labels: dict | None = None) -> dict:
+    """The ``feature`` view: one feature's card (its ``to_dict()``), floats to 5 significant digits, with its
+    ``label`` from ``labels`` (:func:`feature_label`; None where there is none)."""
+    d = rounded_tree(card.to_dict() if hasattr(card, "to_dict") else dict(card))
+    d["label"] = feature_label(labels, d["site"], int(d["feature"]), d.get("width"))
+    return d
 
 
 class Feature(View):
@@ -31,9 +45,10 @@ class Feature(View):
     order = 95
     height = 620
 
-    def show(self, obj) -> Shown:
-        """One feature's card; a list of cards is refused (show them through the features view)."""
-        d = feature_payload(one(obj, "a list of feature cards"))
+    def show(self, obj, labels: dict | None = None) -> Shown:
+        """One feature's card with its label where ``labels`` has it (:func:`feature_label`); a list of cards is
+        refused (show them through the features view)."""
+        d = feature_payload(one(obj, "a list of feature cards"), labels)
         return Shown(self.key, d, view_meta(d["model"], ()), f"Feature {d['site']} #{d['feature']}")
 
 

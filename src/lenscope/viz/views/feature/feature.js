@@ -1,6 +1,7 @@
-/* lenscope report: one feature's card (lenscope dict show, FeatureCard). Its top-activating contexts from held-out
-   text (each token coloured by the feature's activation, the maximum outlined), the histogram of its activations
-   with its density, and the tokens its decoder direction promotes and suppresses through the readout.
+/* lenscope report: one feature's card (lenscope dict show, FeatureCard), headed by its label where cached.
+   Its top-activating contexts from held-out text (each token coloured by the feature's activation, the maximum
+   outlined), the histogram of its activations with its density, and the tokens its decoder direction promotes and
+   suppresses through the readout.
    LS.featureCard(parent, card) draws one card anywhere (the features view and the app's panel use it). */
 (function () {
   "use strict";
@@ -31,6 +32,7 @@
     wrap.setAttribute("data-feature", d.site + "#" + d.feature);
     var p = LS.el("p", "meta", null, wrap);
     LS.el("b", null, d.site + " #" + d.feature, p);
+    if (d.label) LS.el("b", null, " " + d.label, p).setAttribute("data-role", "feature-label");
     LS.el("span", null, " \u00b7 " + d.role + " " + d.kind + " of width " + d.width + " \u00b7 density ", p);
     LS.el("b", "feature-density", LS.fmt(d.density, 5), p);
     LS.el("span", null, " (" + d.active + " of " + d.tokens + " held-out tokens) \u00b7 max " + LS.fmt(d.max_activation, 3) +

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from ...report.payloads import rounded
 from .. import Shown, View, meta_of, one
-from ..feature import feature_payload
+from ..feature import feature_label, feature_payload
 
 
 class FeatureActivationsLike(Protocol):
@@ -23,22 +23,29 @@ class FeatureActivationsLike(Protocol):
     l0: Tensor
 
 
-def features_payload(fa: FeatureActivationsLike, cards=()) -> dict:
+def features_payload(fa: FeatureActivationsLike, cards=(), labels: dict | None = None) -> dict:
     """The ``features`` view: the prompt's tokens and, per dictionary (``sites``) and position, its active latents
-    strongest first as ``[feature, activation]`` pairs, the L0 per position, and the ``cards`` of some features
-    (:func:`~lenscope.viz.views.feature.feature_payload`, keyed ``"site#feature"``) that a click opens."""
-    active = []
-    for j in range(len(fa.sites)):
+    strongest first as ``[feature, activation]`` pairs, the L0 per position, the ``cards`` of some features
+    (:func:`~lenscope.viz.views.feature.feature_payload`, keyed ``"site#feature"``) that a click opens, and
+    ``labels``: ``{site: {feature: label}}`` of the active features that ``labels`` (``{site: [label of each
+    feature]}``) labels (:func:`~lenscope.viz.views.feature.feature_label`)."""
+    active, named = [], {}
+    for j, site in enumerate(fa.sites):
         per = []
         for ids, vals in zip(fa.ids[j].tolist(), fa.values[j].tolist()):
             per.append([[i, rounded(v)] for i, v in zip(ids, vals) if i >= 0])
+            for i in ids:
+                label = feature_label(labels, site, i, int(fa.widths[j])) if i >= 0 else None
+                if label is not None:
+                    named.setdefault(site, {})[str(i)] = label
         active.append(per)
     out_cards = {}
     for c in cards:
-        d = feature_payload(c)
+        d = feature_payload(c, labels)
         out_cards[f"{d['site']}#{d['feature']}"] = d
     return {"tokens": list(fa.tokens), "sites": list(fa.sites), "widths": [int(w) for w in fa.widths],
-            "l0": [[int(v) for v in row] for row in fa.l0.tolist()], "active": active, "cards": out_cards}
+            "l0": [[int(v) for v in row] for row in fa.l0.tolist()], "active": active, "cards": out_cards,
+            "labels": named}
 
 
 class Features(View):
@@ -51,10 +58,11 @@ class Features(View):
     height = 560
     uses = ("feature",)
 
-    def show(self, obj, cards=()) -> Shown:
-        """The features of a prompt, with the ``cards`` of some of its features."""
+    def show(self, obj, cards=(), labels: dict | None = None) -> Shown:
+        """The features of a prompt, with the ``cards`` of some of its features and their ``labels`` where cached
+        (``{site: [label of each feature]}``)."""
         one(obj, "a list of feature activations")
-        return Shown(self.key, features_payload(obj, cards), meta_of(obj), "Features · " + ", ".join(obj.sites))
+        return Shown(self.key, features_payload(obj, cards, labels), meta_of(obj), "Features · " + ", ".join(obj.sites))
 
 
 VIEW = Features()

@@ -1,6 +1,7 @@
 /* lenscope report: the features of a prompt (lenscope features --html, FeatureActivations, the report's --dict).
    The tokens, each coloured by the strongest active feature of the chosen dictionary; click (or hover) a token:
-   its active features per dictionary with their activations. A feature whose card is in the data opens it below
+   its active features per dictionary with their activations, each with its label where d.labels has one (lenscope
+   dict label cached it). A feature whose card is in the data opens it below
    (LS.featureCard, feature.js); else a click emits LS.emit("feature", {site, feature}) for the app. */
 (function () {
   "use strict";
@@ -61,6 +62,8 @@
           var th = LS.el("th", null, null, tr), link = LS.el(cards[key] ? "b" : "span", "feature-link ls-click", "#" + x[0], th);
           link.setAttribute("data-feature", key);
           link.addEventListener("click", function () { open(site, x[0]); });
+          var lab = ((d.labels || {})[site] || {})[x[0]];
+          if (lab) LS.el("span", "meta", " " + lab, th).setAttribute("data-role", "feature-label");
           var td = LS.el("td", null, null, tr), bar = LS.el("span", null, null, td);
           bar.style.display = "inline-block"; bar.style.height = "9px"; bar.style.marginRight = "6px";
           bar.style.width = Math.max(2, 120 * x[1] / m) + "px"; bar.style.background = "#f08c2e";
