@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .common import fail, handle_errors, load_model, print_json
+from .common import fail, handle_errors, load_model, one_of, print_json
 from .options import DEVICE_MAP_OPTION, DTYPE_OPTION, JSON_OPTION, MAX_MEMORY_OPTION, MODEL_OPTION
 
 
@@ -32,6 +32,16 @@ def register(app: typer.Typer) -> None:
         max_memory: str = MAX_MEMORY_OPTION,
         heads: bool = typer.Option(True, "--heads/--no-heads", help="Split each kept edge over the attention heads "
                                    "that carry it (exact; each link's `heads`)."),
+        supernodes: int = typer.Option(0, "--supernodes", help="Automatic supernodes: merge the pruned graph's "
+                                       "feature nodes by their edge profiles (and labels) into this many clusters, "
+                                       "each of 2+ a supernode (one position, a band of blocks; 0: none)."),
+        supernode_threshold: float = typer.Option(0.0, "--supernode-threshold", help="The least average similarity "
+                                                  "(in [-1, 1]) two clusters need to merge."),
+        check_sn: bool = typer.Option(False, "--check-supernodes", help="Ablate each supernode in the real model and "
+                                      "compare the target logit's change with the graph's prediction (JSON: "
+                                      "supernode_check)."),
+        prediction: str = typer.Option("direct", "--prediction", help="What --check-supernodes compares with: "
+                                       "direct or frozen_total."),
         as_json: bool = JSON_OPTION,
         html: str = typer.Option(None, "--html", help="Write the graph's page to this file."),
         out: str = typer.Option(None, "--out", help="Save the graph to this folder (graph.safetensors, reloadable "
@@ -57,6 +67,12 @@ def register(app: typer.Typer) -> None:
                 fail(f"{name} must lie in [0, 1]; got {v}")
         if max_feature_nodes < 0 or batch_size < 1:
             fail("--max-feature-nodes must be at least 0 and --batch-size at least 1")
+        if supernodes < 0 or not -1.0 <= supernode_threshold <= 1.0:
+            fail(f"--supernodes must be at least 0 and --supernode-threshold in [-1, 1]; got {supernodes}, "
+                 f"{supernode_threshold}")
+        if check_sn and not supernodes:
+            fail("--check-supernodes needs supernodes: add --supernodes N")
+        one_of("--prediction", prediction, ("direct", "frozen_total"))
         budget = parse_size(max_memory) if max_memory is not None else None
         dicts = load_dictionaries(dict_dir)
         lm = load_model(model, dtype=dtype, device_map=device_map)
@@ -68,10 +84,19 @@ def register(app: typer.Typer) -> None:
             from ..features.graphs.heads import edge_heads
 
             g.set_heads(edge_heads(lm, g, dicts, max_memory=budget, progress=not as_json, **th))
+        check = None
+        if supernodes:
+            from ..features.graphs.supernodes import auto_supernodes, check_supernodes
+
+            auto_supernodes(g, n_groups=supernodes, threshold=supernode_threshold, labels=labels, **th)
+            if check_sn and g.supernodes:
+                check = check_supernodes(lm, g, dicts, prediction=prediction)
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
             g.save(Path(out) / "graph.safetensors")
             write_circuit_tracer(g, Path(out) / "graph.json", labels=labels, **th)
+            if check is not None:
+                check.save(Path(out) / "supernode-check.safetensors")
         if export:
             write_circuit_tracer(g, export, labels=labels, **th)
         if html:
@@ -79,6 +104,8 @@ def register(app: typer.Typer) -> None:
 
             standalone(g, html, **th)
         d = g.to_dict(labels=labels, **th)
+        if check_sn:
+            d["supernode_check"] = None if check is None else check.to_dict()
         if as_json:
             print_json(d)
             return
@@ -100,6 +127,15 @@ def register(app: typer.Typer) -> None:
             a = "" if n["activation"] is None else f"{n['activation']:.3f}"
             table.add_row(n["id"], n["kind"], repr(n["token"]), a, f"{n['influence']:.3f}")
         con.print(table)
+        if supernodes:
+            con.print(f"{len(g.supernodes)} supernodes: "
+                      + "; ".join(f"{sn[0]} ({len(sn) - 1})" for sn in g.supernodes))
+        if check is not None:
+            con.print(f"supernodes ablated: Spearman {check.spearman:.3f} between the real change of "
+                      f"{check.logit_token!r} and the graph's {check.prediction} prediction; "
+                      f"{len(check.flagged)} flagged")
+            for f in check.flagged:
+                con.print(f"  {f['label']}: {f['reason']} (real {f['real']:.3g}, predicted {f['predicted']:.3g})")
         for what, path in (("graph saved to", out), ("circuit-tracer JSON written to", export), ("page written to",
                                                                                                html)):
             if path:
