@@ -32,6 +32,16 @@ def register(app: typer.Typer) -> None:
         max_memory: str = MAX_MEMORY_OPTION,
         heads: bool = typer.Option(True, "--heads/--no-heads", help="Split each kept edge over the attention heads "
                                    "that carry it (exact; each link's `heads`)."),
+        supernodes: int = typer.Option(0, "--supernodes", help="Automatic supernodes: merge the pruned graph's "
+                                       "feature nodes by their edge profiles (and labels) into this many clusters, "
+                                       "each of 2+ a supernode (one position, a band of blocks; 0: none)."),
+        supernode_threshold: float = typer.Option(0.0, "--supernode-threshold", help="The least average similarity "
+                                                  "(in [-1, 1]) two clusters need to merge."),
+        check_sn: bool = typer.Option(False, "--check-supernodes", help="Ablate each supernode in the real model and "
+                                      "compare the target logit's change with the graph's prediction (JSON: "
+                                      "supernode_check)."),
+        prediction: str = typer.Option("direct", "--prediction", help="What --check-supernodes compares with: "
+                                       "direct or frozen_total."),
         as_json: bool = JSON_OPTION,
         html: str = typer.Option(None, "--html", help="Write the graph's page to this file."),
         first_token: str = typer.Option("auto", "--first-token", help="The page's first-token switch at first: hide "
@@ -64,6 +74,12 @@ def register(app: typer.Typer) -> None:
         from ..viz.views.graph import FIRST_TOKEN
 
         one_of("--first-token", first_token, FIRST_TOKEN)
+        if supernodes < 0 or not -1.0 <= supernode_threshold <= 1.0:
+            fail(f"--supernodes must be at least 0 and --supernode-threshold in [-1, 1]; got {supernodes}, "
+                 f"{supernode_threshold}")
+        if check_sn and not supernodes:
+            fail("--check-supernodes needs supernodes: add --supernodes N")
+        one_of("--prediction", prediction, ("direct", "frozen_total"))
         budget = parse_size(max_memory) if max_memory is not None else None
         dicts = load_dictionaries(dict_dir)
         lm = load_model(model, dtype=dtype, device_map=device_map)
@@ -75,10 +91,19 @@ def register(app: typer.Typer) -> None:
             from ..features.graphs.heads import edge_heads
 
             g.set_heads(edge_heads(lm, g, dicts, max_memory=budget, progress=not as_json, **th))
+        check = None
+        if supernodes:
+            from ..features.graphs.supernodes import auto_supernodes, check_supernodes
+
+            auto_supernodes(g, n_groups=supernodes, threshold=supernode_threshold, labels=labels, **th)
+            if check_sn and g.supernodes:
+                check = check_supernodes(lm, g, dicts, prediction=prediction)
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
             g.save(Path(out) / "graph.safetensors")
             write_circuit_tracer(g, Path(out) / "graph.json", labels=labels, **th)
+            if check is not None:
+                check.save(Path(out) / "supernode-check.safetensors")
         if export:
             write_circuit_tracer(g, export, labels=labels, **th)
         if html:
@@ -86,6 +111,8 @@ def register(app: typer.Typer) -> None:
 
             standalone(g, html, labels=labels, first_token=first_token, **th)
         d = g.to_dict(labels=labels, **th)
+        if check_sn:
+            d["supernode_check"] = None if check is None else check.to_dict()
         if as_json:
             print_json(d)
             return
@@ -107,6 +134,15 @@ def register(app: typer.Typer) -> None:
             a = "" if n["activation"] is None else f"{n['activation']:.3f}"
             table.add_row(n["id"], n["kind"], repr(n["token"]), a, f"{n['influence']:.3f}")
         con.print(table)
+        if supernodes:
+            con.print(f"{len(g.supernodes)} supernodes: "
+                      + "; ".join(f"{sn[0]} ({len(sn) - 1})" for sn in g.supernodes))
+        if check is not None:
+            con.print(f"supernodes ablated: Spearman {check.spearman:.3f} between the real change of "
+                      f"{check.logit_token!r} and the graph's {check.prediction} prediction; "
+                      f"{len(check.flagged)} flagged")
+            for f in check.flagged:
+                con.print(f"  {f['label']}: {f['reason']} (real {f['real']:.3g}, predicted {f['predicted']:.3g})")
         for what, path in (("graph saved to", out), ("circuit-tracer JSON written to", export), ("page written to",
                                                                                                html)):
             if path:
