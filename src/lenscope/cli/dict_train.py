@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
         n_sites = max(1, len(site.split(","))) if site else 1
         lm = load_model(model, dtype=dtype) if model is not None else None
         if clt:
-            n_sites = 2 * (layers or lm.anatomy.n_layers)
+            n_sites = layers or lm.anatomy.n_layers  # (its inputs and targets: twice, as a transcoder's)
         if lm is not None and site and "*" in site:
             n_sites = len(site.split(",")) - site.count("*") + site.count("*") * lm.anatomy.n_layers
         d = lm.anatomy.d_model if lm is not None else 1024
