@@ -110,6 +110,8 @@ def test_lenscope_files_round_trip(tmp_path, kind):
     assert (back.kind, back.k, back.model, back.info) == (C.kind, C.k, C.model, C.info)
     assert_same_computation(back.tensors(), C.tensors(), why="the same tensors written and read")
     assert not any(p.suffix in (".pt", ".pkl", ".bin") for p in tmp_path.iterdir())
+    with pytest.raises(InputError, match="CrossLayerTranscoder.load"):
+        load_dictionaries(tmp_path)
 
 
 def test_circuit_tracer_layout_round_trip(tmp_path):

@@ -522,6 +522,9 @@ def load_dictionaries(path: str | Path) -> list[Dictionary]:
         return [Dictionary.load(path)]
     if (path / CT_CONFIG).exists():
         return load_circuit_tracer(path)
+    if (path / "clt.json").exists():
+        raise InputError(f"{path} holds a cross-layer transcoder: read it with CrossLayerTranscoder.load "
+                         "(lenscope.models.dictionaries.clt); this command reads per-layer dictionaries")
     subs = sorted(p for p in path.iterdir() if p.is_dir() and (p / CFG).exists())
     if not subs:
         raise InputError(f"{path} holds no dictionary: neither {CFG} nor subfolders with one")
