@@ -477,7 +477,7 @@ class Attached:
         d = self.encs.get(key)
         lat = (f"{key[0]}.latents", key[1])
         if d is not None:
-            src = self.stash.pop(key) if key in self.stash else x.reshape(B, P, x.shape[-1])
+            src = self.stash.pop(key) if key in self.inputs.values() else x.reshape(B, P, x.shape[-1])
             src = src.detach().to(d.W_enc.dtype)
             with torch.no_grad():
                 z0 = d.encode(src)
