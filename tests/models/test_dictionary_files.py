@@ -370,7 +370,7 @@ def test_reads_circuit_tracers_files(tmp_path):
     assert bool(((ds[1].encode(x).double() - acts).abs() <= tol_z).all())
     assert bool(((ds[1](x).double() - out).abs() <= tol_out).all())
     for change, match in [({"feature_input_hook": "ln2.hook_normalized"}, "before the norm's gain"),
-                          ({"model_kind": "cross_layer_transcoder"}, "not cross-layer ones"),
+                          ({"model_kind": "cross_layer_transcoder"}, "CrossLayerTranscoder.load"),
                           ({"transcoders": ["hf://org/repo/layer_0.safetensors"]}, "download them")]:
         (tmp_path / "config.yaml").write_text(yaml.safe_dump({**cfg, **change}))
         with pytest.raises(InputError, match=match):

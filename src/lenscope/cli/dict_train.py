@@ -23,6 +23,12 @@ def register(app: typer.Typer) -> None:
         kind: str = typer.Option(kinds.DEFAULT, "--kind", help=kinds.kind_help()),
         transcoder: bool = typer.Option(False, "--transcoder", help="Transcoders: MLP input -> MLP output."),
         skip: bool = typer.Option(False, "--skip", help="Skip transcoders: a transcoder plus a linear skip path."),
+        clt: bool = typer.Option(False, "--clt", "--cross-layer",
+                                 help="One cross-layer transcoder over every block (--layers: the first N): each "
+                                      "block's latents read its MLP input and write its MLP output and every later "
+                                      "one's; from --data only, no --site."),
+        layers: int = typer.Option(None, "--layers", help="With --clt: the blocks it covers, from block 0 (default: "
+                                                          "all)."),
         width: int = typer.Option(..., "--width", help="Latents of each dictionary."),
         k: int = typer.Option(..., "--k", help=kinds.k_help()),
         data: str = typer.Option(None, "--data", help="Text to stream through the model (a file or a folder of .txt "
@@ -62,16 +68,22 @@ def register(app: typer.Typer) -> None:
 
         if transcoder and skip:
             raise InputError("give --transcoder or --skip, not both")
+        if clt:
+            _check_clt(skip, site, data, activations, model)
+        elif layers is not None:
+            raise InputError("--layers is for --clt (the blocks a cross-layer transcoder covers)")
         if (data is None) == (activations is None):
             raise InputError("give exactly one of --data (text streamed through --model) and --activations (a file)")
-        if data is not None and (model is None or site is None):
+        if data is not None and not clt and (model is None or site is None):
             raise InputError("--data needs --model and --site")
         if precision not in ("auto", "bf16", "fp32"):
             raise InputError(f"--precision is auto, bf16 or fp32, not {precision!r}")
-        role = "skip" if skip else "transcoder" if transcoder else "sae"
+        role = "skip" if skip else "transcoder" if transcoder or clt else "sae"
         limit = parse_size(max_memory) if max_memory is not None else None
         n_sites = max(1, len(site.split(","))) if site else 1
         lm = load_model(model, dtype=dtype) if model is not None else None
+        if clt:
+            n_sites = layers or lm.anatomy.n_layers  # (its inputs and targets: twice, as a transcoder's)
         if lm is not None and site and "*" in site:
             n_sites = len(site.split(",")) - site.count("*") + site.count("*") * lm.anatomy.n_layers
         d = lm.anatomy.d_model if lm is not None else 1024
@@ -83,6 +95,17 @@ def register(app: typer.Typer) -> None:
                          dead_after=dead_after, checkpoint_every=checkpoint_every,
                          bf16={"auto": None, "bf16": True, "fp32": False}[precision])
         dist = ddp.from_env()
+        if clt:
+            from ..features.dictionaries.train_clt import train_clt
+
+            C = train_clt(s, lm=lm, data=data, n_layers=layers, seq_len=seq_len, forward_batch=forward_batch,
+                          out=out, resume=resume, dist=dist, max_memory=limit)
+            if as_json and dist.main and C is not None:
+                tr = C.info["training"]
+                print_json({"out": out, "clt": True, "layers": C.n_layers, "kind": kind, "width": width, "k": k,
+                            "tokens": tr["tokens"], "seconds": tr["seconds"], "tokens_per_s": tr["tokens_per_s"],
+                            "precision": tr["precision"]["matmul_dtype"], "final": tr["final"]})
+            return
         dicts = train(s, lm=lm, sites=site, data=data, activations=activations, seq_len=seq_len,
                       forward_batch=forward_batch, out=out, resume=resume, dist=dist, max_memory=limit)
         if as_json and dist.main and dicts:
@@ -92,3 +115,17 @@ def register(app: typer.Typer) -> None:
                         "precision": tr[0]["precision"]["matmul_dtype"],
                         "dictionaries": [{"site": D.site, **t["final"], "scale_in": t["scale_in"],
                                           "scale_out": t["scale_out"]} for D, t in zip(dicts, tr)]})
+
+
+def _check_clt(skip: bool, site, data, activations, model) -> None:
+    """``--clt``'s bad combinations, one line each."""
+    from ..errors import InputError
+
+    if skip:
+        raise InputError("--clt trains a cross-layer transcoder without a skip path: drop --skip")
+    if site:
+        raise InputError("--clt covers every block's MLP (its input ln_mlp.out and output mlp_out): drop --site "
+                         "(--layers N: the first N blocks)")
+    if activations is not None or data is None or model is None:
+        raise InputError("--clt trains from a model's activations streamed over a text: give --model and --data "
+                         "(not --activations)")

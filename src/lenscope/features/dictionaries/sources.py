@@ -187,6 +187,24 @@ class Target:
     i_in: int
     i_out: int
 
+    def indices(self) -> list[int]:
+        """The source's sites this target reads."""
+        return [self.i_in, self.i_out]
+
+    def trainable(self, d: int, s, seed: int):
+        """A new :class:`~lenscope.features.dictionaries.train.Trainable` for it (activations of width ``d``,
+        settings ``s``)."""
+        from .train import Trainable
+
+        return Trainable(Dictionary.init(d, s.width, kind=s.kind, role=self.like.role, k=s.k, site=self.like.site,
+                                         seed=seed), s)
+
+    def shape(self, d: int, s) -> tuple[int, int]:
+        """``(parameters, numbers per batch row)`` for the memory estimate (:func:`.train_memory.train_memory`)."""
+        from .train_memory import dictionary_shape
+
+        return dictionary_shape(s, d, self.like.role)
+
 
 def expand_sites(spec: str | list[str], n_layers: int | None) -> list[str]:
     """``"resid_post.5,mlp_out.*"`` -> the sites (``NAME.*``: every block of a model with ``n_layers``)."""

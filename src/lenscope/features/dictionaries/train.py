@@ -185,20 +185,38 @@ class Trainable(nn.Module):
             yhat = yhat + x @ self.W_skip.T
         err = y - yhat
         mse = err.pow(2).sum(-1).mean()
-        loss = mse
-        with torch.no_grad():
-            if dist.active:
-                fired = _reduce(fired.to(torch.float32), dist, "max") > 0
-                stats["l0"] = float(ddp.all_sum(stats["l0"] * n, dist)) / n_global
-            self.since_fired += n_global
-            self.since_fired[fired] = 0
-            dead = self.since_fired >= self.s.dead_after
-        loss = self.spec.penalty(self, loss, xc, pre, dead, err, extra)
+        dead = self.track(fired, stats, n, n_global, dist)
+        loss = self.spec.penalty(self, mse, xc, pre, dead, err, extra)
         with torch.no_grad():
             var = (y - y.mean(0)).pow(2).sum()
             stats.update(mse=float(mse.detach()) / y.shape[1], explained_variance=float(1 - err.pow(2).sum() / var),
                          dead_fraction=float(dead.float().mean()), loss=float(loss.detach()))
         return loss, stats
+
+    @torch.no_grad()
+    def track(self, fired: Tensor, stats: dict, n: int, n_global: int, dist: ddp.Dist) -> Tensor:
+        """The dead latents ``(width,)`` bool after a batch in which ``fired`` fired (reduced over ranks, with the
+        batch's L0 in ``stats``)."""
+        if dist.active:
+            fired = _reduce(fired.to(torch.float32), dist, "max") > 0
+            stats["l0"] = float(ddp.all_sum(stats["l0"] * n, dist)) / n_global
+        self.since_fired += n_global
+        self.since_fired[fired] = 0
+        return self.since_fired >= self.s.dead_after
+
+    def start(self, x: Tensor, y: Tensor) -> list:
+        """From the first block's inputs ``x`` and targets ``y``: the fixed scales ``[scale_in, scale_out]``, ``b_dec``
+        at the mean of the (normalised) targets, the kind's start (:meth:`Kind.first_block`)."""
+        sin = _scale(x)
+        sout = sin if self.role == "sae" else _scale(y)
+        with torch.no_grad():
+            self.b_dec.copy_((y.double().mean(0) * sout).float())
+            self.spec.first_block(self, x, sin)
+        return [sin, sout]
+
+    def result(self, like: Dictionary, scale_in: float, scale_out: float) -> Dictionary:
+        """The trained dictionary, its normalisation folded in."""
+        return self.dictionary(like).folded(scale_in, None if like.role == "sae" else scale_out)
 
     def after_backward(self) -> None:
         """Remove the gradient's component along each decoder row (the unit-norm constraint's tangent)."""
@@ -295,13 +313,11 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
     prec = precision(s.bf16)
     mm = torch.bfloat16 if prec["bf16"] else torch.float32
     gen = torch.Generator().manual_seed(s.seed)
-    S = max(max(t.i_in, t.i_out) for t in targets) + 1
-    check_train_memory(s, max_memory, d=source.d, sites=S, roles=[t.like.role for t in targets])
+    S = max(max(t.indices()) for t in targets) + 1
+    check_train_memory(s, max_memory, d=source.d, sites=S, shapes=[t.shape(source.d, s) for t in targets])
     trainables = []
     for i, t in enumerate(targets):
-        D = Dictionary.init(source.d, s.width, kind=s.kind, role=t.like.role, k=s.k, site=t.like.site,
-                            seed=s.seed + i)
-        m = Trainable(D, s)
+        m = t.trainable(source.d, s, s.seed + i)
         m.mm_dtype = mm
         trainables.append(m)
     opts = [torch.optim.Adam(m.parameters(), lr=s.base_lr(), betas=(0.9, 0.999)) for m in trainables]
@@ -357,7 +373,7 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
         lr = linear_lr(tstate.step, tstate.n_steps, tstate.warm, s.base_lr())
         step_stats = []
         for m, opt, t, (sin, sout) in zip(trainables, opts, targets, st.scales):
-            x, y = batch[:, t.i_in] * sin, batch[:, t.i_out] * sout
+            x, y = _times(batch[:, t.i_in], sin), _times(batch[:, t.i_out], sout)
             for g in opt.param_groups:
                 g["lr"] = lr
             opt.zero_grad(set_to_none=True)
@@ -395,9 +411,9 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
     seconds = st.seconds + clock() - started
     result = []
     for m, t, (sin, sout), stats in zip(trainables, targets, st.scales, stats_all or [{}] * len(targets)):
-        D = m.dictionary(t.like).folded(sin, None if t.like.role == "sae" else sout)
+        D = m.result(t.like, sin, sout)
         D.info = {**t.like.info, "training": {
-            "kind": s.kind, "role": t.like.role, "tokens": st.tokens, "steps": tstate.step,
+            "kind": s.kind, "role": s.role, "tokens": st.tokens, "steps": tstate.step,
             "seconds": round(seconds, 2), "machine": {"cpu": prec.get("cpu"), "threads": torch.get_num_threads()},
             "tokens_per_s": round(st.tokens / max(seconds, 1e-9), 1), "settings": asdict(s),
             "lr": s.base_lr(), "scale_in": sin, "scale_out": sout, "precision": prec,
@@ -411,12 +427,12 @@ def train_dictionaries(source, targets: list[Target], s: DictSettings, *, out: s
 def _normalisation(st: RunState, ms: list[Trainable], targets: list[Target], rows: Tensor) -> None:
     """The fixed scales from the first block, and ``b_dec`` at the mean of its (normalised) targets."""
     for m, t in zip(ms, targets):
-        sin = _scale(rows[:, t.i_in])
-        sout = sin if t.like.role == "sae" else _scale(rows[:, t.i_out])
-        st.scales.append([sin, sout])
-        with torch.no_grad():
-            m.b_dec.copy_((rows[:, t.i_out].double().mean(0) * sout).float())
-            m.spec.first_block(m, rows[:, t.i_in], sin)
+        st.scales.append(m.start(rows[:, t.i_in], rows[:, t.i_out]))
+
+
+def _times(v: Tensor, scale) -> Tensor:
+    """``v`` times its scale: a number, or one per site (``v (n, sites, d)``, a cross-layer transcoder's)."""
+    return v * (torch.tensor(scale, dtype=v.dtype)[:, None] if isinstance(scale, list) else scale)
 
 
 def _save(path: Path, ms: list[Trainable], opts, s: DictSettings, st: RunState, tstate, seconds: float,

@@ -404,72 +404,109 @@ class Dictionary:
                 info=dict(own.get("info") or {}))
         return saelens_form(D, cfg, folder)
 
+    # -- the engine's side (:class:`Attached`) ------------------------------------------------------------------------
+
+    def encoders(self) -> list[tuple[str, str, Dictionary]]:
+        """``(site, input site, encoder)``: its latents are ``<site>.latents``."""
+        return [(self.site, self.input_site, self)]
+
+    def writers(self) -> dict[str, tuple[list[tuple[str, Tensor]], Tensor]]:
+        """The site it writes: its own latents through ``W_dec``, and ``b_dec`` (a skip path: ``W_skip``)."""
+        return {self.site: ([(self.site, self.W_dec)], self.b_dec)}
+
     def __repr__(self) -> str:
         return (f"Dictionary({self.role}, {self.kind}{self.spec.describe(self)}, site={self.site!r}, "
                 f"d_in={self.d_in}, width={self.width}, model={self.model!r})")
 
 
 class Attached:
-    """The engine's side of ``run(..., dictionaries=, splice=)``: the dictionaries by the site they reconstruct,
-    only those whose latents this pass reads or edits (all of them with ``splice``), and what their sites become.
-    A transcoder's input (``ln_mlp.out``) is kept from its hook until its ``mlp_out``."""
+    """The engine's side of ``run(..., dictionaries=, splice=)``: the encoders by the site whose latents they make
+    (a per-layer dictionary: one, at its site; a cross-layer transcoder: one per block, at ``mlp_out.l``) and the
+    sites written, each by the ``(latents' site, decoder)`` pairs that write it and a bias (every object given
+    declares them: ``encoders()``, ``writers()``). Only what this pass reads or edits is run (all of it with
+    ``splice``). An encoder's input (``ln_mlp.out`` of a transcoder) is kept from its hook until its latents' site;
+    the latents (and their change by the edits) are kept until the last site they write."""
 
     def __init__(self, lm, dictionaries, splice: bool, capture: set, by_site: dict, stop_after):
         self.splice, self.capture, self.by_site, self.stop_after = splice, capture, by_site, stop_after
-        self.dicts: dict[tuple, Dictionary] = {}
-        self.inputs: dict[tuple, tuple] = {}  # a transcoder's input site -> its mlp_out site
+        self.encs: dict[tuple, Dictionary] = {}  # latents' site key (mlp_out, 3) -> encoder
+        self.writers: dict[tuple, tuple[list, Tensor, Dictionary | None]] = {}  # site -> ([(lat key, W)], b, skip)
+        self.inputs: dict[tuple, tuple] = {}  # an encoder's input site -> its latents' site
         self.stash: dict[tuple, Tensor] = {}
+        self.z: dict[tuple, tuple] = {}  # latents' site -> (z, z - z0)
+        input_of: dict[tuple, tuple] = {}
         for d in dictionaries:
-            if d.site is None:
+            if getattr(d, "site", "") is None:
                 raise InputError("a dictionary given to the engine needs its site (dictionary.site = 'resid_post.5')")
             d.check(lm)
-            key = site_key(d.site)
-            if key in self.dicts:
-                raise InputError(f"two dictionaries for the site {d.site}; give one per site")
-            self.dicts[key] = d
+            for site, inp, enc in d.encoders():
+                key = site_key(site)
+                if key in self.encs:
+                    raise InputError(f"two dictionaries for the site {site}; give one per site")
+                self.encs[key] = enc
+                input_of[key] = site_key(inp)
+            for site, (pairs, b) in d.writers().items():
+                skip = d if getattr(d, "W_skip", None) is not None else None
+                self.writers[site_key(site)] = ([(site_key(s), W) for s, W in pairs], b, skip)
         for name, layer in [k for k in capture | set(by_site) if k[0] in LATENT_SITES]:
-            if (name.removesuffix(".latents"), layer) not in self.dicts:
+            if (name.removesuffix(".latents"), layer) not in self.encs:
                 raise InputError(f"site {name}.{layer} needs a dictionary for {name.removesuffix('.latents')}."
                                  f"{layer}: pass it in dictionaries=")
-        for key, d in list(self.dicts.items()):
+        for key in list(self.encs):
             lat = (f"{key[0]}.latents", key[1])
             if not (splice or lat in capture or lat in by_site or lat == stop_after):
-                del self.dicts[key]  # attached but not used in this pass: the model runs untouched there
-            elif d.transcoder:
-                self.inputs[site_key(d.input_site)] = key
+                del self.encs[key]  # attached but not used in this pass: the model runs untouched there
+            elif input_of[key] != key:
+                self.inputs[input_of[key]] = key
+        for key in list(self.writers):  # a site none of whose used encoders write stays as it is
+            if not splice and not any(s in self.encs for s, _ in self.writers[key][0]):
+                del self.writers[key]
 
     def hooks(self, key) -> bool:
-        return key in self.dicts or key in self.inputs
+        return key in self.encs or key in self.writers or key in self.inputs
 
     def visit(self, key, x: Tensor, session) -> Tensor:
-        """The site ``key`` after its latents' edits and captures: ``x + (z' - z) @ W_dec`` (the error
-        ``x - dec(z)`` kept: ``x`` itself without an edit), or with ``splice`` ``dec(z')``; a transcoder's input
-        is kept for its ``mlp_out``. ``session``: the engine's (its ``B, P, grad``, ``keep``, ``_Stop``)."""
+        """The site ``key`` after its latents' edits and captures, then as written: ``x + sum (z' - z) @ W_dec``
+        over the latents that write it (the error ``x - dec(z)`` kept: ``x`` itself without an edit), or with
+        ``splice`` ``sum z' @ W_dec + b (+ a skip path)``. ``session``: the engine's (its ``B, P, grad``, ``keep``,
+        ``_Stop``)."""
         B, P = session.B, session.P
         if key in self.inputs:
             self.stash[self.inputs[key]] = x.reshape(B, P, x.shape[-1])
-        d = self.dicts.get(key)
-        if d is None:
-            return x
+        src = None
+        d = self.encs.get(key)
         lat = (f"{key[0]}.latents", key[1])
-        src = self.stash.pop(key) if d.transcoder else x.reshape(B, P, x.shape[-1])
-        src = src.detach().to(d.W_enc.dtype)
-        with torch.no_grad():
-            z0 = d.encode(src)
-        es = self.by_site.get(lat)
-        leaf = session.grad and lat in self.capture
-        z = z0.clone() if es or leaf else z0
-        if es:
-            session.apply(z, es)
-        if leaf:
-            z.requires_grad_(True)  # a leaf: the output's gradient reaches the latents (z0 holds none)
-        if lat in self.capture:
-            session.keep(lat, z)
-        if self.splice:
-            x = d.decode(z, src).to(x.dtype).reshape(x.shape)
-        elif es or leaf:
-            x = x + ((z - z0) @ d.W_dec).to(x.dtype).reshape(x.shape)
-        if lat == self.stop_after:
+        if d is not None:
+            src = self.stash.pop(key) if key in self.inputs.values() else x.reshape(B, P, x.shape[-1])
+            src = src.detach().to(d.W_enc.dtype)
+            with torch.no_grad():
+                z0 = d.encode(src)
+            es = self.by_site.get(lat)
+            leaf = session.grad and lat in self.capture
+            z = z0.clone() if es or leaf else z0
+            if es:
+                session.apply(z, es)
+            if leaf:
+                z.requires_grad_(True)  # a leaf: the output's gradient reaches the latents (z0 holds none)
+            if lat in self.capture:
+                session.keep(lat, z)
+            self.z[key] = (z, (z - z0) if es or leaf else None)
+        w = self.writers.get(key)
+        if w is not None:
+            pairs, b, skip = w
+            if self.splice:
+                out = b
+                for s, W in pairs:
+                    out = out + self.z[s][0].to(W.dtype) @ W
+                if skip is not None:
+                    out = out + src.to(skip.W_skip.dtype) @ skip.W_skip.T
+                x = out.to(x.dtype).reshape(x.shape)
+            else:
+                for s, W in pairs:
+                    dz = self.z.get(s, (None, None))[1]
+                    if dz is not None:
+                        x = x + (dz @ W).to(x.dtype).reshape(x.shape)
+        if d is not None and lat == self.stop_after:
             session.stop()
         return x
 
@@ -485,6 +522,9 @@ def load_dictionaries(path: str | Path) -> list[Dictionary]:
         return [Dictionary.load(path)]
     if (path / CT_CONFIG).exists():
         return load_circuit_tracer(path)
+    if (path / "clt.json").exists():
+        raise InputError(f"{path} holds a cross-layer transcoder: read it with CrossLayerTranscoder.load "
+                         "(lenscope.models.dictionaries.clt); this command reads per-layer dictionaries")
     subs = sorted(p for p in path.iterdir() if p.is_dir() and (p / CFG).exists())
     if not subs:
         raise InputError(f"{path} holds no dictionary: neither {CFG} nor subfolders with one")

@@ -183,7 +183,7 @@ def load_circuit_tracer(folder: str | Path) -> list[Dictionary]:
     cfg = cfg if isinstance(cfg, dict) else {}
     if cfg.get("model_kind") != "transcoder_set":
         raise InputError(f"{where}: model_kind {cfg.get('model_kind')!r}; lenscope reads circuit-tracer's per-layer "
-                         "transcoders (transcoder_set), not cross-layer ones")
+                         "transcoders (transcoder_set) here; a cross-layer transcoder: CrossLayerTranscoder.load")
     hook_in, hook_out = cfg.get("feature_input_hook"), cfg.get("feature_output_hook")
     if not hook_in:
         raise InputError(f"{where} names no feature_input_hook")
