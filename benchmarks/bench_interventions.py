@@ -27,6 +27,19 @@ One command writes docs/results/interventions/bench.json:
 (the sizes of the committed file: a 14-token prompt pair, one repeat, 2 noise samples, to fit a loaded 2-core
 machine; without ``--short`` the 20-token pair, ``--repeats 2 --samples 10`` the earlier sizes.)
 
+3. ``--reuse``: the same residual sweep (every layer x position, denoising, logit difference at the last token) on a
+   64-token prompt pair, three ways in the same run, one repeat of each in turn: the sweep that skips what a patch
+   cannot change (``activation_patching``'s default ``reuse=True``: the base run's earlier blocks and positions
+   reused), the full recomputation (``reuse=False``, every row the whole model over the whole prompt, logits at
+   every position as before), and a plain batched forward of the same rows (the corrupted prompt in batches of 64,
+   no hooks, the last position's logits only). Both ratios are to the plain forward; the two sweeps' results are
+   compared (max |difference| of the raw logit differences). It writes its own file:
+
+       OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/bench_interventions.py --reuse --repeats 1 \
+           --out docs/results/interventions/reuse.json
+
+   (``--short``: the 14-token pair, a quick check.)
+
 Equal results are checked to 1e-4 (patching, raw logit difference) and 1e-5 (causal tracing AIE). The three
 sweep timings are interleaved (one repeat of each in turn), best of ``--repeats``.
 """
@@ -59,6 +72,13 @@ TARGET, FOIL = " David", " Carol"
 # a shorter pair (14 tokens) for a loaded machine: --short
 SHORT = ("When Mary and John went to the store, John gave a drink to",
          "When John and Mary went to the store, Mary gave a drink to", " Mary", " John")
+# a 64-token pair for --reuse (the same names swapped)
+LONG = ("After a long day at the office, David and Carol walked down to the old market by the river, where they bought "
+        "fresh bread, a basket of red apples, some cheese and a small jar of honey for the weekend. When they got back "
+        "home that evening, Carol decided to give the jar of honey to",
+        "After a long day at the office, Carol and David walked down to the old market by the river, where they bought "
+        "fresh bread, a basket of red apples, some cheese and a small jar of honey for the weekend. When they got back "
+        "home that evening, David decided to give the jar of honey to", " David", " Carol")
 FACT = ("The Eiffel Tower is located in the city of", "The Eiffel Tower", " Paris")
 
 
@@ -254,6 +274,44 @@ def run_sweep(args, lm, res, c_ids, x_ids, tid, fid, L, P) -> None:
     print(json.dumps(sweep, indent=1), flush=True)
 
 
+def run_reuse(args, lm, res) -> None:
+    """The skipping sweep and the full recomputation against a plain batched forward of the same rows."""
+    clean, corrupted, target, foil = SHORT if args.short else LONG
+    x_ids = encode(lm, corrupted)
+    L, P = lm.anatomy.n_layers, x_ids.numel()
+    n, batch = L * P, 64
+
+    @torch.no_grad()
+    def plain():
+        for s in range(0, n, batch):
+            run(lm, x_ids[None].expand(min(batch, n - s), P), last_only=True)
+
+    runners = {
+        "skipping": lambda: activation_patching(lm, clean, corrupted, target, foil, what="resid", batch_size=batch),
+        "full": lambda: activation_patching(lm, clean, corrupted, target, foil, what="resid", batch_size=batch,
+                                            reuse=False),
+        "plain_forward": plain,
+    }
+    times, outs = {k: [] for k in runners}, {}
+    for _ in range(args.repeats):  # interleaved: one of each in turn
+        for k, fn in runners.items():
+            t0 = time.perf_counter()
+            outs[k] = fn()
+            times[k].append(time.perf_counter() - t0)
+            print(f"  {k}: {times[k][-1]:.1f} s (load {os.getloadavg()[0]:.1f})", flush=True)
+    best = {k: min(v) for k, v in times.items()}
+    res["resid_sweep_reuse"] = {
+        "prompt_clean": clean, "prompt_corrupted": corrupted, "target": target, "foil": foil, "n_tokens": P,
+        "layers": L, "rows": n, "batch_size": batch, "repeats": args.repeats,
+        **{f"{k}_s": v for k, v in best.items()}, **{f"{k}_all_s": v for k, v in times.items()},
+        "ratio_skipping": best["skipping"] / best["plain_forward"], "ratio_full": best["full"] / best["plain_forward"],
+        "speedup_vs_full": best["full"] / best["skipping"],
+        "max_abs_diff_logit_diff": float((outs["skipping"].raw - outs["full"].raw).abs().max()),
+        "logit_diff_range": [outs["full"].corrupted_metric, outs["full"].clean_metric],
+    }
+    print(json.dumps(res["resid_sweep_reuse"], indent=1), flush=True)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="docs/results/interventions/bench.json")
@@ -263,6 +321,8 @@ def main(argv=None) -> None:
     ap.add_argument("--skip-trace", action="store_true")
     ap.add_argument("--skip-sweep", action="store_true", help="only the causal-tracing comparison")
     ap.add_argument("--short", action="store_true", help="the 14-token Mary/John pair instead of the 20-token one")
+    ap.add_argument("--reuse", action="store_true",
+                    help="only the skipping sweep vs the full recomputation vs a plain forward (3. above)")
     ap.add_argument("--tl-batch", type=int, default=64,
                     help="rows per run_with_hooks of the batched TransformerLens sweep")
     ap.add_argument("--tl-site", default=None,
@@ -273,6 +333,12 @@ def main(argv=None) -> None:
         sys.path.append(str(Path(args.tl_site).resolve()))
     res = {"machine": record(), "model": "smollm2 (SmolLM2-135M-Instruct, float32)"}
     lm = lenscope.load("smollm2")
+    if args.reuse:
+        run_reuse(args, lm, res)
+        res["loadavg_end"] = os.getloadavg()
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+        return
     args.pair = SHORT if args.short else (CLEAN, CORRUPTED, TARGET, FOIL)
     c_ids, x_ids = encode(lm, args.pair[0]), encode(lm, args.pair[1])
     tid, fid = resolve_token(lm, args.pair[2]), resolve_token(lm, args.pair[3])

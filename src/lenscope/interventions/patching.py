@@ -11,6 +11,8 @@ last token):
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -18,7 +20,7 @@ from torch import Tensor
 
 from ..errors import InputError
 from ..models.loading.load import LoadedModel, require_decoder, target_fields
-from ..models.runtime.engine import Edit, batches, run
+from ..models.runtime.engine import Edit, batches, edits_within, new_cache, run
 from ..models.runtime.request import METRICS, check_metric, contrast, metric_of, position_in, token_texts
 from ..models.runtime.sites import PART_SITES, display_name
 from ..results import Result
@@ -164,17 +166,29 @@ def patch_edits(rows: list[tuple[int, Node, Tensor]], P: int) -> list[Edit]:
 
 @torch.no_grad()
 def patch_nodes(lm: LoadedModel, base: Tensor, source: dict, nodes: list[Node], metric: str, target, foil, *,
-                position: int, batch_size: int = 32, last_only: bool = False, dictionaries=()) -> Tensor:
+                position: int, batch_size: int = 32, last_only: bool = False, dictionaries=(),
+                reuse: bool = True) -> Tensor:
     """The one node-patching loop: the metric of the run of ``base (b, pos)`` with one node set to its value in
     ``source`` (``{(site, layer): (b, pos, ...)}``, each prompt's own), for every (node, prompt) pair, one pair per
     batch row, ``batch_size`` rows per forward pass: ``(node, b)``. ``target``/``foil``: one id, or ``(b,)`` ids;
     the metric is read at ``position`` (``last_only``: the last position's logits only, ``position`` the last).
     ``dictionaries``: the sparse dictionaries whose latent nodes are patched (the engine's ``dictionaries=``).
     Activation patching's sweeps, the circuits' exact node scores and the features' exact latent patching are its
-    uses."""
+    uses.
+
+    ``reuse`` (a causal decoder): a patch at block ``l`` and position ``p`` changes neither the blocks before ``l``
+    nor the positions before ``p``, nor anything after the metric's position, so those are not run again: rows go
+    in batches of nearby ``(l, p)`` (:func:`reuse_batches`), each run from the base run's residual stream entering
+    its first block (the engine's ``start_at``) and its key/value cache of the positions before its first
+    position (``past``), up to the metric's position. The same numbers as the full recomputation (``reuse=False``,
+    every row the whole model over the whole prompt) up to float rounding; an encoder or encoder-decoder model
+    always recomputes in full."""
     if batch_size < 1:
         raise InputError("batch_size must be at least 1")
     b, P = base.shape
+    if reuse and lm.anatomy.causal and lm.anatomy.encoder is None:
+        stop = P if last_only else position % P + 1
+        return _patch_reusing(lm, base, source, nodes, metric, target, foil, stop, batch_size, dictionaries)
     out = []
     for s, e in batches(len(nodes) * b, batch_size):
         rows = torch.arange(s, e)
@@ -186,6 +200,65 @@ def patch_nodes(lm: LoadedModel, base: Tensor, source: dict, nodes: list[Node], 
         f = foil[prompt_j] if isinstance(foil, Tensor) else foil
         out.append(metric_of(lg, metric, t, f, at=-1 if last_only else position).cpu())
     return torch.cat(out).reshape(len(nodes), b)
+
+
+def _patch_reusing(lm: LoadedModel, base: Tensor, source: dict, nodes: list[Node], metric: str, target, foil,
+                   stop: int, batch_size: int, dictionaries) -> Tensor:
+    """:func:`patch_nodes` without what a patch cannot change, the metric read at position ``stop - 1``."""
+    b, P = base.shape
+    ids = base[:, :stop]
+    L = lm.anatomy.n_layers
+    lg, cap = run(lm, ids, capture=[("resid_pre", layer) for layer in range(1, L)], last_only=True)
+    first = [0 if n[2] is None else int(n[2]) for n in nodes]  # the first position a node's patch changes
+    out = metric_of(lg, metric, target, foil, at=-1).cpu()[None].repeat(len(nodes), 1)  # a patch after the metric
+    live = [i for i in range(len(nodes)) if first[i] < stop]  # position changes nothing
+    cache, cache_at = None, 0
+    for chunk in reuse_batches([nodes[i][1] for i in live], [first[i] for i in live], b, batch_size):
+        rows = torch.tensor([live[r // b] * b + r % b for r in chunk])
+        node_i, prompt_j = rows // b, rows % b
+        l0 = min(nodes[i][1] for i in node_i.tolist())
+        p0 = min(first[i] for i in node_i.tolist())
+        edits = patch_edits([(r, nodes[i], source[nodes[i][:2]][j]) for r, (i, j) in
+                             enumerate(zip(node_i.tolist(), prompt_j.tolist()))], P)
+        past = None
+        if p0 > 0:
+            if cache_at != p0:  # the batches come in ascending p0: one prefix cache at a time
+                cache, cache_at = new_cache(lm), p0
+                run(lm, base[:, :p0], past=cache, last_only=True, logits=False)
+            past = copy.deepcopy(cache)
+            past.batch_select_indices(prompt_j)
+        start = cap[("resid_pre", l0)][prompt_j, p0:] if l0 > 0 else None
+        lg, _ = run(lm, ids[prompt_j, p0:], edits_within(edits, 0, stop), last_only=True, past=past, start_at=l0,
+                    start=start, dictionaries=dictionaries)
+        t = target[prompt_j] if isinstance(target, Tensor) else target
+        f = foil[prompt_j] if isinstance(foil, Tensor) else foil
+        out[node_i, prompt_j] = metric_of(lg, metric, t, f, at=-1).cpu().to(out.dtype)
+    return out
+
+
+def reuse_batches(layers: list[int], firsts: list[int], b: int, batch_size: int) -> list[list[int]]:
+    """The rows (``node * b + prompt`` over the nodes given by their block ``layers`` and first changed positions
+    ``firsts``) of :func:`patch_nodes`'s reusing batches: each batch is run from its smallest block and position,
+    so a batch should hold nearby ``(layer, position)`` cells. Buckets of ``c`` consecutive positions (by rank), each
+    sorted by block and cut into near-equal batches of at most ``batch_size`` rows, ascending in position; ``c``
+    balances the rows' wasted blocks against their wasted positions: a batch covers about the same share of the
+    blocks as of the positions."""
+    if not layers:
+        return []
+    ranks = {p: k for k, p in enumerate(sorted(set(firsts)))}
+    nL, nP = len(set(layers)), len(ranks)
+    area = batch_size * nL * nP / (len(layers) * b)  # the (layer, position) cells one batch covers
+    c = min(nP, max(1, round(math.sqrt(area * nP / nL))))
+    buckets: dict[int, list[int]] = {}
+    for i in sorted(range(len(layers)), key=lambda i: (firsts[i], layers[i])):
+        buckets.setdefault(ranks[firsts[i]] // c, []).append(i)
+    out = []
+    for k in sorted(buckets):
+        rows = [i * b + j for i in sorted(buckets[k], key=lambda i: (layers[i], firsts[i])) for j in range(b)]
+        n = math.ceil(len(rows) / batch_size)
+        size = math.ceil(len(rows) / n)
+        out += [rows[s:s + size] for s in range(0, len(rows), size)]
+    return out
 
 
 def sweep_sites(what: str, lm: LoadedModel, P: int, head_position: int | None):
@@ -200,13 +273,15 @@ def sweep_sites(what: str, lm: LoadedModel, P: int, head_position: int | None):
 @torch.no_grad()
 def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *, what: str = "resid",
                         metric: str = "logit_diff", noising: bool = False, position: int = -1,
-                        head_position: int | None = None, batch_size: int = 32) -> PatchingResult:
+                        head_position: int | None = None, batch_size: int = 32, reuse: bool = True) -> PatchingResult:
     """Patch every (layer, position) — or every (layer, head) for ``what="heads"`` — from the source run into
     the base run, one patch per batch row, ``batch_size`` rows per forward pass.
 
     ``clean, corrupted``: texts (or token ids) of equal token length; ``target, foil``: token text or ``"#ID"``
     (``foil`` is needed for ``metric="logit_diff"``). ``head_position``: patch each head at that position only
-    (default: all positions). Returns a :class:`PatchingResult` with ``values (layer, pos | head)``.
+    (default: all positions). ``reuse``: skip what a patch cannot change (the base run's earlier blocks and
+    positions reused; :func:`patch_nodes`); False: every row the whole model. Returns a :class:`PatchingResult`
+    with ``values (layer, pos | head)``.
     """
     if what not in WHATS:
         raise InputError(f"unknown what={what!r}; choose one of {', '.join(WHATS)}")
@@ -230,7 +305,8 @@ def activation_patching(lm: LoadedModel, clean, corrupted, target, foil=None, *,
     patches, shape = sweep_sites(what, lm, P, hp)
     nodes = [(site, layer, i, None) if what != "heads" else (site, layer, hp, i) for layer, i in patches]
     source = {k: v[None] for k, v in src.items()}  # a batch of one prompt
-    raw = patch_nodes(lm, base_ids[None], source, nodes, metric, tid, fid, position=pos, batch_size=batch_size)[:, 0]
+    raw = patch_nodes(lm, base_ids[None], source, nodes, metric, tid, fid, position=pos, batch_size=batch_size,
+                      reuse=reuse)[:, 0]
     raw = raw.reshape(shape)
     values = share_restored(raw, m_clean, m_corr, metric)
     return PatchingResult(

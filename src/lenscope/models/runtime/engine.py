@@ -26,7 +26,7 @@ from ..dictionaries.dictionary import Attached
 from ..families import family_for
 from ..loading.devices import compute_dtype, main_device
 from ..loading.load import ENCODER_DECODER_METHODS, LoadedModel
-from .hooking import register
+from .hooking import register, skipping
 from .sites import (  # noqa: F401 (the site table lives in sites.py; re-exported here)
     _ALL,
     HEAD_SITES,
@@ -203,8 +203,9 @@ class _Session:
     """One forward pass: the requested captures, the edits by site, the hooks."""
 
     def __init__(self, lm, B, P, edits, capture, stop_after, grad, device, upcast, dictionaries=(), splice=False,
-                 P_src=0):
+                 P_src=0, start_at=0):
         self.lm, self.B, self.P, self.grad, self.upcast, self.P_src = lm, B, P, grad, upcast, P_src
+        self.start_at = start_at  # the decoder's blocks before it are skipped: no site of theirs is read or edited
         self.device = None if device is None else torch.device(device)
         self.by_site: dict[tuple, list[Edit]] = {}
         for e in edits:
@@ -215,6 +216,7 @@ class _Session:
             L = _stack(lm, key[0])[0].n_layers
             if key[1] is not None and not 0 <= key[1] < L:
                 raise InputError(f"edit at block {key[1]} of a {L}-block {_what(key[0])}")
+            _after_start(key, start_at, "edit")
             self.by_site.setdefault(key, []).append(e)
         self.capture = {site_key(s) for s in capture}  # a set: every hook call asks "is this site kept?"
         self.stop_after = None if stop_after is None else site_key(stop_after)
@@ -229,6 +231,7 @@ class _Session:
             L = _stack(lm, name)[0].n_layers
             if not 0 <= layer < L:
                 raise InputError(f"capture at block {layer} of a {L}-block {_what(name)}")
+            _after_start((name, layer), start_at, "capture")
             self.layers_of.setdefault(name, [])
             if layer not in self.layers_of[name]:
                 self.layers_of[name].append(layer)
@@ -334,6 +337,13 @@ class _Session:
         return norm.scale(x.reshape(self.B, self.positions(slot), x.shape[-1]))
 
 
+def _after_start(key, start_at: int, what: str) -> None:
+    """A one-line error for a site of a block that a run starting at block ``start_at`` skips."""
+    if key[1] is not None and key[1] < start_at and not stack_of(key[0])[0]:
+        raise InputError(f"{what} at {key[0]}.{key[1]}: this run starts at block {start_at} (start_at), so the blocks "
+                         "before it do not run")
+
+
 def _derive_mid(lm, s: _Session, mids: list[tuple[str, int]]) -> None:
     """``resid_mid`` (each stack's: ``(prefix, block)``) from what the model materialises (see the site table)."""
     out = s.out
@@ -380,6 +390,10 @@ class RunOptions:
       the model reads and extends: ``ids`` are then positions ``past.get_seq_length()`` onwards. Edit positions
       count from the start of the whole sequence (entries at other positions wait for their step:
       :func:`edits_within`); captures and logits hold the new positions only.
+    - ``start_at``, ``start (b, p, d_model)``: begin at block ``start_at`` of a decoder, from ``start``, the
+      residual stream entering it (what an earlier run captured as ``resid_pre``): the blocks before it do not run
+      and none of their sites is captured or edited (the later part of a run whose start is known: patching at
+      block ``start_at`` or later). With ``past``, the cache grows at the blocks that ran only.
     - ``dictionaries``: sparse dictionaries (:class:`~lenscope.models.dictionaries.dictionary.Dictionary`, each naming
     its site),
       whose latents are then the sites ``"<site>.latents"`` (capture; edit: the site changes by the decoded change,
@@ -401,6 +415,8 @@ class RunOptions:
     splice: bool = False
     source: Tensor | None = None
     source_mask: Tensor | None = None
+    start_at: int = 0
+    start: Tensor | None = None
 
 
 def run(lm: LoadedModel, ids: Tensor | None = None, edits: Iterable[Edit] = (), capture: Iterable = (), *,
@@ -430,13 +446,13 @@ def _run(lm: LoadedModel, ids: Tensor | None, edits: Iterable[Edit], o: RunOptio
     extra = [k for p, i in mids for k in _mid_needs(lm, p, i) if k not in requested]
     want = [k for k in requested if stack_of(k[0])[1] not in ("resid_mid", "logits")] + extra
     s = _Session(lm, B, P, list(edits), want, o.stop_after, o.grad, o.device, o.upcast, o.dictionaries, o.splice,
-                 P_src)
+                 P_src, o.start_at if o.start is not None else 0)
     hooks = family_for(model).hooks(model)
     handles: list = []
     out = None
     try:
         register(s, hooks, handles)
-        with torch.set_grad_enabled(o.grad):
+        with torch.set_grad_enabled(o.grad), skipping(hooks, o.start_at, o.start, main_device(model)):
             out = model(**forward_kwargs(lm, ids, inputs_embeds=o.inputs_embeds, attention_mask=o.attention_mask,
                                          last_only=o.last_only, past=o.past, source=o.source,
                                          source_mask=o.source_mask))
@@ -505,6 +521,10 @@ def _check_inputs(lm: LoadedModel, ids: Tensor | None, B: int, P: int, edits: It
         _check_mask(torch.as_tensor(o.attention_mask), (B, P), "attention_mask")
     if o.source_mask is not None and o.source is None:
         raise InputError("source_mask is the padding of a source; give the source too")
+    if o.start is not None and (A.encoder is not None or not 0 < o.start_at < A.n_layers
+                                or tuple(o.start.shape) != (B, P, A.d_model)):
+        raise InputError(f"start_at must be a block 1..{A.n_layers - 1} of a single-stack model and start its input "
+                         f"({B}, {P}, {A.d_model}); got {o.start_at} and {tuple(o.start.shape)}")
     return edits, P_src
 
 

@@ -7,6 +7,8 @@ blocks.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 
 from ...errors import NotApplicableError, UnsupportedModelError
@@ -209,7 +211,8 @@ class _Hooks:
     def stack(self, layers, final_norm, prefix: str) -> None:
         s = self.s
         for i, lh in enumerate(layers):
-            self.block(i, lh, prefix)
+            if prefix or i >= s.start_at:  # the blocks a run starting later skips have no hooks
+                self.block(i, lh, prefix)
         if any(s.wants((prefix + n, None)) for n in ("ln_final.in", "ln_final.out", "ln_final.scale")):
             if final_norm is None:
                 raise NotApplicableError(f"this model has no final norm (site {prefix + 'ln_final'!r})")
@@ -270,3 +273,42 @@ class _Hooks:
                                          f"{', '.join(lh.norms)}")
         if not prefix:
             self.cross(i, lh)
+
+
+class _Skipped(tuple):
+    """What a skipped block returns: its input, in a one-element tuple (a model that reads a block's ``output[0]``
+    goes on with the input; one that goes on with the whole output hands the tuple to the next skipped block)."""
+
+
+def _skip(*args, **kwargs):
+    x = args[0] if args else kwargs["hidden_states"]
+    return x if isinstance(x, _Skipped) else _Skipped((x,))
+
+
+@contextmanager
+def skipping(hooks, start_at: int, start, device):
+    """For the duration: the blocks before ``start_at`` not run (each hands its input on: whatever the model makes
+    of it is replaced at block ``start_at``), and the residual stream entering block ``start_at`` replaced by
+    ``start (b, p, d_model)`` before any hook of that block sees it. ``start`` None: nothing changes."""
+    if start is None:
+        yield
+        return
+    blocks = [lh.block for lh in hooks.layers]
+
+    def enter(mod, args, kwargs):
+        x = start.to(device)
+        return ((x,) + tuple(args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": x})
+
+    handle = blocks[start_at].register_forward_pre_hook(enter, with_kwargs=True, prepend=True)
+    saved = [b.__dict__.get("forward") for b in blocks[:start_at]]  # a wrapper accelerate put there, if any
+    try:
+        for b in blocks[:start_at]:
+            b.forward = _skip
+        yield
+    finally:
+        handle.remove()
+        for b, f in zip(blocks[:start_at], saved):
+            if f is None:
+                del b.forward
+            else:
+                b.forward = f
