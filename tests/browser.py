@@ -11,6 +11,36 @@ its height, which its parent writes into the frame's style.
 
 from __future__ import annotations
 
+import os
+import shutil
+
+import pytest
+
+# Debian's chromium (or LENSCOPE_CHROMIUM) driven by Playwright for Python; a test module that needs them sets
+# ``pytestmark = NEEDS_BROWSER`` (skipped with the command that installs what is missing; ``./dev test`` installs
+# both, and CI's policy refuses a skip) and imports the module-scoped ``browser`` fixture below (``chromium_browser``).
+CHROMIUM = os.environ.get("LENSCOPE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+try:
+    from playwright.sync_api import sync_playwright
+except ImportError:  # pragma: no cover - depends on the environment
+    sync_playwright = None
+
+needs_playwright = pytest.mark.skipif(sync_playwright is None, reason="Playwright for Python is missing: pip install "
+                                      "playwright (./dev test installs it)")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium (Debian's package; "
+                                    "./dev test installs it when run as root), or set LENSCOPE_CHROMIUM to a Chromium "
+                                    "executable")
+NEEDS_BROWSER = [needs_playwright, needs_chromium]
+
+
+@pytest.fixture(scope="module", name="browser")
+def chromium_browser():
+    """``browser``: one headless chromium for a test module (import ``chromium_browser`` into it)."""
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
 # The longest any browser test waits for such a signal (and for any other Playwright action: navigation, a click,
 # a download), in milliseconds. A page that works signals within seconds; this is a ceiling, not a budget: a
 # loaded 2-core machine running chromium beside the test's own Python (a tiny model's views are computed in the

@@ -11,9 +11,10 @@ import pytest
 from lenscope.data.alignments import AlignedPair
 from lenscope.report import build_report
 
+from ..browser import chromium_browser  # noqa: F401,E402 - the browser fixture
 from ..conftest import get_model
 from .test_alignment_view import METHODS, SOURCE, TARGET, _alignment
-from .test_report_browser import _fills, _open, browser, pytestmark  # noqa: F401 - the shared harness and fixture
+from .test_report_browser import _fills, _open, pytestmark  # noqa: F401 - the shared harness
 
 
 def test_alignment_page_draws_and_switches_methods(browser, tmp_path):  # noqa: F811 - the fixture

@@ -6,42 +6,23 @@ missing; ``./dev test`` installs both."""
 
 from __future__ import annotations
 
-import os
-import shutil
-
-import pytest
-
 from lenscope.features.dictionaries.cards import feature_cards
 from lenscope.features.dictionaries.result import active_features
 from lenscope.models.dictionaries.dictionary import save_dictionaries
 from lenscope.viz import views
 
-from ..browser import isolated_page, wait_drawn
+from ..browser import (
+    NEEDS_BROWSER,
+    chromium_browser,  # noqa: F401 - the browser fixture
+    isolated_page,
+    wait_drawn,
+)
 from ..conftest import get_model
 from ..features.test_cards import corpus, random_dict
 from ..serve.helpers import start_server, stop_server
 
-CHROMIUM = os.environ.get("LENSCOPE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - depends on the environment
-    sync_playwright = None
-
-pytestmark = [
-    pytest.mark.skipif(sync_playwright is None, reason="Playwright for Python is missing: pip install playwright "
-                       "(./dev test installs it)"),
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium (Debian's package; ./dev test "
-                       "installs it when run as root), or set LENSCOPE_CHROMIUM to a Chromium executable"),
-]
+pytestmark = NEEDS_BROWSER
 TEXT = "When Mary and John went to the store, John gave a drink to"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 def test_features_page_in_a_browser(browser, tmp_path):

@@ -9,36 +9,25 @@ from __future__ import annotations
 import json
 import math
 
-import pytest
-
 from lenscope.features.graphs.graph import attribution_graph
 from lenscope.models.dictionaries.dictionary import save_dictionaries
 from lenscope.viz import views
 
-from ..browser import isolated_page, wait_drawn
+from ..browser import (
+    NEEDS_BROWSER,
+    chromium_browser,  # noqa: F401 - the browser fixture
+    isolated_page,
+    wait_drawn,
+)
 from ..conftest import get_model
 from ..features.test_cards import corpus
 from ..serve.helpers import start_server, stop_server
 from ..viz.test_graph_view import TEXT, transcoders
-from .test_features_browser import CHROMIUM, sync_playwright
 
-pytestmark = [
-    pytest.mark.skipif(sync_playwright is None, reason="Playwright for Python is missing: pip install playwright "
-                       "(./dev test installs it)"),
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium (Debian's package; ./dev test "
-                       "installs it when run as root), or set LENSCOPE_CHROMIUM to a Chromium executable"),
-]
+pytestmark = NEEDS_BROWSER
 NODES = "svg.attr-graph [data-node]"
 IDS = "els => els.map(e => e.getAttribute('data-node'))"
 EDGES = "svg => svg.lsEdges"  # the edges drawn, "source>target" (one SVG path per sign and strength band)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 def _move(page, value: float, role: str = "graph-threshold") -> None:

@@ -5,37 +5,19 @@ Skipped, with the command that installs it, when chromium or Playwright is missi
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
-
-import pytest
 
 from lenscope.report import build_report
 
-from ..browser import isolated_page, wait_drawn
+from ..browser import (
+    NEEDS_BROWSER,
+    chromium_browser,  # noqa: F401 - the browser fixture
+    isolated_page,
+    wait_drawn,
+)
 from ..conftest import get_model
 
-CHROMIUM = os.environ.get("LENSCOPE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - depends on the environment
-    sync_playwright = None
-
-pytestmark = [
-    pytest.mark.skipif(sync_playwright is None, reason="Playwright for Python is missing: pip install playwright "
-                       "(./dev test installs it)"),
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium (Debian's package; ./dev test "
-                       "installs it when run as root), or set LENSCOPE_CHROMIUM to a Chromium executable"),
-]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
+pytestmark = NEEDS_BROWSER
 
 
 def _open(browser, path: Path):

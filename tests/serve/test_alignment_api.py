@@ -119,8 +119,9 @@ def test_the_token_is_required_when_set():
 
 # ------------------------------------------------------------------------- the app's view, in a real browser
 
+from ..browser import chromium_browser  # noqa: F401,E402 - the browser fixture
 from .helpers import start_server, stop_server  # noqa: E402
-from .test_app_browser import _fills, _open, _ready, browser, needs_chromium, needs_playwright  # noqa: E402,F401
+from .test_app_browser import _fills, _open, _ready, needs_chromium, needs_playwright  # noqa: E402,F401
 
 
 @pytest.fixture(scope="module")

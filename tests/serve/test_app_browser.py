@@ -8,9 +8,7 @@ Skipped, with the command that installs it, when chromium or Playwright is missi
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import socket
 import threading
 import time
@@ -19,19 +17,14 @@ import urllib.request
 
 import pytest
 
-from ..browser import READY_TIMEOUT_MS, isolated_page, wait_drawn
-
-CHROMIUM = os.environ.get("LENSCOPE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - depends on the environment
-    sync_playwright = None
-
-needs_playwright = pytest.mark.skipif(sync_playwright is None, reason="Playwright for Python is missing: pip install "
-                                      "playwright (./dev test installs it)")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium (Debian's package; "
-                                    "./dev test installs it when run as root), or set LENSCOPE_CHROMIUM to a Chromium "
-                                    "executable")
+from ..browser import (
+    READY_TIMEOUT_MS,
+    chromium_browser,  # noqa: F401 - the browser fixture
+    isolated_page,
+    needs_chromium,
+    needs_playwright,
+    wait_drawn,
+)
 
 TEXT = "When Mary and John went to the store, John gave a drink to"
 SCRIPTS = ("core.js", "prediction.js", "trajectory.js", "components.js", "attribution.js", "mixing.js", "flow.js",
@@ -94,14 +87,6 @@ def _post(base: str, path: str, payload: dict) -> dict:
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=READY_TIMEOUT_MS / 1000) as r:
         return json.loads(r.read())
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 def _open(browser, base: str, query: str = ""):

@@ -4,30 +4,19 @@ no network request."""
 
 from __future__ import annotations
 
-import pytest
-
 from lenscope.viz.views.generation import generation_html
 
+from ..browser import (
+    NEEDS_BROWSER,
+    chromium_browser,  # noqa: F401 - the browser fixture
+)
 from ..conftest import get_model
-from ..report.test_report_browser import CHROMIUM, _fills, _open, sync_playwright
+from ..report.test_report_browser import _fills, _open
 from .test_generation_view import PROMPT, fake_generation
 
-pytestmark = [
-    pytest.mark.skipif(sync_playwright is None, reason="Playwright for Python is missing: pip install playwright "
-                       "(./dev test installs it)"),
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium (Debian's package; ./dev test "
-                       "installs it when run as root), or set LENSCOPE_CHROMIUM to a Chromium executable"),
-]
+pytestmark = NEEDS_BROWSER
 
 SEC = "#sec-generation"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 def _styles(page, selector: str, prop: str = "background") -> list[str]:

@@ -15,15 +15,14 @@ from lenscope.viz import views
 from lenscope.viz.views import Shown, view_meta
 from lenscope.viz.views.graph import EDGE_SHARE, VIEW
 
-from ..browser import isolated_page, wait_drawn
-from ..report.test_features_browser import CHROMIUM, sync_playwright
+from ..browser import (
+    NEEDS_BROWSER,
+    chromium_browser,  # noqa: F401 - the browser fixture
+    isolated_page,
+    wait_drawn,
+)
 
-pytestmark = [
-    pytest.mark.skipif(sync_playwright is None, reason="Playwright for Python is missing: pip install playwright "
-                       "(./dev test installs it)"),
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium: apt-get install chromium (Debian's package; ./dev test "
-                       "installs it when run as root), or set LENSCOPE_CHROMIUM to a Chromium executable"),
-]
+pytestmark = NEEDS_BROWSER
 
 NODES = "svg.attr-graph [data-node]"
 IDS = "els => els.map(e => e.getAttribute('data-node'))"
@@ -109,14 +108,6 @@ def synthetic_graph(n_nodes: int, *, n_layers: int = 24, n_pos: int = 16, n_logi
 def graph_page(data: dict) -> str:
     """The view's page of a payload (as ``lenscope graph --html`` writes it)."""
     return views.page(Shown("graph", data, view_meta(data["model"], data["tokens"]), VIEW.title, VIEW.blurb))
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
 
 
 def _open(browser, tmp_path, data: dict):

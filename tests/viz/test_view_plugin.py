@@ -19,9 +19,8 @@ from lenscope.report import SECTIONS, build_report, section_keys
 from lenscope.serve import create_app
 from lenscope.viz import notebook, views
 
-from ..browser import isolated_page, wait_drawn
+from ..browser import CHROMIUM, isolated_page, sync_playwright, wait_drawn
 from ..conftest import get_model
-from ..report.test_report_browser import CHROMIUM, sync_playwright
 
 TEXT = "the cat sat on the mat"
 

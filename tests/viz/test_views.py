@@ -26,9 +26,8 @@ from lenscope.steering.evaluate import SteeringEvaluation
 from lenscope.viz import notebook, views
 from lenscope.viz.report import asset
 
-from ..browser import isolated_page, wait_drawn
+from ..browser import CHROMIUM, isolated_page, sync_playwright, wait_drawn
 from ..conftest import get_model
-from ..report.test_report_browser import CHROMIUM, sync_playwright
 from ..tolerances import assert_same_computation
 
 TEXT = "The capital of France is"
