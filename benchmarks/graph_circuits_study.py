@@ -181,6 +181,21 @@ def overlaps(graph: dict, other: dict) -> dict:
     return out
 
 
+def study_pairs(lm, task: str, n: int, circ_path: Path) -> tuple[dict, list]:
+    """``circ_path``'s results (``circuits_study.py``'s) and the first ``n`` of its ``task`` pairs, drawn as it drew
+    them; refused when the first differs from its recorded example."""
+    from lenscope.data.contrast import ioi_contrasts, sva_contrasts, tokenize_with
+
+    circ = json.loads(circ_path.read_text())
+    tok = tokenize_with(lm)
+    drawn = max(n, int(circ["n"]))
+    pairs = (ioi_contrasts(drawn, seed=0, corruption="swap", tokenize=tok) if task == "ioi"
+             else sva_contrasts(drawn, seed=0, tokenize=tok))[:n]
+    if circ.get("example", {}).get("clean") != pairs[0].clean:
+        raise SystemExit(f"the pairs differ from {circ_path}'s (its example: {circ.get('example', {}).get('clean')!r})")
+    return circ, pairs
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--task", choices=("ioi", "sva"), default="ioi")
@@ -198,10 +213,8 @@ def main(argv=None) -> int:
     circ_path = Path(args.circuits or f"docs/results/circuits/{args.task}.json")
     suffix = "-contrast" if args.contrast else ""
     out_path = Path(args.out or f"docs/results/features/graph-circuits-{args.task}{suffix}.json")
-    circ = json.loads(circ_path.read_text())
 
     import lenscope
-    from lenscope.data.contrast import ioi_contrasts, sva_contrasts, tokenize_with
     from lenscope.features.graphs.graph import attribution_graph
     from lenscope.features.graphs.heads import edge_heads
     from lenscope.features.graphs.prune import first_position_share, graph_scores, prune
@@ -209,12 +222,7 @@ def main(argv=None) -> int:
     from lenscope.models.loading.load import resolve_token
 
     lm = lenscope.load(args.model)
-    tok = tokenize_with(lm)
-    drawn = max(args.n, int(circ["n"]))  # drawn as circuits_study.py drew them, then the first n
-    pairs = (ioi_contrasts(drawn, seed=0, corruption="swap", tokenize=tok) if args.task == "ioi"
-             else sva_contrasts(drawn, seed=0, tokenize=tok))[: args.n]
-    if circ.get("example", {}).get("clean") != pairs[0].clean:
-        raise SystemExit(f"the pairs differ from {circ_path}'s (its example: {circ.get('example', {}).get('clean')!r})")
+    circ, pairs = study_pairs(lm, args.task, args.n, circ_path)
     dicts = [d for d in load_dictionaries(args.dict) if d.layer % args.every == 0]
 
     views = ("all", "without_first")

@@ -40,6 +40,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from graph_circuits_study import study_pairs  # noqa: E402
 from machine import record  # noqa: E402
 
 
@@ -65,11 +66,9 @@ def main(argv=None) -> int:
     machine = record()
     circ_path = Path(args.circuits or f"docs/results/circuits/{args.task}.json")
     out_path = Path(args.out or f"docs/results/features/supernodes-{args.task}.json")
-    circ = json.loads(circ_path.read_text())
     grid = [(float(t), int(s)) for s in args.layer_spans.split(",") for t in args.thresholds.split(",")]
 
     import lenscope
-    from lenscope.data.contrast import ioi_contrasts, sva_contrasts, tokenize_with
     from lenscope.features.graphs.check import intervene
     from lenscope.features.graphs.graph import attribution_graph
     from lenscope.features.graphs.supernodes import (
@@ -84,12 +83,7 @@ def main(argv=None) -> int:
     from lenscope.stats import spearman
 
     lm = lenscope.load(args.model)
-    tok = tokenize_with(lm)
-    drawn = max(args.n, int(circ["n"]))  # drawn as circuits_study.py drew them, then the first n
-    pairs = (ioi_contrasts(drawn, seed=0, corruption="swap", tokenize=tok) if args.task == "ioi"
-             else sva_contrasts(drawn, seed=0, tokenize=tok))[: args.n]
-    if circ.get("example", {}).get("clean") != pairs[0].clean:
-        raise SystemExit(f"the pairs differ from {circ_path}'s (its example: {circ.get('example', {}).get('clean')!r})")
+    _, pairs = study_pairs(lm, args.task, args.n, circ_path)  # graph_circuits_study.py's pairs
     dicts = load_dictionaries(args.dict)
     checks = {ts: [] for ts in grid}
     singles = []  # (prompt, layer, position, real, direct, frozen_total) of single feature nodes
