@@ -1,4 +1,4 @@
-"""The attribution graph's memory estimate (``lenscope.features.graphs.graph.GraphMemory``) against what the process's
+"""The attribution graph's memory estimate (``lenscope.features.graphs.memory.GraphMemory``) against what the process's
 resident memory grew by while building the graph: a tiny model with random transcoders on every block, prompts of a
 few lengths and two batch sizes, each run in a fresh interpreter (the peak resident size, ``ru_maxrss``, never
 falls within a process). The same for the head split of the graph's edges (``graph_heads.HeadsMemory``): the graph
@@ -37,7 +37,8 @@ ONE = r"""
 import gc, json, resource, sys
 import torch
 import lenscope
-from lenscope.features.graphs.graph import attribution_graph, graph_memory, nbytes
+from lenscope.features.graphs.graph import attribution_graph
+from lenscope.features.graphs.memory import graph_memory, nbytes
 from lenscope.models.dictionaries.dictionary import Dictionary
 from lenscope.models.runtime.trace import trace
 
@@ -61,7 +62,8 @@ HEADS = r"""
 import gc, json, resource, sys
 import torch
 import lenscope
-from lenscope.features.graphs.graph import AttributionGraph, attribution_graph, nbytes
+from lenscope.features.graphs.graph import AttributionGraph, attribution_graph
+from lenscope.features.graphs.memory import nbytes
 from lenscope.features.graphs.heads import edge_heads, heads_memory
 from lenscope.features.graphs.prune import prune
 from lenscope.models.dictionaries.dictionary import Dictionary
@@ -78,7 +80,7 @@ gc.collect()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 eh = edge_heads(lm, g, ds, batch_size=batch, max_memory=10**12)  # the edges pruned first, as the CLI does
 grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
-from lenscope.features.graphs.graph import graph_memory
+from lenscope.features.graphs.memory import graph_memory
 from lenscope.features.graphs.prune import prune_memory
 from lenscope.models.runtime.trace import trace
 dims = dict(n_pos=g.n_pos, n_layers=A.n_layers, d_model=A.d_model,

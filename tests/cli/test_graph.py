@@ -10,7 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from lenscope.cli import app
-from lenscope.features.graphs.graph import AttributionGraph, attribution_graph, graph_memory, nbytes
+from lenscope.features.graphs.graph import AttributionGraph, attribution_graph
+from lenscope.features.graphs.memory import graph_memory, nbytes
 from lenscope.models.dictionaries.dictionary import save_dictionaries
 from lenscope.models.loading.summary import fingerprint
 from lenscope.models.runtime.trace import trace

@@ -16,7 +16,7 @@ from lenscope.errors import InputError, NotApplicableError
 from lenscope.features.graphs.export import cantor, circuit_tracer_json, write_circuit_tracer
 from lenscope.features.graphs.graph import AttributionGraph, attribution_graph, node_id
 from lenscope.features.graphs.prune import graph_scores, influence, normalize, prune, threshold_of
-from lenscope.features.graphs.replacement import Frozen, parts_rounding
+from lenscope.features.graphs.replacement import Frozen, parts_rounding, transcoders_by_layer
 from lenscope.models.loading.load import encode
 from lenscope.models.runtime.trace import trace
 from lenscope.models.runtime.verify import completeness_tolerance
@@ -36,15 +36,14 @@ def _transcoders(lm, every: int = 1):
             for layer in range(0, L, every)]
 
 
-@pytest.mark.parametrize("family", DECODERS)
-def test_graph_is_exact_and_injections_move_targets_by_their_edges(family):
-    lm = get_model(f"tiny:{family}")
-    ds = _transcoders(lm)
-    g = attribution_graph(lm, TEXT, ds)
+def check_graph_exact_and_injections(lm, g, ds, label) -> None:
+    """The graph ``g`` of :data:`TEXT` with transcoders ``ds`` (per-layer ones or a cross-layer transcoder): every
+    target's input is the sum of its edges and bias terms, nodes only hear what comes before them, and removing one
+    source node from the frozen model moves each target by minus its edge."""
     o = g.offsets()
     assert g.n_features == g.n_active > 0 and g.n_logits >= 1
     bound = parts_rounding(g.n_layers)
-    assert g.exactness_error <= bound and g.real_error <= g.tolerance, (family, g.exactness_error, g.real_error)
+    assert g.exactness_error <= bound and g.real_error <= g.tolerance, (label, g.exactness_error, g.real_error)
     # the sum written out: input = edges + bias on every target, within float32's rounding of its terms' sizes
     rows = torch.cat([torch.arange(o["error"]), torch.arange(o["logit"], o["end"])])
     A = g.adjacency[rows].double()
@@ -59,7 +58,7 @@ def test_graph_is_exact_and_injections_move_targets_by_their_edges(family):
 
     # inject: remove one source node at a time from the frozen model; each target moves by minus its edge
     tr = trace(lm, TEXT)
-    fz = Frozen(lm, tr, {d.layer: d for d in ds})
+    fz = Frozen(lm, tr, transcoders_by_layer(lm, ds))
     base_m, base_h = fz.forward(fz.emb, fz.acts, fz.errs)
     last = len(tr.tokens) - 1
     feats = torch.arange(fz.n_active)
@@ -87,7 +86,14 @@ def test_graph_is_exact_and_injections_move_targets_by_their_edges(family):
         change = targets(*fz.forward(emb, acts, errs)) - base
         want = -g.adjacency[g_rows, col]
         scale = max(1.0, float(g.adjacency[g_rows].abs().max()), float(base.abs().max()))
-        assert float((change - want).abs().max()) <= 256 * EPS * scale, (family, kind, j)
+        assert float((change - want).abs().max()) <= 256 * EPS * scale, (label, kind, j)
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_graph_is_exact_and_injections_move_targets_by_their_edges(family):
+    lm = get_model(f"tiny:{family}")
+    ds = _transcoders(lm)
+    check_graph_exact_and_injections(lm, attribution_graph(lm, TEXT, ds), ds, family)
 
 
 def test_max_feature_nodes_keeps_the_sum_exact_and_the_most_influential():
@@ -365,7 +371,7 @@ def test_one_heads_part_equals_the_edge_with_only_that_head_attending(family):
     pairs = pairs[:: max(1, len(pairs) // 6)][:6]
     assert pairs, family
     eh = edge_heads(lm, g, ds, edges=torch.tensor(pairs))
-    fz = Frozen(lm, trace(lm, TEXT), {d.layer: d for d in ds})
+    fz = Frozen(lm, trace(lm, TEXT), transcoders_by_layer(lm, ds))
     key = {(int(a), int(b), int(c)): i for i, (a, b, c) in enumerate(zip(fz.layer, fz.pos, fz.feature))}
     for e, (t, s) in enumerate(pairs):
         i_t = torch.tensor([key[(layer, int(g.feature_pos[t]), int(g.feature_index[t]))]])
@@ -422,7 +428,7 @@ def test_qk_attribution_splits_the_score_exactly(family):
     # along the key (query); a pair's part what removing one token takes from the query times what removing the
     # other takes from the key (the frozen model is linear in its nodes)
     tr = trace(lm, TEXT)
-    fz = Frozen(lm, tr, {d.layer: d for d in ds})
+    fz = Frozen(lm, tr, transcoders_by_layer(lm, ds))
     import dataclasses
 
     from lenscope.features.graphs.qk import _Recorder

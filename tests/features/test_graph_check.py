@@ -12,7 +12,7 @@ import torch
 from lenscope.errors import InputError
 from lenscope.features.graphs.check import GraphIntervention, intervene
 from lenscope.features.graphs.graph import attribution_graph, node_id
-from lenscope.features.graphs.replacement import Frozen
+from lenscope.features.graphs.replacement import Frozen, transcoders_by_layer
 from lenscope.models.runtime.engine import run
 from lenscope.models.runtime.sites import Edit
 from lenscope.models.runtime.trace import trace
@@ -52,7 +52,7 @@ def test_in_the_frozen_model_the_predictions_are_exact(family):
     lm, ds, g = _graph(family)
     assert g.n_features == g.n_active
     tr = trace(lm, TEXT)
-    fz = Frozen(lm, tr, {d.layer: d for d in ds})
+    fz = Frozen(lm, tr, transcoders_by_layer(lm, ds))
     assert_same_ints(fz.layer, g.feature_layer)
     assert_same_ints(fz.pos, g.feature_pos)
     assert_same_ints(fz.feature, g.feature_index)
@@ -117,7 +117,7 @@ def test_in_the_real_model_the_last_block_moves_the_logits_by_direct_up_to_the_n
     assert layer.placement != "post" and L in {d.layer for d in ds}
     i = _last_block_feature(g)
     ids = torch.tensor(g.input_ids)
-    fz = Frozen(lm, trace(lm, ids), {d.layer: d for d in ds})
+    fz = Frozen(lm, trace(lm, ids), transcoders_by_layer(lm, ds))
     u, c = fz.logit_dirs(g.logit_ids)
     readout = Readout.from_anatomy(A)
     sandwich = layer.ln_mlp_out

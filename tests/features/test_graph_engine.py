@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lenscope.features.graphs.graph import attribution_graph
-from lenscope.features.graphs.replacement import Frozen
+from lenscope.features.graphs.replacement import Frozen, transcoders_by_layer
 from lenscope.models.loading.load import encode
 from lenscope.models.runtime.engine import Edit, run
 from lenscope.models.runtime.trace import trace
@@ -97,7 +97,7 @@ def test_injections_into_the_frozen_real_model_move_targets_by_their_edges(famil
     g = attribution_graph(lm, TEXT, ds)
     o = g.offsets()
     tr = trace(lm, TEXT)
-    fz = Frozen(lm, tr, {d.layer: d for d in ds})
+    fz = Frozen(lm, tr, transcoders_by_layer(lm, ds))
     feats = torch.arange(fz.n_active)
     ids = g.logit_ids
 

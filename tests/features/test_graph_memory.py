@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from lenscope.errors import InputError
-from lenscope.features.graphs.graph import attribution_graph, graph_memory, nbytes
-from lenscope.features.graphs.replacement import active_counts
+from lenscope.features.graphs.graph import attribution_graph
+from lenscope.features.graphs.memory import graph_memory, nbytes
+from lenscope.features.graphs.replacement import active_counts, transcoders_by_layer
 from lenscope.memory import format_bytes, parse_size
 from lenscope.models.runtime.trace import trace
 from tests.conftest import get_model
@@ -40,7 +41,7 @@ def test_the_estimate_holds_the_graphs_sizes_and_grows_with_nodes_and_batch(setu
     lm, ds, g, est = setup
     assert g.n_features == g.n_active > 20
     # the counts the estimate is made from, before the frozen model exists, are the frozen model's active features
-    counts = active_counts(trace(lm, TEXT), {d.layer: d for d in ds})
+    counts = active_counts(trace(lm, TEXT), transcoders_by_layer(lm, ds))
     assert_same_ints(list(counts.values()), torch.bincount(g.feature_layer, minlength=g.n_layers).tolist())
     e = est(g.n_features, 256)
     assert_same_ints(e.adjacency, g.adjacency.numel() * g.adjacency.element_size())
@@ -110,7 +111,7 @@ def test_heads_on_the_edges_fit_the_budget_by_their_batch_or_refuse_in_one_line(
     assert est[0].held == held > g.adjacency.numel() * 4 and est[0].per_source > 0
     assert all(a.total < b.total for a, b in zip(est, est[1:]))
     # the real run adds the trace and the frozen model to what is held: a budget between 4 and 5 sources a pass
-    from lenscope.features.graphs.graph import graph_memory
+    from lenscope.features.graphs.memory import graph_memory
 
     extra = nbytes(trace(lm, TEXT)) + graph_memory(n_features=0, n_logits=0, batch_size=0, block_active=0,
                                                    **{k: v for k, v in dims.items() if k not in ("n_targets",

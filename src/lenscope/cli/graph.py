@@ -15,7 +15,8 @@ def register(app: typer.Typer) -> None:
         text: str = typer.Argument(..., help="The prompt; the graph explains its next token."),
         model: str = MODEL_OPTION,
         dict_dir: str = typer.Option(..., "--dict", help="Transcoders: a dictionary folder or a folder of them, one "
-                                     "per block (lenscope dict train --transcoder --site 'mlp_out.*')."),
+                                     "per block (lenscope dict train --transcoder --site 'mlp_out.*'), or a cross-layer"
+                                     " transcoder's folder (dict train --clt; circuit-tracer's CLT layout too)."),
         target: str = typer.Option(None, "--target", "-t", help="Target token (its text, e.g. ' Paris', or #ID) as "
                                    "the only logit node (default: the most probable tokens up to p = 0.95, at most "
                                    "10)."),
@@ -64,7 +65,7 @@ def register(app: typer.Typer) -> None:
         from ..features.graphs.export import write_circuit_tracer
         from ..features.graphs.graph import attribution_graph
         from ..memory import parse_size
-        from ..models.dictionaries.dictionary import load_dictionaries
+        from ..models.dictionaries.clt import load_transcoders
 
         for name, v in (("--node-threshold", node_threshold), ("--edge-threshold", edge_threshold)):
             if not 0.0 <= v <= 1.0:
@@ -81,7 +82,7 @@ def register(app: typer.Typer) -> None:
             fail("--check-supernodes needs supernodes: add --supernodes N")
         one_of("--prediction", prediction, ("direct", "frozen_total"))
         budget = parse_size(max_memory) if max_memory is not None else None
-        dicts = load_dictionaries(dict_dir)
+        dicts = load_transcoders(dict_dir)
         lm = load_model(model, dtype=dtype, device_map=device_map)
         g = attribution_graph(lm, text, dicts, target=target, foil=foil, max_feature_nodes=max_feature_nodes,
                               batch_size=batch_size, max_memory=budget, progress=not as_json)

@@ -164,8 +164,8 @@ def intervene(lm: LoadedModel, g: AttributionGraph, dictionaries, nodes, *, fact
         f[inv, feat[sel]] = factor
         edits.append(Edit("mlp_out.latents", L, torch.zeros_like(ps), ps, f, mode="scale"))
         capture.append(("mlp_out.latents", L))
-    base = run(lm, ids, capture=capture, dictionaries=list(dicts.values()), last_only=True)
-    edited = run(lm, ids, edits=edits, dictionaries=list(dicts.values()), last_only=True)
+    base = run(lm, ids, capture=capture, dictionaries=dicts.attached, last_only=True)
+    edited = run(lm, ids, edits=edits, dictionaries=dicts.attached, last_only=True)
 
     # the chosen latents in the unedited run are the graph's activations (else: other dictionaries, another prompt)
     got = torch.stack([base.captured[("mlp_out.latents", int(L))][0, int(p), int(f)].float()

@@ -67,7 +67,7 @@ class HeadsMemory:
     sources a forward-mode pass:
 
     - ``held``: what is held before it starts and throughout: the graph (the bytes of its tensors), the trace and
-      the frozen model (:class:`~lenscope.features.graphs.graph.GraphMemory`'s ``trace`` and ``frozen``);
+      the frozen model (:class:`~lenscope.features.graphs.memory.GraphMemory`'s ``trace`` and ``frozen``);
     - ``fixed``: the targets' gradients and attention-cut edges ``s T (L d + n_src)``, the retained attention-cut
       forward graph ``s (16 L P d + L H P d)``, the edges' head parts and their float64 copies ``12 E (L H + 1)``;
     - ``per_source``: one source of a pass: every head's output tangent, kept and stacked (``2 L H P d``), the
@@ -116,7 +116,7 @@ def edge_heads(lm: LoadedModel, g, dictionaries, edges: Tensor | None = None, *,
     the peak is estimated first (:class:`HeadsMemory`) and ``batch_size`` (sources a forward-mode pass) lowered as
     far as needed; where even one source a pass does not fit, an :class:`~lenscope.errors.InputError` says so."""
     from ...memory import default_budget, format_bytes, parse_size
-    from .graph import graph_memory, nbytes
+    from .memory import graph_memory, nbytes
     from .prune import prune, prune_memory
 
     dicts = transcoders_by_layer(lm, list(dictionaries))

@@ -9,9 +9,13 @@ only choose which latents are on). Each block's MLP output is replaced by
     mlp_out = sum_f a_f W_dec[f] + b_dec (+ mlp_in @ W_skip.T, a skip transcoder) + error
 
 with ``error = mlp_out_real - transcoder(mlp_in_real)`` a constant node (a block without a transcoder: its whole
-MLP output is the error node). With ``skip_first`` (the prompt opens with a special token, as circuit-tracer's
-``zero_bos``), the first position has no feature nodes, its error nodes are zero, and its MLP outputs are constants
-of the model (bias terms of every node they reach). The block's other equations are the Anatomy's own
+MLP output is the error node). With a cross-layer transcoder (Ameisen et al.'s CLT), the sum runs over the active
+latents of this block and of every earlier one, each through its decoder to this block (``W_dec[source ->
+target]``), and ``b_dec`` is the target block's: a feature node then writes several blocks' MLP outputs, and its
+edges are the sum of those paths (nothing else changes: a latent's input is still its own block's MLP input).
+With ``skip_first`` (the prompt opens with a special token, as circuit-tracer's ``zero_bos``), the first position
+has no feature nodes, its error nodes are zero, and its MLP outputs are constants of the model (bias terms of every
+node they reach). The block's other equations are the Anatomy's own
 (:meth:`Layer.after_attention`, its norms replaced by their frozen affine maps), so placements, sandwich norms and
 residual multipliers need nothing here.
 
@@ -24,6 +28,7 @@ real values it reproduces the real run's MLP inputs, latents' pre-activations an
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -31,6 +36,7 @@ from torch import Tensor
 from ...errors import InputError, InvariantError
 from ...models.dictionaries.dictionary import Dictionary
 from ...models.loading.load import LoadedModel
+from ...models.runtime.sites import site_key
 from ...models.runtime.trace import Trace
 from ...models.weights.anatomy import Norm
 from ...models.weights.readout import Readout
@@ -61,17 +67,19 @@ class _MLP:
 
 class Frozen:
     """The frozen replacement model of the prompt traced in ``tr`` (see the module's docstring), with the
-    transcoders ``dicts`` (layer -> Dictionary, float32, at most one per block). Node outputs at the real run:
-    :attr:`emb`, :attr:`acts`, :attr:`errs`; the active latents: :attr:`layer`, :attr:`pos`, :attr:`feature`
-    (``(n_active,)`` each, ordered by layer, position, latent) and their real pre-activations :attr:`pre`."""
+    transcoders ``dicts`` (:class:`Transcoders`, held in float32). Node outputs at the real run: :attr:`emb`,
+    :attr:`acts`, :attr:`errs`; the active latents: :attr:`layer`, :attr:`pos`, :attr:`feature` (``(n_active,)``
+    each, ordered by layer, position, latent) and their real pre-activations :attr:`pre`. :attr:`dicts`: each
+    block's encoder."""
 
-    def __init__(self, lm: LoadedModel, tr: Trace, dicts: dict[int, Dictionary], *, dtype=torch.float32,
+    def __init__(self, lm: LoadedModel, tr: Trace, dicts: Transcoders, *, dtype=torch.float32,
                  skip_first: bool = False):
         A = lm.anatomy
         self.dtype, self.n_layers = dtype, A.n_layers
         P = len(tr.tokens)
         self.P = P
-        self.dicts = {L: d.to(dtype) for L, d in dicts.items()}
+        self.tc = dicts.to(dtype)
+        self.dicts = self.tc.encoders
         self.readout = Readout(astype(A.final_norm, dtype), A.unembed)
         self.final_scale = A.final_norm.scale(tr.site("ln_final.in").to(dtype))
         self.layers, self.probs = [], []
@@ -83,18 +91,19 @@ class Frozen:
             self.probs.append(tr.site("pattern", L).to(dtype))
         self.emb = tr.embed.to(dtype)
         mlp_in = tr.mlp_in
-        layers, pos, feats, acts, pres = [], [], [], [], []
-        errs = tr.mlp_out.to(dtype).clone()
+        layers, pos, feats, acts, pres, zs = [], [], [], [], [], {}
         for L, d in sorted(self.dicts.items()):
-            x = mlp_in[L].to(dtype)
-            pre, z = _latents(d, x, skip_first)
+            pre, z = _latents(d, mlp_in[L].to(dtype), skip_first)
             p, f = z.nonzero(as_tuple=True)
             layers.append(torch.full_like(p, L))
             pos.append(p)
             feats.append(f)
             acts.append(z[p, f])
             pres.append(pre[p, f])
-            errs[L] = errs[L] - d.decode(z, x)
+            zs[L] = z
+        errs = tr.mlp_out.to(dtype).clone()
+        for t in self.tc.writes:  # the error: what the transcoders miss of each MLP output they write
+            errs[t] = errs[t] - self.tc.decode(zs, mlp_in[t].to(dtype), t)
         cat = (lambda xs, dt: torch.cat(xs) if xs else torch.zeros(0, dtype=dt))
         self.layer, self.pos, self.feature = (cat(layers, torch.long), cat(pos, torch.long),
                                               cat(feats, torch.long))
@@ -104,15 +113,19 @@ class Frozen:
             self.first_out = tr.mlp_out[:, 0].to(dtype).clone()
             errs[:, 0] = 0
         self.errs = errs
-        # per block: its latents' slice of the active list (ordered by block), their decoder rows and a (pos,
-        # n) one-hot matrix placing them: the decoded write is one matmul, cheap to differentiate in batches
+        # per block: its latents' slice of the active list (ordered by block) and a (pos, n) one-hot matrix placing
+        # them; per (source, target) pair: the source's active latents' decoder rows to the target. A decoded write
+        # is then one matmul, cheap to differentiate in batches
         self._range, self._dec, self._place = {}, {}, {}
-        for L, d in self.dicts.items():
+        for L in self.dicts:
             idx = (self.layer == L).nonzero()[:, 0]
             a, b = (int(idx[0]), int(idx[-1]) + 1) if idx.numel() else (0, 0)
             self._range[L] = (a, b)
-            self._dec[L] = d.W_dec[self.feature[a:b]]
             self._place[L] = torch.nn.functional.one_hot(self.pos[a:b], P).T.to(dtype)
+        for t, pairs in self.tc.writes.items():
+            for s, W in pairs:
+                a, b = self._range[s]
+                self._dec[s, t] = W[self.feature[a:b]]
         if skip_first:
             self._first_mask = torch.ones(P, 1, dtype=dtype)
             self._first_mask[0] = 0
@@ -130,11 +143,12 @@ class Frozen:
         """Block ``L``'s MLP output in the replacement model, from its input ``x (pos, d_model)``."""
         acts, errs = self._cur
         out = errs[L]
-        d = self.dicts.get(L)
-        if d is not None:
-            out = out + self._place[L] @ (acts[L][:, None] * self._dec[L]) + d.b_dec
-            if d.W_skip is not None:
-                out = out + x @ d.W_skip.T
+        if L in self.tc.writes:
+            for s, _ in self.tc.writes[L]:
+                out = out + self._place[s] @ (acts[s][:, None] * self._dec[s, L])
+            out = out + self.tc.b_dec[L]
+            if L in self.tc.skips:
+                out = out + x @ self.tc.skips[L].T
         if self.skip_first:  # the first position's output: the real one, a constant
             out = out * self._first_mask
             out = out + torch.nn.functional.pad(self.first_out[L][None], (0, 0, 0, self.P - 1))
@@ -218,7 +232,7 @@ def _latents(d: Dictionary, x: Tensor, skip_first: bool) -> tuple[Tensor, Tensor
     return pre, z
 
 
-def active_counts(tr: Trace, dicts: dict[int, Dictionary], *, dtype=torch.float32,
+def active_counts(tr: Trace, dicts: Transcoders, *, dtype=torch.float32,
                   skip_first: bool = False) -> dict[int, int]:
     """How many latents of each block's transcoder are active on the prompt of ``tr``: the feature nodes
     :class:`Frozen` would hold (the same computation), known before it allocates anything."""
@@ -273,16 +287,79 @@ def check_parts(what: str, gap: Tensor, size: Tensor, n_layers: int) -> float:
     return float(ratio.max()) if ratio.numel() else 0.0
 
 
-def transcoders_by_layer(lm: LoadedModel, dictionaries) -> dict[int, Dictionary]:
-    """The transcoders of ``dictionaries`` by block, checked: transcoders only (an SAE is not a replacement), at
-    most one per block, each for this model."""
-    out: dict[int, Dictionary] = {}
-    for d in dictionaries:
-        if not d.transcoder:
+@dataclasses.dataclass
+class Transcoders(Mapping):
+    """The transcoders a graph replaces the MLPs with: per-layer transcoders (at most one per block) or one
+    cross-layer transcoder (:class:`~lenscope.models.dictionaries.clt.CrossLayerTranscoder`), read through what the
+    engine reads of them (``encoders()``, ``writers()``: one description of both). A mapping of block -> the encoder
+    of its latents (a :class:`Dictionary`; a CLT's block view); ``writes[t]``: the ``(source block, decoder (width,
+    d_model))`` pairs writing block ``t``'s MLP output (a per-layer transcoder: its own; a CLT: blocks ``0 .. t``),
+    ``b_dec[t]`` its bias, ``skips[t]`` a skip transcoder's ``W_skip``; ``attached``: the objects themselves (what
+    the engine takes)."""
+
+    encoders: dict[int, Dictionary]
+    writes: dict[int, list[tuple[int, Tensor]]]
+    b_dec: dict[int, Tensor]
+    skips: dict[int, Tensor]
+    attached: list
+
+    def __getitem__(self, layer: int) -> Dictionary:
+        return self.encoders[layer]
+
+    def __iter__(self):
+        return iter(sorted(self.encoders))
+
+    def __len__(self) -> int:
+        return len(self.encoders)
+
+    @property
+    def sites(self) -> list[str]:
+        return [self.encoders[L].site for L in self]
+
+    def n_targets(self, source: int) -> int:
+        """How many blocks' MLP outputs block ``source``'s latents write."""
+        return sum(any(s == source for s, _ in pairs) for pairs in self.writes.values())
+
+    def to(self, dtype) -> Transcoders:
+        return Transcoders({L: d.to(dtype) for L, d in self.encoders.items()},
+                           {t: [(s, W.to(dtype)) for s, W in pairs] for t, pairs in self.writes.items()},
+                           {t: b.to(dtype) for t, b in self.b_dec.items()},
+                           {t: W.to(dtype) for t, W in self.skips.items()}, self.attached)
+
+    def decode(self, z: dict[int, Tensor], x: Tensor, target: int) -> Tensor:
+        """Block ``target``'s MLP output as replaced, from the latents ``z[s] (pos, width)`` of the blocks writing
+        it and its MLP input ``x`` (a skip path's)."""
+        out = self.b_dec[target]
+        for s, W in self.writes[target]:
+            out = out + z[s].to(W.dtype) @ W
+        if target in self.skips:
+            out = out + x.to(self.skips[target].dtype) @ self.skips[target].T
+        return out
+
+
+def transcoders_by_layer(lm: LoadedModel, dictionaries) -> Transcoders:
+    """The :class:`Transcoders` of ``dictionaries`` (per-layer transcoders or a cross-layer transcoder), checked:
+    transcoders only (an SAE is not a replacement), at most one encoder and one writer per block, each for this
+    model."""
+    from ...models.dictionaries.clt import CrossLayerTranscoder
+
+    tc = Transcoders({}, {}, {}, {}, list(dictionaries))
+    for d in tc.attached:
+        if not (isinstance(d, CrossLayerTranscoder) or d.transcoder):
             raise InputError(f"an attribution graph replaces MLPs with transcoders; the dictionary at {d.site} is an "
                              "SAE (train transcoders: lenscope dict train --transcoder --site 'mlp_out.*')")
         d.check(lm)
-        if d.layer in out:
-            raise InputError(f"two transcoders for block {d.layer}; give one per block")
-        out[d.layer] = d
-    return out
+        for site, _, enc in d.encoders():
+            L = site_key(site)[1]
+            if L in tc.encoders:
+                raise InputError(f"two transcoders for block {L}; give one per block")
+            tc.encoders[L] = enc
+        for site, (pairs, b) in d.writers().items():
+            t = site_key(site)[1]
+            if t in tc.writes:
+                raise InputError(f"two transcoders write block {t}'s MLP output; give one per block")
+            tc.writes[t] = [(site_key(s)[1], W) for s, W in pairs]
+            tc.b_dec[t] = b
+            if getattr(d, "W_skip", None) is not None:
+                tc.skips[t] = d.W_skip
+    return tc

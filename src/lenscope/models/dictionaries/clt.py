@@ -284,4 +284,13 @@ def is_clt_folder(path: str | Path) -> bool:
     return (path / CLT_CONFIG).exists() or is_circuit_tracer_clt(path)
 
 
-__all__ = ["CLT_CONFIG", "CLT_WEIGHTS", "CrossLayerTranscoder", "is_clt_folder"]
+def load_transcoders(path: str | Path) -> list:
+    """What a folder of transcoders holds, as the engine and the graph take them: ``[clt]`` for a cross-layer
+    transcoder (:func:`is_clt_folder`), else its per-layer dictionaries
+    (:func:`~lenscope.models.dictionaries.dictionary.load_dictionaries`)."""
+    from .dictionary import load_dictionaries
+
+    return [CrossLayerTranscoder.load(path)] if is_clt_folder(path) else load_dictionaries(path)
+
+
+__all__ = ["CLT_CONFIG", "CLT_WEIGHTS", "CrossLayerTranscoder", "is_clt_folder", "load_transcoders"]
