@@ -1,5 +1,5 @@
-"""``lenscope dict eval``: a dictionary (or a folder of them) evaluated on held-out text beside its baselines
-(:func:`lenscope.features.dictionaries.evaluate.evaluate_dictionaries`)."""
+"""``lenscope dict eval``: a dictionary (or a folder of them, or a cross-layer transcoder) evaluated on held-out text
+beside its baselines (:func:`lenscope.features.dictionaries.evaluate.evaluate_dictionaries`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from .options import JSON_OPTION, MAX_MEMORY_OPTION, MODEL_OPTION, SEQ_LEN_OPTIO
 
 @handle_errors
 def eval_cmd(
-    dict_dir: str = typer.Option(..., "--dict", help="A dictionary folder (cfg.json + sae_weights.safetensors), or a "
-                                                     "folder of them (one per site, as dict train writes several)."),
+    dict_dir: str = typer.Option(..., "--dict", help="A dictionary folder (cfg.json + sae_weights.safetensors), a "
+                                                     "folder of them (one per site, as dict train writes several), "
+                                                     "or a cross-layer transcoder's folder (clt.json, or "
+                                                     "circuit-tracer's layout): one entry per block."),
     data: str = typer.Option(..., "--data", help="Text: a .txt / .txt.gz file or a folder of them (documents "
                                                  "separated by <|endoftext|> lines; one in 20 is held out and only "
                                                  "those are evaluated)."),
@@ -35,18 +37,17 @@ def eval_cmd(
 ):
     """Explained variance, L0, dead latents and, spliced into the model, delta loss, loss recovered and KL, on
     held-out text, beside PCA (SAEs) or linear (transcoders) baselines; the replacement model of several
-    transcoders."""
+    transcoders or of a cross-layer transcoder."""
     from ..errors import InputError
-    from ..features.dictionaries.evaluate import evaluate_dictionaries
+    from ..features.dictionaries.evaluate import evaluate_dictionaries, load_evaluated
     from ..memory import parse_size
-    from ..models.dictionaries.dictionary import load_dictionaries
 
     for name, v in (("--tokens", tokens), ("--splice-tokens", splice_tokens), ("--fit-tokens", fit_tokens),
                     ("--seq-len", seq_len), ("--batch-size", batch_size)):
         if v is not None and v < 1:
             raise InputError(f"{name} must be at least 1; got {v}")
     limit = parse_size(max_memory) if max_memory is not None else None
-    dicts = load_dictionaries(dict_dir)
+    dicts = load_evaluated(dict_dir)
     lm = load_model(model)
     ev = evaluate_dictionaries(lm, dicts, data, tokens=tokens, seq_len=seq_len, batch_size=batch_size,
                                baselines=baselines, fit_tokens=fit_tokens, splice_tokens=splice_tokens,

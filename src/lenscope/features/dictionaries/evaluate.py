@@ -26,7 +26,24 @@ the first ``fit_tokens`` tokens of the TRAIN part:
 ``beats_baseline``: the dictionary explains more variance than its baseline and, spliced, stays closer to the
 clean model (a smaller ``kl``; the KL rather than ``delta_loss``, which a perturbation can lower by chance).
 For two or more transcoders, ``replacement``: all of them spliced at once (the replacement model): its
-``top1_agreement`` with the real model, ``delta_loss``, ``kl``.
+``top1_agreement`` with the real model, ``delta_loss``, ``kl`` (``dictionaries``: how many, ``blocks``: how many
+sites they replace, ``cross_layer``: false).
+
+A cross-layer transcoder (:class:`~lenscope.models.dictionaries.clt.CrossLayerTranscoder`, or a folder
+:func:`~lenscope.models.dictionaries.clt.is_clt_folder` recognises) is evaluated on its own, through the same
+statistics and splices, as one entry per block ``l`` (site ``mlp_out.l``, role ``"clt"``):
+
+- ``explained_variance`` of ``mlp_out.l`` by the CLT's reconstruction of it, ``clt.decode(latents, l)``: the sum of
+  the decoders of blocks ``0 .. l`` (each block's latents encoded from its own captured MLP input); ``l0``,
+  ``dead_fraction``, ``density`` of block ``l``'s latents;
+- no per-block splice (the splice fields None, ``splice_tokens`` 0): block ``l`` alone is not a replacement of
+  anything the CLT claims, since its latents also write every later block;
+- ``baselines.linear``: the least-squares map of block ``l``'s MLP input to its output, as beside a per-layer
+  transcoder, with its explained variance only (no splice either); ``beats_baseline`` compares the explained
+  variances alone;
+- ``replacement``: the whole CLT spliced (``run(lm, ids, dictionaries=[clt], splice=True)``: every MLP output the
+  CLT's reconstruction from the spliced run's own MLP inputs), with ``dictionaries`` 1, ``blocks`` the CLT's,
+  ``cross_layer`` true.
 
 Three streams, each memory-bounded (running sums): the baselines' fit (train part, the forward stopped at the
 last site needed), the reconstruction statistics (held-out, stopped likewise), and the splices (held-out: one
@@ -35,15 +52,14 @@ clean pass per batch, then one pass per spliced variant).
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
 from ...errors import InputError, NotApplicableError
+from ...models.dictionaries.clt import CrossLayerTranscoder, is_clt_folder
 from ...models.dictionaries.dictionary import Dictionary, load_dictionaries
 from ...models.loading.devices import main_device
 from ...models.loading.load import LoadedModel
@@ -51,186 +67,12 @@ from ...models.runtime.engine import Edit, run
 from ...models.runtime.sites import site_key
 from ...stats import UneditedNextToken
 from .baselines import PCA, Linear, Moments, fit_linear, fit_pca  # noqa: F401 (fit_*: re-exported)
+from .evaluation import DEAD_TOKENS, DictionaryEvaluation, DictionaryScore  # noqa: F401 (re-exported)
 
-DEAD_TOKENS = 100_000
 FIT_TOKENS = 32_768  # default train tokens the baselines are fitted on (a d x d covariance / normal equations)
 SPLICE_TOKENS = 16_384  # default held-out tokens of the splices (a full forward pass per variant and batch)
-METRICS = ("explained_variance", "l0", "dead_fraction", "delta_loss", "loss_recovered", "kl", "top1_agreement")
 SPLICE = ("delta_loss", "loss_recovered", "kl", "top1_agreement", "ce_clean", "ce_spliced", "ce_zero")
 DENSITY_STEP = 0.25  # width of a density bin, in log10 of the firing frequency
-
-
-def _num(x):
-    """A float for JSON: None where it is not finite."""
-    if x is None:
-        return None
-    x = float(x)
-    return x if math.isfinite(x) else None
-
-
-@dataclass(repr=False)
-class DictionaryScore:
-    """One dictionary's evaluation (see the module's docstring for every field); ``baselines``: ``{"pca": {...}}``
-    or ``{"linear": {...}}`` with the same metric fields; ``fired (width,)``: on how many evaluated tokens each
-    latent was active."""
-
-    site: str
-    kind: str
-    role: str
-    width: int
-    explained_variance: float
-    l0: float
-    dead_fraction: float
-    dead_reliable: bool
-    tokens: int
-    density: dict
-    fired: Tensor
-    mse: float
-    splice_tokens: int = 0
-    delta_loss: float | None = None
-    loss_recovered: float | None = None
-    kl: float | None = None
-    top1_agreement: float | None = None
-    ce_clean: float | None = None
-    ce_spliced: float | None = None
-    ce_zero: float | None = None
-    baselines: dict = field(default_factory=dict)
-    beats_baseline: bool | None = None
-
-    @property
-    def baseline(self) -> str | None:
-        return next(iter(self.baselines), None)
-
-    def to_dict(self, fired: bool = False) -> dict:
-        out = {"site": self.site, "kind": self.kind, "role": self.role, "width": self.width}
-        for name in ("explained_variance", "l0", "dead_fraction", "delta_loss", "loss_recovered", "kl",
-                     "top1_agreement", "ce_clean", "ce_spliced", "ce_zero", "mse"):
-            out[name] = _num(getattr(self, name))
-        out.update(tokens=self.tokens, splice_tokens=self.splice_tokens, dead_reliable=self.dead_reliable,
-                   density=self.density, baselines={k: {n: (_num(v) if isinstance(v, float) else v)
-                                                         for n, v in b.items()} for k, b in self.baselines.items()},
-                   beats_baseline=self.beats_baseline)
-        if fired:
-            out["fired"] = self.fired.tolist()
-        return out
-
-    @classmethod
-    def from_dict(cls, d: dict) -> DictionaryScore:
-        d = dict(d)
-        d["fired"] = torch.tensor(d.get("fired") or [], dtype=torch.long)
-        return cls(**d)
-
-
-@dataclass(repr=False)
-class DictionaryEvaluation:
-    """The evaluation of one or several dictionaries on held-out text (:func:`evaluate_dictionaries`):
-    ``dictionaries`` one :class:`DictionaryScore` each, ``replacement`` (two or more transcoders) the replacement
-    model's splice metrics."""
-
-    model: str
-    data: str
-    tokens: int
-    splice_tokens: int
-    seq_len: int
-    dictionaries: list[DictionaryScore]
-    replacement: dict | None = None
-
-    def means(self) -> dict:
-        """The mean over the dictionaries of each metric (None where one has none)."""
-        out = {}
-        for name in METRICS:
-            vals = [getattr(s, name) for s in self.dictionaries]
-            out[name] = None if any(v is None or not math.isfinite(v) for v in vals) else \
-                sum(vals) / len(vals)
-        return out
-
-    def to_dict(self, fired: bool = False) -> dict:
-        """``dict eval --json``'s object: one dictionary's fields at the top level; several: their means at the
-        top level, each one under ``dictionaries``, the replacement model under ``replacement``."""
-        per = [s.to_dict(fired=fired) for s in self.dictionaries]
-        head = {"model": self.model, "data": self.data, "seq_len": self.seq_len}
-        if len(per) == 1:
-            return {**head, **per[0]}
-        out = {**head, **{k: _num(v) for k, v in self.means().items()}, "tokens": self.tokens,
-               "splice_tokens": self.splice_tokens, "dictionaries": per}
-        if self.replacement is not None:
-            out["replacement"] = {k: (_num(v) if isinstance(v, float) else v) for k, v in self.replacement.items()}
-        return out
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
-
-    def to_frame(self):
-        """One row per dictionary and per baseline (``method``: ``dictionary``, ``pca``, ``linear``), and the
-        replacement model's row when there is one."""
-        import pandas as pd
-
-        rows = []
-        for s in self.dictionaries:
-            d = s.to_dict()
-            rows.append({"site": s.site, "method": "dictionary", **{k: d.get(k) for k in METRICS},
-                         "tokens": s.tokens, "beats_baseline": s.beats_baseline})
-            for name, b in s.baselines.items():
-                rows.append({"site": s.site, "method": name, **{k: b.get(k) for k in METRICS},
-                             "tokens": b.get("tokens"), "beats_baseline": None})
-        if self.replacement is not None:
-            rows.append({"site": "all", "method": "replacement", **{k: self.replacement.get(k) for k in METRICS},
-                         "tokens": self.replacement.get("splice_tokens"), "beats_baseline": None})
-        return pd.DataFrame(rows)
-
-    def lines(self) -> list[str]:
-        """The text ``dict eval`` prints: a line per dictionary and its baseline, one where it does not beat it."""
-        def fmt(x, spec=".4f"):
-            return "n/a" if x is None else format(x, spec)
-
-        out = [f"{self.model}: {len(self.dictionaries)} dictionar{'y' if len(self.dictionaries) == 1 else 'ies'} "
-               f"on {self.tokens} held-out tokens of {self.data} (splice on {self.splice_tokens} predictions)"]
-        for s in self.dictionaries:
-            out.append(f"{s.site} ({s.role}, {s.kind}, width {s.width}): explained variance "
-                       f"{fmt(s.explained_variance)}, L0 {s.l0:.2f}, dead {s.dead_fraction:.2%}, delta loss "
-                       f"{fmt(s.delta_loss)}, loss recovered {fmt(s.loss_recovered)}, KL {fmt(s.kl)}")
-            for name, b in s.baselines.items():
-                extra = f" ({b['components']} components)" if "components" in b else ""
-                out.append(f"  {name}{extra}: explained variance {fmt(b.get('explained_variance'))}, delta loss "
-                           f"{fmt(b.get('delta_loss'))}, loss recovered {fmt(b.get('loss_recovered'))}, KL "
-                           f"{fmt(b.get('kl'))}")
-            if s.beats_baseline is False:
-                out.append(f"  {s.site}: the dictionary does NOT beat its {s.baseline} baseline")
-            if not s.dead_reliable:
-                out.append(f"  dead latents over {s.tokens} tokens only (fewer than {DEAD_TOKENS}): not reliable")
-        if self.replacement is not None:
-            r = self.replacement
-            out.append(f"replacement model ({r['dictionaries']} transcoders): top-1 agreement "
-                       f"{fmt(r.get('top1_agreement'))}, delta loss {fmt(r.get('delta_loss'))}, KL {fmt(r.get('kl'))}")
-        return out
-
-    def save(self, path: str | Path) -> Path:
-        """Write the evaluation as JSON (every latent's firing count included)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        d = {"model": self.model, "data": self.data, "tokens": self.tokens, "splice_tokens": self.splice_tokens,
-             "seq_len": self.seq_len, "replacement": self.replacement,
-             "dictionaries": [s.to_dict(fired=True) for s in self.dictionaries], "lenscope_type": type(self).__name__}
-        path.write_text(json.dumps(d) + "\n")
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> DictionaryEvaluation:
-        path = Path(path)
-        try:
-            d = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise InputError(f"no such file: {path}") from None
-        except json.JSONDecodeError as e:
-            raise InputError(f"{path} is not JSON ({e})") from None
-        if d.pop("lenscope_type", None) != cls.__name__:
-            raise InputError(f"{path} is not a saved {cls.__name__}")
-        d["dictionaries"] = [DictionaryScore.from_dict(s) for s in d["dictionaries"]]
-        return cls(**d)
-
-    def __repr__(self) -> str:
-        sites = ", ".join(s.site for s in self.dictionaries)
-        return f"DictionaryEvaluation({self.model!r}, [{sites}], tokens={self.tokens})"
 
 
 # -------------------------------------------------------------------------------------------- streams
@@ -278,11 +120,14 @@ class Reconstruction:
         self.sse_pca_total = 0.0  # sum ||y - m||² (m: the train mean)
         self.sse_lin = 0.0
 
-    def add(self, x: Tensor, y: Tensor) -> None:
+    def add(self, x: Tensor, y: Tensor, z: Tensor | None = None, yh: Tensor | None = None) -> None:
+        """Rows ``x`` (what the dictionary reads) and ``y`` (its site); ``z``, ``yh``: the latents and the
+        reconstruction where they come from elsewhere (a cross-layer transcoder's block), else ``D``'s of ``x``."""
         D = self.D
-        with torch.no_grad():
-            z = D.encode(x)
-            yh = D.decode(z, x)
+        if z is None:
+            with torch.no_grad():
+                z = D.encode(x)
+                yh = D.decode(z, x)
         y64 = y.double()
         self.n += y.shape[0]
         self.sum_y += y64.sum(0)
@@ -386,36 +231,71 @@ def _whole(site: str, layer: int, values: Tensor) -> Edit:
     return Edit(site, layer, torch.arange(B)[:, None], torch.arange(P)[None, :], values, mode="set")
 
 
-def _as_list(dicts) -> list[Dictionary]:
-    if isinstance(dicts, Dictionary):
-        return [dicts]
-    if isinstance(dicts, (str, Path)):
-        return load_dictionaries(dicts)
-    return list(dicts)
+def load_evaluated(path: str | Path) -> list:
+    """What ``dict eval --dict PATH`` evaluates: a cross-layer transcoder's folder (lenscope's or circuit-tracer's
+    layout) as ``[clt]``, anything else as :func:`~lenscope.models.dictionaries.dictionary.load_dictionaries` reads
+    it (per-layer dictionaries)."""
+    path = Path(path)
+    if path.is_dir() and is_clt_folder(path):
+        return [CrossLayerTranscoder.load(path)]
+    return load_dictionaries(path)
 
 
-def eval_memory(lm: LoadedModel, dicts: list[Dictionary], *, seq_len: int, batch_size: int,
+def _units(dicts) -> tuple[list[Dictionary], CrossLayerTranscoder | None]:
+    """The per-layer dictionaries evaluated and None; or a cross-layer transcoder's blocks
+    (:meth:`~lenscope.models.dictionaries.clt.CrossLayerTranscoder.block`: per-layer transcoders of ``mlp_out.l``
+    with its encoders, which give the sites, sizes and baselines) and the CLT itself."""
+    if isinstance(dicts, (Dictionary, CrossLayerTranscoder)):
+        items = [dicts]
+    elif isinstance(dicts, (str, Path)):
+        items = load_evaluated(dicts)
+    else:
+        items = list(dicts)
+    clts = [d for d in items if isinstance(d, CrossLayerTranscoder)]
+    if not clts:
+        return items, None
+    if len(items) > 1:
+        raise InputError("a cross-layer transcoder is evaluated on its own: give it without other dictionaries")
+    C = clts[0]
+    return [C.block(i) for i in range(C.n_layers)], C
+
+
+def eval_memory(lm: LoadedModel, dicts: list, *, seq_len: int, batch_size: int,
                 baselines: bool = True) -> dict[str, int]:
     """The estimated peak memory of :func:`evaluate_dictionaries` in bytes, by term (float32: 4 bytes a number;
-    ``T = batch_size * seq_len`` tokens a pass, ``V`` the vocabulary, ``d`` = d_model, ``H`` heads):
+    ``T = batch_size * seq_len`` tokens a pass, ``V`` the vocabulary, ``d`` = d_model, ``H`` heads; ``dicts``:
+    per-layer dictionaries or one cross-layer transcoder, whose ``L`` blocks count as ``L`` transcoders of width
+    ``width`` for the captures and baselines):
 
     - ``forward``: one pass of the model, ``4 (2 batch_size H seq_len^2 + 12 T d)`` (a block's attention
       probabilities and the hidden states it works on);
     - ``captures``: the sites the dictionaries read and write, ``4 T d`` each;
-    - ``latents``: one dictionary on a batch, ``T (9 width + 24 d)``: its pre-activations and latents (float32),
-      which fired (bool), its output and the float64 sums' copies;
+    - ``latents``: the statistics on a batch, ``T (4 width L + 5 width + 24 d)``: the latents kept at once (float32;
+      ``L`` 1 for a per-layer dictionary, every block of a CLT, whose block ``l`` is decoded from blocks
+      ``0 .. l``), one block's pre-activations and which latents fired (bool), its output and the float64 sums'
+      copies;
     - ``logits``: the splices' logits and log-probabilities, clean and spliced, with the KL's temporaries,
       ``4 * 7 T V``;
+    - ``splice_latents``: the latents the engine keeps through a spliced pass, ``4 T`` times the widths spliced
+      at once (one dictionary; every transcoder of a replacement model; all ``L`` blocks of a CLT);
     - ``baselines``: each dictionary's moments and fit in float64, ``8 * 2 (d_in + d_out)^2`` (with ``baselines``).
 
-    ``total = baselines + forward + captures + max(latents, logits)``: the statistics and the splices are separate
-    passes."""
+    ``total = baselines + forward + captures + max(latents, logits + splice_latents)``: the statistics and the
+    splices are separate passes."""
+    D, clt = _units(dicts)
     A = lm.anatomy
     T, H, d = batch_size * seq_len, max(layer.attn.n_heads for layer in A.layers), A.d_model
-    out = {"forward": 4 * (2 * batch_size * H * seq_len**2 + 12 * T * d), "captures": 4 * T * d * len(_sites(dicts)),
-           "latents": max(T * (9 * D.width + 24 * D.d_out) for D in dicts), "logits": 4 * 7 * T * A.vocab_size,
-           "baselines": sum(16 * (D.d_in + D.d_out) ** 2 for D in dicts) if baselines else 0}
-    out["total"] = out["baselines"] + out["forward"] + out["captures"] + max(out["latents"], out["logits"])
+    if clt is not None:
+        latents, spliced = T * (4 * clt.width * clt.n_layers + 5 * clt.width + 24 * clt.d_out), clt.width * len(D)
+    else:
+        latents = max(T * (9 * x.width + 24 * x.d_out) for x in D)
+        tc = [x.width for x in D if x.transcoder]
+        spliced = max(max(x.width for x in D), sum(tc) if len(tc) >= 2 else 0)
+    out = {"forward": 4 * (2 * batch_size * H * seq_len**2 + 12 * T * d), "captures": 4 * T * d * len(_sites(D)),
+           "latents": latents, "logits": 4 * 7 * T * A.vocab_size, "splice_latents": 4 * T * spliced,
+           "baselines": sum(16 * (x.d_in + x.d_out) ** 2 for x in D) if baselines else 0}
+    out["total"] = (out["baselines"] + out["forward"] + out["captures"]
+                    + max(out["latents"], out["logits"] + out["splice_latents"]))
     return out
 
 
@@ -423,15 +303,16 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
                           batch_size: int = 4, baselines: bool = True, fit_tokens: int | None = None,
                           splice_tokens: int | None = None, progress: bool = False,
                           max_memory: int | str | None = None) -> DictionaryEvaluation:
-    """Evaluate ``dicts`` (a :class:`~lenscope.models.dictionaries.dictionary.Dictionary`, a list, or a dictionary
-    folder) on about ``tokens`` held-out tokens of ``data`` (a text file or folder, :mod:`lenscope.data.corpus`), beside
-    their baselines (``baselines=True``: fitted on ``fit_tokens`` train tokens, default
-    ``min(tokens, FIT_TOKENS)``). The splice metrics use the first ``splice_tokens`` of those tokens (default
-    ``min(tokens, SPLICE_TOKENS)``: each variant is a full forward pass, where the statistics stop at the last
-    site). ``max_memory``: the memory budget (bytes or a size such as ``"8GB"``; default:
-    :func:`lenscope.memory.budget`'s); when :func:`eval_memory` exceeds it, a one-line
-    :class:`~lenscope.errors.InputError` naming the ``--batch-size`` that fits. See the module's docstring."""
-    D = _as_list(dicts)
+    """Evaluate ``dicts`` (a :class:`~lenscope.models.dictionaries.dictionary.Dictionary`, a list, a dictionary
+    folder, or a :class:`~lenscope.models.dictionaries.clt.CrossLayerTranscoder` or its folder) on about ``tokens``
+    held-out tokens of ``data`` (a text file or folder, :mod:`lenscope.data.corpus`), beside their baselines
+    (``baselines=True``: fitted on ``fit_tokens`` train tokens, default ``min(tokens, FIT_TOKENS)``). The splice
+    metrics use the first ``splice_tokens`` of those tokens (default ``min(tokens, SPLICE_TOKENS)``: each variant is
+    a full forward pass, where the statistics stop at the last site). ``max_memory``: the memory budget (bytes or a
+    size such as ``"8GB"``; default: :func:`lenscope.memory.budget`'s); when :func:`eval_memory` exceeds it, a
+    one-line :class:`~lenscope.errors.InputError` naming the ``--batch-size`` that fits. See the module's
+    docstring (a CLT: one entry per block, the whole CLT as ``replacement``)."""
+    D, clt = _units(dicts)
     if not D:
         raise InputError("no dictionary to evaluate")
     if int(tokens) < 1:
@@ -441,8 +322,10 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
     from ...data.text import fit_seq_len
 
     seq_len = fit_seq_len(lm, seq_len)
+    if clt is not None:
+        clt.check(lm)
     seen = set()
-    for d in D:
+    for d in D if clt is None else ():
         d.check(lm)
         if d.site in seen:
             raise InputError(f"two dictionaries for the site {d.site}; evaluate them one at a time")
@@ -453,66 +336,103 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
         raise InputError(f"{data} has no held-out text: one document in {HOLDOUT_EVERY} is held out (documents "
                          f"are separated by <|endoftext|> lines, or cut every ~{PSEUDO_DOC_CHARS} characters); give "
                          f"at least {HOLDOUT_EVERY} documents")
-    _check_memory(lm, D, seq_len, batch_size, baselines, max_memory)
+    _check_memory(lm, D if clt is None else [clt], seq_len, batch_size, baselines, max_memory)
     sites = _sites(D)
     say = _progress(progress)
-
-    # 1. baselines, fitted on the train part
-    pcas: dict[str, PCA] = {}
-    lins: dict[str, Linear] = {}
-    if baselines:
-        moms = {d.site: Moments(d.d_in, d.d_out if d.transcoder else None) for d in D}
-        it, a, b = _batches(lm, data, "train", fit_tokens or min(tokens, FIT_TOKENS), seq_len, batch_size)
-        for ids in it:
-            cap = run(lm, ids, capture=sites, stop_after=sites[-1], logits=False, device="cpu").captured
-            for d in D:
-                x = _flat(cap[site_key(d.input_site)], a, b)
-                moms[d.site].add(x, _flat(cap[site_key(d.site)], a, b) if d.transcoder else None)
-        say("baselines fitted")
-        for d in D:
-            if d.transcoder:
-                lins[d.site] = moms[d.site].linear()
-            else:
-                pcas[d.site] = moms[d.site].pca()
-
-    # 2. reconstruction statistics on the held-out part
+    pcas, lins = _fit_baselines(lm, D, data, fit_tokens or min(tokens, FIT_TOKENS), seq_len, batch_size, sites,
+                                say) if baselines else ({}, {})
     rec = {d.site: Reconstruction(d, pcas.get(d.site), lins.get(d.site)) for d in D}
+    n_tok = _statistics(lm, D, clt, rec, data, tokens, seq_len, batch_size, sites, say)
+    budget = min(n_tok, SPLICE_TOKENS) if splice_tokens is None else max(1, int(splice_tokens))
+    clean, losses, repl, n_spl = _splices(lm, D, clt, rec, pcas, lins, data, budget, min(budget, n_tok), seq_len,
+                                          batch_size, say)
+    scores = [_score(d, rec[d.site], losses.get(d.site), clean, n_spl, baselines) for d in D]
+    replacement = None
+    if repl is not None:
+        n = 1 if clt is not None else len([d for d in D if d.transcoder])
+        replacement = {"dictionaries": n, "blocks": len(D) if clt is not None else n, "cross_layer": clt is not None,
+                       "splice_tokens": n_spl, **repl.metrics(clean, None)}
+    return DictionaryEvaluation(model=lm.name, data=str(data), tokens=n_tok, splice_tokens=n_spl, seq_len=seq_len,
+                                dictionaries=scores, replacement=replacement)
+
+
+def _fit_baselines(lm: LoadedModel, D: list[Dictionary], data, tokens: int, seq_len: int, batch_size: int,
+                   sites: list[tuple], say) -> tuple[dict[str, PCA], dict[str, Linear]]:
+    """The baselines, fitted on ``tokens`` tokens of the train part: a PCA per SAE, a least-squares map per
+    transcoder (a CLT's blocks included), by site."""
+    moms = {d.site: Moments(d.d_in, d.d_out if d.transcoder else None) for d in D}
+    it, a, b = _batches(lm, data, "train", tokens, seq_len, batch_size)
+    for ids in it:
+        cap = run(lm, ids, capture=sites, stop_after=sites[-1], logits=False, device="cpu").captured
+        for d in D:
+            x = _flat(cap[site_key(d.input_site)], a, b)
+            moms[d.site].add(x, _flat(cap[site_key(d.site)], a, b) if d.transcoder else None)
+    say("baselines fitted")
+    pcas = {d.site: moms[d.site].pca() for d in D if not d.transcoder}
+    lins = {d.site: moms[d.site].linear() for d in D if d.transcoder}
+    return pcas, lins
+
+
+def _statistics(lm: LoadedModel, D: list[Dictionary], clt: CrossLayerTranscoder | None, rec: dict, data,
+                tokens: int, seq_len: int, batch_size: int, sites: list[tuple], say) -> int:
+    """The reconstruction statistics on the held-out part (``rec``, by site); the body tokens read. A CLT: every
+    block's latents encoded from its own captured MLP input, block ``l``'s output decoded from blocks ``0 .. l``."""
     it, a, b = _batches(lm, data, "heldout", tokens, seq_len, batch_size)
     n_tok = 0
     for ids in it:
         cap = run(lm, ids, capture=sites, stop_after=sites[-1], logits=False, device="cpu").captured
-        for d in D:
-            rec[d.site].add(_flat(cap[site_key(d.input_site)], a, b), _flat(cap[site_key(d.site)], a, b))
+        xs = [_flat(cap[site_key(d.input_site)], a, b) for d in D]
+        ys = [_flat(cap[site_key(d.site)], a, b) for d in D]
+        if clt is None:
+            for d, x, y in zip(D, xs, ys):
+                rec[d.site].add(x, y)
+        else:
+            with torch.no_grad():
+                z = [clt.encode(x, i) for i, x in enumerate(xs)]
+                for i, d in enumerate(D):
+                    rec[d.site].add(xs[i], ys[i], z[i], clt.decode(z, i))
+            del z
         n_tok += ids.shape[0] * (b - a)
         say(f"statistics: {n_tok} tokens")
+    return n_tok
 
-    # 3. splices on the held-out part
+
+def _splices(lm: LoadedModel, D: list[Dictionary], clt: CrossLayerTranscoder | None, rec: dict, pcas: dict,
+             lins: dict, data, budget: int, tokens: int, seq_len: int, batch_size: int, say):
+    """The splices on about ``tokens`` held-out tokens, until ``budget`` predictions: per batch one clean pass, then
+    per per-layer dictionary its splice, its site zeroed and its baseline set there, then the replacement model
+    (every transcoder at once when there are two or more; a CLT, whose blocks are not spliced alone). Returns the
+    clean :class:`_Loss`, the per-site ones (``dict``, ``zero``, ``base``), the replacement's (or None) and the
+    predictions counted."""
     clean = _Loss()
-    losses = {d.site: {"dict": _Loss(), "zero": _Loss(), "base": _Loss()} for d in D}
-    transcoders = [d for d in D if d.transcoder]
-    repl = _Loss() if len(transcoders) >= 2 else None
-    budget = min(n_tok, SPLICE_TOKENS) if splice_tokens is None else max(1, int(splice_tokens))
-    it, a, b = _batches(lm, data, "heldout", min(budget, n_tok), seq_len, batch_size)
-    need = sorted({site_key(d.site if not d.transcoder else d.input_site) for d in D})
+    solo = D if clt is None else []
+    losses = {d.site: {"dict": _Loss(), "zero": _Loss(), "base": _Loss()} for d in solo}
+    together = [clt] if clt is not None else [d for d in D if d.transcoder]
+    together = together if clt is not None or len(together) >= 2 else []
+    repl = _Loss() if together else None
+    it, a, b = _batches(lm, data, "heldout", tokens, seq_len, batch_size)
+    need = sorted({site_key(d.site if not d.transcoder else d.input_site) for d in solo}) if pcas or lins else ()
     dev = main_device(lm.model)
-    on = {d.site: d.to(dev) for d in D}  # the engine's copies, on the model's device (statistics: on the CPU)
+    on = {}  # the engine's copies, on the model's device (statistics: on the CPU)
+    for d in [*solo, *together]:
+        on.setdefault(id(d), d.to(dev))
     n_spl = 0
     with torch.no_grad():
         for ids in it:
             if n_spl >= budget:
                 break
-            out = run(lm, ids, capture=need if baselines else (), device="cpu")
+            out = run(lm, ids, capture=need, device="cpu")
             targets = ids[:, a + 1:b].to(out.logits.device)
             lp0 = UneditedNextToken(_body(out.logits, a, b))
             clean.add(lp0, targets)
-            for d in D:
+            for d in solo:
                 name, layer = site_key(d.site)
                 L = losses[d.site]
-                spliced = run(lm, ids, dictionaries=[on[d.site]], splice=True).logits
+                spliced = run(lm, ids, dictionaries=[on[id(d)]], splice=True).logits
                 L["dict"].add(lp0, targets, _body(spliced, a, b))
                 zero = torch.zeros(ids.shape[0], ids.shape[1], d.d_out)
                 L["zero"].add(lp0, targets, _body(run(lm, ids, [_whole(name, layer, zero)]).logits, a, b))
-                if baselines:
+                if need:
                     if d.transcoder:
                         yb = lins[d.site](out.captured[site_key(d.input_site)].double())
                     else:
@@ -520,42 +440,42 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
                                                       rec[d.site].components())
                     L["base"].add(lp0, targets, _body(run(lm, ids, [_whole(name, layer, yb.float())]).logits, a, b))
             if repl is not None:
-                spliced = run(lm, ids, dictionaries=[on[d.site] for d in transcoders], splice=True).logits
+                spliced = run(lm, ids, dictionaries=[on[id(d)] for d in together], splice=True).logits
                 repl.add(lp0, targets, _body(spliced, a, b))
             n_spl += targets.numel()
             say(f"splices: {n_spl} predictions")
-
-    scores = []
-    for d in D:
-        r, L = rec[d.site], losses[d.site]
-        m = L["dict"].metrics(clean, L["zero"])
-        s = DictionaryScore(site=d.site, kind=d.kind, role=d.role, width=d.width, explained_variance=r.ev(r.sse),
-                            l0=r.l0(), dead_fraction=float((r.fired == 0).double().mean()),
-                            dead_reliable=r.n >= DEAD_TOKENS, tokens=r.n, density=density(r.fired, r.n),
-                            fired=r.fired, mse=r.sse / max(1, r.n * d.d_out), splice_tokens=n_spl, **m)
-        if baselines:
-            bm = L["base"].metrics(clean, L["zero"])
-            if d.transcoder:
-                base = {"explained_variance": r.ev(r.sse_lin), "l0": float(d.d_out), "dead_fraction": 0.0,
-                        "tokens": r.n, "splice_tokens": n_spl, "mse": r.sse_lin / max(1, r.n * d.d_out), **bm}
-                s.baselines = {"linear": base}
-            else:
-                k = r.components()
-                sse = max(0.0, r.sse_pca_total - float(r.proj[:k].sum()))
-                base = {"explained_variance": r.ev(sse), "l0": float(k), "dead_fraction": 0.0, "components": k,
-                        "tokens": r.n, "splice_tokens": n_spl, "mse": sse / max(1, r.n * d.d_out), **bm}
-                s.baselines = {"pca": base}
-            s.beats_baseline = bool(s.explained_variance > base["explained_variance"] and s.kl < base["kl"])
-        scores.append(s)
-    replacement = None
-    if repl is not None:
-        replacement = {"dictionaries": len(transcoders), "splice_tokens": n_spl, **repl.metrics(clean, None)}
-    return DictionaryEvaluation(model=lm.name, data=str(data), tokens=n_tok, splice_tokens=n_spl, seq_len=seq_len,
-                                dictionaries=scores, replacement=replacement)
+    return clean, losses, repl, n_spl
 
 
-def _check_memory(lm: LoadedModel, D: list[Dictionary], seq_len: int, batch_size: int, baselines: bool,
-                  max_memory) -> None:
+def _score(d: Dictionary, r: Reconstruction, L: dict | None, clean: _Loss, n_spl: int,
+           baselines: bool) -> DictionaryScore:
+    """One dictionary's score from its statistics ``r`` and splices ``L`` (None: a CLT's block, not spliced
+    alone: its splice fields None, its baseline's explained variance only)."""
+    m = {} if L is None else {**L["dict"].metrics(clean, L["zero"]), "splice_tokens": n_spl}
+    s = DictionaryScore(site=d.site, kind=d.kind, role="clt" if L is None else d.role, width=d.width,
+                        explained_variance=r.ev(r.sse), l0=r.l0(), dead_fraction=float((r.fired == 0).double().mean()),
+                        dead_reliable=r.n >= DEAD_TOKENS, tokens=r.n, density=density(r.fired, r.n), fired=r.fired,
+                        mse=r.sse / max(1, r.n * d.d_out), **m)
+    if not baselines:
+        return s
+    if d.transcoder:
+        name, sse = "linear", r.sse_lin
+        base = {"explained_variance": r.ev(sse), "l0": float(d.d_out), "dead_fraction": 0.0}
+    else:
+        name, k = "pca", r.components()
+        sse = max(0.0, r.sse_pca_total - float(r.proj[:k].sum()))
+        base = {"explained_variance": r.ev(sse), "l0": float(k), "dead_fraction": 0.0, "components": k}
+    base.update(tokens=r.n, mse=sse / max(1, r.n * d.d_out))
+    s.baselines = {name: base}
+    if L is None:
+        s.beats_baseline = bool(s.explained_variance > base["explained_variance"])
+        return s
+    base.update(splice_tokens=n_spl, **L["base"].metrics(clean, L["zero"]))
+    s.beats_baseline = bool(s.explained_variance > base["explained_variance"] and s.kl < base["kl"])
+    return s
+
+
+def _check_memory(lm: LoadedModel, D: list, seq_len: int, batch_size: int, baselines: bool, max_memory) -> None:
     from ...memory import budget, format_bytes
 
     limit = budget(max_memory)
@@ -580,4 +500,4 @@ def _progress(on: bool):
 
 
 __all__ = ["DEAD_TOKENS", "FIT_TOKENS", "SPLICE_TOKENS", "DictionaryEvaluation", "DictionaryScore", "Linear", "PCA",
-           "density", "eval_memory", "evaluate_dictionaries", "fit_linear", "fit_pca"]
+           "density", "eval_memory", "evaluate_dictionaries", "fit_linear", "fit_pca", "load_evaluated"]
