@@ -219,10 +219,23 @@ def test_perfect_transcoders_replacement_model_is_the_model(corpus, role):
         assert s.beats_baseline is True
     r = ev.replacement
     assert r["dictionaries"] == 2 and r["top1_agreement"] == 1.0
-    assert abs(r["delta_loss"]) <= 1e-5 * ev.dictionaries[0].ce_clean and r["kl"] == pytest.approx(0.0, abs=1e-7)
+    assert abs(r["delta_loss"]) <= 1e-5 * r["ce_clean"] and r["kl"] == pytest.approx(0.0, abs=1e-7)
     out = ev.to_dict()
     assert set(out["replacement"]) >= {"top1_agreement", "delta_loss", "kl"}
     assert len(out["dictionaries"]) == 2 and "explained_variance" in out
+
+
+def test_without_each_splice_only_the_replacement_is_spliced(corpus):
+    lm = get_model("tiny:opt")
+    T = [mlp_transcoder(lm, layer) for layer in range(lm.anatomy.n_layers)]
+    ev = evaluate_dictionaries(lm, T, corpus, tokens=TOKENS, seq_len=SEQ, batch_size=BATCH, splice_each=False)
+    for s in ev.dictionaries:
+        assert s.role == "transcoder" and s.explained_variance == pytest.approx(1.0, abs=1e-5)
+        assert s.delta_loss is None and s.kl is None and s.top1_agreement is None
+        assert s.beats_baseline is True  # on explained variance alone, as a CLT block's
+    r = ev.replacement
+    assert r["dictionaries"] == 2 and r["top1_agreement"] == 1.0 and r["splice_tokens"] > 0
+    assert abs(r["delta_loss"]) <= 1e-5 * r["ce_clean"] and r["kl"] == pytest.approx(0.0, abs=1e-7)
 
 
 def test_linear_baseline_in_evaluation_is_least_squares(corpus):

@@ -58,11 +58,12 @@ def frozen_run(lm, tr, fz: Frozen, acts: torch.Tensor, errs: torch.Tensor, emb_z
     def mlp(L):
         def fn(x):
             out = errs[L].clone()
-            d = fz.dicts.get(L)
-            if d is not None:
-                out = out + fz._place[L] @ (per[L][:, None] * fz._dec[L]) + d.b_dec
-                if d.W_skip is not None:
-                    out = out + rec[f"ln_mlp.{L}.out"][0] @ d.W_skip.T
+            if L in fz.tc.writes:  # the blocks' latents writing block L, its bias and skip path
+                for s, _ in fz.tc.writes[L]:
+                    out = out + fz._place[s] @ (per[s][:, None] * fz._dec[s, L])
+                out = out + fz.tc.b_dec[L]
+                if L in fz.tc.skips:
+                    out = out + rec[f"ln_mlp.{L}.out"][0] @ fz.tc.skips[L].T
             return out[None].to(x)
         return fn
 

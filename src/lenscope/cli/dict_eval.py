@@ -28,6 +28,9 @@ def eval_cmd(
                                                               "(default: 32,768)."),
     seq_len: int = SEQ_LEN_OPTION,
     batch_size: int = typer.Option(4, "--batch-size", help="Sequences per forward pass."),
+    splice_each: bool = typer.Option(True, "--splice-each/--no-splice-each", help="Splice each dictionary alone "
+                                     "(with its site zeroed and its baseline: three full forward passes per batch "
+                                     "each); --no-splice-each: only the replacement model of several transcoders."),
     baselines: bool = typer.Option(True, "--baselines/--no-baselines", help="PCA (SAEs) / linear (transcoders) "
                                                                             "baselines beside each dictionary."),
     save: str = typer.Option(None, "--save", help="Write the evaluation as JSON (every latent's firing count too)."),
@@ -39,19 +42,20 @@ def eval_cmd(
     held-out text, beside PCA (SAEs) or linear (transcoders) baselines; the replacement model of several
     transcoders or of a cross-layer transcoder."""
     from ..errors import InputError
-    from ..features.dictionaries.evaluate import evaluate_dictionaries, load_evaluated
+    from ..features.dictionaries.evaluate import evaluate_dictionaries
     from ..memory import parse_size
+    from ..models.dictionaries.clt import load_transcoders
 
     for name, v in (("--tokens", tokens), ("--splice-tokens", splice_tokens), ("--fit-tokens", fit_tokens),
                     ("--seq-len", seq_len), ("--batch-size", batch_size)):
         if v is not None and v < 1:
             raise InputError(f"{name} must be at least 1; got {v}")
     limit = parse_size(max_memory) if max_memory is not None else None
-    dicts = load_evaluated(dict_dir)
+    dicts = load_transcoders(dict_dir)
     lm = load_model(model)
     ev = evaluate_dictionaries(lm, dicts, data, tokens=tokens, seq_len=seq_len, batch_size=batch_size,
                                baselines=baselines, fit_tokens=fit_tokens, splice_tokens=splice_tokens,
-                               progress=progress, max_memory=limit)
+                               splice_each=splice_each, progress=progress, max_memory=limit)
     if save:
         ev.save(save)
     if as_json:

@@ -59,8 +59,8 @@ import torch
 from torch import Tensor
 
 from ...errors import InputError, NotApplicableError
-from ...models.dictionaries.clt import CrossLayerTranscoder, is_clt_folder
-from ...models.dictionaries.dictionary import Dictionary, load_dictionaries
+from ...models.dictionaries.clt import CrossLayerTranscoder, load_transcoders
+from ...models.dictionaries.dictionary import Dictionary
 from ...models.loading.devices import main_device
 from ...models.loading.load import LoadedModel
 from ...models.runtime.engine import Edit, run
@@ -231,16 +231,6 @@ def _whole(site: str, layer: int, values: Tensor) -> Edit:
     return Edit(site, layer, torch.arange(B)[:, None], torch.arange(P)[None, :], values, mode="set")
 
 
-def load_evaluated(path: str | Path) -> list:
-    """What ``dict eval --dict PATH`` evaluates: a cross-layer transcoder's folder (lenscope's or circuit-tracer's
-    layout) as ``[clt]``, anything else as :func:`~lenscope.models.dictionaries.dictionary.load_dictionaries` reads
-    it (per-layer dictionaries)."""
-    path = Path(path)
-    if path.is_dir() and is_clt_folder(path):
-        return [CrossLayerTranscoder.load(path)]
-    return load_dictionaries(path)
-
-
 def _units(dicts) -> tuple[list[Dictionary], CrossLayerTranscoder | None]:
     """The per-layer dictionaries evaluated and None; or a cross-layer transcoder's blocks
     (:meth:`~lenscope.models.dictionaries.clt.CrossLayerTranscoder.block`: per-layer transcoders of ``mlp_out.l``
@@ -248,7 +238,7 @@ def _units(dicts) -> tuple[list[Dictionary], CrossLayerTranscoder | None]:
     if isinstance(dicts, (Dictionary, CrossLayerTranscoder)):
         items = [dicts]
     elif isinstance(dicts, (str, Path)):
-        items = load_evaluated(dicts)
+        items = load_transcoders(dicts)
     else:
         items = list(dicts)
     clts = [d for d in items if isinstance(d, CrossLayerTranscoder)]
@@ -301,7 +291,7 @@ def eval_memory(lm: LoadedModel, dicts: list, *, seq_len: int, batch_size: int,
 
 def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TOKENS, seq_len: int | None = None,
                           batch_size: int = 4, baselines: bool = True, fit_tokens: int | None = None,
-                          splice_tokens: int | None = None, progress: bool = False,
+                          splice_tokens: int | None = None, splice_each: bool = True, progress: bool = False,
                           max_memory: int | str | None = None) -> DictionaryEvaluation:
     """Evaluate ``dicts`` (a :class:`~lenscope.models.dictionaries.dictionary.Dictionary`, a list, a dictionary
     folder, or a :class:`~lenscope.models.dictionaries.clt.CrossLayerTranscoder` or its folder) on about ``tokens``
@@ -310,8 +300,10 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
     metrics use the first ``splice_tokens`` of those tokens (default ``min(tokens, SPLICE_TOKENS)``: each variant is
     a full forward pass, where the statistics stop at the last site). ``max_memory``: the memory budget (bytes or a
     size such as ``"8GB"``; default: :func:`lenscope.memory.budget`'s); when :func:`eval_memory` exceeds it, a
-    one-line :class:`~lenscope.errors.InputError` naming the ``--batch-size`` that fits. See the module's
-    docstring (a CLT: one entry per block, the whole CLT as ``replacement``)."""
+    one-line :class:`~lenscope.errors.InputError` naming the ``--batch-size`` that fits. ``splice_each=False``:
+    no per-dictionary splices (each is three full forward passes per batch: the splice, the site zeroed, the
+    baseline), only the replacement model's; the per-dictionary splice fields are then None, as a CLT block's. See
+    the module's docstring (a CLT: one entry per block, the whole CLT as ``replacement``)."""
     D, clt = _units(dicts)
     if not D:
         raise InputError("no dictionary to evaluate")
@@ -344,9 +336,10 @@ def evaluate_dictionaries(lm: LoadedModel, dicts, data, *, tokens: int = DEAD_TO
     rec = {d.site: Reconstruction(d, pcas.get(d.site), lins.get(d.site)) for d in D}
     n_tok = _statistics(lm, D, clt, rec, data, tokens, seq_len, batch_size, sites, say)
     budget = min(n_tok, SPLICE_TOKENS) if splice_tokens is None else max(1, int(splice_tokens))
-    clean, losses, repl, n_spl = _splices(lm, D, clt, rec, pcas, lins, data, budget, min(budget, n_tok), seq_len,
-                                          batch_size, say)
-    scores = [_score(d, rec[d.site], losses.get(d.site), clean, n_spl, baselines) for d in D]
+    clean, losses, repl, n_spl = _splices(lm, D if clt is None and splice_each else [], clt, D, rec, pcas, lins, data,
+                                          budget, min(budget, n_tok), seq_len, batch_size, say)
+    role = "clt" if clt is not None else None
+    scores = [_score(d, rec[d.site], losses.get(d.site), clean, n_spl, baselines, role) for d in D]
     replacement = None
     if repl is not None:
         n = 1 if clt is not None else len([d for d in D if d.transcoder])
@@ -397,15 +390,14 @@ def _statistics(lm: LoadedModel, D: list[Dictionary], clt: CrossLayerTranscoder 
     return n_tok
 
 
-def _splices(lm: LoadedModel, D: list[Dictionary], clt: CrossLayerTranscoder | None, rec: dict, pcas: dict,
-             lins: dict, data, budget: int, tokens: int, seq_len: int, batch_size: int, say):
+def _splices(lm: LoadedModel, solo: list[Dictionary], clt: CrossLayerTranscoder | None, D: list[Dictionary],
+             rec: dict, pcas: dict, lins: dict, data, budget: int, tokens: int, seq_len: int, batch_size: int, say):
     """The splices on about ``tokens`` held-out tokens, until ``budget`` predictions: per batch one clean pass, then
-    per per-layer dictionary its splice, its site zeroed and its baseline set there, then the replacement model
-    (every transcoder at once when there are two or more; a CLT, whose blocks are not spliced alone). Returns the
-    clean :class:`_Loss`, the per-site ones (``dict``, ``zero``, ``base``), the replacement's (or None) and the
-    predictions counted."""
+    per dictionary of ``solo`` its splice, its site zeroed and its baseline set there, then the replacement model
+    (every transcoder of ``D`` at once when there are two or more; a CLT, whose blocks are not spliced alone).
+    Returns the clean :class:`_Loss`, the per-site ones (``dict``, ``zero``, ``base``), the replacement's (or None)
+    and the predictions counted."""
     clean = _Loss()
-    solo = D if clt is None else []
     losses = {d.site: {"dict": _Loss(), "zero": _Loss(), "base": _Loss()} for d in solo}
     together = [clt] if clt is not None else [d for d in D if d.transcoder]
     together = together if clt is not None or len(together) >= 2 else []
@@ -448,11 +440,12 @@ def _splices(lm: LoadedModel, D: list[Dictionary], clt: CrossLayerTranscoder | N
 
 
 def _score(d: Dictionary, r: Reconstruction, L: dict | None, clean: _Loss, n_spl: int,
-           baselines: bool) -> DictionaryScore:
-    """One dictionary's score from its statistics ``r`` and splices ``L`` (None: a CLT's block, not spliced
-    alone: its splice fields None, its baseline's explained variance only)."""
+           baselines: bool, role: str | None = None) -> DictionaryScore:
+    """One dictionary's score from its statistics ``r`` and splices ``L`` (None: not spliced alone, a CLT's block
+    or ``splice_each=False``: its splice fields None, its baseline's explained variance only); ``role``: instead of
+    the dictionary's own (a CLT's block: ``"clt"``)."""
     m = {} if L is None else {**L["dict"].metrics(clean, L["zero"]), "splice_tokens": n_spl}
-    s = DictionaryScore(site=d.site, kind=d.kind, role="clt" if L is None else d.role, width=d.width,
+    s = DictionaryScore(site=d.site, kind=d.kind, role=role or d.role, width=d.width,
                         explained_variance=r.ev(r.sse), l0=r.l0(), dead_fraction=float((r.fired == 0).double().mean()),
                         dead_reliable=r.n >= DEAD_TOKENS, tokens=r.n, density=density(r.fired, r.n), fired=r.fired,
                         mse=r.sse / max(1, r.n * d.d_out), **m)
@@ -500,4 +493,4 @@ def _progress(on: bool):
 
 
 __all__ = ["DEAD_TOKENS", "FIT_TOKENS", "SPLICE_TOKENS", "DictionaryEvaluation", "DictionaryScore", "Linear", "PCA",
-           "density", "eval_memory", "evaluate_dictionaries", "fit_linear", "fit_pca", "load_evaluated"]
+           "density", "eval_memory", "evaluate_dictionaries", "fit_linear", "fit_pca"]
