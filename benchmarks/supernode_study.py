@@ -19,9 +19,11 @@ of the active features that are not nodes (``settings.missing_features``, per pr
 
 The first threshold with the first span is the headline setting (by default auto_supernodes' own defaults: threshold
 0, a band of ceil(30 / 6) = 5 blocks): ``spearman``, ``flagged``, ``groups`` at the top of the file; the others are
-under ``settings_tried``. Writes ``docs/results/features/supernodes-<task>.json``; ``--save-graph PATH`` keeps the
-first prompt's graph with its headline supernodes (``PATH`` with the suffix ``.safetensors``:
-``AttributionGraph.save``, reloadable with ``.load``; ``.json``: its ``to_dict()``, the CLI's JSON)::
+under ``settings_tried``. ``beyond_first``: the same Spearman over the groups at positions after the first (the
+first token is smollm2's attention sink: no BOS). Writes ``docs/results/features/supernodes-<task>.json``;
+``--save-graph PATH`` keeps the first prompt's graph with its headline supernodes (``PATH`` with the suffix
+``.safetensors``: ``AttributionGraph.save``, reloadable with ``.load``; ``.json``: its ``to_dict()``, the CLI's
+JSON)::
 
     nice -n 19 env OMP_NUM_THREADS=1 .venv/bin/python benchmarks/supernode_study.py --task ioi --n 4 \
         --dict /work/runs/tc25 --save-graph /work/runs/supernode-graph.safetensors
@@ -132,7 +134,18 @@ def main(argv=None) -> int:
         def pooled(pred):
             return pooled_spearman(cs, pred) if cs else None
 
+        # the groups beyond the first token (a group sits at one position: its nodes' ids end in it), where the
+        # sink (smollm2 has no BOS) is not ablated
+        beyond = [r for r in groups if int(str(r["nodes"][0]).rsplit("_", 1)[1]) > 0]
+
+        def rho(rows, pred):
+            if len(rows) < 2:
+                return None
+            return spearman(torch.tensor([r["real"] for r in rows]), torch.tensor([r[pred] for r in rows]))
+
         return {"threshold": ts[0], "layer_span": ts[1], "n_groups": n, "spearman": pooled(args.prediction),
+                "beyond_first": {"n_groups": len(beyond), "spearman_direct": rho(beyond, "direct"),
+                                 "spearman_frozen_total": rho(beyond, "frozen_total")},
                 "spearman_direct": pooled("direct"), "spearman_frozen_total": pooled("frozen_total"),
                 "n_flagged": len(flagged), "flagged_share": len(flagged) / n if n else None,
                 "per_prompt_spearman_direct": [c.spearman_direct for c in cs],
@@ -164,6 +177,7 @@ def main(argv=None) -> int:
            "spearman": head["spearman"], "spearman_direct": head["spearman_direct"],
            "spearman_frozen_total": head["spearman_frozen_total"], "n_groups": head["n_groups"],
            "n_flagged": head["n_flagged"], "flagged_share": head["flagged_share"], "flagged": head["flagged"],
+           "beyond_first": head["beyond_first"],
            "groups": head["groups"],
            "per_prompt_spearman_direct": head["per_prompt_spearman_direct"],
            "settings_tried": [{k: v for k, v in summary(ts).items() if k not in ("groups",)} for ts in grid[1:]],
