@@ -93,6 +93,10 @@ def test_memory_estimate_and_bad_settings():
     t = CLTTarget(CrossLayerTranscoder.init(2, 8, 2, k=1), [0, 1], [2, 3])
     p, row = t.shape(8, s)
     assert p == CrossLayerTranscoder.parameters_count(2, 8, 64)
+    # per row: each block's latents, the rows, reconstruction and error with their gradients, one block's decoding,
+    # and (TopK's AuxK) each block's auxiliary decoding to every block it writes, kept for the backward
+    assert row == 2 * 6 * 64 + 10 * 8 * 2 + 2 * 8 * 3
+    assert t.shape(8, DictSettings(kind="jumprelu", role="transcoder", width=64, k=4))[1] == 2 * 6 * 64 + 10 * 8 * 2
     m = train_memory(s, d=8, sites=4, shapes=[(p, row)])
     assert m["weights"] == 20 * p and m["latents"] == 4 * 128 * row and m["buffer"] == 3 * 4 * 256 * 4 * 8
     lm = get_model("tiny:llama")

@@ -73,17 +73,18 @@ class CLTTrainable(nn.Module):
         """The loss of a batch ``x, y (n, L, d)`` (normalised MLP inputs and outputs of every block)."""
         n, L, d = x.shape
         n_global = n if n_global is None else n_global
-        parts: list[list[Tensor]] = [[self.b_dec[t]] for t in range(L)]
+        # every block's decoding added into the reconstruction as it comes, source block by source block (each
+        # output block's sum in the order b_dec, block 0, block 1, ...): one (n, L, d) tensor, not every block's
+        # (n, (L - i) d) decoding kept at once (n d L (L + 1) / 2 numbers); an addition keeps nothing for the backward
+        yhat = self.b_dec.expand(n, L, d).clone()
         kept = []
         for i, m in enumerate(self.blocks):
             st: dict = {}
             xc = m.centre(x[:, i])
             pre, out, fired, extra = m.spec.train_forward(m, xc, n, dist, st)
-            out = out.reshape(n, L - i, d)
-            for j in range(L - i):
-                parts[i + j].append(out[:, j])
+            yhat[:, i:] += out.reshape(n, L - i, d)
+            del out
             kept.append((xc, pre, fired, extra, st))
-        yhat = torch.stack([sum(p[1:], p[0]) for p in parts], 1)
         err = y - yhat
         mse = err.pow(2).sum(-1).mean(0)  # (L,): each output block's error, as a per-layer transcoder's
         loss = mse.sum()
@@ -153,13 +154,17 @@ class CLTTarget(Target):
 
     def shape(self, d: int, s: DictSettings) -> tuple[int, int]:
         """Its parameters (and the kind's per latent of every block); per batch row every block's latents ``6
-        width`` and the rows and decodings ``(L + 1) d`` per block, ``8 d`` each."""
+        width``, the rows, the reconstruction, the error and their gradients ``8 L d``, one block's decoding and its
+        gradient at a time ``2 L d``, and, for the kinds with an auxiliary loss (TopK, BatchTopK: AuxK, whose
+        dead latents reconstruct every block they write), each block's auxiliary decoding kept for the backward,
+        ``d L (L + 1) / 2``, twice."""
         from ...models.dictionaries import kinds
 
         L = len(self.i_in)
-        extra = kinds.get(s.kind).trained_per_latent * s.width * L
-        return (CrossLayerTranscoder.parameters_count(L, d, s.width) + extra,
-                L * 6 * s.width + 8 * d * L * (L + 1) // 2 + 8 * d * L)
+        spec = kinds.get(s.kind)
+        extra = spec.trained_per_latent * s.width * L
+        aux = 2 * d * L * (L + 1) // 2 if hasattr(spec, "aux") else 0
+        return (CrossLayerTranscoder.parameters_count(L, d, s.width) + extra, L * 6 * s.width + 10 * d * L + aux)
 
 
 def clt_sites(n_layers: int) -> list[str]:
