@@ -97,6 +97,29 @@ def threshold_scales(lm, ids) -> tuple[list[float], list[float]]:
     return scales, [round(float(m) / s, 3) for m, s in zip(y, scales)]
 
 
+CT_LOAD_MODEL = r'''
+base = json.load(open(os.path.join(folder, "config.json")))["rope_parameters"]["rope_theta"]
+hf_cfg = AutoConfig.from_pretrained(folder)
+hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=dt)
+sd = load_file(os.path.join(folder, "model.safetensors"))  # tied embeddings: the file holds one of the two names
+sd.setdefault("model.embed_tokens.weight", sd.get("lm_head.weight"))
+sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])
+hf.load_state_dict(sd, strict=True)
+hf.eval()
+tok = AutoTokenizer.from_pretrained(folder)
+# HookedTransformer.from_pretrained takes only the names TransformerLens lists (SmolLM2 is not one); these are its
+# steps, and circuit-tracer's from_pretrained_and_transcoders', on the local folder, with the RoPE base it misses
+cfg_tl = loading.get_pretrained_model_config(folder, fold_ln=False, device="cpu", dtype=dt)
+cfg_tl.rotary_base = base
+model = TransformerLensReplacementModel(cfg_tl, tok, move_to_device=False)
+model.load_and_process_state_dict(loading.get_pretrained_state_dict(folder, cfg_tl, hf, dtype=dt),
+                                  fold_ln=False, center_writing_weights=False, center_unembed=False)
+model._configure_replacement_model(tcs)
+model.eval()
+'''
+"""circuit-tracer's replacement model of the local SmolLM2 folder ``folder`` (in ``dt``) with transcoders ``tcs``, in
+the peer's Python: ``model``, the transformers model ``hf`` it was read from, ``tok``, the RoPE base ``base``."""
+
 CT_PROGRAM = r'''
 import json, os, sys
 import torch
@@ -114,25 +137,8 @@ cfg = {"model_kind": "transcoder_set", "feature_input_hook": "mlp.hook_in", "fea
        "scan": "lenscope-smollm2-random-jumprelu-64",
        "transcoders": [os.path.join(tc_folder, f"layer_{i}.safetensors") for i in range(n_layers)]}
 tcs = load_transcoders(cfg, device=torch.device("cpu"), dtype=torch.float32)
-base = json.load(open(os.path.join(folder, "config.json")))["rope_parameters"]["rope_theta"]
-hf_cfg = AutoConfig.from_pretrained(folder)
-assert hf_cfg.rope_theta == base, (hf_cfg.rope_theta, base)
-hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=torch.float32)
-sd = load_file(os.path.join(folder, "model.safetensors"))  # tied embeddings: the file holds one of the two names
-sd.setdefault("model.embed_tokens.weight", sd.get("lm_head.weight"))
-sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])
-hf.load_state_dict(sd, strict=True)
-hf.eval()
-tok = AutoTokenizer.from_pretrained(folder)
-# HookedTransformer.from_pretrained takes only the names TransformerLens lists (SmolLM2 is not one); these are its
-# steps, and circuit-tracer's from_pretrained_and_transcoders', on the local folder, with the RoPE base it misses
-cfg_tl = loading.get_pretrained_model_config(folder, fold_ln=False, device="cpu", dtype=torch.float32)
-cfg_tl.rotary_base = base
-model = TransformerLensReplacementModel(cfg_tl, tok, move_to_device=False)
-model.load_and_process_state_dict(loading.get_pretrained_state_dict(folder, cfg_tl, hf, dtype=torch.float32),
-                                  fold_ln=False, center_writing_weights=False, center_unembed=False)
-model._configure_replacement_model(tcs)
-model.eval()
+dt = torch.float32
+'''+ CT_LOAD_MODEL + r'''assert hf_cfg.rope_theta == base, (hf_cfg.rope_theta, base)
 x = torch.tensor([ids])
 with torch.no_grad():
     tl, hl = model(x)[0, -1], hf(x).logits[0, -1]

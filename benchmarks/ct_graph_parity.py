@@ -60,6 +60,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ct_export_fixture import (  # noqa: E402
+    CT_LOAD_MODEL,
     _model_folder_for_transformers4,
     threshold_scales,
     transcoders,
@@ -93,23 +94,7 @@ else:
            "scan": "lenscope-parity",
            "transcoders": [os.path.join(tc_folder, f"layer_{i}.safetensors") for i in range(n)]}
     tcs = load_transcoders(cfg, device=dev, dtype=dt)
-base = json.load(open(os.path.join(folder, "config.json")))["rope_parameters"]["rope_theta"]
-hf_cfg = AutoConfig.from_pretrained(folder)
-hf = AutoModelForCausalLM.from_config(hf_cfg, dtype=dt)
-sd = load_file(os.path.join(folder, "model.safetensors"))  # tied embeddings: the file holds one of the two names
-sd.setdefault("model.embed_tokens.weight", sd.get("lm_head.weight"))
-sd.setdefault("lm_head.weight", sd["model.embed_tokens.weight"])
-hf.load_state_dict(sd, strict=True)
-hf.eval()
-tok = AutoTokenizer.from_pretrained(folder)
-cfg_tl = loading.get_pretrained_model_config(folder, fold_ln=False, device="cpu", dtype=dt)
-cfg_tl.rotary_base = base
-model = TransformerLensReplacementModel(cfg_tl, tok, move_to_device=False)
-model.load_and_process_state_dict(loading.get_pretrained_state_dict(folder, cfg_tl, hf, dtype=dt),
-                                  fold_ln=False, center_writing_weights=False, center_unembed=False)
-del hf, sd
-model._configure_replacement_model(tcs)
-model.eval()
+'''+ CT_LOAD_MODEL + r'''del hf, sd
 own = model.ensure_tokenized(prompt).tolist()
 rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 now = next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmRSS:"))
